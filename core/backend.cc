@@ -1,0 +1,85 @@
+#include "qknorm/backend.h"
+
+#include <cmath>
+
+#include "qknorm/error.h"
+#include "qknorm/validate.h"
+
+namespace qknorm {
+
+double g_init(double L) {
+  if (!(L > 1) || !std::isfinite(L))
+    throw Error("L", {}, "g_init needs a finite sequence length L > 1");
+  return std::log2(L * L - L);
+}
+
+Backend::Backend(std::string family, std::string target, Precision precision)
+    : family_(std::move(family)), target_(std::move(target)), precision_(precision) {
+  name_ = family_ + ":";
+  if (target_ != "-") name_ += target_ + ":";
+  name_ += std::string(qknorm::name(precision_));
+}
+
+void checked_attention_forward(const Backend& b, const AttentionProblem& p,
+                               const ForwardArgs& a, Workspace* ws,
+                               const ExecConfig& cfg) {
+  validate_forward(p, a, b.precision());
+  b.attention_forward(p, a, ws, cfg);
+}
+void checked_attention_backward(const Backend& b, const AttentionProblem& p,
+                                const BackwardArgs& a, Workspace* ws,
+                                const ExecConfig& cfg) {
+  validate_backward(p, a, b.precision());
+  b.attention_backward(p, a, ws, cfg);
+}
+void checked_scalenorm_forward(const Backend& b, const ScaleNormProblem& p,
+                               const ScaleNormForwardArgs& a, Workspace* ws,
+                               const ExecConfig& cfg) {
+  validate_scalenorm_forward(p, a, b.precision());
+  b.scalenorm_forward(p, a, ws, cfg);
+}
+void checked_scalenorm_backward(const Backend& b, const ScaleNormProblem& p,
+                                const ScaleNormBackwardArgs& a, Workspace* ws,
+                                const ExecConfig& cfg) {
+  validate_scalenorm_backward(p, a, b.precision());
+  b.scalenorm_backward(p, a, ws, cfg);
+}
+
+void Registry::add(std::unique_ptr<Backend> b) {
+  if (find(b->name()) != nullptr)
+    throw Error("registry", {}, "duplicate entry name '" + b->name() + "'");
+  view_.push_back(b.get());
+  owned_.push_back(std::move(b));
+}
+
+const Backend* Registry::find(std::string_view name) const {
+  for (const Backend* b : view_)
+    if (b->name() == name) return b;
+  return nullptr;
+}
+
+bool glob_match(std::string_view g, std::string_view s) {
+  size_t gi = 0, si = 0, star = std::string_view::npos, mark = 0;
+  while (si < s.size()) {
+    if (gi < g.size() && (g[gi] == '?' || g[gi] == s[si])) {
+      ++gi, ++si;
+    } else if (gi < g.size() && g[gi] == '*') {
+      star = gi++, mark = si;
+    } else if (star != std::string_view::npos) {
+      gi = star + 1, si = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (gi < g.size() && g[gi] == '*') ++gi;
+  return gi == g.size();
+}
+
+std::vector<const Backend*> Registry::match(std::string_view glob) const {
+  std::vector<const Backend*> r;
+  for (const Backend* b : view_)
+    if (glob_match(glob, b->name())) r.push_back(b);
+  return r;
+}
+
+}  // namespace qknorm

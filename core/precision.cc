@@ -1,0 +1,167 @@
+#include "qknorm/precision.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace qknorm {
+namespace {
+
+struct FormatInfo {
+  int digits;    // significand bits including the implicit bit
+  int min_exp;   // exponent of the smallest normal, as 2^min_exp
+  int max_exp;   // largest finite is (2 - 2^(1-digits)) * 2^max_exp
+};
+
+FormatInfo info(Precision p) {
+  switch (p) {
+    case Precision::kF64: return {53, -1022, 1023};
+    case Precision::kF32: return {24, -126, 127};
+    case Precision::kBF16: return {8, -126, 127};
+    case Precision::kF16: return {11, -14, 15};
+  }
+  return {53, -1022, 1023};
+}
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+}  // namespace
+
+std::string_view name(Precision p) {
+  switch (p) {
+    case Precision::kF64: return "f64";
+    case Precision::kF32: return "f32";
+    case Precision::kBF16: return "bf16";
+    case Precision::kF16: return "f16";
+  }
+  return "?";
+}
+
+bool parse_precision(std::string_view s, Precision* out) {
+  for (Precision p : kAllPrecisions) {
+    if (name(p) == s) {
+      *out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t element_bytes(Precision p) {
+  switch (p) {
+    case Precision::kF64: return 8;
+    case Precision::kF32: return 4;
+    default: return 2;
+  }
+}
+
+double unit_roundoff(Precision p) { return std::ldexp(1.0, -info(p).digits); }
+double compute_roundoff(Precision p) {
+  return p == Precision::kF64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+}
+double max_finite(Precision p) {
+  FormatInfo f = info(p);
+  return (2.0 - std::ldexp(1.0, 1 - f.digits)) * std::ldexp(1.0, f.max_exp);
+}
+double min_normal(Precision p) { return std::ldexp(1.0, info(p).min_exp); }
+
+double ulp(Precision p, double x) {
+  FormatInfo f = info(p);
+  x = std::fabs(x);
+  int e = f.min_exp;
+  if (x >= min_normal(p)) e = std::ilogb(x);
+  return std::ldexp(1.0, e - (f.digits - 1));
+}
+
+double round_to(Precision p, double x) {
+  if (p == Precision::kF64 || !std::isfinite(x) || x == 0) return x;
+  FormatInfo f = info(p);
+  int e = std::max(std::ilogb(x), f.min_exp);
+  // Scale so that the last kept bit has weight 1, round to nearest even
+  // (nearbyint in the default rounding mode), scale back: exact in double.
+  double scaled = std::ldexp(x, (f.digits - 1) - e);
+  double r = std::ldexp(std::nearbyint(scaled), e - (f.digits - 1));
+  if (std::fabs(r) > max_finite(p))
+    return std::copysign(std::numeric_limits<double>::infinity(), x);
+  return r;
+}
+
+uint16_t bf16_from_f32(float x) {
+  uint32_t u = bits_of(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN, sign kept
+  }
+  // Round to nearest even on the 16 dropped bits; overflow carries into the
+  // exponent and yields Inf correctly.
+  uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7fffu + lsb;
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float f32_from_bf16(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+
+uint16_t f16_from_f32(float x) {
+  uint32_t u = bits_of(x);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  // Exact value as a double: round with the generic routine, then pack.
+  double r = round_to(Precision::kF16, static_cast<double>(float_of(a)));
+  if (std::isinf(r)) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (r == 0) return sign;
+  int e = std::ilogb(r);
+  if (e < -14) {  // subnormal: r = m * 2^-24
+    uint16_t m = static_cast<uint16_t>(std::ldexp(r, 24));
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint16_t m = static_cast<uint16_t>(std::ldexp(r, 10 - e) - 1024.0);
+  return static_cast<uint16_t>(sign | ((e + 15) << 10) | m);
+}
+
+float f32_from_f16(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t m = h & 0x3ffu;
+  if (e == 0x1f) return float_of(sign | 0x7f800000u | (m << 13));
+  double v = e == 0 ? std::ldexp(static_cast<double>(m), -24)
+                    : std::ldexp(static_cast<double>(m + 1024), static_cast<int>(e) - 25);
+  return sign ? -static_cast<float>(v) : static_cast<float>(v);
+}
+
+void encode(Precision p, double x, void* dst, size_t i) {
+  switch (p) {
+    case Precision::kF64: static_cast<double*>(dst)[i] = x; return;
+    case Precision::kF32: static_cast<float*>(dst)[i] = static_cast<float>(x); return;
+    case Precision::kBF16:
+      // round_to gives a bf16 value exactly, so the f32 step is exact too.
+      static_cast<uint16_t*>(dst)[i] =
+          bf16_from_f32(static_cast<float>(round_to(p, x)));
+      return;
+    case Precision::kF16:
+      static_cast<uint16_t*>(dst)[i] =
+          f16_from_f32(static_cast<float>(round_to(p, x)));
+      return;
+  }
+}
+
+double decode(Precision p, const void* src, size_t i) {
+  switch (p) {
+    case Precision::kF64: return static_cast<const double*>(src)[i];
+    case Precision::kF32: return static_cast<const float*>(src)[i];
+    case Precision::kBF16: return f32_from_bf16(static_cast<const uint16_t*>(src)[i]);
+    case Precision::kF16: return f32_from_f16(static_cast<const uint16_t*>(src)[i]);
+  }
+  return 0;
+}
+
+}  // namespace qknorm

@@ -1,0 +1,216 @@
+#include "qknorm/validate.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "qknorm/error.h"
+
+namespace qknorm {
+namespace {
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// a * b, or throws naming `what` if it overflows int64.
+int64_t mul_checked(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw Error(what, {}, "element count overflows int64");
+  return r;
+}
+
+std::string num(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
+void check_dim(const char* what, int64_t v) {
+  if (v < 1)
+    throw Error(what, {}, "dimension must be >= 1 (got " + std::to_string(v) + ")");
+}
+
+const char* kind_of(double x) {
+  if (std::isnan(x)) return "NaN";
+  return x > 0 ? "+Inf" : "-Inf";
+}
+
+void check_eps(double eps) {
+  if (!std::isfinite(eps) || !(eps > 0))
+    throw Error("eps", {}, "must be finite and > 0 (got " + num(eps) + ")");
+}
+
+// Element count of [B,H,rows,D] with the byte size checked too.
+void check_count(const char* what, int64_t B, int64_t H, int64_t rows,
+                 int64_t D) {
+  int64_t n = mul_checked(mul_checked(mul_checked(B, H, what), rows, what), D, what);
+  if (n > kMax / 8) throw Error(what, {}, "byte size overflows");
+}
+
+void check_lse(const AttentionProblem& p, int64_t size, const void* data,
+               bool must_be_finite_or_neg_inf, const char* name) {
+  int64_t need = p.batch * p.heads * p.q_len;
+  if (data == nullptr) throw Error(name, {}, "null pointer");
+  if (size != need)
+    throw Error(name, {}, "size must be B*H*q_len = " + std::to_string(need) +
+                              " (got " + std::to_string(size) + ")");
+  if (!must_be_finite_or_neg_inf) return;
+  const double* l = static_cast<const double*>(data);
+  for (int64_t i = 0; i < need; ++i) {
+    if (std::isnan(l[i]) || l[i] == std::numeric_limits<double>::infinity()) {
+      int64_t n = i % p.q_len, h = (i / p.q_len) % p.heads, b = i / (p.q_len * p.heads);
+      throw Error(name, {b, h, n},
+                  std::string("element is ") + kind_of(l[i]) +
+                      " (finite, or -inf for a fully masked row, required)");
+    }
+  }
+}
+
+}  // namespace
+
+void validate_problem(const AttentionProblem& p) {
+  check_dim("batch", p.batch);
+  check_dim("heads", p.heads);
+  check_dim("q_len", p.q_len);
+  check_dim("kv_len", p.kv_len);
+  check_dim("head_dim", p.head_dim);
+  check_count("q", p.batch, p.heads, p.q_len, p.head_dim);
+  check_count("k", p.batch, p.heads, p.kv_len, p.head_dim);
+  if (p.variant == Variant::kQKNorm) {
+    check_eps(p.eps);
+    if (!std::isfinite(p.g)) throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
+  }
+  const auto& kl = p.mask.key_lengths;
+  if (!kl.empty()) {
+    if (static_cast<int64_t>(kl.size()) != p.batch)
+      throw Error("mask.key_lengths", {},
+                  "needs one length per batch: " + std::to_string(p.batch) +
+                      " (got " + std::to_string(kl.size()) + ")");
+    for (size_t b = 0; b < kl.size(); ++b) {
+      if (kl[b] < 0 || kl[b] > p.kv_len)
+        throw Error("mask.key_lengths", {static_cast<int64_t>(b)},
+                    "padding length must be in [0, kv_len=" +
+                        std::to_string(p.kv_len) + "] (got " +
+                        std::to_string(kl[b]) + ")");
+    }
+  }
+}
+
+void validate_problem(const ScaleNormProblem& p) {
+  check_dim("rows", p.rows);
+  check_dim("dim", p.dim);
+  check_count("x", 1, 1, p.rows, p.dim);
+  check_eps(p.eps);
+  if (!std::isfinite(p.g)) throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
+}
+
+void validate_tensor(const char* name, const void* data, int64_t size,
+                     const Layout4& l, int64_t B, int64_t H, int64_t rows,
+                     int64_t D) {
+  if (data == nullptr) throw Error(name, {}, "null pointer");
+  if (l.batch_stride < 0 || l.head_stride < 0 || l.row_stride < 0)
+    throw Error(name, {}, "strides must be >= 0");
+  if (l.row_stride < D)
+    throw Error(name, {}, "row_stride " + std::to_string(l.row_stride) +
+                              " < head_dim " + std::to_string(D) +
+                              " (rows would overlap)");
+  int64_t last = 0;
+  bool ovf = false;
+  int64_t t;
+  ovf |= __builtin_mul_overflow(B - 1, l.batch_stride, &t);
+  ovf |= __builtin_add_overflow(last, t, &last);
+  ovf |= __builtin_mul_overflow(H - 1, l.head_stride, &t);
+  ovf |= __builtin_add_overflow(last, t, &last);
+  ovf |= __builtin_mul_overflow(rows - 1, l.row_stride, &t);
+  ovf |= __builtin_add_overflow(last, t, &last);
+  ovf |= __builtin_add_overflow(last, D - 1, &last);
+  if (ovf) throw Error(name, {}, "last element offset overflows int64");
+  if (last >= size)
+    throw Error(name, {B - 1, H - 1, rows - 1, D - 1},
+                "offset " + std::to_string(last) + " outside buffer of " +
+                    std::to_string(size) + " elements (strides/size mismatch)");
+}
+
+void validate_finite(const char* name, const void* data, const Layout4& l,
+                     int64_t B, int64_t H, int64_t rows, int64_t D,
+                     Precision prec) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < rows; ++n) {
+        size_t base = static_cast<size_t>(b * l.batch_stride + h * l.head_stride +
+                                          n * l.row_stride);
+        for (int64_t d = 0; d < D; ++d) {
+          double x = decode(prec, data, base + static_cast<size_t>(d));
+          if (!std::isfinite(x))
+            throw Error(name, {b, h, n, d},
+                        std::string("element is ") + kind_of(x) +
+                            " (finite input required)");
+        }
+      }
+}
+
+namespace {
+void in4(const char* name, const ConstTensor4& t, int64_t B, int64_t H,
+         int64_t rows, int64_t D, Precision prec) {
+  validate_tensor(name, t.data, t.size, t.layout, B, H, rows, D);
+  validate_finite(name, t.data, t.layout, B, H, rows, D, prec);
+}
+void out4(const char* name, const MutTensor4& t, int64_t B, int64_t H,
+          int64_t rows, int64_t D) {
+  validate_tensor(name, t.data, t.size, t.layout, B, H, rows, D);
+}
+}  // namespace
+
+void validate_forward(const AttentionProblem& p, const ForwardArgs& a,
+                      Precision prec) {
+  validate_problem(p);
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+  in4("q", a.q, B, H, p.q_len, D, prec);
+  in4("k", a.k, B, H, p.kv_len, D, prec);
+  in4("v", a.v, B, H, p.kv_len, D, prec);
+  out4("o", a.o, B, H, p.q_len, D);
+  check_lse(p, a.lse_size, a.lse, false, "lse");
+}
+
+void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
+                       Precision prec) {
+  validate_problem(p);
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+  in4("q", a.q, B, H, p.q_len, D, prec);
+  in4("k", a.k, B, H, p.kv_len, D, prec);
+  in4("v", a.v, B, H, p.kv_len, D, prec);
+  in4("o", a.o, B, H, p.q_len, D, prec);
+  in4("d_o", a.d_o, B, H, p.q_len, D, prec);
+  check_lse(p, a.lse_size, a.lse, true, "lse");
+  out4("dq", a.dq, B, H, p.q_len, D);
+  out4("dk", a.dk, B, H, p.kv_len, D);
+  out4("dv", a.dv, B, H, p.kv_len, D);
+  if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
+}
+
+namespace {
+Layout4 layout2(int64_t row_stride) { return Layout4{0, 0, row_stride}; }
+}  // namespace
+
+void validate_scalenorm_forward(const ScaleNormProblem& p,
+                                const ScaleNormForwardArgs& a, Precision prec) {
+  validate_problem(p);
+  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1, p.rows, p.dim);
+  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim, prec);
+  validate_tensor("y", a.y.data, a.y.size, layout2(a.y.row_stride), 1, 1, p.rows, p.dim);
+}
+
+void validate_scalenorm_backward(const ScaleNormProblem& p,
+                                 const ScaleNormBackwardArgs& a,
+                                 Precision prec) {
+  validate_problem(p);
+  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1, p.rows, p.dim);
+  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim, prec);
+  validate_tensor("dy", a.dy.data, a.dy.size, layout2(a.dy.row_stride), 1, 1, p.rows, p.dim);
+  validate_finite("dy", a.dy.data, layout2(a.dy.row_stride), 1, 1, p.rows, p.dim, prec);
+  validate_tensor("dx", a.dx.data, a.dx.size, layout2(a.dx.row_stride), 1, 1, p.rows, p.dim);
+  if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
+}
+
+}  // namespace qknorm

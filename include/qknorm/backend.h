@@ -1,0 +1,120 @@
+// One implementation entry (backend x precision x Highway target) and the
+// registry that tests, the CLI, fuzzers and benchmarks iterate.
+//
+// Contract of every Backend method: inputs have been validated (see
+// validate.h; the checked_* wrappers below do it), buffers are sized and
+// strided as the views say, outputs do not alias inputs. Methods are const and
+// thread-compatible: concurrent calls need distinct Workspaces.
+#ifndef QKNORM_BACKEND_H_
+#define QKNORM_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qknorm/attention.h"
+#include "qknorm/precision.h"
+#include "qknorm/scalenorm.h"
+
+namespace qknorm {
+
+struct ExecConfig {
+  // Worker threads; 0 means the number of cores. Results must be bitwise
+  // identical for every value.
+  int threads = 0;
+};
+
+// Scratch a backend keeps between calls so that no call allocates after
+// warm-up. Each backend derives its own; callers only hold it.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+};
+
+class Backend {
+ public:
+  // family: "reference", "simd", "blas" (tests add "mutant"); target: the
+  // Highway target name for simd entries, "-" otherwise. The name is
+  // "family:target:precision" for simd and "family:precision" otherwise.
+  Backend(std::string family, std::string target, Precision precision);
+  virtual ~Backend() = default;
+
+  const std::string& name() const { return name_; }
+  const std::string& family() const { return family_; }
+  const std::string& target() const { return target_; }
+  Precision precision() const { return precision_; }
+
+  // False if the entry cannot run on this CPU (e.g. AVX2 entry on SSE4 host).
+  virtual bool available() const { return true; }
+
+  virtual std::unique_ptr<Workspace> make_workspace() const { return nullptr; }
+
+  virtual void attention_forward(const AttentionProblem& p,
+                                 const ForwardArgs& a, Workspace* ws,
+                                 const ExecConfig& cfg) const = 0;
+  virtual void attention_backward(const AttentionProblem& p,
+                                  const BackwardArgs& a, Workspace* ws,
+                                  const ExecConfig& cfg) const = 0;
+  virtual void scalenorm_forward(const ScaleNormProblem& p,
+                                 const ScaleNormForwardArgs& a, Workspace* ws,
+                                 const ExecConfig& cfg) const = 0;
+  virtual void scalenorm_backward(const ScaleNormProblem& p,
+                                  const ScaleNormBackwardArgs& a,
+                                  Workspace* ws,
+                                  const ExecConfig& cfg) const = 0;
+
+  // Inspection hook for the softmax non-saturation property: writes the
+  // probabilities this entry's forward computes, dense [B, H, q_len, kv_len]
+  // doubles, 0 for masked keys (and for fully masked rows), as the kernel
+  // holds them before they multiply V (in the kernel's compute precision,
+  // exactly converted to double). Returns false if the entry has no hook.
+  virtual bool attention_probabilities(const AttentionProblem& p,
+                                       const ForwardArgs& a, double* probs,
+                                       Workspace* ws) const {
+    (void)p, (void)a, (void)probs, (void)ws;
+    return false;
+  }
+
+ private:
+  std::string family_, target_, name_;
+  Precision precision_;
+};
+
+// Validating front doors: validate (throwing qknorm::Error) then call.
+void checked_attention_forward(const Backend& b, const AttentionProblem& p,
+                               const ForwardArgs& a, Workspace* ws,
+                               const ExecConfig& cfg = {});
+void checked_attention_backward(const Backend& b, const AttentionProblem& p,
+                                const BackwardArgs& a, Workspace* ws,
+                                const ExecConfig& cfg = {});
+void checked_scalenorm_forward(const Backend& b, const ScaleNormProblem& p,
+                               const ScaleNormForwardArgs& a, Workspace* ws,
+                               const ExecConfig& cfg = {});
+void checked_scalenorm_backward(const Backend& b, const ScaleNormProblem& p,
+                                const ScaleNormBackwardArgs& a, Workspace* ws,
+                                const ExecConfig& cfg = {});
+
+class Registry {
+ public:
+  void add(std::unique_ptr<Backend> b);  // throws Error on a duplicate name
+  const std::vector<const Backend*>& entries() const { return view_; }
+  const Backend* find(std::string_view name) const;  // nullptr if absent
+  // Entries whose name matches a shell glob ('*', '?'), in registry order.
+  std::vector<const Backend*> match(std::string_view glob) const;
+
+ private:
+  std::vector<std::unique_ptr<Backend>> owned_;
+  std::vector<const Backend*> view_;
+};
+
+// Shell-style glob match ('*' any run, '?' one char).
+bool glob_match(std::string_view glob, std::string_view s);
+
+// Every production entry of this build (reference at every precision, then
+// simd and blas entries when built). Built once, on first call.
+const Registry& all_backends();
+
+}  // namespace qknorm
+
+#endif  // QKNORM_BACKEND_H_

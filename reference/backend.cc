@@ -1,0 +1,130 @@
+// Registry entries of the reference. Each gathers the strided storage into
+// dense arrays of its arithmetic type (exact: storage <= arithmetic width),
+// runs the loops of reference.cc, and rounds every output to storage (RNE).
+#include <memory>
+#include <vector>
+
+#include "qknorm/precision.h"
+#include "reference/reference.h"
+#include "reference/register.h"
+
+namespace qknorm::reference {
+namespace {
+
+template <class T>
+std::vector<T> gather(Precision prec, const ConstTensor4& t, int64_t B,
+                      int64_t H, int64_t rows, int64_t D) {
+  std::vector<T> out(static_cast<size_t>(B * H * rows * D));
+  size_t idx = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < rows; ++n) {
+        const int64_t base = b * t.layout.batch_stride +
+                             h * t.layout.head_stride + n * t.layout.row_stride;
+        for (int64_t d = 0; d < D; ++d)
+          out[idx++] = static_cast<T>(decode(prec, t.data, static_cast<size_t>(base + d)));
+      }
+  return out;
+}
+
+template <class T>
+void scatter(Precision prec, const std::vector<T>& src, const MutTensor4& t,
+             int64_t B, int64_t H, int64_t rows, int64_t D) {
+  size_t idx = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < rows; ++n) {
+        const int64_t base = b * t.layout.batch_stride +
+                             h * t.layout.head_stride + n * t.layout.row_stride;
+        for (int64_t d = 0; d < D; ++d)
+          encode(prec, static_cast<double>(src[idx++]), t.data,
+                 static_cast<size_t>(base + d));
+      }
+}
+
+ConstTensor4 rows2(const ConstTensor2& t) { return {t.data, t.size, {0, 0, t.row_stride}}; }
+MutTensor4 rows2(const MutTensor2& t) { return {t.data, t.size, {0, 0, t.row_stride}}; }
+
+template <class T>
+class ReferenceBackend final : public Backend {
+ public:
+  explicit ReferenceBackend(Precision p) : Backend("reference", "-", p) {}
+
+  void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
+                         Workspace*, const ExecConfig&) const override {
+    const Precision s = precision();
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    auto q = gather<T>(s, a.q, B, H, p.q_len, D);
+    auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
+    auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
+    std::vector<T> o(q.size()), lse(static_cast<size_t>(B * H * p.q_len));
+    reference::attention_forward<T>(p, q.data(), k.data(), v.data(), o.data(), lse.data());
+    scatter(s, o, a.o, B, H, p.q_len, D);
+    for (size_t i = 0; i < lse.size(); ++i) a.lse[i] = static_cast<double>(lse[i]);
+  }
+
+  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
+                          Workspace*, const ExecConfig&) const override {
+    const Precision s = precision();
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    auto q = gather<T>(s, a.q, B, H, p.q_len, D);
+    auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
+    auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
+    auto o = gather<T>(s, a.o, B, H, p.q_len, D);
+    auto d_o = gather<T>(s, a.d_o, B, H, p.q_len, D);
+    std::vector<T> lse(a.lse, a.lse + a.lse_size);
+    std::vector<T> dq(q.size()), dk(k.size()), dv(v.size());
+    T dg = 0;
+    reference::attention_backward<T>(p, q.data(), k.data(), v.data(), o.data(),
+                                     d_o.data(), lse.data(), dq.data(),
+                                     dk.data(), dv.data(), &dg);
+    scatter(s, dq, a.dq, B, H, p.q_len, D);
+    scatter(s, dk, a.dk, B, H, p.kv_len, D);
+    scatter(s, dv, a.dv, B, H, p.kv_len, D);
+    *a.dg = static_cast<double>(dg);
+  }
+
+  void scalenorm_forward(const ScaleNormProblem& p, const ScaleNormForwardArgs& a,
+                         Workspace*, const ExecConfig&) const override {
+    const Precision s = precision();
+    auto x = gather<T>(s, rows2(a.x), 1, 1, p.rows, p.dim);
+    std::vector<T> y(x.size());
+    reference::scalenorm_forward<T>(p, x.data(), y.data());
+    scatter(s, y, rows2(a.y), 1, 1, p.rows, p.dim);
+  }
+
+  void scalenorm_backward(const ScaleNormProblem& p,
+                          const ScaleNormBackwardArgs& a, Workspace*,
+                          const ExecConfig&) const override {
+    const Precision s = precision();
+    auto x = gather<T>(s, rows2(a.x), 1, 1, p.rows, p.dim);
+    auto dy = gather<T>(s, rows2(a.dy), 1, 1, p.rows, p.dim);
+    std::vector<T> dx(x.size());
+    T dg = 0;
+    reference::scalenorm_backward<T>(p, x.data(), dy.data(), dx.data(), &dg);
+    scatter(s, dx, rows2(a.dx), 1, 1, p.rows, p.dim);
+    *a.dg = static_cast<double>(dg);
+  }
+
+  bool attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
+                               double* probs, Workspace*) const override {
+    const Precision s = precision();
+    auto q = gather<T>(s, a.q, p.batch, p.heads, p.q_len, p.head_dim);
+    auto k = gather<T>(s, a.k, p.batch, p.heads, p.kv_len, p.head_dim);
+    std::vector<T> pr(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
+    reference::attention_probabilities<T>(p, q.data(), k.data(), pr.data());
+    for (size_t i = 0; i < pr.size(); ++i) probs[i] = static_cast<double>(pr[i]);
+    return true;
+  }
+};
+
+}  // namespace
+
+void register_backends(Registry& r) {
+  r.add(std::make_unique<ReferenceBackend<double>>(Precision::kF64));
+  r.add(std::make_unique<ReferenceBackend<float>>(Precision::kF32));
+  r.add(std::make_unique<ReferenceBackend<float>>(Precision::kBF16));
+  r.add(std::make_unique<ReferenceBackend<float>>(Precision::kF16));
+}
+
+}  // namespace qknorm::reference

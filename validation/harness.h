@@ -1,0 +1,146 @@
+// Test cases, running any registry entry on them, the oracle, and the
+// suite's tolerance rule. Used by tests, property tests, the CLI and fuzzers.
+//
+// THE TOLERANCE RULE (issue 3; FlashAttention's test-suite rule):
+//   err(X) = max |X - oracle| over elements, and an entry passes a field iff
+//     err(entry) <= kNaiveFactor * err(naive same-precision) + atol,
+//   where "naive same-precision" is the registry entry reference:<prec> (the
+//   reference loops in the entry's compute precision on the same stored
+//   inputs, outputs rounded to storage) and
+//     atol = kAtolUnits * u_storage * scale(field),
+//   u_storage the unit roundoff of the storage format, scale(field) the max
+//   |oracle| of that field. Rounding a correct result to storage alone costs
+//   up to 1 u * scale; kAtolUnits = 4 leaves room for the storage rounding of
+//   the naive baseline landing on the other side (2 u) plus a reordered sum
+//   differing by a few roundoffs near an element of the largest magnitude,
+//   and nothing for a real bug (a wrong kernel is off by >> 4 u * scale).
+#ifndef QKNORM_VALIDATION_HARNESS_H_
+#define QKNORM_VALIDATION_HARNESS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qknorm/backend.h"
+#include "validation/metrics.h"
+#include "validation/rng.h"
+
+namespace qknorm::validation {
+
+inline constexpr double kNaiveFactor = 2.0;
+inline constexpr double kAtolUnits = 4.0;
+
+enum class Distribution {
+  kGaussian,      // N(0, 1)
+  kUniform,       // U[-1, 1)
+  kHeavyTailed,   // Student t, 3 dof
+  kWideMagnitude, // N(0,1) rows, each scaled by 10^U[-30, 30] clamped to
+                  // what the storage format represents
+  kZeroRows,      // Gaussian with about a quarter of q and k rows exactly zero
+};
+const char* name(Distribution d);
+bool parse_distribution(const std::string& s, Distribution* out);
+
+// An owned attention test case. Inputs are dense [B,H,N,D] doubles.
+struct AttentionCase {
+  AttentionProblem problem;
+  std::vector<double> q, k, v, d_o;
+  uint64_t seed = 0;
+  Distribution dist = Distribution::kGaussian;
+  // Extra elements after each row in the buffers handed to entries (tests
+  // strided layouts); 0 = dense.
+  int64_t row_pad = 0;
+  // "B=2 H=8 Nq=72 Nk=72 D=64 qknorm g=12.32 eps=1e-12 mask=causal
+  //  dist=gaussian seed=42"
+  std::string describe() const;
+};
+
+struct ScaleNormCase {
+  ScaleNormProblem problem;
+  std::vector<double> x, dy;
+  uint64_t seed = 0;
+  Distribution dist = Distribution::kGaussian;
+  std::string describe() const;
+};
+
+// Draws q, k, v, dO for `problem` from `dist` with Rng(seed).
+AttentionCase make_attention_case(const AttentionProblem& problem,
+                                  Distribution dist, uint64_t seed);
+ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
+                                  Distribution dist, uint64_t seed);
+
+// The case with every input rounded to `prec` (RNE). Every entry of that
+// precision and the oracle are then fed identical values, so input rounding
+// is never counted as error.
+AttentionCase round_inputs(const AttentionCase& c, Precision prec);
+ScaleNormCase round_inputs(const ScaleNormCase& c, Precision prec);
+
+// Outputs decoded to double, dense.
+struct AttentionResult {
+  std::vector<double> o, lse, dq, dk, dv;
+  double dg = 0;
+};
+struct ScaleNormResult {
+  std::vector<double> y, dx;
+  double dg = 0;
+};
+
+// Encodes the (already rounded) inputs to the entry's storage, runs forward
+// then backward (fed the entry's own o and lse) through the checked_* front
+// doors, decodes. Output buffers are prefilled with NaN so that an element a
+// kernel forgets to write is caught. Throws qknorm::Error on invalid input.
+AttentionResult run_attention(const Backend& b, const AttentionCase& c,
+                              const ExecConfig& cfg = {},
+                              Workspace* ws = nullptr);
+ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
+                              const ExecConfig& cfg = {},
+                              Workspace* ws = nullptr);
+// Forward only (no dO needed); returns o and lse in the result.
+AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
+                                      const ExecConfig& cfg = {},
+                                      Workspace* ws = nullptr);
+
+// The oracle: reference<long double> on the case's inputs as given.
+struct OracleAttention {
+  std::vector<long double> o, lse, dq, dk, dv;
+  long double dg = 0;
+};
+struct OracleScaleNorm {
+  std::vector<long double> y, dx;
+  long double dg = 0;
+};
+OracleAttention oracle_attention(const AttentionCase& c);
+OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
+
+// The verdict of the tolerance rule for one field ("o", "dq", ..., "dg").
+struct FieldVerdict {
+  std::string field;
+  ErrorStats entry, naive;  // both against the oracle
+  double atol = 0, bound = 0;  // bound = kNaiveFactor * naive.max_abs + atol
+  bool pass = false;
+};
+
+struct AgreementReport {
+  std::string entry_name, naive_name, case_desc;
+  std::vector<FieldVerdict> fields;
+  bool pass = true;
+  // Every failing field: entry, target, precision, case (shape, seed),
+  // worst index, expected, actual, err, bound.
+  std::string failure_message() const;
+};
+
+// The naive same-precision baseline for precision p: reference:<p>.
+const Backend& naive_for(Precision p);
+
+// Runs `entry` and its naive baseline on round_inputs(c, entry precision),
+// compares both with the oracle, applies the rule to o, lse, dq, dk, dv, dg
+// (forward_only: o and lse).
+AgreementReport check_attention(const Backend& entry, const AttentionCase& c,
+                                const ExecConfig& cfg = {},
+                                bool forward_only = false);
+AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c,
+                                const ExecConfig& cfg = {});
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_HARNESS_H_
