@@ -63,11 +63,15 @@ struct ScaleNormCase {
   std::string describe() const;
 };
 
-// Draws q, k, v, dO for `problem` from `dist` with Rng(seed).
+// Draws q, k, v, dO for `problem` from `dist` with Rng(seed). `range`
+// limits kWideMagnitude's row scales to what that storage format represents
+// (rows stay below max_finite / (8 sqrt(D)) and above min_normal * 2^12).
 AttentionCase make_attention_case(const AttentionProblem& problem,
-                                  Distribution dist, uint64_t seed);
+                                  Distribution dist, uint64_t seed,
+                                  Precision range = Precision::kF64);
 ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
-                                  Distribution dist, uint64_t seed);
+                                  Distribution dist, uint64_t seed,
+                                  Precision range = Precision::kF64);
 
 // The case with every input rounded to `prec` (RNE). Every entry of that
 // precision and the oracle are then fed identical values, so input rounding
@@ -101,13 +105,16 @@ AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
                                       Workspace* ws = nullptr);
 
 // The oracle: reference<long double> on the case's inputs as given.
+// dg_scale: sum |dS_ij| (resp. sum |dy . u| terms), the magnitude of the
+// terms dg sums (|C_ij| <= 1), used as dg's scale in the tolerance rule: dg is
+// one scalar that can cancel to near 0, so max|dg| would be no scale at all.
 struct OracleAttention {
   std::vector<long double> o, lse, dq, dk, dv;
-  long double dg = 0;
+  long double dg = 0, dg_scale = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
-  long double dg = 0;
+  long double dg = 0, dg_scale = 0;
 };
 OracleAttention oracle_attention(const AttentionCase& c);
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);

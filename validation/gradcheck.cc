@@ -1,0 +1,256 @@
+#include "validation/gradcheck.h"
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "reference/reference.h"
+
+namespace qknorm::validation {
+namespace {
+
+using LD = long double;
+
+// Flat parameter vector [q | k | v | g] (attention) or [x | g] (ScaleNorm),
+// with per-element steps and the name of each element.
+struct Flat {
+  std::vector<LD> x, step;
+  std::vector<int64_t> group;  // 0 q, 1 k, 2 v, 3 g (attention); 0 x, 1 g
+  std::function<std::string(size_t)> item;
+};
+
+void add_rows(const std::vector<double>& t, int64_t D, int group, LD eps,
+              LD g_div, Flat* f) {
+  const int64_t rows = static_cast<int64_t>(t.size()) / D;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<LD> row(t.begin() + r * D, t.begin() + (r + 1) * D);
+    const LD n = reference::nrm2<LD>(row.data(), D);
+    const LD h = n > eps ? kFdStep * n / g_div : kFdStep * eps;
+    for (int64_t d = 0; d < D; ++d) {
+      f->x.push_back(row[static_cast<size_t>(d)]);
+      f->step.push_back(h);
+      f->group.push_back(group);
+    }
+  }
+}
+
+std::string index4(const AttentionProblem& p, int64_t rows, int64_t i) {
+  const int64_t D = p.head_dim;
+  const int64_t d = i % D, n = (i / D) % rows, h = (i / D / rows) % p.heads,
+                b = i / D / rows / p.heads;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "[%lld,%lld,%lld,%lld]", (long long)b,
+                (long long)h, (long long)n, (long long)d);
+  return buf;
+}
+
+Flat flatten(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const bool qk = p.variant == Variant::kQKNorm;
+  // sdpa: no clamp; its logits move by ||other|| h / sqrt(D), O(h) for
+  // unit-scale inputs, so the plain relative step is used (eps -> 0 guard).
+  const LD eps = qk ? static_cast<LD>(p.eps) : 0.0L;
+  const LD gdiv = qk ? std::max<LD>(1, std::fabs(static_cast<LD>(p.g))) : 1;
+  Flat f;
+  add_rows(c.q, p.head_dim, 0, eps, gdiv, &f);
+  add_rows(c.k, p.head_dim, 1, eps, gdiv, &f);
+  add_rows(c.v, p.head_dim, 2, 0, 1, &f);
+  f.x.push_back(p.g);
+  f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(static_cast<LD>(p.g))));
+  f.group.push_back(3);
+  for (auto& s : f.step)
+    if (s == 0) s = kFdStep;  // all-zero v row: any step is fine (L is linear in v)
+  const size_t nq = c.q.size(), nk = c.k.size();
+  f.item = [p, nq, nk](size_t i) -> std::string {
+    if (i < nq) return "dq" + index4(p, p.q_len, static_cast<int64_t>(i));
+    if (i < nq + nk) return "dk" + index4(p, p.kv_len, static_cast<int64_t>(i - nq));
+    if (i < nq + 2 * nk) return "dv" + index4(p, p.kv_len, static_cast<int64_t>(i - nq - nk));
+    return "dg";
+  };
+  return f;
+}
+
+LD attention_loss(const AttentionCase& c, const std::vector<LD>& x) {
+  AttentionProblem p = c.problem;
+  const size_t nq = c.q.size(), nk = c.k.size();
+  const LD* q = x.data();
+  const LD* k = q + nq;
+  const LD* v = k + nk;
+  p.g = static_cast<double>(x.back());
+  // g is perturbed in long double but the problem holds a double: perturb g
+  // only by steps exactly representable in double (kFdStep * 2^k is).
+  std::vector<LD> o(nq), lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  reference::attention_forward<LD>(p, q, k, v, o.data(), lse.data());
+  LD L = 0;
+  for (size_t i = 0; i < nq; ++i) L += static_cast<LD>(c.d_o[i]) * o[i];
+  return L;
+}
+
+std::vector<LD> flat_grad(const AttentionGradients& g) {
+  std::vector<LD> r = g.dq;
+  r.insert(r.end(), g.dk.begin(), g.dk.end());
+  r.insert(r.end(), g.dv.begin(), g.dv.end());
+  r.push_back(g.dg);
+  return r;
+}
+
+GradCheckReport full(const Flat& f, const std::vector<LD>& grad,
+                     const std::function<LD(const std::vector<LD>&)>& loss,
+                     double tol) {
+  GradCheckReport rep;
+  int ngroups = 0;
+  for (int64_t gi : f.group) ngroups = std::max<int>(ngroups, static_cast<int>(gi) + 1);
+  std::vector<LD> gscale(static_cast<size_t>(ngroups), 0);
+  for (size_t i = 0; i < grad.size(); ++i)
+    gscale[static_cast<size_t>(f.group[i])] =
+        std::max(gscale[static_cast<size_t>(f.group[i])], std::fabs(grad[i]));
+  std::vector<LD> x = f.x;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const LD h = f.step[i], x0 = x[i];
+    x[i] = x0 + h;
+    const LD lp = loss(x);
+    x[i] = x0 - h;
+    const LD lm = loss(x);
+    x[i] = x0;
+    const LD fd = (lp - lm) / (2 * h);
+    // A tensor whose gradient is identically 0 is judged on absolute error
+    // against 1 (the unit scale of the loss derivative).
+    const LD scale = std::max<LD>(gscale[static_cast<size_t>(f.group[i])], 1e-300L);
+    const double rel = static_cast<double>(std::fabs(fd - grad[i]) /
+                                           (gscale[static_cast<size_t>(f.group[i])] > 0 ? scale : 1));
+    ++rep.checked;
+    if (rel > rep.worst_rel || rep.worst_item.empty()) {
+      rep.worst_rel = rel;
+      rep.worst_item = f.item(i);
+      rep.worst_fd = fd;
+      rep.worst_analytic = grad[i];
+    }
+  }
+  rep.pass = rep.worst_rel <= tol;
+  return rep;
+}
+
+GradCheckReport directions(const Flat& f, const std::vector<LD>& grad,
+                           const std::function<LD(const std::vector<LD>&)>& loss,
+                           int n_dirs, uint64_t seed, double tol) {
+  GradCheckReport rep;
+  Rng rng(seed);
+  std::vector<LD> x(f.x.size());
+  for (int d = 0; d < n_dirs; ++d) {
+    std::vector<LD> t(f.x.size());
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<LD>(rng.normal()) * f.step[i];
+    // t already carries the per-element step; h = 1 along t.
+    LD dot = 0, mag = 0;
+    for (size_t i = 0; i < t.size(); ++i) {
+      dot += grad[i] * t[i];
+      mag += std::fabs(grad[i] * t[i]);
+    }
+    for (size_t i = 0; i < t.size(); ++i) x[i] = f.x[i] + t[i];
+    const LD lp = loss(x);
+    for (size_t i = 0; i < t.size(); ++i) x[i] = f.x[i] - t[i];
+    const LD lm = loss(x);
+    const LD fd = (lp - lm) / 2;
+    const double rel = static_cast<double>(std::fabs(fd - dot) / (mag > 0 ? mag : 1));
+    ++rep.checked;
+    if (rel > rep.worst_rel || rep.worst_item.empty()) {
+      rep.worst_rel = rel;
+      rep.worst_item = "direction " + std::to_string(d) + " (rng seed " + std::to_string(seed) + ")";
+      rep.worst_fd = fd;
+      rep.worst_analytic = dot;
+    }
+  }
+  rep.pass = rep.worst_rel <= tol;
+  return rep;
+}
+
+Flat flatten(const ScaleNormCase& c) {
+  Flat f;
+  add_rows(c.x, c.problem.dim, 0, static_cast<LD>(c.problem.eps),
+           /*g_div=*/1, &f);  // L = g <dy, u(x)>: g only scales L
+  f.x.push_back(c.problem.g);
+  f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(static_cast<LD>(c.problem.g))));
+  f.group.push_back(1);
+  const int64_t D = c.problem.dim;
+  const size_t nx = c.x.size();
+  f.item = [D, nx](size_t i) -> std::string {
+    if (i >= nx) return "dg";
+    return "dx[" + std::to_string(i / D) + "," + std::to_string(i % D) + "]";
+  };
+  return f;
+}
+
+LD scalenorm_loss(const ScaleNormCase& c, const std::vector<LD>& x) {
+  ScaleNormProblem p = c.problem;
+  p.g = static_cast<double>(x.back());
+  std::vector<LD> y(c.x.size());
+  reference::scalenorm_forward<LD>(p, x.data(), y.data());
+  LD L = 0;
+  for (size_t i = 0; i < y.size(); ++i) L += static_cast<LD>(c.dy[i]) * y[i];
+  return L;
+}
+
+std::vector<LD> flat_grad(const ScaleNormGradients& g) {
+  std::vector<LD> r = g.dx;
+  r.push_back(g.dg);
+  return r;
+}
+
+}  // namespace
+
+std::string GradCheckReport::message() const {
+  char buf[384];
+  std::snprintf(buf, sizeof buf,
+                "gradcheck %s: %lld checked, worst %s: finite-diff=%.17Lg "
+                "analytic=%.17Lg rel=%.3e",
+                pass ? "ok" : "FAILED", (long long)checked, worst_item.c_str(),
+                worst_fd, worst_analytic, worst_rel);
+  return buf;
+}
+
+// Note on g: attention_loss stores the perturbed g in a double. Steps
+// kFdStep * max(1,|g|) are not exact multiples in general, so the loss uses
+// the double-rounded g on both sides; the finite difference then divides by
+// the true (rounded) distance between the two g values.
+GradCheckReport check_attention_full(const AttentionCase& c,
+                                     const AttentionGradients& grad, double tol) {
+  Flat f = flatten(c);
+  // Make the g step exactly representable: g +- h rounded to double.
+  const double g = c.problem.g;
+  const double h = static_cast<double>(f.step.back());
+  f.step.back() = static_cast<LD>((g + h) - g);
+  return full(f, flat_grad(grad), [&](const std::vector<LD>& x) { return attention_loss(c, x); }, tol);
+}
+
+GradCheckReport check_attention_directions(const AttentionCase& c,
+                                           const AttentionGradients& grad,
+                                           int n_dirs, uint64_t seed,
+                                           double tol) {
+  Flat f = flatten(c);
+  // Directional mode keeps g fixed (its derivative is checked in full mode
+  // and by the dg finite-difference property): zero step on g.
+  f.step.back() = 0;
+  return directions(f, flat_grad(grad),
+                    [&](const std::vector<LD>& x) { return attention_loss(c, x); },
+                    n_dirs, seed, tol);
+}
+
+GradCheckReport check_scalenorm_full(const ScaleNormCase& c,
+                                     const ScaleNormGradients& grad, double tol) {
+  Flat f = flatten(c);
+  const double g = c.problem.g;
+  f.step.back() = static_cast<LD>((g + static_cast<double>(f.step.back())) - g);
+  return full(f, flat_grad(grad), [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); }, tol);
+}
+
+GradCheckReport check_scalenorm_directions(const ScaleNormCase& c,
+                                           const ScaleNormGradients& grad,
+                                           int n_dirs, uint64_t seed,
+                                           double tol) {
+  Flat f = flatten(c);
+  f.step.back() = 0;
+  return directions(f, flat_grad(grad),
+                    [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); },
+                    n_dirs, seed, tol);
+}
+
+}  // namespace qknorm::validation

@@ -1,0 +1,395 @@
+#include "validation/harness.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "qknorm/error.h"
+#include "reference/reference.h"
+
+namespace qknorm::validation {
+namespace {
+
+using LD = long double;
+
+const char* variant_name(Variant v) { return v == Variant::kQKNorm ? "qknorm" : "sdpa"; }
+
+std::string mask_desc(const Mask& m) {
+  std::string s = m.causal ? "causal" : "";
+  if (!m.key_lengths.empty()) {
+    if (!s.empty()) s += "+";
+    s += "pad[";
+    for (size_t i = 0; i < m.key_lengths.size(); ++i)
+      s += (i ? "," : "") + std::to_string(m.key_lengths[i]);
+    s += "]";
+  }
+  return s.empty() ? "none" : s;
+}
+
+// Fills `rows` rows of length D drawn from dist; `scale_rows` applies the
+// per-row magnitude spread (q and k only) and zero rows.
+void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
+          Precision range, std::vector<double>* out) {
+  out->resize(static_cast<size_t>(rows * D));
+  // Exponent range of kWideMagnitude row scales, clamped to the format.
+  const double hi = std::min(30.0, std::log10(max_finite(range) / (8 * std::sqrt(double(D)))));
+  const double lo = std::max(-30.0, std::log10(min_normal(range) * 0x1p12));
+  for (int64_t r = 0; r < rows; ++r) {
+    double row_scale = 1;
+    if (qk_operand && dist == Distribution::kWideMagnitude)
+      row_scale = std::pow(10.0, rng.uniform(lo, hi));
+    const bool zero = qk_operand && dist == Distribution::kZeroRows && rng.uniform() < 0.25;
+    for (int64_t d = 0; d < D; ++d) {
+      double x;
+      switch (dist) {
+        case Distribution::kUniform: x = rng.uniform(-1, 1); break;
+        case Distribution::kHeavyTailed: x = rng.student_t3(); break;
+        default: x = rng.normal(); break;
+      }
+      (*out)[static_cast<size_t>(r * D + d)] = zero ? 0.0 : x * row_scale;
+    }
+  }
+}
+
+std::vector<double> rounded(const std::vector<double>& x, Precision p) {
+  std::vector<double> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = round_to(p, x[i]);
+  return r;
+}
+
+// A storage buffer holding a [B,H,rows,D] tensor with `pad` extra elements
+// after each row, prefilled with NaN (caught if an output is left unwritten).
+struct Buffer {
+  Precision prec;
+  int64_t B, H, rows, D, pad;
+  std::vector<unsigned char> bytes;
+  Layout4 layout;
+  Buffer(Precision p, int64_t B_, int64_t H_, int64_t rows_, int64_t D_, int64_t pad_)
+      : prec(p), B(B_), H(H_), rows(rows_), D(D_), pad(pad_) {
+    const int64_t rs = D + pad;
+    layout = Layout4{H * rows * rs, rows * rs, rs};
+    bytes.resize(static_cast<size_t>(B * H * rows * rs) * element_bytes(p));
+    for (size_t i = 0; i < static_cast<size_t>(B * H * rows * rs); ++i)
+      encode(p, std::numeric_limits<double>::quiet_NaN(), bytes.data(), i);
+  }
+  int64_t size() const { return B * H * rows * (D + pad); }
+  size_t offset(int64_t idx) const {
+    const int64_t d = idx % D, r = idx / D;
+    return static_cast<size_t>(r * (D + pad) + d);
+  }
+  void store(const std::vector<double>& x) {
+    for (int64_t i = 0; i < B * H * rows * D; ++i)
+      encode(prec, x[static_cast<size_t>(i)], bytes.data(), offset(i));
+  }
+  std::vector<double> load() const {
+    std::vector<double> x(static_cast<size_t>(B * H * rows * D));
+    for (int64_t i = 0; i < B * H * rows * D; ++i)
+      x[static_cast<size_t>(i)] = decode(prec, bytes.data(), offset(i));
+    return x;
+  }
+  ConstTensor4 cview() const { return {bytes.data(), size(), layout}; }
+  MutTensor4 view() { return {bytes.data(), size(), layout}; }
+};
+
+std::vector<LD> widen(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+
+}  // namespace
+
+const char* name(Distribution d) {
+  switch (d) {
+    case Distribution::kGaussian: return "gaussian";
+    case Distribution::kUniform: return "uniform";
+    case Distribution::kHeavyTailed: return "heavy";
+    case Distribution::kWideMagnitude: return "wide";
+    case Distribution::kZeroRows: return "zerorows";
+  }
+  return "?";
+}
+
+bool parse_distribution(const std::string& s, Distribution* out) {
+  for (Distribution d : {Distribution::kGaussian, Distribution::kUniform,
+                         Distribution::kHeavyTailed, Distribution::kWideMagnitude,
+                         Distribution::kZeroRows}) {
+    if (s == name(d)) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string AttentionCase::describe() const {
+  const AttentionProblem& p = problem;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "B=%lld H=%lld Nq=%lld Nk=%lld D=%lld %s g=%.17g eps=%.3g "
+                "mask=%s dist=%s seed=%llu row_pad=%lld",
+                (long long)p.batch, (long long)p.heads, (long long)p.q_len,
+                (long long)p.kv_len, (long long)p.head_dim, variant_name(p.variant),
+                p.g, p.eps, mask_desc(p.mask).c_str(), name(dist),
+                (unsigned long long)seed, (long long)row_pad);
+  return buf;
+}
+
+std::string ScaleNormCase::describe() const {
+  char buf[192];
+  std::snprintf(buf, sizeof buf, "scalenorm rows=%lld dim=%lld g=%.17g eps=%.3g dist=%s seed=%llu",
+                (long long)problem.rows, (long long)problem.dim, problem.g,
+                problem.eps, name(dist), (unsigned long long)seed);
+  return buf;
+}
+
+AttentionCase make_attention_case(const AttentionProblem& problem,
+                                  Distribution dist, uint64_t seed,
+                                  Precision range) {
+  AttentionCase c;
+  c.problem = problem;
+  c.seed = seed;
+  c.dist = dist;
+  Rng rng(seed);
+  const int64_t BH = problem.batch * problem.heads, D = problem.head_dim;
+  fill(rng, dist, BH * problem.q_len, D, true, range, &c.q);
+  fill(rng, dist, BH * problem.kv_len, D, true, range, &c.k);
+  fill(rng, dist, BH * problem.kv_len, D, false, range, &c.v);
+  fill(rng, dist, BH * problem.q_len, D, false, range, &c.d_o);
+  return c;
+}
+
+ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
+                                  Distribution dist, uint64_t seed,
+                                  Precision range) {
+  ScaleNormCase c;
+  c.problem = problem;
+  c.seed = seed;
+  c.dist = dist;
+  Rng rng(seed);
+  fill(rng, dist, problem.rows, problem.dim, true, range, &c.x);
+  fill(rng, dist, problem.rows, problem.dim, false, range, &c.dy);
+  return c;
+}
+
+AttentionCase round_inputs(const AttentionCase& c, Precision prec) {
+  AttentionCase r = c;
+  r.q = rounded(c.q, prec);
+  r.k = rounded(c.k, prec);
+  r.v = rounded(c.v, prec);
+  r.d_o = rounded(c.d_o, prec);
+  return r;
+}
+
+ScaleNormCase round_inputs(const ScaleNormCase& c, Precision prec) {
+  ScaleNormCase r = c;
+  r.x = rounded(c.x, prec);
+  r.dy = rounded(c.dy, prec);
+  return r;
+}
+
+namespace {
+AttentionResult run_impl(const Backend& b, const AttentionCase& c,
+                         const ExecConfig& cfg, Workspace* ws, bool backward) {
+  const AttentionProblem& p = c.problem;
+  const Precision s = b.precision();
+  std::unique_ptr<Workspace> own;
+  if (ws == nullptr) {
+    own = b.make_workspace();
+    ws = own.get();
+  }
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim, pad = c.row_pad;
+  Buffer q(s, B, H, p.q_len, D, pad), k(s, B, H, p.kv_len, D, pad),
+      v(s, B, H, p.kv_len, D, pad), o(s, B, H, p.q_len, D, pad);
+  q.store(c.q);
+  k.store(c.k);
+  v.store(c.v);
+  AttentionResult r;
+  r.lse.assign(static_cast<size_t>(B * H * p.q_len), std::numeric_limits<double>::quiet_NaN());
+  ForwardArgs fa{q.cview(), k.cview(), v.cview(), o.view(), r.lse.data(),
+                 static_cast<int64_t>(r.lse.size())};
+  checked_attention_forward(b, p, fa, ws, cfg);
+  r.o = o.load();
+  if (!backward) return r;
+  Buffer d_o(s, B, H, p.q_len, D, pad), dq(s, B, H, p.q_len, D, pad),
+      dk(s, B, H, p.kv_len, D, pad), dv(s, B, H, p.kv_len, D, pad);
+  d_o.store(c.d_o);
+  r.dg = std::numeric_limits<double>::quiet_NaN();
+  BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(),
+                  r.lse.data(), static_cast<int64_t>(r.lse.size()),
+                  dq.view(), dk.view(), dv.view(), &r.dg};
+  checked_attention_backward(b, p, ba, ws, cfg);
+  r.dq = dq.load();
+  r.dk = dk.load();
+  r.dv = dv.load();
+  return r;
+}
+}  // namespace
+
+AttentionResult run_attention(const Backend& b, const AttentionCase& c,
+                              const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, true);
+}
+
+AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
+                                      const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, false);
+}
+
+ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
+                              const ExecConfig& cfg, Workspace* ws) {
+  const ScaleNormProblem& p = c.problem;
+  const Precision s = b.precision();
+  std::unique_ptr<Workspace> own;
+  if (ws == nullptr) {
+    own = b.make_workspace();
+    ws = own.get();
+  }
+  Buffer x(s, 1, 1, p.rows, p.dim, 0), y(s, 1, 1, p.rows, p.dim, 0),
+      dy(s, 1, 1, p.rows, p.dim, 0), dx(s, 1, 1, p.rows, p.dim, 0);
+  x.store(c.x);
+  dy.store(c.dy);
+  ScaleNormResult r;
+  ScaleNormForwardArgs fa{{x.bytes.data(), x.size(), p.dim}, {y.bytes.data(), y.size(), p.dim}};
+  checked_scalenorm_forward(b, p, fa, ws, cfg);
+  r.y = y.load();
+  r.dg = std::numeric_limits<double>::quiet_NaN();
+  ScaleNormBackwardArgs ba{{x.bytes.data(), x.size(), p.dim},
+                           {dy.bytes.data(), dy.size(), p.dim},
+                           {dx.bytes.data(), dx.size(), p.dim},
+                           &r.dg};
+  checked_scalenorm_backward(b, p, ba, ws, cfg);
+  r.dx = dx.load();
+  return r;
+}
+
+OracleAttention oracle_attention(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  OracleAttention r;
+  auto q = widen(c.q), k = widen(c.k), v = widen(c.v), d_o = widen(c.d_o);
+  r.o.resize(q.size());
+  r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  reference::attention_forward<LD>(p, q.data(), k.data(), v.data(), r.o.data(), r.lse.data());
+  r.dq.resize(q.size());
+  r.dk.resize(k.size());
+  r.dv.resize(v.size());
+  std::vector<LD> ds(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
+  reference::attention_backward<LD>(p, q.data(), k.data(), v.data(), r.o.data(),
+                                    d_o.data(), r.lse.data(), r.dq.data(),
+                                    r.dk.data(), r.dv.data(), &r.dg, ds.data());
+  for (LD x : ds) r.dg_scale += std::fabs(x);
+  if (p.variant != Variant::kQKNorm) r.dg_scale = 0;
+  return r;
+}
+
+OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c) {
+  const ScaleNormProblem& p = c.problem;
+  OracleScaleNorm r;
+  auto x = widen(c.x), dy = widen(c.dy);
+  r.y.resize(x.size());
+  r.dx.resize(x.size());
+  reference::scalenorm_forward<LD>(p, x.data(), r.y.data());
+  reference::scalenorm_backward<LD>(p, x.data(), dy.data(), r.dx.data(), &r.dg);
+  // y / g = u; sum |dy_i u_i| is the magnitude of dg's terms.
+  for (int64_t r0 = 0; r0 < p.rows; ++r0) {
+    const LD* xr = x.data() + r0 * p.dim;
+    LD n = reference::nrm2<LD>(xr, p.dim);
+    LD den = std::max(n, static_cast<LD>(p.eps));
+    for (int64_t i = 0; i < p.dim; ++i)
+      r.dg_scale += std::fabs(dy[static_cast<size_t>(r0 * p.dim + i)] * xr[i] / den);
+  }
+  return r;
+}
+
+const Backend& naive_for(Precision p) {
+  const Backend* b = all_backends().find("reference:" + std::string(name(p)));
+  if (b == nullptr) throw Error("registry", {}, "no naive baseline reference:" + std::string(name(p)));
+  return *b;
+}
+
+namespace {
+// Applies the rule to one field. `scale` overrides the atol scale (dg).
+FieldVerdict verdict(const std::string& field, const std::vector<double>& entry,
+                     const std::vector<double>& naive, const std::vector<LD>& oracle,
+                     Precision fmt, double u, double scale_override = -1) {
+  FieldVerdict v;
+  v.field = field;
+  v.entry = compare(entry, oracle, fmt);
+  v.naive = compare(naive, oracle, fmt);
+  const double scale = scale_override >= 0 ? scale_override : v.entry.scale;
+  v.atol = kAtolUnits * u * scale;
+  v.bound = kNaiveFactor * v.naive.max_abs + v.atol;
+  v.pass = !v.entry.nonfinite_mismatch && v.entry.max_abs <= v.bound;
+  return v;
+}
+}  // namespace
+
+AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
+                                const ExecConfig& cfg, bool forward_only) {
+  const Precision s = entry.precision();
+  const AttentionCase c = round_inputs(c0, s);
+  const Backend& nb = naive_for(s);
+  AgreementReport rep;
+  rep.entry_name = entry.name();
+  rep.naive_name = nb.name();
+  rep.case_desc = c.describe();
+  const AttentionResult er = forward_only ? run_attention_forward(entry, c, cfg)
+                                          : run_attention(entry, c, cfg);
+  const AttentionResult nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
+  const OracleAttention orc = oracle_attention(c);
+  const double us = unit_roundoff(s), uc = compute_roundoff(s);
+  const Precision lse_fmt = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  rep.fields.push_back(verdict("o", er.o, nr.o, orc.o, s, us));
+  // lse is kept in the compute precision (f32 for the 16-bit modes).
+  rep.fields.push_back(verdict("lse", er.lse, nr.lse, orc.lse, lse_fmt, uc));
+  if (!forward_only) {
+    rep.fields.push_back(verdict("dq", er.dq, nr.dq, orc.dq, s, us));
+    rep.fields.push_back(verdict("dk", er.dk, nr.dk, orc.dk, s, us));
+    rep.fields.push_back(verdict("dv", er.dv, nr.dv, orc.dv, s, us));
+    // dg is returned at the compute precision.
+    rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, lse_fmt, uc,
+                                 static_cast<double>(orc.dg_scale)));
+  }
+  for (const auto& f : rep.fields) rep.pass = rep.pass && f.pass;
+  return rep;
+}
+
+AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,
+                                const ExecConfig& cfg) {
+  const Precision s = entry.precision();
+  const ScaleNormCase c = round_inputs(c0, s);
+  const Backend& nb = naive_for(s);
+  AgreementReport rep;
+  rep.entry_name = entry.name();
+  rep.naive_name = nb.name();
+  rep.case_desc = c.describe();
+  const ScaleNormResult er = run_scalenorm(entry, c, cfg);
+  const ScaleNormResult nr = run_scalenorm(nb, c);
+  const OracleScaleNorm orc = oracle_scalenorm(c);
+  const double us = unit_roundoff(s), uc = compute_roundoff(s);
+  const Precision dg_fmt = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  rep.fields.push_back(verdict("y", er.y, nr.y, orc.y, s, us));
+  rep.fields.push_back(verdict("dx", er.dx, nr.dx, orc.dx, s, us));
+  rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, dg_fmt, uc,
+                               static_cast<double>(orc.dg_scale)));
+  for (const auto& f : rep.fields) rep.pass = rep.pass && f.pass;
+  return rep;
+}
+
+std::string AgreementReport::failure_message() const {
+  std::string m;
+  for (const auto& f : fields) {
+    if (f.pass) continue;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "  field %s: err=%.6e > bound=%.6e (= %.0f * naive_err %.6e + "
+                  "atol %.6e)\n",
+                  f.field.c_str(), f.entry.max_abs, f.bound, kNaiveFactor,
+                  f.naive.max_abs, f.atol);
+    m += buf;
+    m += "    entry: " + describe(f.entry) + "\n";
+    m += "    naive: " + describe(f.naive) + "\n";
+  }
+  if (m.empty()) return "";
+  return "entry " + entry_name + " vs oracle (naive " + naive_name + ") on " +
+         case_desc + "\n" + m;
+}
+
+}  // namespace qknorm::validation
