@@ -1,0 +1,138 @@
+// RNE conversions to bf16/f16 against independent oracles: GCC's _Float16
+// (soft conversion, IEEE RNE) for f16, and an exact nearest-candidate search
+// in double for bf16; plus every 16-bit pattern round-trips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "qknorm/precision.h"
+#include "validation/rng.h"
+
+namespace qknorm {
+namespace {
+
+float f_of(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// The bf16 value nearest to x (ties to even mantissa), found by comparing the
+// two bracketing candidates exactly in double.
+uint16_t bf16_nearest(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint16_t lo = static_cast<uint16_t>(u >> 16);  // truncation (toward 0)
+  const uint16_t hi = static_cast<uint16_t>(lo + 1);   // next away from 0
+  const double dlo = std::fabs(static_cast<double>(x) - f32_from_bf16(lo));
+  // IEEE 754 rounds past the largest finite value as if the exponent were
+  // unbounded: the candidate above bf16 max is 2^128, which encodes as Inf.
+  double fhi = f32_from_bf16(hi);
+  if (std::isinf(fhi)) fhi = std::copysign(std::ldexp(1.0, 128), fhi);
+  const double dhi = std::fabs(static_cast<double>(x) - fhi);
+  if ((u & 0xffffu) == 0) return lo;
+  if (dlo < dhi) return lo;
+  if (dhi < dlo) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+TEST(Precision, Bf16RoundTripsEveryPattern) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f32_from_bf16(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f32_from_bf16(bf16_from_f32(f)))) << h;
+      continue;
+    }
+    EXPECT_EQ(bf16_from_f32(f), h) << "pattern " << h;
+  }
+}
+
+TEST(Precision, F16RoundTripsEveryPattern) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f32_from_f16(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f32_from_f16(f16_from_f32(f)))) << h;
+      continue;
+    }
+    EXPECT_EQ(static_cast<float>(static_cast<_Float16>(f)), f) << h;  // decode is exact
+    EXPECT_EQ(f16_from_f32(f), h) << "pattern " << h;
+  }
+}
+
+// Every 2^17-th float bit pattern plus random patterns and all tie points.
+TEST(Precision, Bf16MatchesNearestCandidate) {
+  validation::Rng rng(20261202);
+  for (uint64_t i = 0; i < (1ull << 32); i += 1ull << 15) {
+    const float x = f_of(static_cast<uint32_t>(i));
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(bf16_from_f32(x), bf16_nearest(x)) << "bits " << i;
+  }
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t b = static_cast<uint32_t>(rng.next_u64());
+    const float x = f_of(b);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(bf16_from_f32(x), bf16_nearest(x)) << "bits " << b;
+    const float tie = f_of((b & 0xffff0000u) | 0x8000u);  // exact halfway
+    if (!std::isnan(tie)) ASSERT_EQ(bf16_from_f32(tie), bf16_nearest(tie)) << "tie " << b;
+  }
+}
+
+TEST(Precision, F16MatchesCompilerConversion) {
+  validation::Rng rng(7);
+  auto check = [](float x) {
+    const _Float16 h = static_cast<_Float16>(x);
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(f32_from_f16(f16_from_f32(x))));
+    } else {
+      ASSERT_EQ(f16_from_f32(x), bits) << "x=" << x;
+    }
+  };
+  for (uint64_t i = 0; i < (1ull << 32); i += 1ull << 15) check(f_of(static_cast<uint32_t>(i)));
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t b = static_cast<uint32_t>(rng.next_u64());
+    check(f_of(b));
+    check(f_of((b & 0xffffe000u) | 0x1000u));  // exact f16 normal halfway points
+  }
+}
+
+TEST(Precision, SpecialValues) {
+  EXPECT_EQ(bf16_from_f32(INFINITY), 0x7f80);
+  EXPECT_EQ(bf16_from_f32(-INFINITY), 0xff80);
+  EXPECT_EQ(bf16_from_f32(3.4028235e38f), 0x7f80);  // rounds up to Inf
+  EXPECT_EQ(bf16_from_f32(-0.0f), 0x8000);
+  EXPECT_EQ(bf16_from_f32(1e-45f), 0x0000);  // smallest f32 subnormal -> 0
+  EXPECT_EQ(f16_from_f32(65520.f), 0x7c00);  // halfway above max -> Inf
+  EXPECT_EQ(f16_from_f32(65519.f), 0x7bff);
+  EXPECT_EQ(f16_from_f32(5.9604645e-8f), 0x0001);  // 2^-24
+  EXPECT_EQ(f16_from_f32(2.9802322e-8f), 0x0000);  // 2^-25: tie to even 0
+  EXPECT_EQ(f16_from_f32(4.4703484e-8f), 0x0001);  // 1.5 * 2^-25 -> 2^-24
+  EXPECT_TRUE(std::isnan(f32_from_f16(f16_from_f32(NAN))));
+  EXPECT_TRUE(std::isnan(f32_from_bf16(bf16_from_f32(-NAN))));
+  // A NaN whose payload sits only in the dropped bits stays NaN.
+  EXPECT_TRUE(std::isnan(f32_from_bf16(bf16_from_f32(f_of(0x7f800001u)))));
+  EXPECT_TRUE(std::isnan(f32_from_f16(f16_from_f32(f_of(0x7f800001u)))));
+}
+
+// round_to (direct from double, no double rounding) agrees with encode/decode
+// on values exactly representable in f32, and is idempotent.
+TEST(Precision, RoundToConsistent) {
+  validation::Rng rng(3);
+  for (int i = 0; i < 100000; ++i) {
+    const double x = rng.normal() * std::pow(2.0, rng.uniform_int(-30, 30));
+    const float xf = static_cast<float>(x);
+    EXPECT_EQ(round_to(Precision::kBF16, xf), f32_from_bf16(bf16_from_f32(xf)));
+    EXPECT_EQ(round_to(Precision::kF16, xf), f32_from_f16(f16_from_f32(xf)));
+    EXPECT_EQ(round_to(Precision::kF32, x), static_cast<double>(xf));
+    for (Precision p : kAllPrecisions) {
+      const double r = round_to(p, x);
+      EXPECT_EQ(round_to(p, r), r);
+      if (std::isfinite(r)) EXPECT_LE(std::fabs(r - x), 0.5 * ulp(p, x) * (1 + 1e-15)) << name(p);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qknorm
