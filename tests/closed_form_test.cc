@@ -20,7 +20,8 @@ using validation::AttentionResult;
 // kCloseTol: every expectation below is a handful of exp/div operations away
 // from the computed value, so a few units of double roundoff (2^-53 ~ 1.1e-16)
 // times O(1) magnitudes; 1e-14 leaves ~100 roundoffs of room and is 1e13x
-// smaller than any semantic mistake (wrong mask, wrong scale) these cases catch.
+// smaller than any semantic mistake (wrong mask, wrong scale) these cases
+// catch.
 constexpr double kCloseTol = 1e-14;
 
 const Backend& ref() { return *all_backends().find("reference:f64"); }
@@ -32,7 +33,8 @@ AttentionCase make(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D) {
   c.problem.q_len = Nq;
   c.problem.kv_len = Nk;
   c.problem.head_dim = D;
-  c = validation::make_attention_case(c.problem, validation::Distribution::kGaussian, 99);
+  c = validation::make_attention_case(c.problem,
+                                      validation::Distribution::kGaussian, 99);
   c.row_pad = 3;  // exercise strided layouts
   return c;
 }
@@ -73,7 +75,8 @@ TEST(ClosedForm, HeadDimOneGivesSignLogits) {
   AttentionResult r = validation::run_attention(ref(), c);
   const double p0 = 1 / (1 + std::exp(6.0));
   EXPECT_NEAR(r.o[0], p0 * 10 + (1 - p0) * -2, kCloseTol * 10);
-  EXPECT_NEAR(r.lse[0], std::log(std::exp(-3.0) + std::exp(3.0)), kCloseTol * 10);
+  EXPECT_NEAR(r.lse[0], std::log(std::exp(-3.0) + std::exp(3.0)),
+              kCloseTol * 10);
 }
 
 TEST(ClosedForm, TwoKeysKnownLogits) {
@@ -127,9 +130,11 @@ TEST(ClosedForm, CausalMaskHandBuilt) {
   const bool vis24[2][4] = {{1, 1, 1, 0}, {1, 1, 1, 1}};
   const bool vis42[4][2] = {{0, 0}, {0, 0}, {1, 0}, {1, 1}};
   for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(visible(m, 0, i, j, 2, 4), vis24[i][j]);
+    for (int j = 0; j < 4; ++j)
+      EXPECT_EQ(visible(m, 0, i, j, 2, 4), vis24[i][j]);
   for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 2; ++j) EXPECT_EQ(visible(m, 0, i, j, 4, 2), vis42[i][j]);
+    for (int j = 0; j < 2; ++j)
+      EXPECT_EQ(visible(m, 0, i, j, 4, 2), vis42[i][j]);
   AttentionCase c = make(1, 1, 4, 2, 3);
   c.problem.g = 0;
   c.problem.mask = m;
@@ -138,7 +143,8 @@ TEST(ClosedForm, CausalMaskHandBuilt) {
     EXPECT_EQ(at(r.o, 0, 3, d), 0.0);
     EXPECT_EQ(at(r.o, 1, 3, d), 0.0);
     EXPECT_NEAR(at(r.o, 2, 3, d), at(c.v, 0, 3, d), kCloseTol);
-    EXPECT_NEAR(at(r.o, 3, 3, d), (at(c.v, 0, 3, d) + at(c.v, 1, 3, d)) / 2, kCloseTol);
+    EXPECT_NEAR(at(r.o, 3, 3, d), (at(c.v, 0, 3, d) + at(c.v, 1, 3, d)) / 2,
+                kCloseTol);
   }
   EXPECT_EQ(r.lse[0], -INFINITY);
   EXPECT_EQ(r.lse[1], -INFINITY);
@@ -175,7 +181,8 @@ TEST(ClosedForm, FullyMaskedRowsAreZeroNotNaN) {
       EXPECT_EQ(r.dk[i], 0.0);
       EXPECT_EQ(r.dv[i], 0.0);
     }
-    for (size_t i = 0; i < r.lse.size() / 2; ++i) EXPECT_EQ(r.lse[i], -INFINITY);
+    for (size_t i = 0; i < r.lse.size() / 2; ++i)
+      EXPECT_EQ(r.lse[i], -INFINITY);
     for (double x : r.o) EXPECT_TRUE(std::isfinite(x));
     for (double x : r.dq) EXPECT_TRUE(std::isfinite(x));
     EXPECT_TRUE(std::isfinite(r.dg));
@@ -204,7 +211,8 @@ TEST(ClosedForm, ZeroRowsAreFinite) {
 }
 
 // Scale invariance at the extremes: rows of magnitude ~1e307 and subnormal
-// rows normalize exactly like their unit-scale copies (no overflow in the norm).
+// rows normalize exactly like their unit-scale copies (no overflow in the
+// norm).
 TEST(ClosedForm, HugeAndSubnormalRows) {
   AttentionCase c = make(1, 1, 3, 5, 8);
   c.problem.g = 10;
@@ -213,7 +221,8 @@ TEST(ClosedForm, HugeAndSubnormalRows) {
   for (double& x : big.q) x *= 1e307;
   for (double& x : big.k) x *= 0x1p1020;
   AttentionResult rb = validation::run_attention(ref(), big);
-  for (size_t i = 0; i < base.o.size(); ++i) EXPECT_NEAR(rb.o[i], base.o[i], kCloseTol * 10);
+  for (size_t i = 0; i < base.o.size(); ++i)
+    EXPECT_NEAR(rb.o[i], base.o[i], kCloseTol * 10);
   for (double x : rb.dq) EXPECT_TRUE(std::isfinite(x));
   // Subnormal q rows: ||q|| ~ 1e-310 < eps, so q_hat = q / eps ~ 1e-298 and
   // all its logits are ~0: uniform average, finite gradients.

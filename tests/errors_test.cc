@@ -19,12 +19,13 @@ validation::AttentionCase base() {
   AttentionProblem p;
   p.batch = 2, p.heads = 2, p.q_len = 3, p.kv_len = 4, p.head_dim = 5;
   p.g = 12;
-  return validation::make_attention_case(p, validation::Distribution::kGaussian, 1);
+  return validation::make_attention_case(p, validation::Distribution::kGaussian,
+                                         1);
 }
 
 // Runs and returns the Error; fails the test if none is thrown.
-Error expect_error(const validation::AttentionCase& c, const std::string& tensor,
-                   const std::string& rule_part) {
+Error expect_error(const validation::AttentionCase& c,
+                   const std::string& tensor, const std::string& rule_part) {
   try {
     validation::run_attention(ref(), c);
   } catch (const Error& e) {
@@ -40,8 +41,8 @@ Error expect_error(const validation::AttentionCase& c, const std::string& tensor
 TEST(Errors, NonPositiveDimensions) {
   for (int which = 0; which < 5; ++which) {
     auto c = base();
-    int64_t* dims[] = {&c.problem.batch, &c.problem.heads, &c.problem.q_len, &c.problem.kv_len,
-                       &c.problem.head_dim};
+    int64_t* dims[] = {&c.problem.batch, &c.problem.heads, &c.problem.q_len,
+                       &c.problem.kv_len, &c.problem.head_dim};
     const char* names[] = {"batch", "heads", "q_len", "kv_len", "head_dim"};
     *dims[which] = which % 2 ? -3 : 0;
     EXPECT_THROW(validate_problem(c.problem), Error);
@@ -56,7 +57,8 @@ TEST(Errors, NonPositiveDimensions) {
 
 TEST(Errors, OverflowingElementCount) {
   AttentionProblem p;
-  p.batch = 1ll << 31, p.heads = 1ll << 20, p.q_len = 1 << 10, p.kv_len = 1, p.head_dim = 64;
+  p.batch = 1ll << 31, p.heads = 1ll << 20, p.q_len = 1 << 10, p.kv_len = 1,
+  p.head_dim = 64;
   try {
     validate_problem(p);
     ADD_FAILURE() << "no error";
@@ -71,23 +73,35 @@ TEST(Errors, OverflowingElementCount) {
 TEST(Errors, StridesAndBufferSizes) {
   std::vector<double> buf(100);
   // Buffer too small for the dense layout of [1,1,4,5] + 1 element.
-  EXPECT_THROW(validate_tensor("k", buf.data(), 19, contiguous_layout(1, 4, 5), 1, 1, 4, 5), Error);
+  EXPECT_THROW(validate_tensor("k", buf.data(), 19, contiguous_layout(1, 4, 5),
+                               1, 1, 4, 5),
+               Error);
   try {
-    validate_tensor("k", buf.data(), 19, contiguous_layout(1, 4, 5), 1, 1, 4, 5);
+    validate_tensor("k", buf.data(), 19, contiguous_layout(1, 4, 5), 1, 1, 4,
+                    5);
   } catch (const Error& e) {
     EXPECT_EQ(e.tensor(), "k");
     EXPECT_EQ(e.index(), (std::vector<int64_t>{0, 0, 3, 4}));
     EXPECT_NE(e.rule().find("outside buffer"), std::string::npos);
   }
   // Rows overlapping.
-  EXPECT_THROW(validate_tensor("q", buf.data(), 100, Layout4{20, 20, 4}, 1, 1, 4, 5), Error);
+  EXPECT_THROW(
+      validate_tensor("q", buf.data(), 100, Layout4{20, 20, 4}, 1, 1, 4, 5),
+      Error);
   // Negative stride.
-  EXPECT_THROW(validate_tensor("v", buf.data(), 100, Layout4{-1, 20, 5}, 1, 1, 4, 5), Error);
+  EXPECT_THROW(
+      validate_tensor("v", buf.data(), 100, Layout4{-1, 20, 5}, 1, 1, 4, 5),
+      Error);
   // Offset overflow.
-  EXPECT_THROW(validate_tensor("v", buf.data(), 100, Layout4{1ll << 62, 0, 5}, 4, 1, 4, 5), Error);
+  EXPECT_THROW(validate_tensor("v", buf.data(), 100, Layout4{1ll << 62, 0, 5},
+                               4, 1, 4, 5),
+               Error);
   // Null data.
-  EXPECT_THROW(validate_tensor("o", nullptr, 100, contiguous_layout(1, 4, 5), 1, 1, 4, 5), Error);
-  EXPECT_NO_THROW(validate_tensor("o", buf.data(), 20, contiguous_layout(1, 4, 5), 1, 1, 4, 5));
+  EXPECT_THROW(validate_tensor("o", nullptr, 100, contiguous_layout(1, 4, 5), 1,
+                               1, 4, 5),
+               Error);
+  EXPECT_NO_THROW(validate_tensor("o", buf.data(), 20,
+                                  contiguous_layout(1, 4, 5), 1, 1, 4, 5));
 }
 
 TEST(Errors, LseSizeMismatch) {
@@ -103,7 +117,8 @@ TEST(Errors, LseSizeMismatch) {
 }
 
 TEST(Errors, BadEps) {
-  for (double eps : {0.0, -1e-12, std::numeric_limits<double>::infinity(), double(NAN)}) {
+  for (double eps :
+       {0.0, -1e-12, std::numeric_limits<double>::infinity(), double(NAN)}) {
     auto c = base();
     c.problem.eps = eps;
     expect_error(c, "eps", "finite and > 0");
@@ -177,7 +192,8 @@ TEST(Errors, ScaleNormNonFinite) {
 
 TEST(Errors, MessageFormat) {
   Error e("k", {1, 0, 2, 3}, "element is NaN (finite input required)");
-  EXPECT_STREQ(e.what(), "qknorm: k[1,0,2,3]: element is NaN (finite input required)");
+  EXPECT_STREQ(e.what(),
+               "qknorm: k[1,0,2,3]: element is NaN (finite input required)");
 }
 
 }  // namespace

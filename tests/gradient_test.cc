@@ -37,15 +37,16 @@ AttentionGradients grads_of(const validation::AttentionResult& r) {
   return g;
 }
 
-AttentionProblem problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
-                         Variant var, double g, int mask) {
+AttentionProblem problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk,
+                         int64_t D, Variant var, double g, int mask) {
   AttentionProblem p;
   p.batch = B, p.heads = H, p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
   p.variant = var;
   p.g = g;
   p.mask.causal = mask & 1;
   if (mask & 2)
-    for (int64_t b = 0; b < B; ++b) p.mask.key_lengths.push_back(b == 0 ? Nk - 1 : Nk);
+    for (int64_t b = 0; b < B; ++b)
+      p.mask.key_lengths.push_back(b == 0 ? Nk - 1 : Nk);
   return p;
 }
 
@@ -57,14 +58,17 @@ TEST(Gradients, FullJacobianTinyProblems) {
       for (double g : {0.0, -3.0, g_init(72), 25.0}) {
         const auto p = problem(2, 1, 3, 4, 3, var, g, mask);
         const auto c = validation::make_attention_case(
-            p, mask == 3 ? Distribution::kZeroRows : Distribution::kGaussian, 500 + n);
+            p, mask == 3 ? Distribution::kZeroRows : Distribution::kGaussian,
+            500 + n);
         const auto r = validation::run_attention(ref64(), c);
-        const auto rep = validation::check_attention_full(c, grads_of(r), kFdTol);
+        const auto rep =
+            validation::check_attention_full(c, grads_of(r), kFdTol);
         EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
         worst = std::max(worst, rep.worst_rel);
         ++n;
       }
-  std::printf("full-Jacobian: %d cases, worst relative disagreement %.3e\n", n, worst);
+  std::printf("full-Jacobian: %d cases, worst relative disagreement %.3e\n", n,
+              worst);
 }
 
 TEST(Gradients, RandomDirectionsLargerProblems) {
@@ -73,33 +77,39 @@ TEST(Gradients, RandomDirectionsLargerProblems) {
   for (Variant var : {Variant::kQKNorm, Variant::kSDPA})
     for (int mask = 0; mask < 4; ++mask) {
       const auto p = problem(2, 2, 9, 13, 16, var, 12.32 + mask, mask);
-      const auto c = validation::make_attention_case(p, Distribution::kHeavyTailed, 900 + n);
+      const auto c = validation::make_attention_case(
+          p, Distribution::kHeavyTailed, 900 + n);
       const auto r = validation::run_attention(ref64(), c);
-      const auto rep = validation::check_attention_directions(c, grads_of(r), 8, 77 + n, kFdTol);
+      const auto rep = validation::check_attention_directions(c, grads_of(r), 8,
+                                                              77 + n, kFdTol);
       EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
       worst = std::max(worst, rep.worst_rel);
       // The oracle's own gradient too.
       const auto o = validation::oracle_attention(c);
       AttentionGradients og{o.dq, o.dk, o.dv, o.dg};
-      const auto rep2 = validation::check_attention_directions(c, og, 4, 5 + n, kFdTol);
-      EXPECT_TRUE(rep2.pass) << "oracle: " << rep2.message() << " on " << c.describe();
+      const auto rep2 =
+          validation::check_attention_directions(c, og, 4, 5 + n, kFdTol);
+      EXPECT_TRUE(rep2.pass)
+          << "oracle: " << rep2.message() << " on " << c.describe();
       ++n;
     }
-  std::printf("random directions: %d cases x 8 directions, worst %.3e\n", n, worst);
+  std::printf("random directions: %d cases x 8 directions, worst %.3e\n", n,
+              worst);
 }
 
 TEST(Gradients, ScaleNormFullAndDirectional) {
   double worst = 0;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
-    ScaleNormProblem p{3, static_cast<int64_t>(seed + 1), 2.5 * static_cast<double>(seed),
-                       kDefaultScaleNormEps};
+    ScaleNormProblem p{3, static_cast<int64_t>(seed + 1),
+                       2.5 * static_cast<double>(seed), kDefaultScaleNormEps};
     const auto c = validation::make_scalenorm_case(
         p, seed % 2 ? Distribution::kZeroRows : Distribution::kGaussian, seed);
     const auto r = validation::run_scalenorm(ref64(), c);
     validation::ScaleNormGradients g{{r.dx.begin(), r.dx.end()}, r.dg};
     const auto rep = validation::check_scalenorm_full(c, g, kFdTol);
     EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
-    const auto rep2 = validation::check_scalenorm_directions(c, g, 6, seed, kFdTol);
+    const auto rep2 =
+        validation::check_scalenorm_directions(c, g, 6, seed, kFdTol);
     EXPECT_TRUE(rep2.pass) << rep2.message() << " on " << c.describe();
     worst = std::max({worst, rep.worst_rel, rep2.worst_rel});
   }
@@ -115,10 +125,27 @@ TEST(Gradients, CheckerCatchesWrongGradients) {
   auto bad = g;
   bad.dk[5] *= 1.001;
   EXPECT_FALSE(validation::check_attention_full(c, bad, kFdTol).pass);
-  EXPECT_FALSE(validation::check_attention_directions(c, bad, 8, 1, kFdTol).pass);
+  EXPECT_FALSE(
+      validation::check_attention_directions(c, bad, 8, 1, kFdTol).pass);
   bad = g;
   bad.dg *= 1.0001;
   EXPECT_FALSE(validation::check_attention_full(c, bad, kFdTol).pass);
+}
+
+// |x_r . dx_r| <= tol * ||x_r|| ||dx_r|| for every row r.
+void expect_rows_orthogonal(const char* what, const std::vector<double>& x,
+                            const std::vector<double>& dx, int64_t D,
+                            double tol) {
+  for (size_t row = 0; row < x.size() / D; ++row) {
+    double dot = 0, nx = 0, nd = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      dot += x[row * D + d] * dx[row * D + d];
+      nx += x[row * D + d] * x[row * D + d];
+      nd += dx[row * D + d] * dx[row * D + d];
+    }
+    EXPECT_LE(std::fabs(dot), tol * std::sqrt(nx * nd) + 1e-300)
+        << what << " row " << row;
+  }
 }
 
 // Invariants, relative to the norms (double reference, Gaussian inputs):
@@ -131,38 +158,24 @@ TEST(Gradients, Invariants) {
   for (Variant var : {Variant::kQKNorm, Variant::kSDPA})
     for (int mask = 0; mask < 4; ++mask) {
       const auto p = problem(2, 2, 5, 7, 16, var, 17, mask);
-      const auto c = validation::make_attention_case(p, Distribution::kGaussian, 40 + mask);
+      const auto c = validation::make_attention_case(p, Distribution::kGaussian,
+                                                     40 + mask);
       const auto r = validation::run_attention(ref64(), c);
       const double kOrthoTol = 64 * 0x1p-53 * 16;
       const int64_t D = 16;
       if (var == Variant::kQKNorm) {
-        for (size_t row = 0; row < c.q.size() / D; ++row) {
-          double dot = 0, nq = 0, nd = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            dot += c.q[row * D + d] * r.dq[row * D + d];
-            nq += c.q[row * D + d] * c.q[row * D + d];
-            nd += r.dq[row * D + d] * r.dq[row * D + d];
-          }
-          EXPECT_LE(std::fabs(dot), kOrthoTol * std::sqrt(nq * nd) + 1e-300) << "q row " << row;
-        }
-        for (size_t row = 0; row < c.k.size() / D; ++row) {
-          double dot = 0, nk = 0, nd = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            dot += c.k[row * D + d] * r.dk[row * D + d];
-            nk += c.k[row * D + d] * c.k[row * D + d];
-            nd += r.dk[row * D + d] * r.dk[row * D + d];
-          }
-          EXPECT_LE(std::fabs(dot), kOrthoTol * std::sqrt(nk * nd) + 1e-300) << "k row " << row;
-        }
+        expect_rows_orthogonal("q", c.q, r.dq, D, kOrthoTol);
+        expect_rows_orthogonal("k", c.k, r.dk, D, kOrthoTol);
       }
       // dS row sums, from the reference's dS output.
-      std::vector<double> q(c.q), k(c.k), v(c.v), d_o(c.d_o), o(r.o), lse(r.lse);
+      std::vector<double> q(c.q), k(c.k), v(c.v), d_o(c.d_o), o(r.o),
+          lse(r.lse);
       std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()),
           ds(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
       double dg = 0;
-      reference::attention_backward<double>(p, q.data(), k.data(), v.data(), o.data(), d_o.data(),
-                                            lse.data(), dq.data(), dk.data(), dv.data(), &dg,
-                                            ds.data());
+      reference::attention_backward<double>(
+          p, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(),
+          dq.data(), dk.data(), dv.data(), &dg, ds.data());
       // sum_j dS_ij = sum_j P_ij dP_ij - delta_i sum_j P_ij vanishes exactly;
       // computed, it is the rounding error of delta (a D-term dot of dO_i
       // and O_i), of sum P dP (N terms of |dP_ij| <= ||dO_i|| ||v_j||) and
@@ -181,24 +194,17 @@ TEST(Gradients, Invariants) {
           ndo += d_o[row * D + d] * d_o[row * D + d];
           no += o[row * D + d] * o[row * D + d];
         }
-        const double bound = (2 * D + 2 * p.kv_len + 8) * 0x1p-53 * std::sqrt(ndo) *
-                             (vmax + std::sqrt(no));
+        const double bound = (2 * D + 2 * p.kv_len + 8) * 0x1p-53 *
+                             std::sqrt(ndo) * (vmax + std::sqrt(no));
         EXPECT_LE(std::fabs(s), bound) << "dS row " << row;
       }
     }
   // ScaleNorm x . dx = 0.
   ScaleNormProblem sp{4, 9, 3, kDefaultScaleNormEps};
-  const auto sc = validation::make_scalenorm_case(sp, Distribution::kGaussian, 8);
+  const auto sc =
+      validation::make_scalenorm_case(sp, Distribution::kGaussian, 8);
   const auto sr = validation::run_scalenorm(ref64(), sc);
-  for (int64_t row = 0; row < 4; ++row) {
-    double dot = 0, nx = 0, nd = 0;
-    for (int64_t d = 0; d < 9; ++d) {
-      dot += sc.x[row * 9 + d] * sr.dx[row * 9 + d];
-      nx += sc.x[row * 9 + d] * sc.x[row * 9 + d];
-      nd += sr.dx[row * 9 + d] * sr.dx[row * 9 + d];
-    }
-    EXPECT_LE(std::fabs(dot), 64 * 0x1p-53 * 9 * std::sqrt(nx * nd)) << "x row " << row;
-  }
+  expect_rows_orthogonal("x", sc.x, sr.dx, 9, 64 * 0x1p-53 * 9);
 }
 
 }  // namespace

@@ -1,12 +1,13 @@
 // RNE conversions to bf16/f16 against independent oracles: GCC's _Float16
 // (soft conversion, IEEE RNE) for f16, and an exact nearest-candidate search
 // in double for bf16; plus every 16-bit pattern round-trips.
+#include "qknorm/precision.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "qknorm/precision.h"
 #include "validation/rng.h"
 
 namespace qknorm {
@@ -55,7 +56,8 @@ TEST(Precision, F16RoundTripsEveryPattern) {
       EXPECT_TRUE(std::isnan(f32_from_f16(f16_from_f32(f)))) << h;
       continue;
     }
-    EXPECT_EQ(static_cast<float>(static_cast<_Float16>(f)), f) << h;  // decode is exact
+    EXPECT_EQ(static_cast<float>(static_cast<_Float16>(f)), f)
+        << h;  // decode is exact
     EXPECT_EQ(f16_from_f32(f), h) << "pattern " << h;
   }
 }
@@ -74,7 +76,8 @@ TEST(Precision, Bf16MatchesNearestCandidate) {
     if (std::isnan(x)) continue;
     ASSERT_EQ(bf16_from_f32(x), bf16_nearest(x)) << "bits " << b;
     const float tie = f_of((b & 0xffff0000u) | 0x8000u);  // exact halfway
-    if (!std::isnan(tie)) ASSERT_EQ(bf16_from_f32(tie), bf16_nearest(tie)) << "tie " << b;
+    if (!std::isnan(tie))
+      ASSERT_EQ(bf16_from_f32(tie), bf16_nearest(tie)) << "tie " << b;
   }
 }
 
@@ -90,11 +93,13 @@ TEST(Precision, F16MatchesCompilerConversion) {
       ASSERT_EQ(f16_from_f32(x), bits) << "x=" << x;
     }
   };
-  for (uint64_t i = 0; i < (1ull << 32); i += 1ull << 15) check(f_of(static_cast<uint32_t>(i)));
+  for (uint64_t i = 0; i < (1ull << 32); i += 1ull << 15)
+    check(f_of(static_cast<uint32_t>(i)));
   for (int i = 0; i < 200000; ++i) {
     const uint32_t b = static_cast<uint32_t>(rng.next_u64());
     check(f_of(b));
-    check(f_of((b & 0xffffe000u) | 0x1000u));  // exact f16 normal halfway points
+    check(
+        f_of((b & 0xffffe000u) | 0x1000u));  // exact f16 normal halfway points
   }
 }
 
@@ -129,7 +134,8 @@ TEST(Precision, RoundToConsistent) {
     for (Precision p : kAllPrecisions) {
       const double r = round_to(p, x);
       EXPECT_EQ(round_to(p, r), r);
-      if (std::isfinite(r)) EXPECT_LE(std::fabs(r - x), 0.5 * ulp(p, x) * (1 + 1e-15)) << name(p);
+      if (std::isfinite(r))
+        EXPECT_LE(std::fabs(r - x), 0.5 * ulp(p, x) * (1 + 1e-15)) << name(p);
     }
   }
 }

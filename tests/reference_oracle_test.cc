@@ -21,8 +21,9 @@ struct Shape {
 
 std::vector<validation::AttentionCase> cases() {
   std::vector<validation::AttentionCase> out;
-  const Shape shapes[] = {{1, 1, 1, 1, 1},  {1, 2, 7, 9, 3},  {2, 2, 17, 17, 16},
-                          {1, 1, 33, 8, 65}, {2, 8, 72, 72, 64}, {1, 1, 64, 127, 31}};
+  const Shape shapes[] = {{1, 1, 1, 1, 1},    {1, 2, 7, 9, 3},
+                          {2, 2, 17, 17, 16}, {1, 1, 33, 8, 65},
+                          {2, 8, 72, 72, 64}, {1, 1, 64, 127, 31}};
   const double gs[] = {0, -3, 1, g_init(72), 20, 25};
   uint64_t seed = 1000;
   int k = 0;
@@ -30,13 +31,15 @@ std::vector<validation::AttentionCase> cases() {
     for (Variant var : {Variant::kQKNorm, Variant::kSDPA})
       for (int mask = 0; mask < 4; ++mask) {
         AttentionProblem p;
-        p.batch = s.B, p.heads = s.H, p.q_len = s.Nq, p.kv_len = s.Nk, p.head_dim = s.D;
+        p.batch = s.B, p.heads = s.H, p.q_len = s.Nq, p.kv_len = s.Nk,
+        p.head_dim = s.D;
         p.variant = var;
         p.g = gs[k++ % 6];
         p.mask.causal = mask & 1;
         if (mask & 2)
-          for (int64_t b = 0; b < s.B; ++b) p.mask.key_lengths.push_back((s.Nk * (b + 1)) / (s.B + 1));
-        const Distribution dist = (k % 3 == 0) ? Distribution::kZeroRows
+          for (int64_t b = 0; b < s.B; ++b)
+            p.mask.key_lengths.push_back((s.Nk * (b + 1)) / (s.B + 1));
+        const Distribution dist = (k % 3 == 0)   ? Distribution::kZeroRows
                                   : (k % 3 == 1) ? Distribution::kGaussian
                                                  : Distribution::kHeavyTailed;
         out.push_back(validation::make_attention_case(p, dist, seed++));
@@ -46,7 +49,7 @@ std::vector<validation::AttentionCase> cases() {
 
 void check(const char* entry_name, double u) {
   const Backend& b = *all_backends().find(entry_name);
-  double worst_frac = 0, worst_units = 0;
+  double worst_frac = 0, worst_units = 0, worst_rel = 0, worst_normwise = 0;
   std::string worst_where;
   for (const auto& c0 : cases()) {
     const auto c = validation::round_inputs(c0, b.precision());
@@ -61,46 +64,68 @@ void check(const char* entry_name, double u) {
     };
     std::vector<long double> dg_e{o.dg};
     std::vector<double> dg_a{r.dg};
-    const F fields[] = {{"o", &r.o, &o.o, bd.o},       {"lse", &r.lse, &o.lse, bd.lse},
-                        {"dq", &r.dq, &o.dq, bd.dq},   {"dk", &r.dk, &o.dk, bd.dk},
-                        {"dv", &r.dv, &o.dv, bd.dv},   {"dg", &dg_a, &dg_e, bd.dg}};
+    const F fields[] = {
+        {"o", &r.o, &o.o, bd.o},     {"lse", &r.lse, &o.lse, bd.lse},
+        {"dq", &r.dq, &o.dq, bd.dq}, {"dk", &r.dk, &o.dk, bd.dk},
+        {"dv", &r.dv, &o.dv, bd.dv}, {"dg", &dg_a, &dg_e, bd.dg}};
     for (const F& f : fields) {
       const auto st = validation::compare(*f.a, *f.e, b.precision());
       EXPECT_FALSE(st.nonfinite_mismatch) << f.name << " " << c.describe();
-      EXPECT_LE(st.max_abs, f.bound) << entry_name << " field " << f.name << " on "
-                                     << c.describe() << "\n  " << validation::describe(st);
+      EXPECT_LE(st.max_abs, f.bound)
+          << entry_name << " field " << f.name << " on " << c.describe()
+          << "\n  " << validation::describe(st);
       if (f.bound > 0 && st.max_abs / f.bound > worst_frac) {
         worst_frac = st.max_abs / f.bound;
         worst_where = std::string(f.name) + " on " + c.describe();
       }
-      if (st.scale > 0) worst_units = std::max(worst_units, st.max_abs / (u * st.scale));
+      if (std::string(f.name) != "lse") {
+        worst_rel = std::max(worst_rel, st.max_rel);
+        worst_normwise = std::max(worst_normwise, st.normwise);
+      }
+      if (st.scale > 0)
+        worst_units = std::max(worst_units, st.max_abs / (u * st.scale));
     }
   }
-  std::printf("%s: worst error = %.3g of its a-priori bound (%s); worst error = %.1f u * scale\n",
-              entry_name, worst_frac, worst_where.c_str(), worst_units);
+  std::printf(
+      "%s: worst error = %.3g of its a-priori bound (%s); worst error = %.1f "
+      "u * scale; max relative error (floor 2^-20 * scale) %.3e, max "
+      "normwise %.3e\n",
+      entry_name, worst_frac, worst_where.c_str(), worst_units, worst_rel,
+      worst_normwise);
 }
 
-TEST(ReferenceVsOracle, DoubleWithinDerivedBound) { check("reference:f64", 0x1p-53); }
-TEST(ReferenceVsOracle, FloatWithinDerivedBound) { check("reference:f32", 0x1p-24); }
+TEST(ReferenceVsOracle, DoubleWithinDerivedBound) {
+  check("reference:f64", 0x1p-53);
+}
+TEST(ReferenceVsOracle, FloatWithinDerivedBound) {
+  check("reference:f32", 0x1p-24);
+}
 
 TEST(ReferenceVsOracle, ScaleNormWithinDerivedBound) {
   for (const char* n : {"reference:f64", "reference:f32"}) {
     const Backend& b = *all_backends().find(n);
     const double u = compute_roundoff(b.precision());
     for (uint64_t seed = 1; seed <= 12; ++seed) {
-      ScaleNormProblem p{static_cast<int64_t>(seed * 3), static_cast<int64_t>(seed * 11 % 67 + 1),
-                         scalenorm_g_init(static_cast<int64_t>(seed * 11 % 67 + 1)),
-                         kDefaultScaleNormEps};
+      ScaleNormProblem p{
+          static_cast<int64_t>(seed * 3),
+          static_cast<int64_t>(seed * 11 % 67 + 1),
+          scalenorm_g_init(static_cast<int64_t>(seed * 11 % 67 + 1)),
+          kDefaultScaleNormEps};
       auto c = validation::round_inputs(
-          validation::make_scalenorm_case(p, seed % 2 ? Distribution::kZeroRows : Distribution::kWideMagnitude,
-                                          seed, b.precision()),
+          validation::make_scalenorm_case(
+              p,
+              seed % 2 ? Distribution::kZeroRows : Distribution::kWideMagnitude,
+              seed, b.precision()),
           b.precision());
       auto r = validation::run_scalenorm(b, c);
       auto o = validation::oracle_scalenorm(c);
       auto bd = validation::scalenorm_bounds(c, o, u);
-      EXPECT_LE(validation::compare(r.y, o.y, b.precision()).max_abs, bd.y) << n << c.describe();
-      EXPECT_LE(validation::compare(r.dx, o.dx, b.precision()).max_abs, bd.dx) << n << c.describe();
-      EXPECT_LE(std::fabs(r.dg - static_cast<double>(o.dg)), bd.dg) << n << c.describe();
+      EXPECT_LE(validation::compare(r.y, o.y, b.precision()).max_abs, bd.y)
+          << n << c.describe();
+      EXPECT_LE(validation::compare(r.dx, o.dx, b.precision()).max_abs, bd.dx)
+          << n << c.describe();
+      EXPECT_LE(std::fabs(r.dg - static_cast<double>(o.dg)), bd.dg)
+          << n << c.describe();
     }
   }
 }
