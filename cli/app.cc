@@ -1,0 +1,219 @@
+#include "cli/app.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include "cli/compare.h"
+#include "cli/machine.h"
+#include "cli/options.h"
+#include "cli/report.h"
+#include "cli/suite.h"
+#include "cli/sweep.h"
+#include "qknorm/error.h"
+
+namespace qknorm::cli {
+namespace {
+
+constexpr const char* kExamples = R"(Examples:
+  qknorm-check                                  # the default suite, every registry entry
+  qknorm-check --backend 'simd:*' --precision bf16 --precision f16
+  qknorm-check --target AVX2 --json report.json # machine-readable report as well
+  qknorm-check --shape 1x4x128x64 --g 0 --g 25 --mask causal+pad --dist heavy
+  qknorm-check sweep --over magnitude --out mag # mag.csv + mag.png, qknorm vs sdpa
+  qknorm-check sweep --over seq --from 8 --to 4096 --precision f32
+  qknorm-check compare --inputs q.npy k.npy v.npy g.npy dO.npy \
+                       --outputs O.npy dQ.npy dK.npy dV.npy dg.npy
+  qknorm-check compare --inputs dump.safetensors --outputs dump.safetensors
+
+Exit status: 0 every entry (or the compared output) passes, 1 something FAILs,
+2 bad option, 3 unreadable or malformed input file. See cli/README.md.
+)";
+
+// Writes `text` to `path` ("-": `out`).
+void emit(const std::string& path, const std::string& text, std::ostream& out) {
+  if (path == "-") {
+    out << text;
+    return;
+  }
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw Error(path, {}, "cannot open for writing");
+  f << text;
+  if (!f) throw Error(path, {}, "write failed");
+}
+
+struct Common {
+  SuiteOptions suite;
+  int threads = 0;
+  std::string json, csv;
+  bool no_timing = false;
+};
+
+void add_common(CLI::App& app, Common& c) {
+  SuiteOptions& s = c.suite;
+  app.add_option(
+         "--shape", s.shapes,
+         "Attention shape BxHxNxD or BxHxNqxNkxD (repeatable). Giving any of "
+         "--shape/--g/--mask/--dist/--eps/--variant replaces the built-in "
+         "suite by "
+         "the product of the lists (defaults 2x8x72x64; g_init(72), 20; "
+         "causal, pad; "
+         "gaussian, wide)")
+      ->type_name("SHAPE");
+  app.add_option("--g", s.g,
+                 "QKNorm scale g (repeatable); g_init(72) = 12.3197")
+      ->type_name("G");
+  app.add_option("--eps", s.eps, "QKNorm norm clamp eps")
+      ->capture_default_str();
+  app.add_option("--mask", s.masks,
+                 "Mask (repeatable): none, causal, pad (per-batch key lengths "
+                 "kv_len - b*kv_len/(2B)), pad:L1,L2,..., causal+pad")
+      ->type_name("MASK");
+  app.add_option("--dist", s.dists,
+                 "Input distribution (repeatable): gaussian, uniform, heavy "
+                 "(Student t3), "
+                 "wide (row scales 10^U[-30,30] within the format), zerorows")
+      ->type_name("DIST");
+  app.add_option("--variant", s.variant, "Attention variant: qknorm or sdpa")
+      ->capture_default_str();
+  app.add_option("--scalenorm", s.scalenorm,
+                 "ScaleNorm shape ROWSxDIM (repeatable)")
+      ->type_name("SHAPE");
+  app.add_option("--seed", s.seed, "Base seed; case i uses seed + i")
+      ->capture_default_str();
+  app.add_option(
+         "--precision", s.precisions,
+         "Only entries of these precisions (repeatable): f64, f32, bf16, f16")
+      ->type_name("PREC");
+  app.add_option(
+         "--backend", s.backends,
+         "Only entries whose name or family matches this glob (repeatable), "
+         "e.g. 'simd:*', 'reference', '*:f16'")
+      ->type_name("GLOB");
+  app.add_option("--target", s.targets,
+                 "Only entries whose target matches this glob (repeatable): "
+                 "AVX2, SSE4, "
+                 "SSSE3, SCALAR, '-' (non-simd)")
+      ->type_name("GLOB");
+  app.add_option("--threads", c.threads,
+                 "Threads per entry call (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--json", c.json,
+                 "Also write the full report as JSON to FILE ('-': stdout, "
+                 "replacing the table)")
+      ->type_name("FILE");
+  app.add_option("--csv", c.csv,
+                 "Also write one CSV line per (entry, field) to FILE "
+                 "('-': stdout, replacing the table)")
+      ->type_name("FILE");
+  app.add_flag("--no-timing", c.no_timing,
+               "Skip the forward GFLOP/s measurement");
+}
+
+int run_default(const Common& c, std::ostream& out, std::ostream& err,
+                bool progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Suite suite;
+  std::vector<const Backend*> entries;
+  try {
+    suite = build_suite(c.suite);
+    entries = select_entries(all_backends(), c.suite);
+  } catch (const Error& e) {
+    err << "qknorm-check: " << e.what() << "\n";
+    return kExitUsage;
+  }
+  Report rep;
+  rep.machine = machine_info(all_backends());
+  rep.seed = c.suite.seed;
+  rep.threads = c.threads;
+  for (const AttentionSpec& s : suite.attention)
+    rep.cases.push_back(
+        validation::make_attention_case(s.problem, s.dist, s.seed).describe());
+  for (const ScaleNormSpec& s : suite.scalenorm)
+    rep.cases.push_back(
+        validation::make_scalenorm_case(s.problem, s.dist, s.seed).describe());
+  RunOptions opt;
+  opt.exec.threads = c.threads;
+  opt.time_forward = !c.no_timing;
+  if (progress)
+    opt.progress = [](int done, int total, const std::string& name) {
+      std::cerr << fmt::format("\r[{:>4}/{}] {:<28}", done + 1, total, name)
+                << std::flush;
+    };
+  rep.rows = run_suite(entries, suite, opt);
+  if (progress) std::cerr << "\r" << std::string(44, ' ') << "\r" << std::flush;
+  finalize(&rep);
+  rep.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  try {
+    if (!c.json.empty()) emit(c.json, to_json(rep) + "\n", out);
+    if (!c.csv.empty()) {
+      std::ostringstream s;
+      write_csv(s, rep);
+      emit(c.csv, s.str(), out);
+    }
+  } catch (const Error& e) {
+    err << "qknorm-check: " << e.what() << "\n";
+    return kExitInput;
+  }
+  if (c.json != "-" && c.csv != "-") print_table(out, rep);
+  return rep.pass ? kExitPass : kExitFail;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& args, std::ostream& out,
+            std::ostream& err, bool progress) {
+  CLI::App app{
+      "qknorm-check: validates every registered QKNorm attention / ScaleNorm "
+      "implementation (backend x Highway target x precision) against a "
+      "long-double "
+      "oracle under the suite's tolerance rule, sweeps error against sequence "
+      "length, "
+      "g or input magnitude, and checks tensors dumped from other frameworks.",
+      "qknorm-check"};
+  app.footer(kExamples);
+  Common common;
+  add_common(app, common);
+
+  SweepOptions sweep_opt;
+  CLI::App* sweep =
+      app.add_subcommand("sweep",
+                         "Error against a swept value, one line per entry "
+                         "(plus the sdpa baseline): CSV "
+                         "and a gnuplot PNG");
+  add_sweep_options(*sweep, sweep_opt);
+  sweep->fallthrough();
+
+  CompareOptions cmp_opt;
+  CLI::App* compare =
+      app.add_subcommand("compare",
+                         "Validate another framework's outputs (.npy files or "
+                         "one .safetensors) against "
+                         "the oracle with the same metrics and rule");
+  add_compare_options(*compare, cmp_opt);
+  compare->fallthrough();
+  app.require_subcommand(0, 1);
+
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e, out, err);
+    return code == 0 ? kExitPass : kExitUsage;
+  }
+  if (*sweep)
+    return run_sweep(sweep_opt, common.suite, common.threads, out, err,
+                     progress);
+  if (*compare)
+    return run_compare(cmp_opt, common.suite, common.json, out, err);
+  return run_default(common, out, err, progress);
+}
+
+}  // namespace qknorm::cli

@@ -1,0 +1,190 @@
+#include "cli/options.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include "qknorm/error.h"
+#include "qknorm/validate.h"
+
+namespace qknorm::cli {
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t pos = s.find(sep, start);
+    out.push_back(s.substr(start, pos - start));
+    if (pos == std::string::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+int64_t parse_int(const std::string& what, const std::string& s) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    throw Error(what, {}, "'" + s + "' is not an integer");
+  return v;
+}
+
+}  // namespace
+
+AttentionProblem parse_shape(const std::string& s) {
+  const std::vector<std::string> parts = split(s, 'x');
+  if (parts.size() != 4 && parts.size() != 5)
+    throw Error("--shape", {},
+                "'" + s + "' must be BxHxNxD or BxHxNqxNkxD (e.g. 2x8x72x64)");
+  std::vector<int64_t> v;
+  for (const auto& p : parts) {
+    v.push_back(parse_int("--shape", p));
+    if (v.back() < 1)
+      throw Error("--shape", {}, "'" + s + "': every dimension must be >= 1");
+  }
+  AttentionProblem p;
+  p.batch = v[0];
+  p.heads = v[1];
+  p.q_len = v[2];
+  p.kv_len = parts.size() == 5 ? v[3] : v[2];
+  p.head_dim = v.back();
+  // Sizes the CLI would have to allocate: refuse overflow early.
+  validate_problem(p);
+  return p;
+}
+
+void apply_mask(const std::string& s, AttentionProblem* p) {
+  p->mask = Mask{};
+  for (const std::string& part : split(s, '+')) {
+    if (part == "none") continue;
+    if (part == "causal") {
+      p->mask.causal = true;
+    } else if (part == "pad") {
+      for (int64_t b = 0; b < p->batch; ++b)
+        p->mask.key_lengths.push_back(p->kv_len -
+                                      b * p->kv_len / (2 * p->batch));
+    } else if (part.rfind("pad:", 0) == 0) {
+      for (const auto& len : split(part.substr(4), ','))
+        p->mask.key_lengths.push_back(parse_int("--mask", len));
+      if (static_cast<int64_t>(p->mask.key_lengths.size()) != p->batch)
+        throw Error("--mask", {},
+                    "'" + s + "' gives " +
+                        std::to_string(p->mask.key_lengths.size()) +
+                        " key lengths for batch " + std::to_string(p->batch));
+    } else {
+      throw Error("--mask", {},
+                  "unknown mask '" + part +
+                      "' (none, causal, pad, pad:L1,..., causal+pad)");
+    }
+  }
+  validate_problem(*p);
+}
+
+validation::Distribution parse_dist(const std::string& s) {
+  validation::Distribution d;
+  if (!validation::parse_distribution(s, &d))
+    throw Error("--dist", {},
+                "unknown distribution '" + s +
+                    "' (gaussian, uniform, heavy, wide, zerorows)");
+  return d;
+}
+
+Precision parse_prec(const std::string& s) {
+  Precision p;
+  if (!parse_precision(s, &p))
+    throw Error("--precision", {},
+                "unknown precision '" + s + "' (f64, f32, bf16, f16)");
+  return p;
+}
+
+bool custom_suite(const SuiteOptions& o) {
+  return !o.shapes.empty() || !o.g.empty() || !o.masks.empty() ||
+         !o.dists.empty() || o.variant != "qknorm" ||
+         o.eps != kDefaultQKNormEps || !o.scalenorm.empty();
+}
+
+Suite build_suite(const SuiteOptions& o) {
+  if (o.variant != "qknorm" && o.variant != "sdpa")
+    throw Error("--variant", {},
+                "must be qknorm or sdpa (got '" + o.variant + "')");
+  if (!std::isfinite(o.eps) || o.eps <= 0)
+    throw Error("--eps", {}, "must be finite and > 0");
+  for (double g : o.g)
+    if (!std::isfinite(g)) throw Error("--g", {}, "must be finite");
+  if (!custom_suite(o)) return default_suite(o.seed);
+  Suite s = default_suite(o.seed);
+  const std::vector<std::string> shapes =
+      o.shapes.empty() ? std::vector<std::string>{"2x8x72x64"} : o.shapes;
+  const std::vector<double> gs =
+      o.g.empty() ? std::vector<double>{g_init(72), 20} : o.g;
+  const std::vector<std::string> masks =
+      o.masks.empty() ? std::vector<std::string>{"causal", "pad"} : o.masks;
+  const std::vector<std::string> dists =
+      o.dists.empty() ? std::vector<std::string>{"gaussian", "wide"} : o.dists;
+  s.attention.clear();
+  for (const auto& sh : shapes)
+    for (double g : gs)
+      for (const auto& m : masks)
+        for (const auto& d : dists) {
+          AttentionProblem p = parse_shape(sh);
+          p.g = g;
+          p.eps = o.eps;
+          p.variant = o.variant == "sdpa" ? Variant::kSDPA : Variant::kQKNorm;
+          apply_mask(m, &p);
+          s.attention.push_back(
+              {p, parse_dist(d),
+               o.seed + static_cast<uint64_t>(s.attention.size())});
+        }
+  s.timing = s.attention.front().problem;
+  s.timing.mask = Mask{};
+  if (!o.scalenorm.empty()) {
+    s.scalenorm.clear();
+    for (const auto& sn : o.scalenorm) {
+      const std::vector<std::string> parts = split(sn, 'x');
+      if (parts.size() != 2)
+        throw Error("--scalenorm", {},
+                    "'" + sn + "' must be ROWSxDIM (e.g. 144x512)");
+      ScaleNormProblem p;
+      p.rows = parse_int("--scalenorm", parts[0]);
+      p.dim = parse_int("--scalenorm", parts[1]);
+      p.g = p.dim >= 1 ? scalenorm_g_init(p.dim) : 1;
+      validate_problem(p);
+      s.scalenorm.push_back(
+          {p, validation::Distribution::kGaussian,
+           o.seed +
+               static_cast<uint64_t>(s.attention.size() + s.scalenorm.size())});
+    }
+  }
+  return s;
+}
+
+std::vector<const Backend*> select_entries(const Registry& r,
+                                           const SuiteOptions& o) {
+  std::vector<Precision> precs;
+  for (const auto& p : o.precisions) precs.push_back(parse_prec(p));
+  std::vector<const Backend*> out;
+  for (const Backend* b : r.entries()) {
+    auto any = [](const std::vector<std::string>& globs, const std::string& s) {
+      if (globs.empty()) return true;
+      return std::any_of(globs.begin(), globs.end(), [&](const std::string& g) {
+        return glob_match(g, s);
+      });
+    };
+    if (!any(o.backends, b->name()) && !any(o.backends, b->family())) continue;
+    if (!any(o.targets, b->target())) continue;
+    if (!precs.empty() &&
+        std::find(precs.begin(), precs.end(), b->precision()) == precs.end())
+      continue;
+    out.push_back(b);
+  }
+  if (out.empty()) {
+    std::string names;
+    for (const Backend* b : r.entries()) names += " " + b->name();
+    throw Error("--backend/--target/--precision", {},
+                "the filters select no registry entry (entries:" + names + ")");
+  }
+  return out;
+}
+
+}  // namespace qknorm::cli

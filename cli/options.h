@@ -1,0 +1,53 @@
+// Parsing of the suite options shared by the default run and the sweep
+// (shapes, masks, distributions, precisions, entry filters) and building the
+// suite they describe. Every malformed value throws qknorm::Error naming the
+// option and the rule.
+#ifndef QKNORM_CLI_OPTIONS_H_
+#define QKNORM_CLI_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/suite.h"
+#include "qknorm/backend.h"
+
+namespace qknorm::cli {
+
+struct SuiteOptions {
+  std::vector<std::string> shapes;     // "BxHxNxD" or "BxHxNqxNkxD"
+  std::vector<double> g;               // empty: {g_init(72), 20}
+  std::vector<std::string> masks;      // none|causal|pad|causal+pad
+  std::vector<std::string> dists;      // validation::name(Distribution)
+  std::vector<std::string> scalenorm;  // "ROWSxDIM"
+  double eps = kDefaultQKNormEps;
+  std::string variant = "qknorm";
+  uint64_t seed = 42;
+  // Entry selection (globs on the entry name and on target(); precisions by
+  // name). Empty: everything.
+  std::vector<std::string> backends, targets, precisions;
+};
+
+// True if any attention suite option was given (then the suite is the
+// Cartesian product shapes x g x masks x dists, missing lists taking the
+// defaults below); false: default_suite().
+bool custom_suite(const SuiteOptions& o);
+Suite build_suite(const SuiteOptions& o);
+
+// "2x8x72x64" (q_len = kv_len) or "1x2x33x47x31".
+AttentionProblem parse_shape(const std::string& s);
+// Applies mask text to p: "none", "causal", "pad" (batch b keeps
+// kv_len - b * kv_len / (2B) keys, so every batch differs and none is
+// empty), "causal+pad", or "pad:L1,L2,..." (explicit per-batch lengths).
+void apply_mask(const std::string& s, AttentionProblem* p);
+validation::Distribution parse_dist(const std::string& s);
+Precision parse_prec(const std::string& s);
+
+// Registry entries passing the filters, in registry order. Throws if the
+// filters select nothing (a typo must not silently check nothing).
+std::vector<const Backend*> select_entries(const Registry& r,
+                                           const SuiteOptions& o);
+
+}  // namespace qknorm::cli
+
+#endif  // QKNORM_CLI_OPTIONS_H_

@@ -1,0 +1,288 @@
+#include "cli/report.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "validation/harness.h"
+
+namespace qknorm::cli {
+namespace {
+
+const FieldSummary* find_field(const EntryRow& r, const std::string& f) {
+  for (const FieldSummary& s : r.fields)
+    if (s.field == f) return &s;
+  return nullptr;
+}
+
+std::string verdict(const EntryRow& r) {
+  if (!r.available) return "n/a";
+  return r.pass ? "PASS" : "FAIL";
+}
+
+std::string ratio_text(const EntryRow& r) {
+  if (r.rule == "derived") return "self";
+  if (!std::isfinite(r.ratio)) return "inf";
+  return fmt::format("{:.2f}", r.ratio);
+}
+
+// "abs rel p50/p99/max"; scalar fields (dg) print one ULP figure.
+std::string cell(const FieldSummary* f, bool scalar) {
+  if (f == nullptr) return "-";
+  const validation::ErrorStats& s = f->worst;
+  if (s.nonfinite_mismatch) return "NONFINITE";
+  if (scalar)
+    return fmt::format("{} {} {}", sci(s.max_abs), sci(s.max_rel),
+                       ulps(s.ulp_max));
+  return fmt::format("{} {} {}/{}/{}", sci(s.max_abs), sci(s.max_rel),
+                     ulps(s.ulp_p50), ulps(s.ulp_p99), ulps(s.ulp_max));
+}
+
+struct Column {
+  std::string title;
+  std::vector<std::string> cells;
+  bool left = false;
+};
+
+void print_columns(std::ostream& out, const std::vector<Column>& cols) {
+  std::vector<size_t> w;
+  for (const Column& c : cols) {
+    size_t m = c.title.size();
+    for (const auto& s : c.cells) m = std::max(m, s.size());
+    w.push_back(m);
+  }
+  auto line = [&](auto get) {
+    std::string s;
+    for (size_t i = 0; i < cols.size(); ++i) {
+      const std::string t = get(i);
+      s += i ? " | " : "";
+      s += cols[i].left ? fmt::format("{:<{}}", t, w[i])
+                        : fmt::format("{:>{}}", t, w[i]);
+    }
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    out << s << "\n";
+  };
+  line([&](size_t i) { return cols[i].title; });
+  std::string rule;
+  for (size_t i = 0; i < cols.size(); ++i)
+    rule += (i ? "-+-" : "") + std::string(w[i], '-');
+  out << rule << "\n";
+  for (size_t r = 0; r < cols.front().cells.size(); ++r)
+    line([&](size_t i) { return cols[i].cells[r]; });
+}
+
+void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
+                const std::vector<std::string>& fields, bool gflops) {
+  std::vector<const EntryRow*> rows;
+  for (const EntryRow& r : rep.rows)
+    if (r.kind == kind) rows.push_back(&r);
+  if (rows.empty()) return;
+  std::vector<Column> cols;
+  Column name{"entry", {}, true};
+  for (const EntryRow* r : rows) name.cells.push_back(r->name);
+  cols.push_back(name);
+  for (const std::string& f : fields) {
+    const bool scalar = f == "dg";
+    // Display names: the paper's O, dQ, dK, dV; ScaleNorm's y, dx; g's dg.
+    const std::string label = f == "o"    ? "O"
+                              : f == "dq" ? "dQ"
+                              : f == "dk" ? "dK"
+                              : f == "dv" ? "dV"
+                                          : f;
+    Column c{label + (scalar ? ": abs rel ulp" : ": abs rel ulp p50/p99/max"),
+             {},
+             false};
+    for (const EntryRow* r : rows)
+      c.cells.push_back(r->available ? cell(find_field(*r, f), scalar) : "-");
+    cols.push_back(c);
+  }
+  Column ratio{"x naive", {}, false}, head{"err/lim", {}, false},
+      gf{"fwd GF/s", {}, false}, v{"verdict", {}, true};
+  for (const EntryRow* r : rows) {
+    ratio.cells.push_back(r->available ? ratio_text(*r) : "-");
+    head.cells.push_back(!r->available ? "-"
+                         : std::isfinite(r->headroom)
+                             ? fmt::format("{:.3f}", r->headroom)
+                             : "inf");
+    gf.cells.push_back(
+        r->available && r->gflops > 0 ? fmt::format("{:.2f}", r->gflops) : "-");
+    v.cells.push_back(verdict(*r));
+  }
+  cols.push_back(ratio);
+  cols.push_back(head);
+  if (gflops) cols.push_back(gf);
+  cols.push_back(v);
+  print_columns(out, cols);
+}
+
+nlohmann::json stats_json(const validation::ErrorStats& s) {
+  auto num = [](double x) -> nlohmann::json {
+    if (std::isfinite(x)) return x;
+    return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+  };
+  return {{"count", s.count},
+          {"max_abs", num(s.max_abs)},
+          {"max_rel", num(s.max_rel)},
+          {"rel_floor", num(s.rel_floor)},
+          {"normwise", num(s.normwise)},
+          {"ulp_p50", num(s.ulp_p50)},
+          {"ulp_p99", num(s.ulp_p99)},
+          {"ulp_max", num(s.ulp_max)},
+          {"worst_index", s.worst_index},
+          {"worst_expected", num(s.worst_expected)},
+          {"worst_actual", num(s.worst_actual)},
+          {"scale", num(s.scale)},
+          {"nonfinite_mismatch", s.nonfinite_mismatch}};
+}
+
+nlohmann::json finite_or_string(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+}
+
+}  // namespace
+
+std::string sci(double v) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
+  return fmt::format("{:.1e}", v);
+}
+
+std::string ulps(double v) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
+  if (v < 10) return fmt::format("{:.2g}", v);
+  if (v < 1000) return fmt::format("{:.0f}", v);
+  return fmt::format("{:.0e}", v);
+}
+
+void finalize(Report* report) {
+  report->pass = true;
+  for (const EntryRow& r : report->rows)
+    if (r.available && !r.pass) report->pass = false;
+}
+
+void print_table(std::ostream& out, const Report& rep) {
+  const MachineInfo& m = rep.machine;
+  std::string targets;
+  for (const auto& t : m.hwy_targets)
+    targets += (targets.empty() ? "" : " ") + t;
+  if (targets.empty()) targets = "none (no simd entries in this build)";
+  out << fmt::format(
+      "{}: {} registry entries, {} cases, seed {}\n", rep.title,
+      [&] {
+        std::vector<std::string> names;
+        for (const auto& r : rep.rows)
+          if (std::find(names.begin(), names.end(), r.name) == names.end())
+            names.push_back(r.name);
+        return names.size();
+      }(),
+      rep.cases.size(), rep.seed);
+  out << fmt::format(
+      "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {}, {} "
+      "threads; "
+      "entry threads: {}\n",
+      m.cpu, m.cores, targets, m.openblas_core, m.openblas_threads,
+      rep.threads == 0 ? std::string("all cores")
+                       : std::to_string(rep.threads));
+  out << "cases:\n";
+  for (size_t i = 0; i < rep.cases.size(); ++i)
+    out << fmt::format("  [{}] {}\n", i, rep.cases[i]);
+  out << fmt::format(
+      "rule: err <= {:g} x err(naive same-precision) + {:g} u_storage "
+      "max|field| "
+      "(\"x naive\" = err / naive err);\n"
+      "      reference rows are the naive baselines: held to the derived bound "
+      "of "
+      "validation/baseline_bounds.h instead.\n"
+      "errors vs the long-double oracle, maxima over cases; ULP in the storage "
+      "format; "
+      "err/lim = worst err / its limit (> 1 fails).\n\n",
+      validation::kNaiveFactor, validation::kAtolUnits);
+  print_kind(out, rep, "attention", {"o", "dq", "dk", "dv", "dg"}, true);
+  out << "\n";
+  print_kind(out, rep, "scalenorm", {"y", "dx", "dg"}, false);
+  int shown = 0;
+  constexpr int kMaxFailuresShown = 20;  // the JSON report has all of them
+  for (const EntryRow& r : rep.rows)
+    for (const CaseResult& c : r.cases) {
+      if (c.pass) continue;
+      if (shown == 0) out << "\nfailures:\n";
+      if (shown++ < kMaxFailuresShown) out << c.failure << "\n";
+    }
+  if (shown > kMaxFailuresShown)
+    out << fmt::format("... and {} more failing cases (see --json)\n",
+                       shown - kMaxFailuresShown);
+  out << fmt::format("\n{}: {} in {:.1f} s\n", rep.title,
+                     rep.pass ? "PASS" : "FAIL", rep.seconds);
+}
+
+std::string to_json(const Report& rep) {
+  nlohmann::json j;
+  j["tool"] = rep.title;
+  j["seed"] = rep.seed;
+  j["threads"] = rep.threads;
+  j["seconds"] = rep.seconds;
+  j["pass"] = rep.pass;
+  j["machine"] = {{"cpu", rep.machine.cpu},
+                  {"cores", rep.machine.cores},
+                  {"hwy_targets", rep.machine.hwy_targets},
+                  {"openblas_core", rep.machine.openblas_core},
+                  {"openblas_threads", rep.machine.openblas_threads}};
+  j["rule"] = {{"naive_factor", validation::kNaiveFactor},
+               {"atol_units", validation::kAtolUnits}};
+  j["cases"] = rep.cases;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const EntryRow& r : rep.rows) {
+    nlohmann::json jr = {{"kind", r.kind},
+                         {"entry", r.name},
+                         {"family", r.family},
+                         {"target", r.target},
+                         {"precision", r.precision},
+                         {"rule", r.rule},
+                         {"available", r.available},
+                         {"pass", r.pass},
+                         {"ratio_to_naive", finite_or_string(r.ratio)},
+                         {"headroom", finite_or_string(r.headroom)},
+                         {"forward_gflops", r.gflops}};
+    for (const FieldSummary& f : r.fields)
+      jr["fields"][f.field] = {{"worst", stats_json(f.worst)},
+                               {"ratio_to_naive", finite_or_string(f.ratio)},
+                               {"headroom", finite_or_string(f.headroom)},
+                               {"pass", f.pass}};
+    nlohmann::json cases = nlohmann::json::array();
+    for (const CaseResult& c : r.cases) {
+      nlohmann::json jc = {{"case", c.desc}, {"pass", c.pass}};
+      if (!c.error.empty()) jc["error"] = c.error;
+      for (const FieldResult& f : c.fields)
+        jc["fields"][f.field] = {{"entry", stats_json(f.entry)},
+                                 {"naive", stats_json(f.naive)},
+                                 {"limit", finite_or_string(f.limit)},
+                                 {"pass", f.pass}};
+      cases.push_back(jc);
+    }
+    jr["cases"] = cases;
+    rows.push_back(jr);
+  }
+  j["entries"] = rows;
+  return j.dump(2);
+}
+
+void write_csv(std::ostream& out, const Report& rep) {
+  out << "kind,entry,family,target,precision,rule,field,max_abs,max_rel,ulp_"
+         "p50,"
+         "ulp_p99,ulp_max,ratio_to_naive,headroom,pass,forward_gflops,seed\n";
+  for (const EntryRow& r : rep.rows) {
+    if (!r.available) continue;
+    for (const FieldSummary& f : r.fields) {
+      const validation::ErrorStats& s = f.worst;
+      out << fmt::format(
+          "{},{},{},{},{},{},{},{:.6e},{:.6e},{:.4g},{:.4g},{:.4g},{:.6g},{:."
+          "6g},{},{:.4g},{}\n",
+          r.kind, r.name, r.family, r.target, r.precision, r.rule, f.field,
+          s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99, s.ulp_max, f.ratio,
+          f.headroom, f.pass ? "PASS" : "FAIL", r.gflops, rep.seed);
+    }
+  }
+}
+
+}  // namespace qknorm::cli
