@@ -1,0 +1,550 @@
+// Fused QKNorm / scaled-dot-product attention, forward and backward, for one
+// storage precision P (f32, bf16, f16; math and accumulation in f32).
+// Per-target code.
+//
+// Forward (flash-attention style; Dao et al. 2022, online softmax of Milakov
+// & Gimelshein 2018): q and k rows are normalized ONCE per call into the
+// workspace (rows-inl.h), k_hat is packed transposed in blocks of kKeyBlock
+// keys. Each task owns kQueryBlock query rows of one (batch, head) and walks
+// the key blocks with a running max m and sum l per row:
+//   S = scale * Q_hat K_hat^T (micro-GEMM), m' = max(m, rowmax S),
+//   P = exp(S - m'), l = l e^{m-m'} + rowsum P, O = O e^{m-m'} + P V;
+// finally O /= l and lse = m + log l. The n x n matrix is never formed; per
+// task only one kQueryBlock x kKeyBlock tile exists.
+//
+// Visibility is a prefix per row: key j is visible to query i of batch b iff
+// j < lim(b, i) = clamp(min(kl_b, i + 1 + kv_len - q_len), 0, kv_len) (causal
+// and padding masks of attention.h). Blocks past a row block's largest limit
+// are skipped; masked logits are -inf (exp -> 0). lim = 0: O = 0, lse = -inf.
+//
+// Backward (FlashAttention-2 style): P is recomputed tile by tile from the
+// saved lse, P = exp(S - lse); delta = rowsum(dO * O); dS = P (dP - delta).
+// Tasks are (batch, head, key group g): group g owns key blocks g, g+G, ...,
+// accumulates dK, dV for its blocks (written once, at the block's end) and a
+// private partial dQ; a second pass sums the G partials in g order. G depends
+// on the shape only (kTargetTasks), never on the thread count, and every
+// element is a fixed-order FMA chain (gemm-inl.h), so results are bitwise
+// identical for every thread count. dg = sum dS * C (C = Q_hat K_hat^T, not
+// S / g: g may be 0): f32 per tile, then double per task, tasks summed in
+// order.
+//
+// Exp: hwy/contrib/math Exp, max error 1 ULP (f32) on [-FLT_MAX, +104]
+// (documented in math-inl.h); every argument here is <= 0 up to rounding, and
+// Exp(-inf) = 0 (arguments below -104 return exactly 0).
+//
+// Error: per element the forward's error is that of an f32 dot product of
+// length head_dim and an f32 weighted sum of length kv_len (O(n u) worst case,
+// usually O(sqrt(n) u)), plus 1 ULP per exp; the backward likewise. The
+// suite's acceptance is the tolerance rule of validation/harness.h.
+
+#if defined(QKNORM_SIMD_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QKNORM_SIMD_ATTENTION_INL_H_
+#undef QKNORM_SIMD_ATTENTION_INL_H_
+#else
+#define QKNORM_SIMD_ATTENTION_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "qknorm/attention.h"
+#include "simd/convert-inl.h"
+#include "simd/gemm-inl.h"
+#include "simd/rows-inl.h"
+#include "simd/workspace.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qknorm::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Keys per block: the n of the S = Q K^T micro-GEMM and the k of O += P V.
+// 64 keys x 64 dims of packed K^T is 16 KiB, half of Zen 3's L1d.
+inline constexpr size_t kKeyBlock = 64;
+// Query rows per forward task / per backward step.
+inline constexpr size_t kQueryBlock = 64;
+// Backward: key groups per (batch, head) = ceil(kTargetTasks / (B*H)) (at
+// most the number of key blocks), so small batches still offer ~16 tasks.
+inline constexpr int64_t kTargetTasks = 16;
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct AttnShape {
+  int64_t B, H, BH, Nq, Nk, D;
+  size_t Dp;    // head_dim padded to a multiple of Lanes
+  size_t nkb;   // key blocks
+  size_t Nkp;   // keys padded: nkb * kKeyBlock
+  size_t nqb;   // query blocks of kQueryBlock
+  bool qk;      // qknorm (else sdpa)
+  float scale;  // g (qknorm) or 1/sqrt(D) (sdpa), as the f32 the math uses
+  float eps;
+};
+
+inline AttnShape MakeShape(const AttentionProblem& p) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  AttnShape s;
+  s.B = p.batch, s.H = p.heads, s.BH = p.batch * p.heads;
+  s.Nq = p.q_len, s.Nk = p.kv_len, s.D = p.head_dim;
+  s.Dp = (static_cast<size_t>(s.D) + N - 1) / N * N;
+  s.nkb = (static_cast<size_t>(s.Nk) + kKeyBlock - 1) / kKeyBlock;
+  s.Nkp = s.nkb * kKeyBlock;
+  s.nqb = (static_cast<size_t>(s.Nq) + kQueryBlock - 1) / kQueryBlock;
+  s.qk = p.variant == Variant::kQKNorm;
+  // Same f32 scale as the naive f32 reference computes.
+  s.scale = s.qk ? static_cast<float>(p.g)
+                 : 1.0f / std::sqrt(static_cast<float>(s.D));
+  s.eps = EpsF32(p.eps);
+  return s;
+}
+
+// The exponent argument c * scale - m of a logit C = c, computed with ONE
+// rounding (FMA targets: MulSub; without FMA, the product's rounding error is
+// recovered exactly by Dekker's TwoProduct with Veltkamp splitting). For the
+// logits that matter (c * scale near m) the subtraction is exact (Sterbenz),
+// so P = exp(...) carries no error from rounding S = scale * c to f32 first.
+// With scale = g = 25 that rounding alone is up to ulp(25)/2 = 1e-6
+// relative in P, the dominant error of the naive f32 reference.
+struct LogitScale {
+  VF scale, hi, lo;  // hi + lo = scale, each with <= 12 significant bits
+};
+inline LogitScale MakeLogitScale(float scale) {
+  const DF df;
+  // Veltkamp split with 2^12 + 1 (f32 has 24 significand bits).
+  const float t = 4097.0f * scale;
+  const float hi = t - (t - scale);
+  return {hn::Set(df, scale), hn::Set(df, hi), hn::Set(df, scale - hi)};
+}
+HWY_INLINE VF ScaledMinus(VF c, const LogitScale& s, VF m) {
+#if HWY_NATIVE_FMA
+  (void)s.hi;
+  return hn::MulSub(c, s.scale, m);
+#else
+  const DF df;
+  const VF p = hn::Mul(c, s.scale);
+  const VF t = hn::Mul(c, hn::Set(df, 4097.0f));
+  const VF c_hi = hn::Sub(t, hn::Sub(t, c));
+  const VF c_lo = hn::Sub(c, c_hi);
+  const VF err = hn::Add(
+      hn::Add(hn::Add(hn::Sub(hn::Mul(c_hi, s.hi), p), hn::Mul(c_hi, s.lo)),
+              hn::Mul(c_lo, s.hi)),
+      hn::Mul(c_lo, s.lo));
+  return hn::Add(hn::Sub(p, m), err);
+#endif
+}
+
+// lim[b * Nq + i]: number of visible keys (a prefix) of query i, batch b.
+inline void ComputeLimits(const AttentionProblem& p, int64_t* lim) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      int64_t L = p.kv_len;
+      if (p.mask.causal) L = std::min(L, i + 1 + p.kv_len - p.q_len);
+      if (!p.mask.key_lengths.empty())
+        L = std::min(L, p.mask.key_lengths[static_cast<size_t>(b)]);
+      lim[b * p.q_len + i] = std::max<int64_t>(L, 0);
+    }
+}
+
+// Visible keys of a row with limit `lim` inside the key block starting at j0.
+inline size_t VisibleInBlock(int64_t lim, size_t j0) {
+  const int64_t left = lim - static_cast<int64_t>(j0);
+  return left <= 0 ? 0 : std::min(kKeyBlock, static_cast<size_t>(left));
+}
+
+// Row n of (b, h) in a storage view.
+template <Precision P>
+HWY_INLINE const StorageT<P>* RowPtr(const ConstTensor4& t, int64_t b,
+                                     int64_t h, int64_t n) {
+  return static_cast<const StorageT<P>*>(t.data) + b * t.layout.batch_stride +
+         h * t.layout.head_stride + n * t.layout.row_stride;
+}
+template <Precision P>
+HWY_INLINE StorageT<P>* RowPtr(const MutTensor4& t, int64_t b, int64_t h,
+                               int64_t n) {
+  return static_cast<StorageT<P>*>(t.data) + b * t.layout.batch_stride +
+         h * t.layout.head_stride + n * t.layout.row_stride;
+}
+
+// Lanes of v at column positions >= kv (row-relative, j is v's first column)
+// replaced by `fill`.
+HWY_INLINE VF MaskColumns(VF v, size_t j, size_t kv, VF fill) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  if (j + N <= kv) return v;
+  if (j >= kv) return fill;
+  return hn::IfThenElse(hn::FirstN(df, kv - j), v, fill);
+}
+
+// Loads row n of a [rows, D] storage view into dst (padded, f32); if
+// `normalize`, unit-normalizes it and returns its NormInfo.
+template <Precision P>
+HWY_INLINE NormInfo LoadOperandRow(const StorageT<P>* src, const AttnShape& s,
+                                   bool normalize, float* dst) {
+  LoadRow<P>(src, static_cast<size_t>(s.D), dst, s.Dp);
+  if (normalize) return NormalizeRow(dst, s.Dp, s.eps);
+  return NormInfo{};
+}
+
+// Writes row `r` (Dp floats) as column (j % kKeyBlock) of the transposed
+// block layout [nkb][Dp][kKeyBlock].
+HWY_INLINE void ScatterTransposed(const float* row, size_t j, size_t Dp,
+                                  float* blocks) {
+  float* col = blocks + (j / kKeyBlock) * Dp * kKeyBlock + (j % kKeyBlock);
+  for (size_t d = 0; d < Dp; ++d) col[d * kKeyBlock] = row[d];
+}
+
+// ------------------------------------------------------------------ forward
+
+template <Precision P>
+void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
+                      SimdWorkspace& ws, int threads, double* probs) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const AttnShape s = MakeShape(p);
+  const size_t Dp = s.Dp, Kb = kKeyBlock, Mq = kQueryBlock;
+  const size_t Nq = static_cast<size_t>(s.Nq), Nk = static_cast<size_t>(s.Nk);
+
+  float* qh = ws.qh.Get(static_cast<size_t>(s.BH) * Nq * Dp);
+  float* kt = ws.kt.Get(static_cast<size_t>(s.BH) * s.Nkp * Dp);
+  float* vv = ws.v.Get(static_cast<size_t>(s.BH) * s.Nkp * Dp);
+  int64_t* lim = ws.limits.Get(static_cast<size_t>(s.B) * Nq);
+  // Per worker: S/P tile, O accumulator, m, l, one row.
+  const size_t per_worker = (Mq * Kb + Mq * Dp + 2 * Mq + Dp + 15) / 16 * 16;
+  float* scratch = ws.scratch.Get(per_worker * static_cast<size_t>(threads));
+  ComputeLimits(p, lim);
+  ThreadPool& pool = ws.pool(threads);
+
+  // Normalize / convert / pack, one task per (batch, head).
+  pool.Run(s.BH, [&](int64_t bh, int worker) {
+    const int64_t b = bh / s.H, h = bh % s.H;
+    float* row = scratch + per_worker * static_cast<size_t>(worker);
+    for (size_t i = 0; i < Nq; ++i)
+      LoadOperandRow<P>(RowPtr<P>(a.q, b, h, static_cast<int64_t>(i)), s, s.qk,
+                        qh + (static_cast<size_t>(bh) * Nq + i) * Dp);
+    float* ktb = kt + static_cast<size_t>(bh) * s.Nkp * Dp;
+    float* vb = vv + static_cast<size_t>(bh) * s.Nkp * Dp;
+    for (size_t j = 0; j < s.Nkp; ++j) {
+      if (j < Nk) {
+        LoadOperandRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)), s,
+                          s.qk, row);
+        LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
+                   static_cast<size_t>(s.D), vb + j * Dp, Dp);
+      } else {
+        std::fill(row, row + Dp, 0.0f);
+        std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
+      }
+      ScatterTransposed(row, j, Dp, ktb);
+    }
+  });
+
+  const VF neg_inf = hn::Set(df, kNegInf);
+  const LogitScale ls = MakeLogitScale(s.scale);
+  pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
+    const int64_t bh = task / static_cast<int64_t>(s.nqb);
+    const size_t i0 =
+        static_cast<size_t>(task % static_cast<int64_t>(s.nqb)) * Mq;
+    const int64_t b = bh / s.H, h = bh % s.H;
+    const size_t mr = std::min(Mq, Nq - i0);
+    const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
+    float* S = scratch + per_worker * static_cast<size_t>(worker);
+    float* O = S + Mq * Kb;
+    float* m = O + Mq * Dp;
+    float* l = m + Mq;
+    int64_t max_lim = 0;
+    for (size_t r = 0; r < mr; ++r) {
+      max_lim = std::max(max_lim, L[r]);
+      m[r] = kNegInf;
+      l[r] = 0;
+    }
+    std::fill(O, O + mr * Dp, 0.0f);
+    const float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    const float* ktb = kt + static_cast<size_t>(bh) * s.Nkp * Dp;
+    const float* vb = vv + static_cast<size_t>(bh) * s.Nkp * Dp;
+    const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
+
+    for (size_t kb = 0; kb < nblocks; ++kb) {
+      const size_t j0 = kb * Kb;
+      Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, ktb + kb * Dp * Kb,
+           Kb, S, Kb, /*accumulate=*/false);
+      size_t kmax = 0;
+      for (size_t r = 0; r < mr; ++r) {
+        float* sr = S + r * Kb;
+        const size_t kv = VisibleInBlock(L[r], j0);
+        if (kv == 0) {
+          std::fill(sr, sr + Kb, 0.0f);
+          continue;
+        }
+        kmax = std::max(kmax, kv);
+        // m is the largest f32-rounded logit; P = exp(c * scale - m) with
+        // the exponent rounded once (ScaledMinus).
+        VF vmax = neg_inf;
+        for (size_t j = 0; j < Kb; j += N) {
+          const VF x = MaskColumns(hn::Mul(hn::LoadU(df, sr + j), ls.scale), j,
+                                   kv, neg_inf);
+          vmax = hn::Max(vmax, x);
+        }
+        const float m_new =
+            std::max(m[r], hn::GetLane(hn::MaxOfLanes(df, vmax)));
+        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
+        const VF vm = hn::Set(df, m_new);
+        VF vsum = hn::Zero(df);
+        for (size_t j = 0; j < Kb; j += N) {
+          const VF e = MaskColumns(
+              hn::Exp(df, ScaledMinus(hn::LoadU(df, sr + j), ls, vm)), j, kv,
+              hn::Zero(df));
+          hn::StoreU(e, df, sr + j);
+          vsum = hn::Add(vsum, e);
+        }
+        l[r] = l[r] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
+        if (alpha != 1.0f) ScaleRow(O + r * Dp, Dp, alpha);
+        m[r] = m_new;
+      }
+      if (kmax > 0)
+        Gemm(mr, Dp, kmax, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp, Dp,
+             O, Dp, /*accumulate=*/true);
+    }
+
+    for (size_t r = 0; r < mr; ++r) {
+      const size_t i = i0 + r;
+      float* orow = O + r * Dp;
+      double lse;
+      if (L[r] == 0) {
+        std::fill(orow, orow + Dp, 0.0f);
+        lse = -std::numeric_limits<double>::infinity();
+      } else {
+        const VF vl = hn::Set(df, l[r]);
+        for (size_t d = 0; d < Dp; d += N)
+          hn::StoreU(hn::Div(hn::LoadU(df, orow + d), vl), df, orow + d);
+        // In double: the f32 m and l are exact there, so lse is not rounded
+        // to f32 (at |lse| ~ 25 that rounding is ~1e-6, and the backward's
+        // P = exp(S - lse) would inherit it for the whole row).
+        lse = static_cast<double>(m[r]) + std::log(static_cast<double>(l[r]));
+      }
+      StoreRow<P>(orow, static_cast<size_t>(s.D),
+                  RowPtr<P>(a.o, b, h, static_cast<int64_t>(i)));
+      a.lse[static_cast<size_t>(bh) * Nq + i] = lse;
+    }
+
+    if (probs == nullptr) return;
+    // Inspection hook: the final probabilities exp(S - m) / l with the m, l
+    // and the same S, Exp and masking as above.
+    for (size_t r = 0; r < mr; ++r) {
+      double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk;
+      std::fill(pr, pr + Nk, 0.0);
+    }
+    for (size_t kb = 0; kb < nblocks; ++kb) {
+      const size_t j0 = kb * Kb;
+      Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, ktb + kb * Dp * Kb,
+           Kb, S, Kb, false);
+      for (size_t r = 0; r < mr; ++r) {
+        const size_t kv = VisibleInBlock(L[r], j0);
+        if (kv == 0) continue;
+        float* sr = S + r * Kb;
+        const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
+        for (size_t j = 0; j < Kb; j += N) {
+          const VF e = hn::Exp(df, ScaledMinus(hn::LoadU(df, sr + j), ls, vm));
+          hn::StoreU(hn::Div(e, vl), df, sr + j);
+        }
+        double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
+        for (size_t j = 0; j < kv; ++j) pr[j] = static_cast<double>(sr[j]);
+      }
+    }
+  });
+}
+
+// ----------------------------------------------------------------- backward
+
+template <Precision P>
+void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
+                       SimdWorkspace& ws, int threads) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const AttnShape s = MakeShape(p);
+  const size_t Dp = s.Dp, Kb = kKeyBlock, Mq = kQueryBlock;
+  const size_t Nq = static_cast<size_t>(s.Nq), Nk = static_cast<size_t>(s.Nk);
+  const size_t BH = static_cast<size_t>(s.BH);
+  const size_t G =
+      std::min<size_t>(s.nkb, static_cast<size_t>(std::max<int64_t>(
+                                  1, (kTargetTasks + s.BH - 1) / s.BH)));
+
+  float* qh = ws.qh.Get(BH * Nq * Dp);
+  float* kh = ws.kh.Get(BH * s.Nkp * Dp);
+  float* kt = ws.kt.Get(BH * s.Nkp * Dp);
+  float* vt = ws.vt.Get(BH * s.Nkp * Dp);
+  float* dO = ws.d_o.Get(BH * Nq * Dp);
+  // delta, and lse split into f32 hi + lo (lse = hi + lo to ~2^-48
+  // relative), so that S - lse = (c * scale - hi) - lo keeps the double lse.
+  float* stats = ws.row_stats.Get(3 * BH * Nq);
+  float* delta = stats;
+  float* lse_hi = stats + BH * Nq;
+  float* lse_lo = stats + 2 * BH * Nq;
+  NormInfo* q_info = ws.q_info.Get(BH * Nq);
+  NormInfo* k_info = ws.k_info.Get(BH * Nk);
+  float* dq_part = ws.dq_partial.Get(G * BH * Nq * Dp);
+  double* task_dg = ws.task_sums.Get(BH * G);
+  int64_t* lim = ws.limits.Get(static_cast<size_t>(s.B) * Nq);
+  // Per worker: S/P and dP/dS tiles, dK and dV accumulators, two rows.
+  const size_t per_worker = (2 * Mq * Kb + 2 * Kb * Dp + 2 * Dp + 15) / 16 * 16;
+  float* scratch = ws.scratch.Get(per_worker * static_cast<size_t>(threads));
+  ComputeLimits(p, lim);
+  ThreadPool& pool = ws.pool(threads);
+
+  pool.Run(s.BH, [&](int64_t bh, int worker) {
+    const int64_t b = bh / s.H, h = bh % s.H;
+    float* row = scratch + per_worker * static_cast<size_t>(worker);
+    for (size_t i = 0; i < Nq; ++i) {
+      const int64_t ii = static_cast<int64_t>(i);
+      const size_t r = static_cast<size_t>(bh) * Nq + i;
+      q_info[r] =
+          LoadOperandRow<P>(RowPtr<P>(a.q, b, h, ii), s, s.qk, qh + r * Dp);
+      LoadRow<P>(RowPtr<P>(a.d_o, b, h, ii), static_cast<size_t>(s.D),
+                 dO + r * Dp, Dp);
+      LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D), row, Dp);
+      delta[r] = DotChain(dO + r * Dp, row, Dp);
+      const double l = a.lse[r];
+      lse_hi[r] = static_cast<float>(l);
+      lse_lo[r] = std::isfinite(l)
+                      ? static_cast<float>(l - static_cast<double>(lse_hi[r]))
+                      : 0.0f;
+    }
+    float* khb = kh + static_cast<size_t>(bh) * s.Nkp * Dp;
+    float* ktb = kt + static_cast<size_t>(bh) * s.Nkp * Dp;
+    float* vtb = vt + static_cast<size_t>(bh) * s.Nkp * Dp;
+    for (size_t j = 0; j < s.Nkp; ++j) {
+      float* kr = khb + j * Dp;
+      if (j < Nk) {
+        const int64_t jj = static_cast<int64_t>(j);
+        k_info[static_cast<size_t>(bh) * Nk + j] =
+            LoadOperandRow<P>(RowPtr<P>(a.k, b, h, jj), s, s.qk, kr);
+        LoadRow<P>(RowPtr<P>(a.v, b, h, jj), static_cast<size_t>(s.D), row, Dp);
+      } else {
+        std::fill(kr, kr + Dp, 0.0f);
+        std::fill(row, row + Dp, 0.0f);
+      }
+      ScatterTransposed(kr, j, Dp, ktb);
+      ScatterTransposed(row, j, Dp, vtb);
+    }
+  });
+
+  // dK, dV and partial dQ: one task per (batch, head, key group).
+  pool.Run(s.BH * static_cast<int64_t>(G), [&](int64_t task, int worker) {
+    const size_t bh = static_cast<size_t>(task) / G,
+                 g = static_cast<size_t>(task) % G;
+    const int64_t b = static_cast<int64_t>(bh) / s.H,
+                  h = static_cast<int64_t>(bh) % s.H;
+    const int64_t* L = lim + static_cast<size_t>(b) * Nq;
+    float* S = scratch + per_worker * static_cast<size_t>(worker);
+    float* dP = S + Mq * Kb;
+    float* dK = dP + Mq * Kb;
+    float* dV = dK + Kb * Dp;
+    float* row = dV + Kb * Dp;
+    float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
+    std::fill(dqp, dqp + Nq * Dp, 0.0f);
+    const float* qb = qh + bh * Nq * Dp;
+    const float* dob = dO + bh * Nq * Dp;
+    const float* khb = kh + bh * s.Nkp * Dp;
+    const float* ktb = kt + bh * s.Nkp * Dp;
+    const float* vtb = vt + bh * s.Nkp * Dp;
+    const LogitScale ls = MakeLogitScale(s.scale);
+    double dg = 0;
+    for (size_t kb = g; kb < s.nkb; kb += G) {
+      const size_t j0 = kb * Kb, kc = std::min(Kb, Nk - j0);
+      std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // dK and dV
+      size_t i_first = 0;
+      while (i_first < Nq && L[i_first] <= static_cast<int64_t>(j0)) ++i_first;
+      for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
+        const size_t mr = std::min(Mq, Nq - i0);
+        Gemm(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+             ktb + kb * Dp * Kb, Kb, S, Kb, false);
+        Gemm(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+             vtb + kb * Dp * Kb, Kb, dP, Kb, false);
+        VF vdg = hn::Zero(df);
+        for (size_t r = 0; r < mr; ++r) {
+          const size_t i = i0 + r;
+          float* sr = S + r * Kb;
+          float* dpr = dP + r * Kb;
+          const size_t kv = VisibleInBlock(L[i], j0);
+          if (kv == 0) {
+            std::fill(sr, sr + Kb, 0.0f);
+            std::fill(dpr, dpr + Kb, 0.0f);
+            continue;
+          }
+          const VF vhi = hn::Set(df, lse_hi[bh * Nq + i]);
+          const VF vlo = hn::Set(df, lse_lo[bh * Nq + i]);
+          const VF vd = hn::Set(df, delta[bh * Nq + i]);
+          for (size_t j = 0; j < Kb; j += N) {
+            const VF c = hn::LoadU(df, sr + j);
+            const VF x = hn::Sub(ScaledMinus(c, ls, vhi), vlo);
+            const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
+            const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
+            vdg = hn::MulAdd(ds, c, vdg);
+            hn::StoreU(pr, df, sr + j);
+            hn::StoreU(ds, df, dpr + j);
+          }
+        }
+        dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
+        // dV += P^T dO, dK_hat += dS^T Q_hat (scale applied at the end),
+        // dQ_hat partial += dS K_hat.
+        Gemm(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb), dob + i0 * Dp, Dp,
+             dV, Dp, true);
+        Gemm(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb), qb + i0 * Dp, Dp,
+             dK, Dp, true);
+        Gemm(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1, khb + j0 * Dp, Dp,
+             dqp + i0 * Dp, Dp, true);
+      }
+      for (size_t jj = 0; jj < kc; ++jj) {
+        const size_t j = j0 + jj;
+        float* dkr = dK + jj * Dp;
+        ScaleRow(dkr, Dp, s.scale);
+        if (s.qk)
+          NormalizeRowBackward(khb + j * Dp, k_info[bh * Nk + j], s.eps, dkr,
+                               Dp);
+        StoreRow<P>(dkr, static_cast<size_t>(s.D),
+                    RowPtr<P>(a.dk, b, h, static_cast<int64_t>(j)));
+        StoreRow<P>(dV + jj * Dp, static_cast<size_t>(s.D),
+                    RowPtr<P>(a.dv, b, h, static_cast<int64_t>(j)));
+      }
+    }
+    task_dg[task] = dg;
+    (void)row;
+  });
+
+  // dQ: sum the G partials in g order, scale, normalization backward.
+  pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
+    const size_t bh = static_cast<size_t>(task) / s.nqb;
+    const size_t i0 = static_cast<size_t>(task) % s.nqb * Mq;
+    const int64_t b = static_cast<int64_t>(bh) / s.H,
+                  h = static_cast<int64_t>(bh) % s.H;
+    float* row = scratch + per_worker * static_cast<size_t>(worker);
+    for (size_t i = i0; i < std::min(Nq, i0 + Mq); ++i) {
+      const float* src = dq_part + (bh * Nq + i) * Dp;
+      std::copy(src, src + Dp, row);
+      for (size_t g = 1; g < G; ++g) {
+        const float* part = dq_part + ((g * BH + bh) * Nq + i) * Dp;
+        for (size_t d = 0; d < Dp; d += N)
+          hn::StoreU(hn::Add(hn::LoadU(df, row + d), hn::LoadU(df, part + d)),
+                     df, row + d);
+      }
+      ScaleRow(row, Dp, s.scale);
+      if (s.qk)
+        NormalizeRowBackward(qh + (bh * Nq + i) * Dp, q_info[bh * Nq + i],
+                             s.eps, row, Dp);
+      StoreRow<P>(row, static_cast<size_t>(s.D),
+                  RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));
+    }
+  });
+
+  double dg = 0;
+  if (s.qk)
+    for (size_t t = 0; t < BH * G; ++t) dg += task_dg[t];
+  *a.dg = dg;
+}
+
+}  // namespace qknorm::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // QKNORM_SIMD_ATTENTION_INL_H_

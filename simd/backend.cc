@@ -1,0 +1,98 @@
+// The registry entries of the SIMD path: one SimdBackend per compiled Highway
+// target and storage precision. Each entry holds its target's kernel table
+// (kernels.h) and calls it directly: the single dispatch point.
+#include "qknorm/backend.h"
+
+#include <memory>
+#include <thread>
+
+#include "hwy/targets.h"
+#include "simd/kernels.h"
+#include "simd/register.h"
+#include "simd/workspace.h"
+
+namespace qknorm::simd {
+namespace {
+
+int ResolveThreads(const ExecConfig& cfg) {
+  if (cfg.threads > 0) return cfg.threads;
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+class SimdBackend final : public Backend {
+ public:
+  SimdBackend(const CompiledTarget& t, Precision p)
+      : Backend("simd", t.name, p), target_(t) {}
+
+  bool available() const override {
+    return (hwy::SupportedTargets() & target_.bit) != 0;
+  }
+
+  std::unique_ptr<Workspace> make_workspace() const override {
+    return std::make_unique<SimdWorkspace>();
+  }
+
+  void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
+                         Workspace* ws, const ExecConfig& cfg) const override {
+    WithWorkspace(ws, [&](SimdWorkspace& w) {
+      target_.kernels.attention_forward(p, a, precision(), w,
+                                        ResolveThreads(cfg), nullptr);
+    });
+  }
+  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
+                          Workspace* ws, const ExecConfig& cfg) const override {
+    WithWorkspace(ws, [&](SimdWorkspace& w) {
+      target_.kernels.attention_backward(p, a, precision(), w,
+                                         ResolveThreads(cfg));
+    });
+  }
+  void scalenorm_forward(const ScaleNormProblem& p,
+                         const ScaleNormForwardArgs& a, Workspace* ws,
+                         const ExecConfig& cfg) const override {
+    WithWorkspace(ws, [&](SimdWorkspace& w) {
+      target_.kernels.scalenorm_forward(p, a, precision(), w,
+                                        ResolveThreads(cfg));
+    });
+  }
+  void scalenorm_backward(const ScaleNormProblem& p,
+                          const ScaleNormBackwardArgs& a, Workspace* ws,
+                          const ExecConfig& cfg) const override {
+    WithWorkspace(ws, [&](SimdWorkspace& w) {
+      target_.kernels.scalenorm_backward(p, a, precision(), w,
+                                         ResolveThreads(cfg));
+    });
+  }
+  // Runs the forward (o and lse are written too) and reports the final
+  // probabilities exp(S - m) / l the forward's online softmax ends with.
+  bool attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
+                               double* probs, Workspace* ws) const override {
+    WithWorkspace(ws, [&](SimdWorkspace& w) {
+      target_.kernels.attention_forward(p, a, precision(), w,
+                                        ResolveThreads({}), probs);
+    });
+    return true;
+  }
+
+ private:
+  // A caller without a (SIMD) workspace gets a temporary one: correct, but
+  // it allocates on every call.
+  template <class F>
+  static void WithWorkspace(Workspace* ws, const F& f) {
+    if (auto* w = dynamic_cast<SimdWorkspace*>(ws)) return f(*w);
+    SimdWorkspace tmp;
+    f(tmp);
+  }
+
+  const CompiledTarget& target_;
+};
+
+}  // namespace
+
+void register_backends(Registry& r) {
+  for (const CompiledTarget& t : compiled_targets())
+    for (Precision p : {Precision::kF32, Precision::kBF16, Precision::kF16})
+      r.add(std::make_unique<SimdBackend>(t, p));
+}
+
+}  // namespace qknorm::simd

@@ -1,0 +1,155 @@
+// Compiles the SIMD kernels once per attainable Highway target and builds the
+// per-target tables of kernels.h.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "simd/kernels.cc"
+#include "simd/kernels.h"
+
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "simd/attention-inl.h"
+#include "simd/convert-inl.h"
+#include "simd/scalenorm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qknorm::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// One switch per public entry point: the precision is resolved here, then
+// everything below is target-local and precision-specialized.
+void AttentionForwardEntry(const AttentionProblem& p, const ForwardArgs& a,
+                           Precision prec, SimdWorkspace& ws, int threads,
+                           double* probs) {
+  switch (prec) {
+    case Precision::kF32:
+      return AttentionForward<Precision::kF32>(p, a, ws, threads, probs);
+    case Precision::kBF16:
+      return AttentionForward<Precision::kBF16>(p, a, ws, threads, probs);
+    case Precision::kF16:
+      return AttentionForward<Precision::kF16>(p, a, ws, threads, probs);
+    case Precision::kF64:
+      break;
+  }
+  HWY_ABORT("simd: unsupported precision");
+}
+
+void AttentionBackwardEntry(const AttentionProblem& p, const BackwardArgs& a,
+                            Precision prec, SimdWorkspace& ws, int threads) {
+  switch (prec) {
+    case Precision::kF32:
+      return AttentionBackward<Precision::kF32>(p, a, ws, threads);
+    case Precision::kBF16:
+      return AttentionBackward<Precision::kBF16>(p, a, ws, threads);
+    case Precision::kF16:
+      return AttentionBackward<Precision::kF16>(p, a, ws, threads);
+    case Precision::kF64:
+      break;
+  }
+  HWY_ABORT("simd: unsupported precision");
+}
+
+void ScaleNormForwardEntry(const ScaleNormProblem& p,
+                           const ScaleNormForwardArgs& a, Precision prec,
+                           SimdWorkspace& ws, int threads) {
+  switch (prec) {
+    case Precision::kF32:
+      return ScaleNormForward<Precision::kF32>(p, a, ws, threads);
+    case Precision::kBF16:
+      return ScaleNormForward<Precision::kBF16>(p, a, ws, threads);
+    case Precision::kF16:
+      return ScaleNormForward<Precision::kF16>(p, a, ws, threads);
+    case Precision::kF64:
+      break;
+  }
+  HWY_ABORT("simd: unsupported precision");
+}
+
+void ScaleNormBackwardEntry(const ScaleNormProblem& p,
+                            const ScaleNormBackwardArgs& a, Precision prec,
+                            SimdWorkspace& ws, int threads) {
+  switch (prec) {
+    case Precision::kF32:
+      return ScaleNormBackward<Precision::kF32>(p, a, ws, threads);
+    case Precision::kBF16:
+      return ScaleNormBackward<Precision::kBF16>(p, a, ws, threads);
+    case Precision::kF16:
+      return ScaleNormBackward<Precision::kF16>(p, a, ws, threads);
+    case Precision::kF64:
+      break;
+  }
+  HWY_ABORT("simd: unsupported precision");
+}
+
+// Array conversions through the same vector code the kernels use (LoadRow /
+// StoreRow handle the tail through a stack buffer, as in the kernels).
+template <Precision P>
+void ToStorage(const float* in, uint16_t* out, size_t n) {
+  StoreRow<P>(in, n, out);
+}
+template <Precision P>
+void FromStorage(const uint16_t* in, float* out, size_t n) {
+  const size_t N = hn::Lanes(DF());
+  const size_t full = n / N * N;
+  LoadRow<P>(in, full, out, full);
+  if (full < n) {
+    float tail[kMaxLanesF32];
+    LoadRow<P>(in + full, n - full, tail, N);
+    std::copy(tail, tail + (n - full), out + full);
+  }
+}
+
+TargetKernels GetKernels() {
+  TargetKernels k;
+  k.attention_forward = &AttentionForwardEntry;
+  k.attention_backward = &AttentionBackwardEntry;
+  k.scalenorm_forward = &ScaleNormForwardEntry;
+  k.scalenorm_backward = &ScaleNormBackwardEntry;
+  k.bf16_from_f32 = &ToStorage<Precision::kBF16>;
+  k.f32_from_bf16 = &FromStorage<Precision::kBF16>;
+  k.f16_from_f32 = &ToStorage<Precision::kF16>;
+  k.f32_from_f16 = &FromStorage<Precision::kF16>;
+  return k;
+}
+
+}  // namespace qknorm::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace qknorm::simd {
+
+const std::vector<CompiledTarget>& compiled_targets() {
+  static const std::vector<CompiledTarget>* targets = [] {
+    auto* v = new std::vector<CompiledTarget>;
+    auto add = [v](int64_t bit, const TargetKernels& k) {
+      v->push_back(CompiledTarget{bit, hwy::TargetName(bit), k});
+    };
+    (void)add;
+    // Best first, as hwy/targets.h orders them (lower bit = better).
+#if HWY_TARGETS & HWY_AVX3_DL
+    add(HWY_AVX3_DL, N_AVX3_DL::GetKernels());
+#endif
+#if HWY_TARGETS & HWY_AVX3
+    add(HWY_AVX3, N_AVX3::GetKernels());
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    add(HWY_AVX2, N_AVX2::GetKernels());
+#endif
+#if HWY_TARGETS & HWY_SSE4
+    add(HWY_SSE4, N_SSE4::GetKernels());
+#endif
+#if HWY_TARGETS & HWY_SSSE3
+    add(HWY_SSSE3, N_SSSE3::GetKernels());
+#endif
+#if HWY_TARGETS & HWY_EMU128
+    add(HWY_EMU128, N_EMU128::GetKernels());
+#endif
+#if HWY_TARGETS & HWY_SCALAR
+    add(HWY_SCALAR, N_SCALAR::GetKernels());
+#endif
+    return v;
+  }();
+  return *targets;
+}
+
+}  // namespace qknorm::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,125 @@
+// Row primitives shared by the attention and ScaleNorm kernels: unit
+// normalization and its backward, dot products. Per-target code.
+//
+// Unit normalization u = x / max(||x||_2, eps) (QKNorm, Henry et al. 2020;
+// ScaleNorm, Nguyen & Salazar 2019). The sum of squares, the norm and the
+// division are done in f64 lanes: every finite f32 square fits in double
+// (FLT_MAX^2 ~ 1.2e77, smallest subnormal^2 ~ 2e-90), so there is no
+// overflow (a plain f32 sum of squares overflows once |x| > ~1.8e19) and no
+// scaling is needed, and u is x / ||x|| rounded ONCE to f32 per element.
+// That matters: a common relative error e in ||q_i|| scales every logit of
+// row i by (1 + e), and with g ~ 25 a 2-ulp norm error (what f32 sums give)
+// visibly changes P. The cost is O(rows x dim), negligible next to the
+// O(n^2 dim) attention products.
+
+#if defined(QKNORM_SIMD_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QKNORM_SIMD_ROWS_INL_H_
+#undef QKNORM_SIMD_ROWS_INL_H_
+#else
+#define QKNORM_SIMD_ROWS_INL_H_
+#endif
+
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+
+#include "hwy/highway.h"
+#include "simd/workspace.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qknorm::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// eps as the f32 the kernels compare and divide with; an eps below the
+// smallest f32 subnormal is clamped to it (instead of 0, which would divide
+// by zero).
+inline float EpsF32(double eps) {
+  const float e = static_cast<float>(eps);
+  return e > 0 ? e : FLT_TRUE_MIN;
+}
+
+// sum_i a[i] b[i] over n (a multiple of Lanes) elements, f32.
+HWY_INLINE float DotRow(const float* HWY_RESTRICT a,
+                        const float* HWY_RESTRICT b, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto acc = hn::Zero(d);
+  for (size_t i = 0; i < n; i += N)
+    acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
+  return hn::GetLane(hn::SumOfLanes(d, acc));
+}
+
+// sum_k a[k] b[k] as ONE fused-multiply-add chain in increasing k, the exact
+// operation sequence gemm-inl.h applies to each C element (broadcast times
+// lane, MulAdd). The backward's delta_i = dO_i . O_i uses it, so that when
+// O_i equals V_j bitwise (one visible key, P = 1) delta_i equals dP_ij
+// bitwise and dS_ij = P (dP - delta) is exactly 0, as in exact arithmetic.
+HWY_INLINE float DotChain(const float* HWY_RESTRICT a,
+                          const float* HWY_RESTRICT b, size_t n) {
+  const hn::ScalableTag<float> d;
+  auto acc = hn::Zero(d);
+  for (size_t k = 0; k < n; ++k)
+    acc = hn::MulAdd(hn::Set(d, a[k]), hn::Set(d, b[k]), acc);
+  return hn::GetLane(acc);
+}
+
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float s) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto vs = hn::Set(d, s);
+  for (size_t i = 0; i < n; i += N)
+    hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+}
+
+// f64 lanes, and f32 lanes as many as there are f64 lanes (half vectors).
+using DD = hn::ScalableTag<double>;
+using DFH = hn::Rebind<float, DD>;
+
+// In place: x[0..n) -> u (n a multiple of Lanes(DF); zero padding stays
+// zero; n is then also a multiple of Lanes(DD)).
+HWY_INLINE NormInfo NormalizeRow(float* HWY_RESTRICT x, size_t n, float eps) {
+  const DD dd;
+  const DFH dfh;
+  const size_t ND = hn::Lanes(dd);
+  NormInfo info;
+  auto acc = hn::Zero(dd);
+  for (size_t i = 0; i < n; i += ND) {
+    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
+    acc = hn::MulAdd(y, y, acc);
+  }
+  info.norm = std::sqrt(hn::GetLane(hn::SumOfLanes(dd, acc)));
+  info.clamped = info.norm > static_cast<double>(eps) ? 0 : 1;
+  const auto den =
+      hn::Set(dd, info.clamped ? static_cast<double>(eps) : info.norm);
+  for (size_t i = 0; i < n; i += ND) {
+    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
+    hn::StoreU(hn::DemoteTo(dfh, hn::Div(y, den)), dfh, x + i);
+  }
+  return info;
+}
+
+// In place: du -> dx for the row normalized to u with `info`:
+//   ||x|| > eps:  dx = (du - u (u . du)) / ||x||
+//   ||x|| <= eps: dx = du / eps                     (shared/NUMERICS.md)
+// The division is in f64 (||x|| may exceed FLT_MAX), rounded once to f32.
+HWY_INLINE void NormalizeRowBackward(const float* HWY_RESTRICT u,
+                                     const NormInfo& info, float eps,
+                                     float* HWY_RESTRICT du, size_t n) {
+  const DD dd;
+  const DFH dfh;
+  const size_t ND = hn::Lanes(dd);
+  const auto den =
+      hn::Set(dd, info.clamped ? static_cast<double>(eps) : info.norm);
+  const auto c = hn::Set(dfh, info.clamped ? 0.0f : DotRow(u, du, n));
+  for (size_t i = 0; i < n; i += ND) {
+    const auto t =
+        hn::NegMulAdd(hn::LoadU(dfh, u + i), c, hn::LoadU(dfh, du + i));
+    hn::StoreU(hn::DemoteTo(dfh, hn::Div(hn::PromoteTo(dd, t), den)), dfh,
+               du + i);
+  }
+}
+
+}  // namespace qknorm::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // QKNORM_SIMD_ROWS_INL_H_

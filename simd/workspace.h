@@ -1,0 +1,66 @@
+// Scratch memory and threads of the SIMD entries. One SimdWorkspace serves
+// every simd entry (any target, any precision); it only grows, so after the
+// first call of a given shape and thread count no call allocates.
+#ifndef QKNORM_SIMD_WORKSPACE_H_
+#define QKNORM_SIMD_WORKSPACE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hwy/aligned_allocator.h"
+#include "qknorm/backend.h"
+#include "simd/thread_pool.h"
+
+namespace qknorm::simd {
+
+// Grow-only, 64-byte-aligned (hwy::AllocateAligned) array of T. Contents are
+// NOT preserved or initialized by Get().
+template <class T>
+class GrowBuffer {
+ public:
+  T* Get(size_t n) {
+    if (n == 0) n = 1;
+    if (n > capacity_) {
+      data_ = hwy::AllocateAligned<T>(n);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  hwy::AlignedFreeUniquePtr<T[]> data_;
+  size_t capacity_ = 0;
+};
+
+// Per-row record of the unit normalization x -> u = x / max(||x||, eps):
+// ||x|| in double (exact enough that every u element is a single f32
+// rounding of x / ||x||); clamped: ||x|| <= eps, u = x / eps.
+struct NormInfo {
+  double norm = 0;
+  int32_t clamped = 1;
+};
+
+class SimdWorkspace final : public Workspace {
+ public:
+  // Returns a pool with exactly `threads` threads (recreated on change).
+  ThreadPool& pool(int threads) {
+    if (!pool_ || pool_->threads() != threads)
+      pool_ = std::make_unique<ThreadPool>(threads);
+    return *pool_;
+  }
+
+  // Operand buffers (f32, rows padded to a multiple of the vector length).
+  GrowBuffer<float> qh, kh, kt, v, vt, d_o, row_stats, dq_partial, scratch;
+  GrowBuffer<NormInfo> q_info, k_info;
+  GrowBuffer<int64_t> limits;
+  GrowBuffer<double> task_sums;
+
+ private:
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+}  // namespace qknorm::simd
+
+#endif  // QKNORM_SIMD_WORKSPACE_H_
