@@ -1,0 +1,81 @@
+// Bitwise reproducibility of every runnable simd entry: the same case run
+// with 1 and 2 threads, and twice with 2 threads through one reused
+// workspace (warm-up sizing, then reuse), must give identical bits in every
+// output. The shape makes the backward split each head's keys into several
+// groups (B*H = 3 -> 6 key groups, of 4 key blocks) and the forward use
+// several query blocks, with causal + padding masks and a fully masked batch.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "simd/tests/test_util.h"
+#include "validation/harness.h"
+
+namespace qknorm::simd::testing {
+namespace {
+
+bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+void ExpectSame(const validation::AttentionResult& a,
+                const validation::AttentionResult& b, const std::string& what) {
+  EXPECT_TRUE(SameBits(a.o, b.o)) << what << ": o differs";
+  EXPECT_TRUE(SameBits(a.lse, b.lse)) << what << ": lse differs";
+  EXPECT_TRUE(SameBits(a.dq, b.dq)) << what << ": dq differs";
+  EXPECT_TRUE(SameBits(a.dk, b.dk)) << what << ": dk differs";
+  EXPECT_TRUE(SameBits(a.dv, b.dv)) << what << ": dv differs";
+  EXPECT_EQ(std::memcmp(&a.dg, &b.dg, sizeof(double)), 0)
+      << what << ": dg differs";
+}
+
+class SimdDeterminism : public ::testing::TestWithParam<const Backend*> {};
+
+TEST_P(SimdDeterminism, AttentionAcrossThreadsAndReruns) {
+  const Backend& entry = *GetParam();
+  AttentionProblem p;
+  p.batch = 3, p.heads = 1, p.q_len = 150, p.kv_len = 200, p.head_dim = 33,
+  p.g = 12.32;
+  p.mask.causal = true;
+  p.mask.key_lengths = {200, 0, 130};
+  const auto c = validation::round_inputs(
+      validation::make_attention_case(p, validation::Distribution::kGaussian,
+                                      99, entry.precision()),
+      entry.precision());
+  const auto one = validation::run_attention(entry, c, ExecConfig{1});
+  std::unique_ptr<Workspace> ws = entry.make_workspace();
+  const auto two = validation::run_attention(entry, c, ExecConfig{2}, ws.get());
+  const auto again =
+      validation::run_attention(entry, c, ExecConfig{2}, ws.get());
+  const auto three =
+      validation::run_attention(entry, c, ExecConfig{3}, ws.get());
+  ExpectSame(one, two, entry.name() + " threads 1 vs 2");
+  ExpectSame(two, again, entry.name() + " rerun with reused workspace");
+  ExpectSame(one, three, entry.name() + " threads 1 vs 3");
+}
+
+TEST_P(SimdDeterminism, ScaleNormAcrossThreads) {
+  const Backend& entry = *GetParam();
+  ScaleNormProblem p;
+  p.rows = 300, p.dim = 65, p.g = 8;
+  const auto c = validation::round_inputs(
+      validation::make_scalenorm_case(p, validation::Distribution::kZeroRows, 5,
+                                      entry.precision()),
+      entry.precision());
+  const auto one = validation::run_scalenorm(entry, c, ExecConfig{1});
+  const auto two = validation::run_scalenorm(entry, c, ExecConfig{2});
+  EXPECT_TRUE(SameBits(one.y, two.y)) << entry.name() << ": y differs";
+  EXPECT_TRUE(SameBits(one.dx, two.dx)) << entry.name() << ": dx differs";
+  EXPECT_EQ(std::memcmp(&one.dg, &two.dg, sizeof(double)), 0)
+      << entry.name() << ": dg differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Entries, SimdDeterminism,
+                         ::testing::ValuesIn(RunnableEntries()),
+                         EntryParamName);
+
+}  // namespace
+}  // namespace qknorm::simd::testing
