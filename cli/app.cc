@@ -30,7 +30,7 @@ constexpr const char* kExamples = R"(Examples:
   qknorm-check compare --inputs dump.safetensors --outputs dump.safetensors
 
 Exit status: 0 every entry (or the compared output) passes, 1 something FAILs,
-2 bad option, 3 unreadable or malformed input file. See cli/README.md.
+2 bad option, 3 unreadable or malformed input file, 4 gnuplot failed. See cli/README.md.
 )";
 
 // Writes `text` to `path` ("-": `out`).

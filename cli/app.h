@@ -14,6 +14,7 @@ inline constexpr int kExitPass = 0;
 inline constexpr int kExitFail = 1;   // some entry / the compared output FAILs
 inline constexpr int kExitUsage = 2;  // bad option or option value
 inline constexpr int kExitInput = 3;  // unreadable or malformed input file
+inline constexpr int kExitTool = 4;   // gnuplot missing or failed (sweep)
 
 // args[0] is the program name. Report on `out`, diagnostics on `err`;
 // progress goes to stderr only when `progress` is set (main: isatty(2)).

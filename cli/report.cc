@@ -168,7 +168,7 @@ void print_table(std::ostream& out, const Report& rep) {
     targets += (targets.empty() ? "" : " ") + t;
   if (targets.empty()) targets = "none (no simd entries in this build)";
   out << fmt::format(
-      "{}: {} registry entries, {} cases, seed {}\n", rep.title,
+      "{}: {} entries, {} cases, {}\n", rep.title,
       [&] {
         std::vector<std::string> names;
         for (const auto& r : rep.rows)
@@ -176,7 +176,9 @@ void print_table(std::ostream& out, const Report& rep) {
             names.push_back(r.name);
         return names.size();
       }(),
-      rep.cases.size(), rep.seed);
+      rep.cases.size(),
+      rep.seeded ? "seed " + std::to_string(rep.seed)
+                 : std::string("inputs from files"));
   out << fmt::format(
       "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {}, {} "
       "threads; "

@@ -17,6 +17,7 @@ struct Report {
   std::string title = "qknorm-check";
   MachineInfo machine;
   uint64_t seed = 0;
+  bool seeded = true;  // false: the cases came from files (compare)
   int threads = 0;
   std::vector<std::string> cases;  // case descriptions, in suite order
   std::vector<EntryRow> rows;
