@@ -1,0 +1,335 @@
+// qknorm-bench: Google Benchmark binary for issue 8. It iterates the registry
+// (never a hard-coded kernel list) and registers, in one binary and one run:
+//   attn/<entry>/<fwd|bwd>/d:<d>/n:<n>/mask:<none|causal>/T:<threads>
+//       an entry's attention_forward / attention_backward, fp32, B = 1, H = 8;
+//   gemm/<qk|pv>/d:<d>/n:<n>/T:<threads>
+//       the anchor: bare cblas_sgemm on the same attention-shaped GEMMs
+//       (QK^T: n x n x d, PV: n x d x n, per head) with
+//       openblas_set_num_threads(T);
+//   fma/<avx2|avx512>/T:<threads>
+//       the FMA-peak microbenchmark (independent FMA chains, fma_peak.h).
+// Every benchmark reports real (wall) time, since the kernels run their own
+// threads, and a counter "flops" (FLOPs per iteration) plus the rate
+// "GFLOPS". FLOPs follow issue 8: forward 4 n^2 d per head, backward
+// 10 n^2 d, causal counting only the n (n + 1) / 2 visible pairs.
+//
+// Each benchmark makes one untimed call first (the workspace is warm, pages
+// are touched, backward has this entry's own o and lse). Repetitions and
+// their interleaving come from the command line (bench.sh passes
+// --benchmark_repetitions and --benchmark_enable_random_interleaving).
+//
+// Own flags (before Google Benchmark's; see bench/README.md):
+//   --qk_entries=GLOBS     entries to measure on the full grid
+//                          (default "simd:*:f32,blas:f32")
+//   --qk_full_targets=N    only the first N available simd targets in
+//                          registry order get the full grid; later targets
+//                          get the sanity grid (default 2)
+//   --qk_sanity=GLOBS      extra entries measured on the sanity grid only:
+//                          smallest n, one thread (default "reference:f32")
+//   --qk_n=LIST --qk_d=LIST --qk_threads=LIST --qk_masks=LIST --qk_dirs=LIST
+//                          the grid (defaults 128,512,2048 / 64,128 / 1,2 /
+//                          none,causal / fwd,bwd)
+//   --qk_no_anchors        skip the gemm and fma benchmarks
+//   --qk_list              print the registry with availability and exit
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bench/attention_setup.h"
+#include "bench/fma_peak.h"
+#include "qknorm/backend.h"
+
+namespace qknorm::bench {
+namespace {
+
+struct Options {
+  std::string entries = "simd:*:f32,blas:f32";
+  std::string sanity = "reference:f32";
+  int full_targets = 2;
+  std::vector<int64_t> ns = {128, 512, 2048}, ds = {64, 128};
+  std::vector<int64_t> threads = {1, 2};
+  std::vector<std::string> masks = {"none", "causal"}, dirs = {"fwd", "bwd"};
+  bool anchors = true;
+  bool list = false;
+};
+
+std::vector<int64_t> split_ints(const std::string& s) {
+  std::vector<int64_t> out;
+  for (const std::string& x : split_list(s)) out.push_back(std::stoll(x));
+  return out;
+}
+
+// Consumes the --qk_* flags, leaving the rest for Google Benchmark.
+Options parse_options(int* argc, char** argv) {
+  Options o;
+  int kept = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag, std::string* out) {
+      const std::string f = std::string(flag) + "=";
+      if (a.rfind(f, 0) != 0) return false;
+      *out = a.substr(f.size());
+      return true;
+    };
+    std::string v;
+    if (value("--qk_entries", &v)) {
+      o.entries = v;
+    } else if (value("--qk_sanity", &v)) {
+      o.sanity = v;
+    } else if (value("--qk_full_targets", &v)) {
+      o.full_targets = std::stoi(v);
+    } else if (value("--qk_n", &v)) {
+      o.ns = split_ints(v);
+    } else if (value("--qk_d", &v)) {
+      o.ds = split_ints(v);
+    } else if (value("--qk_threads", &v)) {
+      o.threads = split_ints(v);
+    } else if (value("--qk_masks", &v)) {
+      o.masks = split_list(v);
+    } else if (value("--qk_dirs", &v)) {
+      o.dirs = split_list(v);
+    } else if (a == "--qk_no_anchors") {
+      o.anchors = false;
+    } else if (a == "--qk_list") {
+      o.list = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  *argc = kept;
+  return o;
+}
+
+// Buffers per (precision, n, d), shared by every entry of that precision and
+// kept for the whole run (they are the largest allocations; rebuilding them
+// per benchmark would touch fresh pages each time).
+AttentionBuffers& buffers_for(Precision prec, int64_t n, int64_t d) {
+  static std::map<std::tuple<Precision, int64_t, int64_t>,
+                  std::unique_ptr<AttentionBuffers>>
+      cache;
+  auto& slot = cache[{prec, n, d}];
+  if (!slot) slot = std::make_unique<AttentionBuffers>(Shape{8, n, d}, prec);
+  return *slot;
+}
+
+// One workspace per entry, for the whole run.
+AttentionRun& run_for(const Backend* entry) {
+  static std::map<const Backend*, std::unique_ptr<AttentionRun>> cache;
+  auto& slot = cache[entry];
+  if (!slot) slot = std::make_unique<AttentionRun>(*entry);
+  return *slot;
+}
+
+// Which entry's forward (and mask) last wrote each buffer set's o and lse:
+// backward needs the o and lse of its own entry.
+std::map<AttentionBuffers*, std::pair<const Backend*, bool>>& o_owner() {
+  static std::map<AttentionBuffers*, std::pair<const Backend*, bool>> m;
+  return m;
+}
+
+void attention_benchmark(benchmark::State& state, const Backend* entry,
+                         bool backward, Shape shape, int threads) {
+  AttentionBuffers& buf = buffers_for(entry->precision(), shape.n, shape.d);
+  AttentionRun& run = run_for(entry);
+  try {
+    // Untimed warm-up call (validates the arguments on the way).
+    auto& owner = o_owner()[&buf];
+    if (backward) {
+      if (owner != std::make_pair(entry, shape.causal)) {
+        run.prepare_forward(buf, shape.causal, threads);
+        owner = {entry, shape.causal};
+      }
+      run.prepare_backward(buf, shape.causal, threads);
+    } else {
+      run.prepare_forward(buf, shape.causal, threads);
+      owner = {entry, shape.causal};
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) {
+    if (backward) {
+      run.backward(buf, shape.causal, threads);
+    } else {
+      run.forward(buf, shape.causal, threads);
+    }
+    benchmark::ClobberMemory();
+  }
+  const double flops = backward ? backward_flops(shape) : forward_flops(shape);
+  state.counters["flops"] = flops;
+  state.counters["GFLOPS"] = benchmark::Counter(
+      flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void gemm_benchmark(benchmark::State& state, bool pv, Shape shape,
+                    int threads) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<GemmAnchor>>
+      cache;
+  auto& slot = cache[{shape.n, shape.d}];
+  if (!slot) slot = std::make_unique<GemmAnchor>(shape);
+  set_openblas_threads(threads);
+  pv ? slot->pv() : slot->qk();  // untimed warm-up
+  for (auto _ : state) {
+    pv ? slot->pv() : slot->qk();
+    benchmark::ClobberMemory();
+  }
+  state.counters["flops"] = slot->flops_per_gemm();
+  state.counters["GFLOPS"] =
+      benchmark::Counter(slot->flops_per_gemm() * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// About 20 ms per iteration at 2 FMAs per cycle and 2.6 GHz.
+constexpr int64_t kFmaSteps = 4 << 20;
+
+void fma_benchmark(benchmark::State& state, std::string isa, int threads) {
+  run_fma_chains(isa, kFmaSteps / 16, threads);  // untimed warm-up
+  double flops = 0;
+  for (auto _ : state) flops = run_fma_chains(isa, kFmaSteps, threads);
+  state.counters["flops"] = flops;
+  state.counters["GFLOPS"] = benchmark::Counter(
+      flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+std::string attn_name(const Backend& e, const std::string& dir, const Shape& s,
+                      int64_t t) {
+  return "attn/" + e.name() + "/" + dir + "/d:" + std::to_string(s.d) +
+         "/n:" + std::to_string(s.n) +
+         "/mask:" + (s.causal ? "causal" : "none") + "/T:" + std::to_string(t);
+}
+
+void register_attention(const Backend* e, const Options& o, bool sanity) {
+  const std::vector<int64_t> ns =
+      sanity ? std::vector<int64_t>{*std::min_element(o.ns.begin(), o.ns.end())}
+             : o.ns;
+  const std::vector<int64_t> ts = sanity ? std::vector<int64_t>{1} : o.threads;
+  for (int64_t d : o.ds) {
+    for (int64_t n : ns) {
+      for (const std::string& mask : o.masks) {
+        for (const std::string& dir : o.dirs) {
+          for (int64_t t : ts) {
+            const Shape s{8, n, d, mask == "causal"};
+            const bool bwd = dir == "bwd";
+            benchmark::RegisterBenchmark(
+                attn_name(*e, dir, s, t).c_str(),
+                [=](benchmark::State& st) {
+                  attention_benchmark(st, e, bwd, s, static_cast<int>(t));
+                })
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+          }
+        }
+      }
+    }
+  }
+}
+
+void register_anchors(const Options& o) {
+  for (int64_t d : o.ds) {
+    for (int64_t n : o.ns) {
+      for (int64_t t : o.threads) {
+        for (bool pv : {false, true}) {
+          const Shape s{8, n, d, false};
+          const std::string name = std::string("gemm/") + (pv ? "pv" : "qk") +
+                                   "/d:" + std::to_string(d) +
+                                   "/n:" + std::to_string(n) +
+                                   "/T:" + std::to_string(t);
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [=](benchmark::State& st) {
+                                         gemm_benchmark(st, pv, s,
+                                                        static_cast<int>(t));
+                                       })
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
+      }
+    }
+  }
+  for (const FmaIsa& isa : fma_isas()) {
+    if (!isa.supported) continue;
+    for (int64_t t : o.threads) {
+      const std::string name = "fma/" + isa.name + "/T:" + std::to_string(t);
+      const std::string isa_name = isa.name;
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [=](benchmark::State& st) {
+                                     fma_benchmark(st, isa_name,
+                                                   static_cast<int>(t));
+                                   })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+// Registers the full grid for the matched entries (simd targets beyond the
+// first `full_targets` available ones get the sanity grid) and the sanity
+// grid for --qk_sanity entries. Returns the number of entries registered.
+int register_entries(const Options& o) {
+  int count = 0;
+  std::set<const Backend*> done;
+  std::vector<std::string> simd_targets;
+  for (const Backend* e : match_entries(o.entries)) {
+    if (!e->available()) {
+      std::fprintf(stderr, "qknorm-bench: %s not available on this CPU\n",
+                   e->name().c_str());
+      continue;
+    }
+    bool sanity = false;
+    if (e->family() == "simd") {
+      auto it =
+          std::find(simd_targets.begin(), simd_targets.end(), e->target());
+      if (it == simd_targets.end()) {
+        simd_targets.push_back(e->target());
+        it = simd_targets.end() - 1;
+      }
+      sanity = it - simd_targets.begin() >= o.full_targets;
+    }
+    register_attention(e, o, sanity);
+    done.insert(e);
+    ++count;
+  }
+  for (const Backend* e : match_entries(o.sanity)) {
+    if (done.count(e) || !e->available()) continue;
+    register_attention(e, o, /*sanity=*/true);
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace
+}  // namespace qknorm::bench
+
+int main(int argc, char** argv) {
+  using namespace qknorm::bench;
+  const Options o = parse_options(&argc, argv);
+  if (o.list) {
+    for (const qknorm::Backend* e : qknorm::all_backends().entries())
+      std::printf("%-24s family=%-9s available=%d\n", e->name().c_str(),
+                  e->family().c_str(), e->available() ? 1 : 0);
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("openblas_corename", openblas_corename());
+  std::string isas;
+  for (const FmaIsa& isa : fma_isas())
+    if (isa.supported) isas += (isas.empty() ? "" : ",") + isa.name;
+  benchmark::AddCustomContext("fma_isas", isas);
+  const int entries = register_entries(o);
+  if (o.anchors) register_anchors(o);
+  if (entries == 0)
+    std::fprintf(stderr, "qknorm-bench: no registry entry matched %s\n",
+                 o.entries.c_str());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

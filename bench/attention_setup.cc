@@ -1,0 +1,198 @@
+#include "bench/attention_setup.h"
+
+#include <cblas.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "validation/harness.h"
+
+namespace qknorm::bench {
+
+std::string Shape::describe() const {
+  std::ostringstream os;
+  os << "H" << heads << " n" << n << " d" << d
+     << (causal ? " causal" : " nomask");
+  return os.str();
+}
+
+double visible_pairs(const Shape& s) {
+  const double n = static_cast<double>(s.n);
+  return s.causal ? n * (n + 1) / 2 : n * n;
+}
+
+double forward_flops(const Shape& s) {
+  return 4.0 * static_cast<double>(s.d) * visible_pairs(s) *
+         static_cast<double>(s.heads);
+}
+
+double backward_flops(const Shape& s) {
+  return 10.0 * static_cast<double>(s.d) * visible_pairs(s) *
+         static_cast<double>(s.heads);
+}
+
+namespace {
+
+// Encodes doubles to a storage buffer of `prec`.
+std::vector<unsigned char> encoded(const std::vector<double>& x,
+                                   Precision prec) {
+  std::vector<unsigned char> out(x.size() * element_bytes(prec));
+  for (size_t i = 0; i < x.size(); ++i) encode(prec, x[i], out.data(), i);
+  return out;
+}
+
+// Written once with zeros so that every page is resident before timing.
+std::vector<unsigned char> touched(int64_t elems, Precision prec) {
+  return std::vector<unsigned char>(
+      static_cast<size_t>(elems) * element_bytes(prec), 0);
+}
+
+}  // namespace
+
+AttentionBuffers::AttentionBuffers(const Shape& s, Precision prec)
+    : shape_(s), prec_(prec), elems_(s.heads * s.n * s.d) {
+  const validation::AttentionCase c = validation::make_attention_case(
+      problem(false), validation::Distribution::kGaussian, kBenchSeed, prec);
+  q_ = encoded(c.q, prec);
+  k_ = encoded(c.k, prec);
+  v_ = encoded(c.v, prec);
+  d_o_ = encoded(c.d_o, prec);
+  o_ = touched(elems_, prec);
+  dq_ = touched(elems_, prec);
+  dk_ = touched(elems_, prec);
+  dv_ = touched(elems_, prec);
+  lse_.assign(static_cast<size_t>(s.heads * s.n), 0.0);
+}
+
+AttentionProblem AttentionBuffers::problem(bool causal) const {
+  AttentionProblem p;
+  p.batch = 1;
+  p.heads = shape_.heads;
+  p.q_len = p.kv_len = shape_.n;
+  p.head_dim = shape_.d;
+  p.variant = Variant::kQKNorm;
+  p.g = kBenchG;
+  p.mask.causal = causal;
+  return p;
+}
+
+ForwardArgs AttentionBuffers::forward_args() {
+  const Layout4 l = contiguous_layout(shape_.heads, shape_.n, shape_.d);
+  auto in = [&](const std::vector<unsigned char>& b) {
+    return ConstTensor4{b.data(), elems_, l};
+  };
+  return ForwardArgs{in(q_),      in(k_),
+                     in(v_),      MutTensor4{o_.data(), elems_, l},
+                     lse_.data(), static_cast<int64_t>(lse_.size())};
+}
+
+BackwardArgs AttentionBuffers::backward_args() {
+  const ForwardArgs f = forward_args();
+  auto out = [&](std::vector<unsigned char>& b) {
+    return MutTensor4{b.data(), elems_, f.o.layout};
+  };
+  const ConstTensor4 o{f.o.data, elems_, f.o.layout},
+      d_o{d_o_.data(), elems_, f.o.layout};
+  return BackwardArgs{f.q,        f.k,      f.v,      o,        d_o, f.lse,
+                      f.lse_size, out(dq_), out(dk_), out(dv_), &dg_};
+}
+
+AttentionRun::AttentionRun(const Backend& entry)
+    : entry_(&entry), ws_(entry.make_workspace()) {}
+
+void AttentionRun::prepare_forward(AttentionBuffers& buf, bool causal,
+                                   int threads) {
+  checked_attention_forward(*entry_, buf.problem(causal), buf.forward_args(),
+                            ws_.get(), ExecConfig{threads});
+}
+
+void AttentionRun::prepare_backward(AttentionBuffers& buf, bool causal,
+                                    int threads) {
+  // Backward consumes this entry's own o and lse for this mask.
+  prepare_forward(buf, causal, threads);
+  checked_attention_backward(*entry_, buf.problem(causal), buf.backward_args(),
+                             ws_.get(), ExecConfig{threads});
+}
+
+void AttentionRun::forward(AttentionBuffers& buf, bool causal, int threads) {
+  entry_->attention_forward(buf.problem(causal), buf.forward_args(), ws_.get(),
+                            ExecConfig{threads});
+}
+
+void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads) {
+  entry_->attention_backward(buf.problem(causal), buf.backward_args(),
+                             ws_.get(), ExecConfig{threads});
+}
+
+GemmAnchor::GemmAnchor(const Shape& s) : shape_(s) {
+  const size_t hnd = static_cast<size_t>(s.heads * s.n * s.d);
+  // Values in the range attention sees (unit-norm rows, probabilities); the
+  // rate does not depend on them as long as none is subnormal.
+  q_.resize(hnd);
+  k_.resize(hnd);
+  v_.resize(hnd);
+  o_.assign(hnd, 0.0f);
+  for (size_t i = 0; i < hnd; ++i) {
+    q_[i] = 0.125f + 0.001f * static_cast<float>(i % 97);
+    k_[i] = 0.125f - 0.001f * static_cast<float>(i % 89);
+    v_[i] = 1.0f - 0.01f * static_cast<float>(i % 83);
+  }
+  s_.assign(static_cast<size_t>(s.n * s.n), 1.0f / static_cast<float>(s.n));
+}
+
+void GemmAnchor::qk() {
+  const int n = static_cast<int>(shape_.n), d = static_cast<int>(shape_.d);
+  for (int64_t h = 0; h < shape_.heads; ++h) {
+    const size_t off = static_cast<size_t>(h * shape_.n * shape_.d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f,
+                q_.data() + off, d, k_.data() + off, d, 0.0f, s_.data(), n);
+  }
+}
+
+void GemmAnchor::pv() {
+  const int n = static_cast<int>(shape_.n), d = static_cast<int>(shape_.d);
+  for (int64_t h = 0; h < shape_.heads; ++h) {
+    const size_t off = static_cast<size_t>(h * shape_.n * shape_.d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f,
+                s_.data(), n, v_.data() + off, d, 0.0f, o_.data() + off, d);
+  }
+}
+
+double GemmAnchor::flops_per_gemm() const {
+  return 2.0 * static_cast<double>(shape_.n) * static_cast<double>(shape_.n) *
+         static_cast<double>(shape_.d) * static_cast<double>(shape_.heads);
+}
+
+void set_openblas_threads(int threads) { openblas_set_num_threads(threads); }
+
+const char* openblas_corename() { return openblas_get_corename(); }
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s + ",") {
+    if (c == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return out;
+}
+
+std::vector<const Backend*> match_entries(const std::string& globs) {
+  std::vector<const Backend*> out;
+  const std::vector<std::string> pats = split_list(globs);
+  for (const Backend* b : all_backends().entries()) {
+    for (const std::string& p : pats) {
+      if (glob_match(p, b->name())) {
+        out.push_back(b);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace qknorm::bench

@@ -1,0 +1,108 @@
+// Shared setup of the benchmark binary and the callgrind driver: FLOP counts,
+// inputs encoded once to an entry's storage, one warm workspace per entry, and
+// the bare OpenBLAS GEMMs an attention head performs (the anchor).
+//
+// Nothing here is timed: callers time (or count) only the calls
+// AttentionRun::forward / backward and GemmAnchor::qk / pv make.
+#ifndef QKNORM_BENCH_ATTENTION_SETUP_H_
+#define QKNORM_BENCH_ATTENTION_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qknorm/backend.h"
+
+namespace qknorm::bench {
+
+// One benchmarked problem: fp32 B = 1 self-attention (q_len = kv_len = n).
+struct Shape {
+  int64_t heads = 8, n = 128, d = 64;
+  bool causal = false;
+  std::string describe() const;  // "H8 n512 d64 causal"
+};
+
+// The paper's g0 for L = 72 (shared/NUMERICS.md); the rate does not depend on
+// g, but a realistic value keeps the softmax in its usual regime.
+inline constexpr double kBenchG = 12.3197;
+inline constexpr uint64_t kBenchSeed = 20201005;
+
+// Query-key pairs a head evaluates: n^2, or n (n + 1) / 2 with the causal
+// mask (only the visible half is counted, issue 8).
+double visible_pairs(const Shape& s);
+// Issue 8's FLOP model per call (all heads): forward 4 d per visible pair
+// (QK^T and PV, 2 d each), backward 10 d per pair (issue 3's 2.5x).
+double forward_flops(const Shape& s);
+double backward_flops(const Shape& s);
+
+// Inputs and outputs of one shape in one storage precision. Inputs are drawn
+// once (Gaussian, fixed seed) and encoded to storage; outputs are allocated
+// and touched once, so no timed call pays for fresh pages.
+class AttentionBuffers {
+ public:
+  AttentionBuffers(const Shape& s, Precision prec);
+  AttentionProblem problem(bool causal) const;
+  ForwardArgs forward_args();
+  BackwardArgs backward_args();
+  const Shape& shape() const { return shape_; }
+  Precision precision() const { return prec_; }
+
+ private:
+  Shape shape_;
+  Precision prec_;
+  int64_t elems_;
+  std::vector<unsigned char> q_, k_, v_, d_o_, o_, dq_, dk_, dv_;
+  std::vector<double> lse_;
+  double dg_ = 0;
+};
+
+// An entry bound to its workspace. Construction creates the workspace; the
+// first call through a checked_* front door validates the arguments and
+// sizes (warms) it.
+class AttentionRun {
+ public:
+  explicit AttentionRun(const Backend& entry);
+  const Backend& entry() const { return *entry_; }
+  Workspace* workspace() { return ws_.get(); }
+
+  // Untimed: validate and warm the workspace with one forward (and, for
+  // backward, produce this entry's own o and lse, then one warm backward).
+  void prepare_forward(AttentionBuffers& buf, bool causal, int threads);
+  void prepare_backward(AttentionBuffers& buf, bool causal, int threads);
+  // The timed calls: straight to the virtual kernels, no validation.
+  void forward(AttentionBuffers& buf, bool causal, int threads);
+  void backward(AttentionBuffers& buf, bool causal, int threads);
+
+ private:
+  const Backend* entry_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+// The bare GEMMs of one attention forward, per head, on dense f32 buffers:
+// S = Q K^T (n x n x d; cblas_sgemm NoTrans x Trans) and O = P V (n x d x n).
+// One n x n buffer serves every head, as a head-by-head BLAS path would.
+class GemmAnchor {
+ public:
+  explicit GemmAnchor(const Shape& s);
+  void qk();                      // all heads
+  void pv();                      // all heads
+  double flops_per_gemm() const;  // 2 n^2 d per head, all heads
+ private:
+  Shape shape_;
+  std::vector<float> q_, k_, v_, s_, o_;
+};
+
+// OpenBLAS thread control for the anchors (openblas_set_num_threads).
+void set_openblas_threads(int threads);
+const char* openblas_corename();
+
+// "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& s);
+
+// Entries matching any of the comma-separated globs, in registry order.
+std::vector<const Backend*> match_entries(const std::string& globs);
+
+}  // namespace qknorm::bench
+
+#endif  // QKNORM_BENCH_ATTENTION_SETUP_H_

@@ -1,0 +1,487 @@
+#!/usr/bin/python3
+"""Turns qknorm-bench and torch_peer.py output into issue 8's table.
+
+  report.py bench --gb R1.json [R2.json ...] [--torch T.json ...]
+                  --out-dir DIR [--meta KEY=VALUE ...]
+      Pools every repetition of every round (the samples), takes medians,
+      prints the side-by-side table and the goal verdicts, writes
+      DIR/bench.csv and DIR/bench.json.
+  report.py callgrind --dumps DIR --out-dir DIR [--top N]
+      Reads the callgrind dumps qknorm-callgrind produced (one per counted
+      call), prints instruction counts and each call's top functions by self
+      count, writes DIR/callgrind.csv and DIR/callgrind.json.
+
+Definitions (bench/README.md):
+  rate       FLOPs per second, issue 8's model (forward 4 n^2 d per head,
+             backward 10 n^2 d, causal counting only n (n + 1) / 2 pairs),
+             one sample per repetition, median over the pooled samples;
+             spread = min-max of the samples.
+  GEMM rate  (F_qk + F_pv) / (t_qk + t_pv) from the median times of the
+             bare cblas_sgemm QK^T and PV of the same (d, n, threads): the
+             rate of the GEMM work of one attention forward.
+  xGEMM      rate / GEMM rate; xpeer: rate / torch rate of the same config.
+  %peak      rate / (threads x per-core FMA peak of the entry's ISA measured
+             in the same run: simd AVX3* -> avx512, other simd -> avx2,
+             everything else -> the widest ISA measured).
+Standard library only.
+"""
+
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+GOALS = [
+    # (family, direction, versus, threshold): issue 8, "Goals to report".
+    ("simd", "fwd", "gemm", 0.8),
+    ("simd", "fwd", "peer", 1.5),
+    ("simd", "bwd", "gemm", 0.6),
+    ("simd", "bwd", "peer", 1.5),
+    ("blas", "fwd", "gemm", 0.85),
+]
+
+
+def parse_name(name):
+    """'attn/simd:AVX2:f32/fwd/d:64/n:128/mask:none/T:1/real_time' -> dict."""
+    parts = name.split("/")
+    out = {"kind": parts[0]}
+    rest = parts[1:]
+    if out["kind"] in ("attn", "torch"):
+        if out["kind"] == "attn":
+            out["entry"], rest = rest[0], rest[1:]
+        else:
+            out["entry"] = "torch"
+        out["dir"], rest = rest[0], rest[1:]
+    elif out["kind"] in ("gemm", "fma"):
+        out["op"], rest = rest[0], rest[1:]
+    for p in rest:
+        if ":" in p:
+            k, v = p.split(":", 1)
+            if k in ("d", "n", "T"):
+                out[k] = int(v)
+            elif k == "mask":
+                out[k] = v
+    return out
+
+
+UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def load_gb(paths):
+    """Samples (seconds per iteration) and flops per benchmark name."""
+    samples, cpu, flops, errors, context = {}, {}, {}, {}, {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        context = data.get("context", context)
+        for b in data.get("benchmarks", []):
+            if b.get("run_type") != "iteration":
+                continue
+            name = b.get("run_name", b["name"])
+            name = re.sub(r"/(real_time|repeats:\d+)", "", name)
+            if b.get("error_occurred"):
+                errors[name] = b.get("error_message", "error")
+                continue
+            unit = UNIT[b.get("time_unit", "ns")]
+            samples.setdefault(name, []).append(b["real_time"] * unit)
+            cpu.setdefault(name, []).append(b["cpu_time"] * unit)
+            flops[name] = b["flops"]
+    return samples, cpu, flops, errors, context
+
+
+def load_torch(paths):
+    samples, cpu, flops, info = {}, {}, {}, []
+    for path in paths:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            info.append("unreadable %s: %s" % (path, e))
+            continue
+        if data.get("skipped"):
+            info.append(data["skipped"])
+        for r in data.get("records", []):
+            samples.setdefault(r["name"], []).extend(r["samples"])
+            cpu.setdefault(r["name"], []).extend(r.get("cpu_samples", []))
+            flops[r["name"]] = r["flops"]
+        if data.get("torch_version"):
+            info.append("torch %s" % data["torch_version"])
+    return samples, cpu, flops, sorted(set(info))
+
+
+def stats(flops, secs):
+    rates = sorted(flops / s for s in secs)
+    return {"median": statistics.median(rates), "min": rates[0],
+            "max": rates[-1], "samples": len(rates)}
+
+
+def cpu_rate(flops, secs, threads):
+    """GFLOP/s from the CPU time of one-thread runs (median), None otherwise.
+
+    On a shared machine a descheduled process loses wall time but not CPU
+    time, so with one thread this rate shows what the kernel does when it
+    runs; wall-clock rates stay the ones every ratio uses."""
+    if threads != 1 or not secs:
+        return None
+    return flops / statistics.median(secs) * 1e-9
+
+
+def isa_for(entry, peaks):
+    widest = max(peaks, key=lambda k: peaks[k]) if peaks else None
+    if entry.startswith("simd:"):
+        target = entry.split(":")[1]
+        if target.startswith("AVX3") and "avx512" in peaks:
+            return "avx512"
+        if "avx2" in peaks:
+            return "avx2"
+    return widest
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def cmd_bench(args):
+    samples, cpu, flops, errors, context = load_gb(args.gb)
+    tsamples, tcpu, tflops, tinfo = load_torch(args.torch or [])
+    meta = dict(kv.split("=", 1) for kv in args.meta or [])
+
+    # FMA peak per core, per ISA and thread count.
+    peak_core = {}  # (isa, T) -> GFLOP/s per core
+    for name, secs in samples.items():
+        p = parse_name(name)
+        if p["kind"] == "fma":
+            peak_core[(p["op"], p["T"])] = (
+                stats(flops[name], secs)["median"] / p["T"] * 1e-9)
+    # GEMM anchor per (d, n, T).
+    gemm = {}
+    for name, secs in samples.items():
+        p = parse_name(name)
+        if p["kind"] == "gemm":
+            gemm.setdefault((p["d"], p["n"], p["T"]), {})[p["op"]] = (
+                flops[name], secs)
+    gemm_rate = {}
+    for key, ops in gemm.items():
+        if "qk" in ops and "pv" in ops:
+            f = ops["qk"][0] + ops["pv"][0]
+            med = [statistics.median(ops[o][1]) for o in ("qk", "pv")]
+            lo = [min(ops[o][1]) for o in ("qk", "pv")]
+            hi = [max(ops[o][1]) for o in ("qk", "pv")]
+            gemm_rate[key] = {"median": f / sum(med), "min": f / sum(hi),
+                              "max": f / sum(lo), "samples": min(
+                                  len(ops["qk"][1]), len(ops["pv"][1]))}
+    # Torch peer per config.
+    peer = {}
+    for name, secs in tsamples.items():
+        p = parse_name(name)
+        key = (p["dir"], p["d"], p["n"], p["mask"], p["T"])
+        peer[key] = stats(tflops[name], secs)
+        peer[key]["cpu_gflops"] = cpu_rate(tflops[name], tcpu.get(name),
+                                           p["T"])
+
+    rows = []
+    attn_names = [n for n in samples if parse_name(n)["kind"] == "attn"]
+    for name in attn_names + list(errors):
+        p = parse_name(name)
+        if p["kind"] != "attn":
+            continue
+        key = (p["dir"], p["d"], p["n"], p["mask"], p["T"])
+        row = {"entry": p["entry"], "family": p["entry"].split(":")[0],
+               "dir": p["dir"], "d": p["d"], "n": p["n"],
+               "mask": p["mask"], "threads": p["T"]}
+        if name in errors:
+            row["error"] = errors[name]
+        else:
+            st = stats(flops[name], samples[name])
+            row.update({"gflops": st["median"] * 1e-9,
+                        "min": st["min"] * 1e-9, "max": st["max"] * 1e-9,
+                        "samples": st["samples"],
+                        "cpu_gflops": cpu_rate(flops[name], cpu.get(name),
+                                               p["T"])})
+            g = gemm_rate.get((p["d"], p["n"], p["T"]))
+            row["gemm_gflops"] = g["median"] * 1e-9 if g else None
+            row["x_gemm"] = st["median"] / g["median"] if g else None
+            pr = peer.get(key)
+            row["peer_gflops"] = pr["median"] * 1e-9 if pr else None
+            row["x_peer"] = st["median"] / pr["median"] if pr else None
+            isa = isa_for(p["entry"], {k[0]: v for k, v in peak_core.items()
+                                       if k[1] == p["T"]})
+            pk = peak_core.get((isa, p["T"]))
+            row["peak_isa"] = isa
+            row["frac_peak"] = (st["median"] * 1e-9 / (pk * p["T"])
+                                if pk else None)
+        rows.append(row)
+    # Peer and GEMM rows, for the side-by-side view.
+    for key, pr in peer.items():
+        d_, dd, n, mask, t = key
+        pk = peak_core.get((isa_for("torch", {k[0]: v for k, v in
+                                              peak_core.items()
+                                              if k[1] == t}), t))
+        g = gemm_rate.get((dd, n, t))
+        rows.append({"entry": "torch", "family": "peer", "dir": d_, "d": dd,
+                     "n": n, "mask": mask, "threads": t,
+                     "gflops": pr["median"] * 1e-9, "min": pr["min"] * 1e-9,
+                     "max": pr["max"] * 1e-9, "samples": pr["samples"],
+                     "cpu_gflops": pr["cpu_gflops"],
+                     "x_gemm": pr["median"] / g["median"] if g else None,
+                     "x_peer": 1.0,
+                     "frac_peak": (pr["median"] * 1e-9 / (pk * t)
+                                   if pk else None)})
+    for (dd, n, t), g in gemm_rate.items():
+        pk = peak_core.get((isa_for("gemm", {k[0]: v for k, v in
+                                             peak_core.items()
+                                             if k[1] == t}), t))
+        rows.append({"entry": "sgemm(qk+pv)", "family": "anchor",
+                     "dir": "gemm", "d": dd, "n": n, "mask": "none",
+                     "threads": t, "gflops": g["median"] * 1e-9,
+                     "min": g["min"] * 1e-9, "max": g["max"] * 1e-9,
+                     "samples": g["samples"], "x_gemm": 1.0,
+                     "frac_peak": (g["median"] * 1e-9 / (pk * t)
+                                   if pk else None)})
+
+    fam_order = {"simd": 0, "blas": 1, "reference": 2, "peer": 3,
+                 "anchor": 4}
+    dir_order = {"fwd": 0, "bwd": 1, "gemm": 2}
+    rows.sort(key=lambda r: (dir_order.get(r["dir"], 9), r["d"], r["n"],
+                             r["mask"] != "none", r["threads"],
+                             fam_order.get(r["family"], 5), r["entry"]))
+
+    print_table(rows, peak_core, context, tinfo)
+    goals = evaluate_goals(rows)
+    print_goals(goals)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    cols = ["entry", "family", "dir", "d", "n", "mask", "threads", "gflops",
+            "min", "max", "samples", "gemm_gflops", "x_gemm", "peer_gflops",
+            "x_peer", "peak_isa", "frac_peak", "cpu_gflops", "error"]
+    with open(os.path.join(args.out_dir, "bench.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    with open(os.path.join(args.out_dir, "bench.json"), "w") as f:
+        json.dump({"meta": meta, "context": context, "torch": tinfo,
+                   "fma_peak_per_core_gflops": {
+                       "%s/T:%d" % k: v for k, v in peak_core.items()},
+                   "gemm_gflops": {"d:%d/n:%d/T:%d" % k: v["median"] * 1e-9
+                                   for k, v in gemm_rate.items()},
+                   "rows": rows, "goals": goals}, f, indent=1)
+    print("\nwrote %s/bench.csv and %s/bench.json" % (args.out_dir,
+                                                     args.out_dir))
+    return 0
+
+
+def print_table(rows, peak_core, context, tinfo):
+    ctx = context or {}
+    print("host %s, %s CPUs at %s MHz, openblas %s, fma isas %s" % (
+        ctx.get("host_name", "?"), ctx.get("num_cpus", "?"),
+        ctx.get("mhz_per_cpu", "?"), ctx.get("openblas_corename", "?"),
+        ctx.get("fma_isas", "?")))
+    print("FMA peak per core (GFLOP/s): " + ", ".join(
+        "%s T%d %.1f" % (k[0], k[1], v) for k, v in sorted(peak_core.items())))
+    print("peer: " + ("; ".join(tinfo) if tinfo else "not run"))
+    print("GFLOP/s: median over the samples (wall clock); cpu: the same "
+          "from CPU time, 1 thread only")
+    hdr = ("%-16s %-4s %-18s %2s %8s %13s %7s %7s %6s %6s" % (
+        "entry", "dir", "shape", "T", "GFLOP/s", "min-max", "xGEMM",
+        "xpeer", "%peak", "cpu"))
+    print()
+    print(hdr)
+    print("-" * len(hdr))
+    gemm = {(r["d"], r["n"], r["threads"]): r for r in rows
+            if r["family"] == "anchor"}
+    last = None
+    for r in rows:
+        if r["family"] == "anchor":
+            continue
+        group = (r["dir"], r["d"], r["n"], r["mask"], r["threads"])
+        if group != last:
+            g = gemm.get((r["d"], r["n"], r["threads"]))
+            print("%s%s d%d n%d %s T%d: sgemm QK^T+PV %s" % (
+                "" if last is None else "\n", r["dir"], r["d"], r["n"],
+                r["mask"], r["threads"],
+                "%.1f GFLOP/s (%.1f-%.1f)" % (g["gflops"], g["min"], g["max"])
+                if g else "not measured"))
+        last = group
+        shape = "d%d n%d %s" % (r["d"], r["n"], r["mask"])
+        if r.get("error"):
+            print("%-16s %-4s %-18s %2d  ERROR %s" % (
+                r["entry"], r["dir"], shape, r["threads"], r["error"]))
+            continue
+        spread = "%.1f-%.1f" % (r["min"], r["max"])
+        frac = r.get("frac_peak")
+        print("%-16s %-4s %-18s %2d %8.1f %13s %7s %7s %6s %6s" % (
+            r["entry"], r["dir"], shape, r["threads"], r["gflops"], spread,
+            fmt(r.get("x_gemm"), ".2f"), fmt(r.get("x_peer"), ".2f"),
+            "-" if frac is None else "%.0f%%" % (100 * frac),
+            fmt(r.get("cpu_gflops"), ".1f")))
+
+
+def evaluate_goals(rows):
+    """Issue 8's goals, per simd / blas entry measured on the full grid."""
+    out = []
+    by_entry = {}
+    for r in rows:
+        if r["family"] in ("simd", "blas") and not r.get("error"):
+            by_entry.setdefault(r["entry"], []).append(r)
+    for entry, rs in by_entry.items():
+        if len({r["n"] for r in rs}) < 2:
+            continue  # sanity rows only: no goal applies
+        fam = rs[0]["family"]
+        for gfam, gdir, versus, thr in GOALS:
+            if gfam != fam:
+                continue
+            col = "x_gemm" if versus == "gemm" else "x_peer"
+            cands = [r for r in rs if r["dir"] == gdir and r.get(col)]
+            if not cands:
+                out.append({"entry": entry, "goal": "%s %s >= %.2fx %s" % (
+                    gdir, col, thr, versus), "status": "not measured"})
+                continue
+            misses = [r for r in cands if r[col] < thr]
+            worst = min(cands, key=lambda r: r[col])
+            out.append({
+                "entry": entry,
+                "goal": "%s >= %.2fx %s" % (gdir, thr, versus),
+                "status": "met" if not misses else "missed",
+                "configs": len(cands), "missed": len(misses),
+                "worst": "%.2f at d%d n%d %s T%d" % (
+                    worst[col], worst["d"], worst["n"], worst["mask"],
+                    worst["threads"]),
+                "missed_at": ["d%d n%d %s T%d (%.2f)" % (
+                    r["d"], r["n"], r["mask"], r["threads"], r[col])
+                    for r in misses]})
+    return out
+
+
+def print_goals(goals):
+    print("\nGoals (issue 8), every measured config:")
+    for g in goals:
+        if g["status"] == "not measured":
+            print("  %-16s %-22s not measured" % (g["entry"], g["goal"]))
+            continue
+        print("  %-16s %-22s %-6s %2d/%2d missed, worst %s" % (
+            g["entry"], g["goal"], g["status"].upper(), g["missed"],
+            g["configs"], g["worst"]))
+
+
+def top_functions(path, total, top):
+    """Self instruction counts per function from callgrind_annotate."""
+    try:
+        text = subprocess.run(
+            ["callgrind_annotate", "--inclusive=no", "--threshold=99.9",
+             path], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    funcs = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*([\d,]+)\s+\(\s*([\d.]+)%\)\s+(.*)$", line)
+        if not m or "PROGRAM TOTALS" in line:
+            continue
+        count = int(m.group(1).replace(",", ""))
+        # Frames enclosing the counted region (main, libc start) carry the
+        # whole total when collection is toggled inside them: not a cost.
+        if count >= total:
+            continue
+        fn = m.group(3)
+        fn = re.sub(r"\s+\[[^\]]*\]$", "", fn)  # object file
+        fn = re.sub(r"^[^:]*:", "", fn, count=1) if fn.startswith(
+            ("???:", "./", "/")) else fn
+        funcs.append({"function": fn[:110], "ir": count,
+                      "share": count / total if total else 0})
+        if len(funcs) >= top:
+            break
+    return funcs
+
+
+def cmd_callgrind(args):
+    dumps = []
+    for path in sorted(glob.glob(os.path.join(args.dumps, "callgrind.out.*"))):
+        label, total = None, None
+        with open(path) as f:
+            for line in f:
+                if line.startswith("desc: Trigger: Client Request: "):
+                    label = line.split(": ", 2)[2].strip()
+                elif line.startswith("summary:") or line.startswith(
+                        "totals:"):
+                    total = int(line.split()[1])
+                    break
+        if label and total is not None:
+            dumps.append((label, total, path))
+    if not dumps:
+        print("callgrind: no dumps with client-request labels in %s"
+              % args.dumps)
+        return 1
+    counts = {label: (total, path) for label, total, path in dumps}
+    gemm = sum(counts[k][0] for k in ("gemm qk", "gemm pv") if k in counts)
+    shape = args.shape or "?"
+    rows = []
+    for label, (total, path) in counts.items():
+        parts = label.split(" ")
+        rows.append({"call": parts[0], "entry": parts[1] if len(parts) > 1
+                     else "", "mask": parts[2] if len(parts) > 2 else "",
+                     "ir": total, "path": path})
+    order = {"fwd": 0, "bwd": 1, "gemm": 2}
+    rows.sort(key=lambda r: (order.get(r["call"], 9), r["mask"], r["entry"]))
+    print("instruction counts (Ir), one call each, shape %s, 1 thread" % shape)
+    print("x_gemm_ir: Ir / Ir of the bare sgemm QK^T + PV of the same shape")
+    hdr = "%-5s %-18s %-7s %14s %10s" % ("call", "entry", "mask", "Ir",
+                                          "x_gemm_ir")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        r["x_gemm_ir"] = r["ir"] / gemm if gemm else None
+        print("%-5s %-18s %-7s %14s %10s" % (
+            r["call"], r["entry"], r["mask"], "{:,}".format(r["ir"]),
+            fmt(r["x_gemm_ir"], ".2f")))
+    # Where the instructions go, for the f32 simd and blas calls.
+    for r in rows:
+        if r["call"] in ("fwd", "bwd") and r["entry"].endswith(":f32") and (
+                r["entry"].startswith(("simd:", "blas:"))) and \
+                r["mask"] == "nomask":
+            r["top"] = top_functions(r["path"], r["ir"], args.top)
+            print("\n%s %s %s: top functions by self Ir" % (
+                r["call"], r["entry"], r["mask"]))
+            for fn in r["top"]:
+                print("  %5.1f%% %12s  %s" % (100 * fn["share"],
+                                              "{:,}".format(fn["ir"]),
+                                              fn["function"]))
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "callgrind.csv"), "w",
+              newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["call", "entry", "mask", "ir",
+                                          "x_gemm_ir"],
+                           extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    with open(os.path.join(args.out_dir, "callgrind.json"), "w") as f:
+        json.dump({"shape": shape, "rows": rows}, f, indent=1)
+    print("\nwrote %s/callgrind.csv and %s/callgrind.json" % (args.out_dir,
+                                                             args.out_dir))
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench")
+    b.add_argument("--gb", nargs="+", required=True)
+    b.add_argument("--torch", nargs="*")
+    b.add_argument("--out-dir", required=True)
+    b.add_argument("--meta", nargs="*")
+    c = sub.add_parser("callgrind")
+    c.add_argument("--dumps", required=True)
+    c.add_argument("--out-dir", required=True)
+    c.add_argument("--shape")
+    c.add_argument("--top", type=int, default=6)
+    args = ap.parse_args()
+    return cmd_bench(args) if args.cmd == "bench" else cmd_callgrind(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
