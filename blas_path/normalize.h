@@ -1,0 +1,56 @@
+// Row normalization of the BLAS path (QKNorm's q_hat, k_hat and ScaleNorm),
+// forward and backward, one contiguous row at a time.
+//
+// Arithmetic: every row is processed in double, whatever the storage type,
+// and rounded to storage once at the end. The cost is O(rows * D) against the
+// O(n^2 D) of the GEMMs, and it makes the norm robust without a scaling pass
+// for f32 input:
+// - f32 rows: sum of squares of the exact double images. No overflow (FLT_MAX^2
+//   * D < 2^257 << DBL_MAX) and no underflow (the smallest f32 subnormal
+//   squared is 2^-298 > DBL_MIN) for any finite input, so no scaling is needed.
+// - f64 rows: the squares could over/underflow, so the row is first scaled by
+//   2^-e, e = exponent of max|x| (two exact power-of-two multiplies, so that
+//   2^-e itself never needs to be representable), as nrm2 with max-abs scaling.
+// Sums use 8 interleaved accumulators added in index order at the end: the
+// loops vectorize and the order is fixed by the source (built with
+// -ffp-contract=off, so every clone rounds identically).
+// u = x / max(||x||, eps) is a true division in double (then times scale if
+// scale != 1): a row of one element gives u = +-1 exactly (and so dx = 0
+// exactly, as the oracle has it), and a subnormal eps, whose reciprocal would
+// overflow, needs no special case. The O(rows D) divisions are invisible next
+// to the GEMMs. Zero rows (||x|| <= eps): u = x / eps, backward dx = du / eps,
+// as include/qknorm/attention.h specifies.
+#ifndef QKNORM_BLAS_PATH_NORMALIZE_H_
+#define QKNORM_BLAS_PATH_NORMALIZE_H_
+
+#include <cstdint>
+
+namespace qknorm::blas {
+
+// ||x||_2 of x[0..n), computed as described above.
+double row_norm(const float* x, int64_t n);
+double row_norm(const double* x, int64_t n);
+
+// u = scale * x / max(||x||, eps), rounded to T; returns ||x||.
+double normalize_row(const float* x, int64_t n, double eps, double scale,
+                     float* u);
+double normalize_row(const double* x, int64_t n, double eps, double scale,
+                     double* u);
+
+// Unit-normalization backward: given u = x / max(nrm, eps) and du,
+//   dx = (du - u (u . du)) / nrm   if nrm > eps,   dx = du / eps otherwise,
+// times `scale`, rounded to T. dx may alias du.
+void normalize_backward_row(const float* u, double nrm, double eps,
+                            double scale, const float* du, int64_t n,
+                            float* dx);
+void normalize_backward_row(const double* u, double nrm, double eps,
+                            double scale, const double* du, int64_t n,
+                            double* dx);
+
+// sum_i a_i b_i in double (8 accumulators, fixed order).
+double dot_double(const float* a, const float* b, int64_t n);
+double dot_double(const double* a, const double* b, int64_t n);
+
+}  // namespace qknorm::blas
+
+#endif  // QKNORM_BLAS_PATH_NORMALIZE_H_

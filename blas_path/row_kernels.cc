@@ -1,0 +1,268 @@
+// See row_kernels.h. Compiled with -ffp-contract=fast (CMakeLists.txt): in the
+// AVX2+FMA clone a*b+c becomes one FMA, in the baseline clone two roundings.
+#include "blas_path/row_kernels.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "blas_path/clones.h"
+
+namespace qknorm::blas {
+namespace {
+
+// 64-byte vectors: one AVX-512 register, two AVX2 registers, four SSE
+// registers; the lane semantics (and so the bits) are the same in every clone
+// that has FMA.
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef double f64x8 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef int64_t i64x8 __attribute__((vector_size(64)));
+
+template <class T>
+struct Lanes;
+template <>
+struct Lanes<float> {
+  using V = f32x16;
+  using I = i32x16;
+  static constexpr int kN = 16;
+};
+template <>
+struct Lanes<double> {
+  using V = f64x8;
+  using I = i64x8;
+  static constexpr int kN = 8;
+};
+
+template <class T>
+QKNORM_BLAS_INLINE typename Lanes<T>::V load(const T* p) {
+  typename Lanes<T>::V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <class T>
+QKNORM_BLAS_INLINE void store(T* p, typename Lanes<T>::V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <class T>
+QKNORM_BLAS_INLINE typename Lanes<T>::V splat(T x) {
+  typename Lanes<T>::V v;
+  for (int l = 0; l < Lanes<T>::kN; ++l) v[l] = x;
+  return v;
+}
+template <class T>
+QKNORM_BLAS_INLINE typename Lanes<T>::V iota() {
+  typename Lanes<T>::V v;
+  for (int l = 0; l < Lanes<T>::kN; ++l) v[l] = static_cast<T>(l);
+  return v;
+}
+// Lanes added in index order: the result does not depend on the ISA.
+template <class T>
+QKNORM_BLAS_INLINE T hsum(typename Lanes<T>::V v) {
+  T s = v[0];
+  for (int l = 1; l < Lanes<T>::kN; ++l) s += v[l];
+  return s;
+}
+
+// Taylor coefficients ln2^k / k!, k = 0..7 (rounded to float).
+constexpr float kC0 = 1.0f, kC1 = 0.6931471805599453f,
+                kC2 = 0.2402265069591007f, kC3 = 0.055504108664821576f,
+                kC4 = 0.009618129107628477f, kC5 = 0.0013333558146428441f,
+                kC6 = 0.00015403530393381606f, kC7 = 1.5252733804059838e-05f;
+// 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer.
+constexpr float kRoundMagic = 12582912.0f;
+
+QKNORM_BLAS_INLINE f32x16 exp2v(f32x16 x) {
+  const f32x16 lo = splat(-127.0f), hi = splat(127.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const f32x16 t = x + splat(kRoundMagic);
+  const f32x16 n = t - splat(kRoundMagic);
+  const f32x16 r = x - n;  // exact, |r| <= 1/2
+  f32x16 p = splat(kC7);
+  p = p * r + kC6;
+  p = p * r + kC5;
+  p = p * r + kC4;
+  p = p * r + kC3;
+  p = p * r + kC2;
+  p = p * r + kC1;
+  p = p * r + kC0;
+  // Integer part n from t's low mantissa bits; 2^n from its exponent bits.
+  const i32x16 ni =
+      std::bit_cast<i32x16>(t) - std::bit_cast<int32_t>(kRoundMagic);
+  const i32x16 bits = (ni + 127) << 23;
+  return p * std::bit_cast<f32x16>(bits);
+}
+QKNORM_BLAS_INLINE f64x8 exp2v(f64x8 x) {
+  f64x8 y;
+  for (int l = 0; l < 8; ++l) y[l] = std::exp2(x[l]);
+  return y;
+}
+
+// max (kMax) or min of s[0..m), m >= 1.
+template <bool kMax, class T>
+QKNORM_BLAS_INLINE T row_extreme_impl(const T* s, int64_t m) {
+  using V = typename Lanes<T>::V;
+  constexpr int N = Lanes<T>::kN;
+  auto pick = [](auto x, auto y) {  // x if it wins over y
+    if constexpr (kMax)
+      return x > y ? x : y;
+    else
+      return x < y ? x : y;
+  };
+  T best = s[0];
+  int64_t j = 0;
+  if (m >= N) {
+    V a = load(s);
+    for (j = N; j + N <= m; j += N) a = pick(load(s + j), a);
+    for (int l = 0; l < N; ++l) best = pick(a[l], best);
+  }
+  for (; j < m; ++j) best = pick(s[j], best);
+  return best;
+}
+
+// Two accumulators hide the add latency; the order is fixed by the source.
+template <class T>
+QKNORM_BLAS_INLINE T exp2_affine_row_impl(T* s, int64_t m, int64_t ncols,
+                                          T alpha, T shift) {
+  using V = typename Lanes<T>::V;
+  constexpr int N = Lanes<T>::kN;
+  const V al = splat(alpha), sh = splat(shift);
+  V acc0 = splat(T(0)), acc1 = splat(T(0));
+  int64_t j = 0;
+  for (; j + 2 * N <= m; j += 2 * N) {
+    const V e0 = exp2v(load(s + j) * al - sh);
+    const V e1 = exp2v(load(s + j + N) * al - sh);
+    store(s + j, e0);
+    store(s + j + N, e1);
+    acc0 += e0;
+    acc1 += e1;
+  }
+  for (; j + N <= m; j += N) {
+    const V e0 = exp2v(load(s + j) * al - sh);
+    store(s + j, e0);
+    acc0 += e0;
+  }
+  if (j < m) {
+    // Tail through the same vector code on a zero-padded copy.
+    V x = splat(T(0));
+    for (int64_t l = 0; l < m - j; ++l) x[l] = s[j + l];
+    const V e = exp2v(x * al - sh);
+    const auto keep = iota<T>() < splat(static_cast<T>(m - j));
+    const V e0 = keep ? e : splat(T(0));
+    for (int64_t l = 0; l < m - j; ++l) s[j + l] = e0[l];
+    acc1 += e0;
+  }
+  for (j = m; j < ncols; ++j) s[j] = 0;
+  return hsum<T>(acc0 + acc1);
+}
+
+template <class T>
+QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
+                                               int64_t ncols, T alpha2,
+                                               T lse2_hi, T lse2_lo, T delta) {
+  using V = typename Lanes<T>::V;
+  constexpr int N = Lanes<T>::kN;
+  if (m == 1) {  // softmax of one logit: P = 1 and dS = 0 exactly
+    c[0] = 1;
+    for (int64_t j = 1; j < ncols; ++j) c[j] = 0;
+    for (int64_t j = 0; j < ncols; ++j) dp[j] = 0;
+    return 0;
+  }
+  const V a2 = splat(alpha2), lh = splat(lse2_hi), ll = splat(lse2_lo),
+          de = splat(delta);
+  const int64_t body = m / N * N;
+  const auto keep = iota<T>() < splat(static_cast<T>(m - body));
+  auto tail = [&](const T* x) {
+    V v = splat(T(0));
+    for (int64_t l = 0; l < m - body; ++l) v[l] = x[body + l];
+    return v;
+  };
+  // Pass 1: the row sum of the recomputed numerators (about 1).
+  V acc0 = splat(T(0)), acc1 = splat(T(0));
+  int64_t j = 0;
+  for (; j + 2 * N <= m; j += 2 * N) {
+    acc0 += exp2v((load(c + j) * a2 - lh) - ll);
+    acc1 += exp2v((load(c + j + N) * a2 - lh) - ll);
+  }
+  for (; j + N <= m; j += N) acc0 += exp2v((load(c + j) * a2 - lh) - ll);
+  if (body < m) {
+    const V e = exp2v((tail(c) * a2 - lh) - ll);
+    acc1 += keep ? e : splat(T(0));
+  }
+  const T inv = T(1) / hsum<T>(acc0 + acc1);
+  const V vinv = splat(inv);
+  // Pass 2 (the row is in L1 now): P, dS and the dg share.
+  V acc = splat(T(0));
+  for (j = 0; j < body; j += N) {
+    const V cj = load(c + j);
+    const V p = exp2v((cj * a2 - lh) - ll) * vinv;
+    const V ds = p * (load(dp + j) - de);
+    store(c + j, p);
+    store(dp + j, ds);
+    acc += ds * cj;
+  }
+  if (body < m) {
+    const V cj = tail(c), dpj = tail(dp);
+    const V p = keep ? exp2v((cj * a2 - lh) - ll) * vinv : splat(T(0));
+    const V ds = p * (dpj - de);
+    for (int64_t l = 0; l < m - body; ++l)
+      c[body + l] = p[l], dp[body + l] = ds[l];
+    acc += ds * cj;
+  }
+  for (j = m; j < ncols; ++j) c[j] = 0, dp[j] = 0;
+  return hsum<T>(acc);
+}
+
+template <class T>
+QKNORM_BLAS_INLINE void divide_row_impl(T* x, int64_t n, T a) {
+  for (int64_t i = 0; i < n; ++i) x[i] /= a;
+}
+
+}  // namespace
+
+QKNORM_BLAS_CLONES float exp2_f32(float x) { return exp2v(splat(x))[0]; }
+double exp2_f64(double x) { return std::exp2(x); }
+
+QKNORM_BLAS_CLONES float row_max(const float* s, int64_t m) {
+  return row_extreme_impl<true>(s, m);
+}
+QKNORM_BLAS_CLONES double row_max(const double* s, int64_t m) {
+  return row_extreme_impl<true>(s, m);
+}
+QKNORM_BLAS_CLONES float row_min(const float* s, int64_t m) {
+  return row_extreme_impl<false>(s, m);
+}
+QKNORM_BLAS_CLONES double row_min(const double* s, int64_t m) {
+  return row_extreme_impl<false>(s, m);
+}
+QKNORM_BLAS_CLONES float exp2_affine_row(float* s, int64_t m, int64_t ncols,
+                                         float alpha, float shift) {
+  return exp2_affine_row_impl(s, m, ncols, alpha, shift);
+}
+QKNORM_BLAS_CLONES double exp2_affine_row(double* s, int64_t m, int64_t ncols,
+                                          double alpha, double shift) {
+  return exp2_affine_row_impl(s, m, ncols, alpha, shift);
+}
+QKNORM_BLAS_CLONES float softmax_backward_row(float* c, float* dp, int64_t m,
+                                              int64_t ncols, float alpha2,
+                                              float lse2_hi, float lse2_lo,
+                                              float delta) {
+  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, lse2_hi, lse2_lo,
+                                   delta);
+}
+QKNORM_BLAS_CLONES double softmax_backward_row(double* c, double* dp, int64_t m,
+                                               int64_t ncols, double alpha2,
+                                               double lse2_hi, double lse2_lo,
+                                               double delta) {
+  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, lse2_hi, lse2_lo,
+                                   delta);
+}
+QKNORM_BLAS_CLONES void divide_row(float* x, int64_t n, float a) {
+  divide_row_impl(x, n, a);
+}
+QKNORM_BLAS_CLONES void divide_row(double* x, int64_t n, double a) {
+  divide_row_impl(x, n, a);
+}
+
+}  // namespace qknorm::blas

@@ -1,0 +1,407 @@
+// The quick subset of the BLAS path's attention tests: a deterministic sample
+// of the issue-3 sweep for both entries, strided and head-interleaved
+// layouts, extreme magnitudes, the probabilities hook, determinism across
+// OpenBLAS thread counts, and the workspace's no-growth contract.
+#include "blas_path/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "blas_path/register.h"
+#include "blas_path/tests/test_util.h"
+#include "qknorm/precision.h"
+
+// Counts C++ allocations while armed (the workspace test). OpenBLAS's own
+// buffers come from its C allocator and are not counted: they are allocated
+// once per thread by the library, not per call.
+namespace {
+std::atomic<bool> g_count_allocs{false};
+std::atomic<long> g_allocs{0};
+}  // namespace
+void* operator new(std::size_t n) {
+  if (g_count_allocs.load(std::memory_order_relaxed)) ++g_allocs;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace qknorm::blas::testing {
+namespace {
+
+constexpr Precision kPrecisions[] = {Precision::kF32, Precision::kF64};
+
+// Every 7th case of the full sweep (tests/full): 1000 shapes / 7, about 140
+// cases per precision, every head_dim, length and parameter value represented.
+constexpr int64_t kQuickStride = 7;
+
+TEST(BlasAttention, QuickSweep) {
+  for (Precision prec : kPrecisions) {
+    int64_t index = 0;
+    for (int64_t D : kHeadDims)
+      for (int64_t nq : kLengths)
+        for (int64_t nk : kLengths) {
+          if (index++ % kQuickStride != 0) continue;
+          const AttentionCase c = sweep_case(index, D, nq, nk);
+          SCOPED_TRACE(std::string(name(prec)) + " " + c.describe());
+          expect_case(prec, c);
+        }
+  }
+}
+
+// Padded rows (row_stride = D + 3): the GEMMs read and write through lda.
+TEST(BlasAttention, PaddedRowStrides) {
+  for (Precision prec : kPrecisions)
+    for (int64_t i = 0; i < 8; ++i) {
+      AttentionCase c = sweep_case(i, i % 2 ? 65 : 9, 33, i % 3 ? 64 : 7);
+      c.row_pad = 3;
+      SCOPED_TRACE(c.describe());
+      expect_case(prec, c);
+    }
+}
+
+// Extreme magnitudes: qknorm is scale invariant, so rows of 1e30 (f32) and
+// 1e300 / 1e-300 (f64), whose sums of squares over/underflow, must pass the
+// rule like any other case.
+TEST(BlasAttention, HugeAndTinyRows) {
+  struct Sc {
+    Precision prec;
+    double scale;
+  };
+  for (Sc sc : {Sc{Precision::kF32, 1e30}, Sc{Precision::kF32, 1e-30},
+                Sc{Precision::kF64, 1e300}, Sc{Precision::kF64, 1e-300}}) {
+    AttentionCase c = sweep_case(4, 31, 9, 33);  // qknorm, causal, g = -3
+    ASSERT_EQ(c.problem.variant, Variant::kQKNorm);
+    for (auto& x : c.q) x *= sc.scale;
+    for (auto& x : c.k) x *= sc.scale;
+    SCOPED_TRACE(c.describe() + " scale=" + std::to_string(sc.scale));
+    expect_case(sc.prec, c);
+  }
+}
+
+// Runs entry on c in the head-interleaved layout [B, N, H, D] of a projection
+// output (head_stride = D, row_stride = H D) and returns o, lse, dq, dk, dv,
+// dg in the dense order; the blas path must give the same bits as on dense
+// buffers (the GEMMs pack their operands, so lda does not change arithmetic).
+template <class T>
+validation::AttentionResult run_interleaved(const Backend& b,
+                                            const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+  auto layout = [&](int64_t n) { return Layout4{n * H * D, D, H * D}; };
+  // Offsets of element (b, h, i, d) in the dense and interleaved orders.
+  auto dense_at = [&](int64_t bb, int64_t h, int64_t i, int64_t d, int64_t n) {
+    return static_cast<size_t>(((bb * H + h) * n + i) * D + d);
+  };
+  auto il_at = [&](int64_t bb, int64_t h, int64_t i, int64_t d, int64_t n) {
+    return static_cast<size_t>(((bb * n + i) * H + h) * D + d);
+  };
+  // dst[to(...)] = src[from(...)] over every element.
+  auto permute = [&](const auto& src, auto& dst, int64_t n, auto to,
+                     auto from) {
+    for (int64_t bb = 0; bb < B; ++bb)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t d = 0; d < D; ++d)
+            dst[to(bb, h, i, d, n)] =
+                static_cast<std::decay_t<decltype(dst[0])>>(
+                    src[from(bb, h, i, d, n)]);
+  };
+  auto to_il = [&](const std::vector<double>& x, int64_t n) {
+    std::vector<T> r(x.size());
+    permute(x, r, n, il_at, dense_at);
+    return r;
+  };
+  auto from_il = [&](const std::vector<T>& x, int64_t n) {
+    std::vector<double> r(x.size());
+    permute(x, r, n, dense_at, il_at);
+    return r;
+  };
+  const int64_t nq = p.q_len, nk = p.kv_len;
+  std::vector<T> q = to_il(c.q, nq), k = to_il(c.k, nk), v = to_il(c.v, nk),
+                 d_o = to_il(c.d_o, nq), o(q.size()), dq(q.size()),
+                 dk(k.size()), dv(k.size());
+  validation::AttentionResult r;
+  r.lse.resize(static_cast<size_t>(B * H * nq));
+  auto cv = [](const std::vector<T>& x, Layout4 l) {
+    return ConstTensor4{x.data(), static_cast<int64_t>(x.size()), l};
+  };
+  auto mv = [](std::vector<T>& x, Layout4 l) {
+    return MutTensor4{x.data(), static_cast<int64_t>(x.size()), l};
+  };
+  const Layout4 lq = layout(nq), lk = layout(nk);
+  ForwardArgs fa{cv(q, lq), cv(k, lk),    cv(v, lk),
+                 mv(o, lq), r.lse.data(), static_cast<int64_t>(r.lse.size())};
+  checked_attention_forward(b, p, fa, nullptr);
+  BackwardArgs ba{cv(q, lq),
+                  cv(k, lk),
+                  cv(v, lk),
+                  cv(o, lq),
+                  cv(d_o, lq),
+                  r.lse.data(),
+                  static_cast<int64_t>(r.lse.size()),
+                  mv(dq, lq),
+                  mv(dk, lk),
+                  mv(dv, lk),
+                  &r.dg};
+  checked_attention_backward(b, p, ba, nullptr);
+  r.o = from_il(o, nq), r.dq = from_il(dq, nq), r.dk = from_il(dk, nk),
+  r.dv = from_il(dv, nk);
+  return r;
+}
+
+void expect_same_bits(const validation::AttentionResult& a,
+                      const validation::AttentionResult& b,
+                      const std::string& what) {
+  auto eq = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+  };
+  EXPECT_TRUE(eq(a.o, b.o)) << what << ": o";
+  EXPECT_TRUE(eq(a.lse, b.lse)) << what << ": lse";
+  EXPECT_TRUE(eq(a.dq, b.dq)) << what << ": dq";
+  EXPECT_TRUE(eq(a.dk, b.dk)) << what << ": dk";
+  EXPECT_TRUE(eq(a.dv, b.dv)) << what << ": dv";
+  EXPECT_EQ(std::memcmp(&a.dg, &b.dg, sizeof(double)), 0) << what << ": dg";
+}
+
+TEST(BlasAttention, HeadInterleavedLayoutGivesDenseBits) {
+  for (int64_t i : {0, 5, 10, 13}) {
+    const AttentionCase c =
+        validation::round_inputs(sweep_case(i, 16, 33, 64), Precision::kF32);
+    SCOPED_TRACE(c.describe());
+    const auto dense = validation::run_attention(entry(Precision::kF32), c);
+    expect_same_bits(dense, run_interleaved<float>(entry(Precision::kF32), c),
+                     "f32 interleaved vs dense");
+    const AttentionCase c64 = validation::round_inputs(c, Precision::kF64);
+    expect_same_bits(validation::run_attention(entry(Precision::kF64), c64),
+                     run_interleaved<double>(entry(Precision::kF64), c64),
+                     "f64 interleaved vs dense");
+  }
+}
+
+// Determinism: OpenBLAS 0.3.21 splits a GEMM over M and N between threads,
+// never over K, so each element's dot product is summed in the same order
+// whatever the thread count; the row kernels run on the calling thread. The
+// shapes are above OpenBLAS's threading threshold (M N K >= 4 * 65536).
+TEST(BlasAttention, BitwiseIdenticalAcrossThreadCountsAndReruns) {
+  for (Precision prec : kPrecisions)
+    for (Variant var : {Variant::kQKNorm, Variant::kSDPA}) {
+      AttentionProblem p;
+      p.batch = 1, p.heads = 2, p.q_len = 300, p.kv_len = 280, p.head_dim = 64;
+      p.variant = var, p.g = 12.32;
+      p.mask.causal = true;
+      const AttentionCase c = validation::round_inputs(
+          validation::make_attention_case(p, Distribution::kGaussian, 7), prec);
+      SCOPED_TRACE(c.describe());
+      ExecConfig one, two;
+      one.threads = 1, two.threads = 2;
+      const auto r1 = validation::run_attention(entry(prec), c, one);
+      const auto r2 = validation::run_attention(entry(prec), c, two);
+      const auto r2b = validation::run_attention(entry(prec), c, two);
+      EXPECT_EQ(blas_num_threads(), 2);
+      expect_same_bits(r1, r2, "threads 1 vs 2");
+      expect_same_bits(r2, r2b, "rerun");
+    }
+}
+
+// Workspace: after the largest shape, reusing it allocates nothing (C++
+// allocations counted while armed) and bytes() does not change; the size is
+// exactly workspace_bytes().
+TEST(BlasWorkspace, NoGrowthAndNoAllocationAfterWarmUp) {
+  for (Precision prec : kPrecisions) {
+    const Backend& b = entry(prec);
+    const size_t eb = element_bytes(prec);
+    auto ws_owner = b.make_workspace();
+    auto& ws = *ws_owner;
+    auto bytes = [&] {
+      return prec == Precision::kF32
+                 ? dynamic_cast<BlasWorkspace<float>&>(ws).bytes()
+                 : dynamic_cast<BlasWorkspace<double>&>(ws).bytes();
+    };
+    EXPECT_EQ(bytes(), 0u);
+    AttentionProblem big;
+    big.batch = 2, big.heads = 3, big.q_len = 200, big.kv_len = 127;
+    big.head_dim = 65, big.g = 12.32;
+    const AttentionCase cbig = validation::round_inputs(
+        validation::make_attention_case(big, Distribution::kGaussian, 3), prec);
+    validation::run_attention_forward(b, cbig, {}, &ws);
+    EXPECT_EQ(bytes(), workspace_bytes(big, eb, false, 0));
+    validation::run_attention(b, cbig, {}, &ws);
+    const size_t warm = bytes();
+    EXPECT_EQ(warm, workspace_bytes(big, eb, true, 0));
+
+    // Direct calls (no harness buffers) with allocation counting armed.
+    const AttentionProblem& p = cbig.problem;
+    const size_t nq =
+        static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
+    const size_t nk =
+        static_cast<size_t>(p.batch * p.heads * p.kv_len * p.head_dim);
+    std::vector<unsigned char> q(nq * eb), k(nk * eb), v(nk * eb), o(nq * eb),
+        d_o(nq * eb), dq(nq * eb), dk(nk * eb), dv(nk * eb);
+    for (size_t i = 0; i < nq; ++i) {
+      encode(prec, cbig.q[i], q.data(), i);
+      encode(prec, cbig.d_o[i], d_o.data(), i);
+    }
+    for (size_t i = 0; i < nk; ++i) {
+      encode(prec, cbig.k[i], k.data(), i);
+      encode(prec, cbig.v[i], v.data(), i);
+    }
+    std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
+    const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
+    const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
+    const auto inq = static_cast<int64_t>(nq), ink = static_cast<int64_t>(nk);
+    ForwardArgs fa{{q.data(), inq, lq}, {k.data(), ink, lk},
+                   {v.data(), ink, lk}, {o.data(), inq, lq},
+                   lse.data(),          static_cast<int64_t>(lse.size())};
+    double dg = 0;
+    BackwardArgs ba{{q.data(), inq, lq},
+                    {k.data(), ink, lk},
+                    {v.data(), ink, lk},
+                    {o.data(), inq, lq},
+                    {d_o.data(), inq, lq},
+                    lse.data(),
+                    static_cast<int64_t>(lse.size()),
+                    {dq.data(), inq, lq},
+                    {dk.data(), ink, lk},
+                    {dv.data(), ink, lk},
+                    &dg};
+    ExecConfig cfg;
+    cfg.threads = 1;
+    g_allocs = 0;
+    g_count_allocs = true;
+    for (int rep = 0; rep < 3; ++rep) {
+      b.attention_forward(p, fa, &ws, cfg);
+      b.attention_backward(p, ba, &ws, cfg);
+    }
+    g_count_allocs = false;
+    EXPECT_EQ(g_allocs.load(), 0) << name(prec);
+    EXPECT_EQ(bytes(), warm);
+
+    // A smaller shape reuses the buffers.
+    AttentionProblem small = big;
+    small.q_len = 9, small.kv_len = 33, small.head_dim = 8;
+    validation::run_attention(
+        b, validation::make_attention_case(small, Distribution::kGaussian, 4),
+        {}, &ws);
+    EXPECT_EQ(bytes(), warm);
+    for (double x : lse) EXPECT_TRUE(std::isfinite(x));
+  }
+}
+
+// The probabilities hook: masked entries (and fully masked rows) are 0,
+// visible ones agree with reference:f64's hook to the forward's error
+// bound, rows sum to 1, and qknorm's non-saturation bounds hold.
+TEST(BlasProbabilities, MatchesReferenceAndNonSaturation) {
+  const Backend& ref = *all_backends().find("reference:f64");
+  for (Precision prec : kPrecisions)
+    for (int64_t i : {0, 1, 3, 6, 7, 12, 13, 18}) {
+      AttentionCase c = sweep_case(i, 31, 33, 64);
+      c = validation::round_inputs(c, prec);
+      const AttentionProblem& p = c.problem;
+      SCOPED_TRACE(std::string(name(prec)) + " " + c.describe());
+      const int64_t nq = p.q_len, nk = p.kv_len, D = p.head_dim;
+      const size_t nqe = c.q.size(), nke = c.k.size();
+      const size_t eb = element_bytes(prec);
+      std::vector<unsigned char> q(nqe * eb), k(nke * eb);
+      std::vector<double> q64(c.q), k64(c.k);
+      for (size_t j = 0; j < nqe; ++j) encode(prec, c.q[j], q.data(), j);
+      for (size_t j = 0; j < nke; ++j) encode(prec, c.k[j], k.data(), j);
+      const Layout4 lq = contiguous_layout(p.heads, nq, D),
+                    lk = contiguous_layout(p.heads, nk, D);
+      ForwardArgs fa{}, fr{};
+      fa.q = {q.data(), static_cast<int64_t>(nqe), lq};
+      fa.k = {k.data(), static_cast<int64_t>(nke), lk};
+      fr.q = {q64.data(), static_cast<int64_t>(nqe), lq};
+      fr.k = {k64.data(), static_cast<int64_t>(nke), lk};
+      const size_t np = static_cast<size_t>(p.batch * p.heads * nq * nk);
+      std::vector<double> pb(np, std::nan("")), pr(np);
+      ASSERT_TRUE(
+          entry(prec).attention_probabilities(p, fa, pb.data(), nullptr));
+      ASSERT_TRUE(ref.attention_probabilities(p, fr, pr.data(), nullptr));
+      // Relative error of a probability (bound of test_util.h's forward
+      // analysis at the entry's u): 2E + (m + 6) u, E = A (3D + 15) u.
+      const double u = compute_roundoff(prec);
+      double A = std::fabs(p.g);
+      if (p.variant == Variant::kSDPA) {
+        double mq = 0, mk = 0;
+        for (size_t r = 0; r < nqe; r += D) {
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += c.q[r + d] * c.q[r + d];
+          mq = std::max(mq, std::sqrt(s));
+        }
+        for (size_t r = 0; r < nke; r += D) {
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += c.k[r + d] * c.k[r + d];
+          mk = std::max(mk, std::sqrt(s));
+        }
+        A = mq * mk / std::sqrt(double(D));
+      }
+      const double E = A * (3.0 * D + 15) * u;
+      for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+        for (int64_t row = 0; row < nq; ++row) {
+          const int64_t bb = bh / p.heads;
+          const size_t base = static_cast<size_t>((bh * nq + row) * nk);
+          int64_t m = 0;
+          double sum = 0;
+          for (int64_t j = 0; j < nk; ++j) {
+            const double x = pb[base + j], y = pr[base + j];
+            if (!visible(p.mask, bb, row, j, nq, nk)) {
+              EXPECT_EQ(x, 0.0) << "masked entry " << row << "," << j;
+              continue;
+            }
+            ++m;
+            sum += x;
+            const double tol = (2 * E + (nk + 6) * u) * y;
+            EXPECT_NEAR(x, y, tol) << "row " << row << " key " << j;
+          }
+          if (m == 0) continue;
+          // sum of m values each within (m + ...) u: the row sums to 1.
+          EXPECT_NEAR(sum, 1.0, 2 * (2 * E + (nk + 6) * u)) << "row " << row;
+          if (p.variant == Variant::kQKNorm) {
+            const double lo = 1 / (1 + (m - 1) * std::exp(2 * std::fabs(p.g)));
+            const double hi = 1 / (1 + (m - 1) * std::exp(-2 * std::fabs(p.g)));
+            const double slack = 2 * E + (nk + 6) * u;
+            for (int64_t j = 0; j < m; ++j) {
+              EXPECT_GE(pb[base + j], lo * (1 - slack)) << row << "," << j;
+              EXPECT_LE(pb[base + j], hi * (1 + slack)) << row << "," << j;
+            }
+          }
+        }
+    }
+}
+
+// A null or foreign workspace falls back to a temporary one.
+TEST(BlasAttention, ForeignWorkspaceIsNotUsed) {
+  struct Foreign : Workspace {};
+  const AttentionCase c = sweep_case(0, 8, 7, 9);
+  Foreign f;
+  const auto a = validation::run_attention(
+      entry(Precision::kF32), validation::round_inputs(c, Precision::kF32), {},
+      &f);
+  const auto b = validation::run_attention(
+      entry(Precision::kF32), validation::round_inputs(c, Precision::kF32));
+  expect_same_bits(a, b, "foreign vs own workspace");
+}
+
+TEST(BlasInfo, CorenameAndThreads) {
+  ExecConfig cfg;
+  cfg.threads = 1;
+  set_blas_threads(cfg);
+  EXPECT_EQ(blas_num_threads(), 1);
+  ASSERT_NE(blas_corename(), nullptr);
+  EXPECT_GT(std::strlen(blas_corename()), 0u);
+  RecordProperty("openblas_corename", blas_corename());
+}
+
+}  // namespace
+}  // namespace qknorm::blas::testing

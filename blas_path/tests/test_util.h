@@ -1,0 +1,158 @@
+// Shared pieces of the BLAS path's tests: the entries, the deterministic
+// sweep of issue 3, and the a-priori fp64 bound of this path's algorithm.
+#ifndef QKNORM_BLAS_PATH_TESTS_TEST_UTIL_H_
+#define QKNORM_BLAS_PATH_TESTS_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "qknorm/backend.h"
+#include "validation/harness.h"
+
+namespace qknorm::blas::testing {
+
+using validation::AttentionCase;
+using validation::Distribution;
+
+inline const Backend& entry(Precision p) {
+  const Backend* b =
+      all_backends().find(std::string("blas:") + std::string(name(p)));
+  if (b == nullptr) throw std::runtime_error("blas entry missing");
+  return *b;
+}
+
+// The sweep of issue 3.
+inline constexpr int64_t kHeadDims[] = {1, 3, 7, 8, 9, 16, 31, 64, 65, 128};
+inline constexpr int64_t kLengths[] = {1, 2, 3, 7, 8, 9, 33, 64, 127, 200};
+inline constexpr double kGs[] = {0, -3, 1, 12.32, 25};
+enum class MaskKind { kNone, kCausal, kPadding, kCausalPadding };
+inline constexpr MaskKind kMasks[] = {MaskKind::kNone, MaskKind::kCausal,
+                                      MaskKind::kPadding,
+                                      MaskKind::kCausalPadding};
+inline constexpr Distribution kDists[] = {
+    Distribution::kGaussian, Distribution::kZeroRows, Distribution::kUniform,
+    Distribution::kHeavyTailed, Distribution::kWideMagnitude};
+
+// Padding for batch 2: batch 0 keeps (nk + 1) / 2 keys, batch 1 keeps
+// nk / 3 keys, which is 0 (every row fully masked) for nk <= 2.
+inline Mask make_mask(MaskKind kind, int64_t nk) {
+  Mask m;
+  m.causal = kind == MaskKind::kCausal || kind == MaskKind::kCausalPadding;
+  if (kind == MaskKind::kPadding || kind == MaskKind::kCausalPadding)
+    m.key_lengths = {(nk + 1) / 2, nk / 3};
+  return m;
+}
+
+// Case number `index` of the sweep for shape (D, nq, nk): mask, g, variant
+// and distribution rotate with co-prime periods (4, 5, 3, 5 over the index),
+// so consecutive shapes see different combinations and every value of each
+// parameter is hit for every head_dim. Every third case is sdpa (g unused);
+// sdpa never draws kWideMagnitude, whose q.k of 1e60 is not an f32 logit.
+inline AttentionCase sweep_case(int64_t index, int64_t D, int64_t nq,
+                                int64_t nk) {
+  AttentionProblem p;
+  p.batch = 2;
+  p.heads = 2;
+  p.head_dim = D;
+  p.q_len = nq;
+  p.kv_len = nk;
+  p.mask = make_mask(kMasks[index % 4], nk);
+  p.g = kGs[(index / 4) % 5];
+  p.variant = index % 3 == 2 ? Variant::kSDPA : Variant::kQKNorm;
+  Distribution dist = kDists[(index / 3) % 5];
+  if (p.variant == Variant::kSDPA && dist == Distribution::kWideMagnitude)
+    dist = Distribution::kGaussian;
+  return validation::make_attention_case(p, dist,
+                                         static_cast<uint64_t>(1000 + index));
+}
+
+// A-priori bound on |blas:f64 - oracle|, first-order rounding analysis of
+// THIS path's algorithm (attention.h) with u = 2^-53 (Higham, sec. 3.1:
+// an n-term sum or dot product has error <= gamma_n sum|terms|, gamma_n ~ n u).
+// A = logit amplitude (|g| for qknorm, max||q|| max||k|| / sqrt(D) for sdpa),
+// N = max(q_len, kv_len):
+//   q_hat, k_hat: D-term sum of squares, sqrt, the factor scale/den, one
+//     product: each component <= (D + 5) u relative;
+//   C = GEMM dot of D terms: |dC| <= gamma_D + 2 (D + 5) u <= (3D + 11) u;
+//   S (log2 units) = fl(alpha) * C inside the GEMM (alpha = g log2 e rounded,
+//     then one product): 2 more roundings -> A (3D + 13) u in natural units;
+//   exp2 argument S - shift: one subtraction of magnitude <= 2A: +2A u, so
+//     E = A (3D + 15) u bounds the argument error; e_j: E + u (exp2 < 1 ulp);
+//   sum_j e_j: N-term sum -> relative E + (N + 2) u;
+//   O = GEMM(E V) * fl(1 / sum): |dO| <= (2E + (2N + 6) u) max|V|.
+//   gamma_fwd = (2 A (3D + 15) + 2N + 6) u,
+//   err(o) <= gamma_fwd max|V|,  err(lse) <= gamma_fwd (1 + max|lse|).
+// Backward: dP (GEMM, D terms) and delta (D terms in double) add 2D u, the
+// fused dS = P (dP - delta) 2 u, dQ_hat / dK_hat / dV are N-term GEMM sums
+// (dK_hat, dV accumulated over query blocks: still one N-term sum per
+// element), and the normalization backward a D-term dot and 4 roundings:
+//   gamma_bwd = gamma_fwd + (3D + N + 8) u
+// times max|oracle field| (random, well-conditioned inputs: the magnitude of
+// the terms is that of the result up to a small factor), and times
+// sum|dS| for dg (|C| <= 1). Worst case: every rounding aligned; measured
+// errors sit 10-1000x below.
+struct F64Bound {
+  double o, lse, dq, dk, dv, dg;
+};
+inline F64Bound f64_bound(const AttentionCase& c,
+                          const validation::OracleAttention& orc) {
+  const AttentionProblem& p = c.problem;
+  const double u = 0x1p-53, D = static_cast<double>(p.head_dim);
+  const double N = static_cast<double>(std::max(p.q_len, p.kv_len));
+  auto max_row_norm = [&](const std::vector<double>& x) {
+    long double best = 0;
+    for (size_t r = 0; r < x.size(); r += static_cast<size_t>(p.head_dim)) {
+      long double s = 0;
+      for (int64_t d = 0; d < p.head_dim; ++d)
+        s += static_cast<long double>(x[r + d]) * x[r + d];
+      best = std::max(best, std::sqrt(s));
+    }
+    return static_cast<double>(best);
+  };
+  const double A = p.variant == Variant::kQKNorm
+                       ? std::fabs(p.g)
+                       : max_row_norm(c.q) * max_row_norm(c.k) / std::sqrt(D);
+  const double gf = (2 * A * (3 * D + 15) + 2 * N + 6) * u;
+  const double gb = gf + (3 * D + N + 8) * u;
+  auto amax = [](const auto& v) {
+    double m = 0;
+    for (auto x : v)
+      if (std::isfinite(static_cast<double>(x)))
+        m = std::max(m, std::fabs(static_cast<double>(x)));
+    return m;
+  };
+  return {gf * amax(c.v),    gf * (1 + amax(orc.lse)),
+          gb * amax(orc.dq), gb * amax(orc.dk),
+          gb * amax(orc.dv), gb * static_cast<double>(orc.dg_scale)};
+}
+
+// Applies the tolerance rule (and, for f64, the a-priori bound) to one case;
+// every failing field is reported, nothing aborts.
+inline void expect_case(Precision prec, const AttentionCase& c,
+                        const ExecConfig& cfg = {}) {
+  const validation::AgreementReport rep =
+      validation::check_attention(entry(prec), c, cfg);
+  EXPECT_TRUE(rep.pass) << rep.failure_message();
+  if (prec != Precision::kF64) return;
+  const AttentionCase rc = validation::round_inputs(c, prec);
+  const F64Bound b = f64_bound(rc, validation::oracle_attention(rc));
+  for (const auto& f : rep.fields) {
+    const double bound = f.field == "o"     ? b.o
+                         : f.field == "lse" ? b.lse
+                         : f.field == "dq"  ? b.dq
+                         : f.field == "dk"  ? b.dk
+                         : f.field == "dv"  ? b.dv
+                                            : b.dg;
+    EXPECT_LE(f.entry.max_abs, bound)
+        << "fp64 a-priori bound, field " << f.field << " on " << rep.case_desc
+        << "\n  " << validation::describe(f.entry);
+  }
+}
+
+}  // namespace qknorm::blas::testing
+
+#endif  // QKNORM_BLAS_PATH_TESTS_TEST_UTIL_H_

@@ -1,0 +1,138 @@
+// Local timing driver for the BLAS path (the project benchmark lives in
+// bench/). For fp32, d = 64, B = 1, H = 8 and each n it times, in the same
+// process and with the same thread count:
+//   gemm: the bare cblas_sgemm calls of an attention forward, per head
+//         S = Q K^T (n x n x d) and O = P V (n x d x n), on dense buffers;
+//   fwd:  blas:f32 attention_forward (qknorm, g = 12.32, no mask);
+//   bwd:  blas:f32 attention_backward.
+// FLOPs: forward 4 n^2 d per head, backward 10 n^2 d (issue 3). Best of
+// `reps` runs after one warm-up call (workspace grown).
+//   usage: blas_timing [threads=1] [reps=5] [n...]
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "blas_path/attention.h"
+#include "blas_path/register.h"
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <class F>
+double best_of(int reps, F&& f) {
+  f();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now();
+    f();
+    best = std::min(best, now() - t0);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace qknorm;
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
+  std::vector<int64_t> ns;
+  for (int i = 3; i < argc; ++i) ns.push_back(std::atoll(argv[i]));
+  if (ns.empty()) ns = {128, 512, 2048};
+  const int64_t B = 1, H = 8, D = 64;
+  ExecConfig cfg;
+  cfg.threads = threads;
+  blas::set_blas_threads(cfg);
+  std::printf("corename=%s threads=%d\n", blas::blas_corename(),
+              blas::blas_num_threads());
+  std::printf("%6s %10s %10s %10s %8s %10s %8s\n", "n", "gemm_GF/s", "fwd_GF/s",
+              "bwd_GF/s", "fwd/gemm", "bwd_gemm", "bwd/gemm");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (int64_t n : ns) {
+    const size_t sz = static_cast<size_t>(B * H * n * D);
+    std::vector<float> q(sz), k(sz), v(sz), o(sz), d_o(sz), dq(sz), dk(sz),
+        dv(sz), s(static_cast<size_t>(n * n));
+    for (auto* t : {&q, &k, &v, &d_o})
+      for (auto& x : *t) x = nd(rng);
+    std::vector<double> lse(static_cast<size_t>(B * H * n));
+    const Layout4 l = contiguous_layout(H, n, D);
+    AttentionProblem p;
+    p.batch = B, p.heads = H, p.q_len = n, p.kv_len = n, p.head_dim = D;
+    p.g = 12.32;
+    ForwardArgs fa{{q.data(), (int64_t)sz, l},
+                   {k.data(), (int64_t)sz, l},
+                   {v.data(), (int64_t)sz, l},
+                   {o.data(), (int64_t)sz, l},
+                   lse.data(),
+                   (int64_t)lse.size()};
+    double dg = 0;
+    BackwardArgs ba{{q.data(), (int64_t)sz, l},
+                    {k.data(), (int64_t)sz, l},
+                    {v.data(), (int64_t)sz, l},
+                    {o.data(), (int64_t)sz, l},
+                    {d_o.data(), (int64_t)sz, l},
+                    lse.data(),
+                    (int64_t)lse.size(),
+                    {dq.data(), (int64_t)sz, l},
+                    {dk.data(), (int64_t)sz, l},
+                    {dv.data(), (int64_t)sz, l},
+                    &dg};
+    const Backend* be = nullptr;
+    Registry reg;
+    blas::register_backends(reg);
+    be = reg.find("blas:f32");
+    auto ws = be->make_workspace();
+    const int ni = static_cast<int>(n), di = static_cast<int>(D);
+    const double t_gemm = best_of(reps, [&] {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = q.data() + h * n * D;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ni, ni, di, 1.0f,
+                    qh, di, k.data() + h * n * D, di, 0.0f, s.data(), ni);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, di, ni, 1.0f,
+                    s.data(), ni, v.data() + h * n * D, di, 0.0f,
+                    o.data() + h * n * D, di);
+      }
+    });
+    // The five GEMMs of a backward: C, dP, dV, dQ, dK (2 n^2 d each).
+    const double t_bgemm = best_of(reps, [&] {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = q.data() + h * n * D;
+        float* dqh = dq.data() + h * n * D;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ni, ni, di, 1.0f,
+                    qh, di, k.data() + h * n * D, di, 0.0f, s.data(), ni);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ni, ni, di, 1.0f,
+                    d_o.data() + h * n * D, di, v.data() + h * n * D, di, 0.0f,
+                    s.data(), ni);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ni, di, ni, 1.0f,
+                    s.data(), ni, d_o.data() + h * n * D, di, 0.0f,
+                    dv.data() + h * n * D, di);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, di, ni, 1.0f,
+                    s.data(), ni, k.data() + h * n * D, di, 0.0f, dqh, di);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ni, di, ni, 1.0f,
+                    s.data(), ni, qh, di, 0.0f, dk.data() + h * n * D, di);
+      }
+    });
+    const double t_fwd =
+        best_of(reps, [&] { be->attention_forward(p, fa, ws.get(), cfg); });
+    be->attention_forward(p, fa, ws.get(), cfg);
+    const double t_bwd =
+        best_of(reps, [&] { be->attention_backward(p, ba, ws.get(), cfg); });
+    const double f = 4.0 * n * n * D * H, fb = 10.0 * n * n * D * H;
+    std::printf("%6lld %10.1f %10.1f %10.1f %8.3f %10.1f %8.3f\n",
+                static_cast<long long>(n), f / t_gemm * 1e-9, f / t_fwd * 1e-9,
+                fb / t_bwd * 1e-9, t_gemm / t_fwd, fb / t_bgemm * 1e-9,
+                t_bgemm / t_bwd);
+  }
+  return 0;
+}
