@@ -1,0 +1,1023 @@
+// The per-entry properties of issue 5. Each draws its case with rapidcheck,
+// runs the entry through validation's harness, and fails with a message that
+// names the entry, the case (shape, g, eps, mask, distribution, structure,
+// seed), the field, the worst index and the tolerance.
+//
+// Tolerances, all derived (nothing is a bare literal):
+//  - agreement: the tolerance rule of harness.h, unchanged;
+//  - transforms the oracle maps exactly (power-of-two scalings, sign flips,
+//    permutations): kTwoRuns budgets of the rule (support.h);
+//  - bitwise properties (masks, independence, determinism): no tolerance;
+//  - probability / logit / entropy bounds: kNaiveFactor times the a-priori
+//    relative error gamma_fwd of the probabilities (bounds.h) at the entry's
+//    compute roundoff: an entry may be kNaiveFactor worse than the naive
+//    baseline, whose error gamma_fwd bounds.
+#include "property_tests/properties.h"
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "property_tests/rc_gens.h"
+#include "property_tests/support.h"
+#include "reference/reference.h"
+#include "validation/bounds.h"
+#include "validation/gradcheck.h"
+#include "validation/rng.h"
+
+namespace qknorm::property {
+namespace {
+
+using LD = long double;
+using validation::AttentionCase;
+using validation::AttentionResult;
+using validation::kNaiveFactor;
+using validation::ScaleNormCase;
+using validation::ScaleNormResult;
+
+// Rows whose norm is within this factor of eps are treated as clamp-region
+// rows by the properties that only hold outside it (orthogonality, scale
+// invariance): the gradient is discontinuous at ||x|| = eps, and a norm
+// computed with a relative error of even 1e-6 may pick either branch. A
+// factor 4 is far above any norm's rounding error.
+constexpr double kClampMargin = 4.0;
+
+// Finite-difference tolerance for dg against the oracle loss: the central
+// difference in long double with step kFdStep * max(1, |g|) has truncation
+// and rounding errors ~1e-12 relative (gradcheck.h); 1e-8 matches the
+// foundation gradient tests (measured worst ~1e-10, 100x margin) and sits
+// 1e8x below the O(1) error of a wrong dg.
+constexpr double kFdTol = 1e-8;
+
+// Largest |k| of the power-of-two row factors 2^k of the scale-invariance
+// properties: 2^33 ~ 8.6e9, the issue's factor range [1e-10, 1e10]. f16's
+// whole normal range spans 2^-14..2^15, and gradients scale as 2^-k, so f16
+// rows are scaled by at most 2^4.
+constexpr int kMaxScaleExp = 33;
+constexpr int kMaxScaleExpF16 = 4;
+
+bool is16(Precision p) { return p == Precision::kBF16 || p == Precision::kF16; }
+
+std::string entry_and_case(const Backend& b, const std::string& desc) {
+  return "entry " + b.name() + " (family " + b.family() + ", target " +
+         b.target() + ", precision " + std::string(name(b.precision())) +
+         ") on " + desc;
+}
+
+// The index of a flat [B,H,rows,D] element, for messages.
+std::string where4(const AttentionProblem& p, int64_t rows, size_t i) {
+  const int64_t D = p.head_dim, n = static_cast<int64_t>(i);
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "[%lld,%lld,%lld,%lld]",
+                (long long)(n / D / rows / p.heads),
+                (long long)(n / D / rows % p.heads), (long long)(n / D % rows),
+                (long long)(n % D));
+  return buf;
+}
+
+// First element with |a - b| > tol (or a non-finite mismatch); "" if none.
+// `map` optionally maps an index of `a` to the index of `b` (permutations),
+// `scale_b` multiplies b elementwise (per-row power-of-two factors).
+std::string close_diff(const std::string& field, const std::vector<double>& a,
+                       const std::vector<double>& b, double tol,
+                       const std::vector<size_t>& map = {},
+                       const std::vector<double>& scale_b = {}) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const size_t j = map.empty() ? i : map[i];
+    const double bj = scale_b.empty() ? b[j] : b[j] * scale_b[j];
+    const bool both_finite = std::isfinite(a[i]) && std::isfinite(bj);
+    if (!both_finite && !(a[i] == bj)) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%s[%zu]: non-finite %.17g vs %.17g",
+                    field.c_str(), i, a[i], bj);
+      return buf;
+    }
+    if (both_finite && std::fabs(a[i] - bj) > tol) {
+      char buf[240];
+      std::snprintf(buf, sizeof buf,
+                    "%s[%zu]: %.17g vs %.17g, |diff| %.3e > tolerance %.3e",
+                    field.c_str(), i, a[i], bj, std::fabs(a[i] - bj), tol);
+      return buf;
+    }
+  }
+  return "";
+}
+
+double row_norm(const std::vector<double>& t, int64_t D, int64_t r) {
+  std::vector<LD> x(t.begin() + r * D, t.begin() + (r + 1) * D);
+  return static_cast<double>(reference::nrm2<LD>(x.data(), D));
+}
+
+// Relative error bound of each probability an entry of precision s computes
+// on c (see the file comment).
+double prob_gamma(const AttentionCase& c, Precision s) {
+  const auto oracle = validation::oracle_attention(c);
+  return kNaiveFactor *
+         validation::reference_bounds(c, oracle, compute_roundoff(s)).gamma_fwd;
+}
+
+// For a 16-bit entry: each stored output must be the round-to-nearest-even
+// of its f32 result. Truncation (Highway 1.0.3's bf16 DemoteTo) moves values
+// by up to 2 ulp against 1 ulp/2: within the rule's atol (4u), so agreement
+// alone does not see it. An element is decidable when the whole interval
+// oracle +- delta rounds to one storage value, delta = kNaiveFactor times the
+// a-priori f32 error bound of the field; every decidable element must then
+// equal that value exactly.
+std::string rounding_diff(const char* field, Precision s,
+                          const std::vector<double>& entry,
+                          const std::vector<LD>& oracle, double delta) {
+  int64_t decidable = 0;
+  for (size_t i = 0; i < entry.size(); ++i) {
+    const double e = static_cast<double>(oracle[i]);
+    const double lo = round_to(s, e - delta), hi = round_to(s, e + delta);
+    if (lo != hi) continue;
+    ++decidable;
+    if (entry[i] != lo) {
+      char buf[240];
+      std::snprintf(buf, sizeof buf,
+                    "%s[%zu] = %.9g is not the round-to-nearest-even %.9g of "
+                    "oracle %.12g (f32 error bound %.3e): storage conversion "
+                    "does not round to nearest even",
+                    field, i, entry[i], lo, e, delta);
+      return buf;
+    }
+  }
+  (void)decidable;
+  return "";
+}
+
+// ---------------------------------------------------------------------------
+// 1. Agreement.
+
+void attention_agreement(const Backend& b) {
+  const Precision s = b.precision();
+  const AttentionSpec spec = draw_attention_spec(s);
+  bool backward_fits = true;
+  const AttentionCase c = build_case(spec, s, false, &backward_fits);
+  // A case whose gradients the storage format cannot hold (f16 zero rows with
+  // eps = 1e-12: du / eps ~ 1e12) still checks the forward.
+  const auto rep = validation::check_attention(b, c, {}, !backward_fits);
+  if (!rep.pass) RC_FAIL(rep.failure_message() + "  (" + spec.describe() + ")");
+  if (is16(s)) {
+    const auto r = validation::run_attention_forward(b, c);
+    const auto oracle = validation::oracle_attention(c);
+    const double delta =
+        kNaiveFactor *
+        validation::reference_bounds(c, oracle, compute_roundoff(s)).o;
+    const std::string d = rounding_diff("o", s, r.o, oracle.o, delta);
+    if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
+  }
+}
+
+void scalenorm_agreement(const Backend& b) {
+  const Precision s = b.precision();
+  const ScaleNormSpec spec = draw_scalenorm_spec(s);
+  const ScaleNormCase c = build_case(spec, s);
+  const auto rep = validation::check_scalenorm(b, c);
+  if (!rep.pass) RC_FAIL(rep.failure_message() + "  (" + spec.describe() + ")");
+  if (is16(s)) {
+    const auto r = validation::run_scalenorm(b, c);
+    const auto oracle = validation::oracle_scalenorm(c);
+    const double delta =
+        kNaiveFactor *
+        validation::scalenorm_bounds(c, oracle, compute_roundoff(s)).y;
+    const std::string d = rounding_diff("y", s, r.y, oracle.y, delta);
+    if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Softmax non-saturation, on the entry's own probabilities.
+
+void non_saturation(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_sdpa = false;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  std::vector<double> probs;
+  if (!hook_probabilities(b, c, &probs))
+    RC_FAIL("entry " + b.name() +
+            ": no inspection hook (attention_probabilities returned false); "
+            "the non-saturation property must see the probabilities the "
+            "entry computes");
+  const auto fwd = validation::run_attention_forward(b, c);
+  const std::string v = check_nonsaturation(
+      c.problem, probs, fwd.lse, std::fabs(c.problem.g), prob_gamma(c, s));
+  if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
+}
+
+// ---------------------------------------------------------------------------
+// 3. Scale invariance.
+
+// The exponent range [lo, hi] of factors 2^k that scale row r of t exactly
+// in format s (every nonzero element stays normal, the norm and the
+// gradient ~ |g| / norm stay finite with 2^8 headroom) and keep the row
+// outside the clamp region; lo > hi means "do not scale this row".
+std::pair<int, int> exact_exponents(const std::vector<double>& t, int64_t D,
+                                    int64_t r, Precision s, double eps,
+                                    double abs_g) {
+  double amax = 0, amin = INFINITY;
+  for (int64_t d = 0; d < D; ++d) {
+    const double a = std::fabs(t[static_cast<size_t>(r * D + d)]);
+    amax = std::max(amax, a);
+    if (a > 0) amin = std::min(amin, a);
+  }
+  const double n = row_norm(t, D, r);
+  if (n <= kClampMargin * eps) return {1, 0};
+  const int kmax = s == Precision::kF16 ? kMaxScaleExpF16 : kMaxScaleExp;
+  const double headroom = 0x1p8;
+  const double big = max_finite(s) / (headroom * std::sqrt(double(D)));
+  int lo = -kmax, hi = kmax;
+  hi = std::min(hi, static_cast<int>(std::floor(std::log2(big / amax))));
+  lo = std::max(lo,
+                static_cast<int>(std::ceil(std::log2(min_normal(s) / amin))));
+  lo = std::max(lo,
+                static_cast<int>(std::ceil(std::log2(kClampMargin * eps / n))));
+  // dq ~ |g| / norm must stay finite.
+  lo = std::max(
+      lo, static_cast<int>(std::ceil(std::log2(std::max(1.0, abs_g) * headroom /
+                                               (max_finite(s) * n)))));
+  return {lo, hi};
+}
+
+// Scales each row of t by its own 2^k (k uniform in its exact range, drawn
+// from rng); returns the per-element factor.
+std::vector<double> scale_rows(std::vector<double>* t, int64_t D, Precision s,
+                               double eps, double abs_g, validation::Rng& rng) {
+  const int64_t rows = static_cast<int64_t>(t->size()) / D;
+  std::vector<double> f(t->size(), 1.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto [lo, hi] = exact_exponents(*t, D, r, s, eps, abs_g);
+    if (lo > hi) continue;
+    const double a = std::ldexp(1.0, static_cast<int>(rng.uniform_int(lo, hi)));
+    for (int64_t d = 0; d < D; ++d) {
+      (*t)[static_cast<size_t>(r * D + d)] *= a;
+      f[static_cast<size_t>(r * D + d)] = a;
+    }
+  }
+  return f;
+}
+
+// O, lse, dv, dg are unchanged and dq_i, dk_j scale by 1/alpha (degree -1
+// homogeneity) when each q and k row is multiplied by its own 2^k. Powers of
+// two keep the scaled inputs exact in storage, so the oracle is bitwise the
+// same (its normalization is exact under 2^k) and the two runs may differ by
+// kTwoRuns budgets. The gradient rows are compared after multiplying the
+// scaled run by its row factor (exact), against the unscaled budget: the
+// entry's error on a gradient row is relative to that row's size.
+void row_scale_invariance(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_sdpa = false;
+  o.smooth_only = true;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  AttentionCase c2 = c;
+  validation::Rng rng(spec.seed + 1);
+  const double ag = std::fabs(c.problem.g), eps = c.problem.eps;
+  const int64_t D = c.problem.head_dim;
+  const auto fq = scale_rows(&c2.q, D, s, eps, ag, rng);
+  const auto fk = scale_rows(&c2.k, D, s, eps, ag, rng);
+  const Budgets B = attention_budgets(s, c);
+  const AttentionResult r1 = validation::run_attention(b, c);
+  const AttentionResult r2 = validation::run_attention(b, c2);
+  std::string d;
+  if (d.empty()) d = close_diff("o", r1.o, r2.o, kTwoRuns * B["o"]);
+  if (d.empty()) d = close_diff("lse", r1.lse, r2.lse, kTwoRuns * B["lse"]);
+  if (d.empty()) d = close_diff("dv", r1.dv, r2.dv, kTwoRuns * B["dv"]);
+  if (d.empty()) d = close_diff("dg", {r1.dg}, {r2.dg}, kTwoRuns * B["dg"]);
+  if (d.empty())
+    d = close_diff("dq * alpha", r1.dq, r2.dq, kTwoRuns * B["dq"], {}, fq);
+  if (d.empty())
+    d = close_diff("dk * alpha", r1.dk, r2.dk, kTwoRuns * B["dk"], {}, fk);
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) +
+            ": rows of q and k scaled by powers of two in [2^-33, 2^33]: " + d);
+}
+
+// Negating key row j flips the sign of every logit S_ij: recovered from the
+// entry's own probabilities and lse as S_ij = log P_ij + lse_i (the hook).
+// Each recovered logit has error <= gamma (2 + |lse_i|) (log P: gamma; lse:
+// gamma (1 + |lse|)); two runs: kTwoRuns of that.
+void key_sign_flip(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_sdpa = false;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  AttentionCase c2 = c;
+  validation::Rng rng(spec.seed + 2);
+  const int64_t D = p.head_dim, rows = p.batch * p.heads * p.kv_len;
+  std::vector<bool> flipped(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    flipped[static_cast<size_t>(r)] = rng.uniform() < 0.4;
+    if (flipped[static_cast<size_t>(r)])
+      for (int64_t d = 0; d < D; ++d)
+        c2.k[static_cast<size_t>(r * D + d)] *= -1;
+  }
+  std::vector<double> p1, p2;
+  if (!hook_probabilities(b, c, &p1) || !hook_probabilities(b, c2, &p2))
+    RC_FAIL("entry " + b.name() +
+            ": no inspection hook (attention_probabilities returned false)");
+  const auto f1 = validation::run_attention_forward(b, c);
+  const auto f2 = validation::run_attention_forward(b, c2);
+  const double gamma = prob_gamma(c, s);
+  for (int64_t bb = 0; bb < p.batch; ++bb)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const size_t li = static_cast<size_t>((bb * p.heads + h) * p.q_len + i);
+        for (int64_t j = 0; j < p.kv_len; ++j) {
+          if (!visible(p.mask, bb, i, j, p.q_len, p.kv_len)) continue;
+          const size_t pi =
+              li * static_cast<size_t>(p.kv_len) + static_cast<size_t>(j);
+          if (!(p1[pi] > 0) || !(p2[pi] > 0))
+            RC_FAIL(entry_and_case(b, spec.describe()) +
+                    ": visible probability is not positive: " +
+                    std::to_string(p1[pi]) + " / " + std::to_string(p2[pi]));
+          const double s1 = std::log(p1[pi]) + f1.lse[li];
+          const double s2 = std::log(p2[pi]) + f2.lse[li];
+          const bool flip =
+              flipped[static_cast<size_t>((bb * p.heads + h) * p.kv_len + j)];
+          const double expect = flip ? -s1 : s1;
+          const double tol =
+              kTwoRuns * gamma *
+              (2 + std::max(std::fabs(f1.lse[li]), std::fabs(f2.lse[li])));
+          if (std::fabs(s2 - expect) > tol) {
+            char buf[240];
+            std::snprintf(buf, sizeof buf,
+                          ": logit [%lld,%lld,%lld,%lld] %s: %.17g, expected "
+                          "%.17g (unflipped %.17g), tolerance %.3e",
+                          (long long)bb, (long long)h, (long long)i,
+                          (long long)j, flip ? "(key negated)" : "(key kept)",
+                          s2, expect, s1, tol);
+            RC_FAIL(entry_and_case(b, spec.describe()) + buf);
+          }
+        }
+      }
+}
+
+// ScaleNorm(alpha x) = sign(alpha) ScaleNorm(x), dg(alpha x) = sign(alpha)
+// dg(x), and the gradient is homogeneous of degree -1: dx(alpha x) =
+// dx(x) / alpha for alpha > 0 (and dx(x) / |alpha| for alpha < 0, as y is odd),
+// alpha = +-2^k (exact), for rows outside the clamp region; kTwoRuns budgets
+// as above.
+void scalenorm_homogeneity(const Backend& b) {
+  const Precision s = b.precision();
+  const ScaleNormSpec spec = draw_scalenorm_spec(s, /*smooth_only=*/true);
+  const ScaleNormCase c = build_case(spec, s);
+  const ScaleNormProblem& p = c.problem;
+  int lo = -kMaxScaleExp, hi = kMaxScaleExp;
+  std::vector<bool> inside(static_cast<size_t>(p.rows));
+  bool all_inside = true;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const auto e = exact_exponents(c.x, p.dim, r, s, p.eps, std::fabs(p.g));
+    inside[static_cast<size_t>(r)] = e.first <= e.second;
+    all_inside = all_inside && inside[static_cast<size_t>(r)];
+    if (e.first <= e.second)
+      lo = std::max(lo, e.first), hi = std::min(hi, e.second);
+  }
+  RC_PRE(lo <= hi);
+  const int k = *rc::gen::inRange<int>(lo, hi + 1);
+  const bool neg = *rc::gen::arbitrary<bool>();
+  const double alpha = (neg ? -1.0 : 1.0) * std::ldexp(1.0, k);
+  ScaleNormCase c2 = c;
+  for (double& x : c2.x) x *= alpha;
+  const Budgets B = scalenorm_budgets(s, c);
+  const ScaleNormResult r1 = validation::run_scalenorm(b, c);
+  const ScaleNormResult r2 = validation::run_scalenorm(b, c2);
+  std::vector<bool> sel(c.x.size());
+  for (size_t i = 0; i < sel.size(); ++i)
+    sel[i] = inside[i / static_cast<size_t>(p.dim)];
+  std::string d;
+  for (size_t i = 0; i < sel.size() && d.empty(); ++i) {
+    if (!sel[i]) continue;
+    d = close_diff("y(alpha x) vs sign(alpha) y(x)", {r2.y[i]},
+                   {(neg ? -1 : 1) * r1.y[i]}, kTwoRuns * B["y"]);
+    if (d.empty())
+      d = close_diff("dx(alpha x) * |alpha| vs dx(x)",
+                     {r2.dx[i] * std::fabs(alpha)}, {r1.dx[i]},
+                     kTwoRuns * B["dx"]);
+    if (!d.empty()) d += " at element " + std::to_string(i);
+  }
+  if (d.empty() && all_inside)
+    d = close_diff("dg(alpha x) vs sign(alpha) dg(x)", {r2.dg},
+                   {(neg ? -1 : 1) * r1.dg}, kTwoRuns * B["dg"]);
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) +
+            ": alpha = " + std::to_string(alpha) + ": " + d);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Gradient structure.
+
+// q_i . dq_i = 0, k_j . dk_j = 0 (attention) and x . dx = 0 (ScaleNorm)
+// outside the clamp region. The exact gradient is orthogonal, and each
+// computed element is within budget B of it, so |x . dx| <= ||x||_1 B.
+std::string orthogonal_rows(const char* field, const std::vector<double>& x,
+                            const std::vector<double>& dx, int64_t D,
+                            double eps, double budget) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / D;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (row_norm(x, D, r) <= kClampMargin * eps) continue;
+    LD dot = 0, l1 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const size_t i = static_cast<size_t>(r * D + d);
+      dot += static_cast<LD>(x[i]) * dx[i];
+      l1 += std::fabs(static_cast<LD>(x[i]));
+    }
+    const double tol = static_cast<double>(l1) * budget;
+    if (!(std::fabs(static_cast<double>(dot)) <= tol)) {
+      char buf[200];
+      std::snprintf(
+          buf, sizeof buf,
+          "row %lld: x . %s = %.6e, tolerance ||x||_1 * budget = %.6e",
+          (long long)r, field, static_cast<double>(dot), tol);
+      return buf;
+    }
+  }
+  return "";
+}
+
+void orthogonality(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_sdpa = false;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const Budgets B = attention_budgets(s, c);
+  const AttentionResult r = validation::run_attention(b, c);
+  const int64_t D = c.problem.head_dim;
+  std::string d = orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B["dq"]);
+  if (d.empty())
+    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B["dk"]);
+  if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
+  const ScaleNormSpec sspec = draw_scalenorm_spec(s);
+  const ScaleNormCase sc = build_case(sspec, s);
+  const Budgets SB = scalenorm_budgets(s, sc);
+  const ScaleNormResult sr = validation::run_scalenorm(b, sc);
+  d = orthogonal_rows("dx", sc.x, sr.dx, sc.problem.dim, sc.problem.eps,
+                      SB["dx"]);
+  if (!d.empty()) RC_FAIL(entry_and_case(b, sspec.describe()) + ": " + d);
+}
+
+// Rows of dS sum to 0, seen through every entry's outputs: for sdpa,
+// dk_j = (1/sqrt(D)) sum_i dS_ij q_i, so sum_j dk_j = 0 per (b, h); and for
+// both variants rows of P sum to 1, so sum_j dv_j = sum over queries with a
+// visible key of dO_i. Each sum adds kv_len elements each within the budget
+// of the oracle's; the oracle's own sums are exact only to its roundoff
+// (a saturated row leaves dS ~ u * |dP| where the exact dS is ~0), so:
+//   |sum_j dk_j| <= kv_len * budget(dk) + |sum_j oracle dk_j|, and likewise.
+void gradient_sums(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.force_sdpa = *rc::gen::arbitrary<bool>();
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  const Budgets B = attention_budgets(s, c);
+  const AttentionResult r = validation::run_attention(b, c);
+  const auto oracle = validation::oracle_attention(c);
+  const double nk = static_cast<double>(p.kv_len);
+  for (int64_t bb = 0; bb < p.batch; ++bb)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        LD sdk = 0, sdv = 0, sdo = 0, odk = 0, odv = 0;
+        for (int64_t j = 0; j < p.kv_len; ++j) {
+          const auto x = static_cast<size_t>(idx4(p, p.kv_len, bb, h, j, d));
+          sdk += r.dk[x];
+          sdv += r.dv[x];
+          odk += oracle.dk[x];
+          odv += oracle.dv[x];
+        }
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          bool any = false;
+          for (int64_t j = 0; j < p.kv_len && !any; ++j)
+            any = visible(p.mask, bb, i, j, p.q_len, p.kv_len);
+          if (any)
+            sdo += c.d_o[static_cast<size_t>(idx4(p, p.q_len, bb, h, i, d))];
+        }
+        const double tk = nk * B["dk"] + static_cast<double>(std::fabs(odk));
+        const double tv =
+            nk * B["dv"] + static_cast<double>(std::fabs(odv - sdo));
+        char buf[240];
+        if (p.variant == Variant::kSDPA &&
+            !(std::fabs(static_cast<double>(sdk)) <= tk)) {
+          std::snprintf(buf, sizeof buf,
+                        ": sdpa sum_j dk[%lld,%lld,j,%lld] = %.6e, tolerance "
+                        "%.6e (rows of dS must sum to 0)",
+                        (long long)bb, (long long)h, (long long)d,
+                        static_cast<double>(sdk), tk);
+          RC_FAIL(entry_and_case(b, spec.describe()) + buf);
+        }
+        if (!(std::fabs(static_cast<double>(sdv - sdo)) <= tv)) {
+          std::snprintf(buf, sizeof buf,
+                        ": sum_j dv[%lld,%lld,j,%lld] = %.6e but sum_i dO = "
+                        "%.6e, tolerance %.6e (rows of P must sum to 1)",
+                        (long long)bb, (long long)h, (long long)d,
+                        static_cast<double>(sdv), static_cast<double>(sdo), tv);
+          RC_FAIL(entry_and_case(b, spec.describe()) + buf);
+        }
+      }
+}
+
+// dO = 0 gives exactly zero gradients (dS = P (dP - delta) = 0 exactly).
+void zero_do(const Backend& b) {
+  const Precision s = b.precision();
+  const AttentionSpec spec = draw_attention_spec(s);
+  AttentionCase c = build_case(spec, s);
+  std::fill(c.d_o.begin(), c.d_o.end(), 0.0);
+  const AttentionResult r = validation::run_attention(b, c);
+  auto nonzero = [](const std::vector<double>& x) {
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] != 0) return static_cast<int64_t>(i);
+    return int64_t{-1};
+  };
+  for (const auto& [field, x] :
+       {std::pair<const char*, const std::vector<double>*>{"dq", &r.dq},
+        {"dk", &r.dk},
+        {"dv", &r.dv}}) {
+    const int64_t i = nonzero(*x);
+    if (i >= 0)
+      RC_FAIL(entry_and_case(b, spec.describe()) + ": dO = 0 but " + field +
+              "[" + std::to_string(i) +
+              "] = " + std::to_string((*x)[static_cast<size_t>(i)]));
+  }
+  if (r.dg != 0)
+    RC_FAIL(entry_and_case(b, spec.describe()) +
+            ": dO = 0 but dg = " + std::to_string(r.dg));
+  const ScaleNormSpec sspec = draw_scalenorm_spec(s);
+  ScaleNormCase sc = build_case(sspec, s);
+  std::fill(sc.dy.begin(), sc.dy.end(), 0.0);
+  const ScaleNormResult sr = validation::run_scalenorm(b, sc);
+  const int64_t i = nonzero(sr.dx);
+  if (i >= 0 || sr.dg != 0)
+    RC_FAIL(entry_and_case(b, sspec.describe()) +
+            ": dy = 0 but ScaleNorm dx/dg nonzero");
+}
+
+// The entry's dg against the central difference in g of the oracle loss
+// L(g) = <dO, O(g)> (long double): tolerance = the rule's dg budget plus the
+// difference's own error kFdTol relative to dg's term magnitude.
+void dg_finite_difference(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_sdpa = false;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  const Budgets B = attention_budgets(s, c);
+  const AttentionResult r = validation::run_attention(b, c);
+  const auto oracle = validation::oracle_attention(c);
+  std::vector<LD> q(c.q.begin(), c.q.end()), k(c.k.begin(), c.k.end()),
+      v(c.v.begin(), c.v.end());
+  auto loss = [&](double g) {
+    AttentionProblem pg = p;
+    pg.g = g;
+    std::vector<LD> out(q.size()),
+        lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
+    reference::attention_forward<LD>(pg, q.data(), k.data(), v.data(),
+                                     out.data(), lse.data());
+    LD L = 0;
+    for (size_t i = 0; i < out.size(); ++i)
+      L += static_cast<LD>(c.d_o[i]) * out[i];
+    return L;
+  };
+  const double h = validation::kFdStep * std::max(1.0, std::fabs(p.g));
+  const double gp = p.g + h, gm = p.g - h;  // the step actually taken
+  const LD fd = (loss(gp) - loss(gm)) / static_cast<LD>(gp - gm);
+  const double tol =
+      B["dg"] + kFdTol * static_cast<double>(oracle.dg_scale + std::fabs(fd));
+  if (!(std::fabs(r.dg - static_cast<double>(fd)) <= tol)) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  ": dg = %.17g, finite difference in g = %.17Lg, tolerance "
+                  "%.3e",
+                  r.dg, fd, tol);
+    RC_FAIL(entry_and_case(b, spec.describe()) + buf);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 5. Structure.
+
+// A random permutation of [0, n) from rng (Fisher-Yates).
+std::vector<int64_t> permutation(int64_t n, validation::Rng& rng) {
+  std::vector<int64_t> pi(static_cast<size_t>(n));
+  std::iota(pi.begin(), pi.end(), 0);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(pi[static_cast<size_t>(i)],
+              pi[static_cast<size_t>(rng.uniform_int(0, i))]);
+  return pi;
+}
+
+// Row permutation per batch: perm[b][r] = source row of row r. Applies to a
+// dense [B,H,rows,D] tensor; returns the element map new index -> old index.
+std::vector<size_t> row_map(const AttentionProblem& p, int64_t rows,
+                            const std::vector<std::vector<int64_t>>& perm) {
+  std::vector<size_t> m(
+      static_cast<size_t>(p.batch * p.heads * rows * p.head_dim));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < p.head_dim; ++d)
+          m[static_cast<size_t>(idx4(p, rows, b, h, r, d))] =
+              static_cast<size_t>(idx4(
+                  p, rows, b, h,
+                  perm[static_cast<size_t>(b)][static_cast<size_t>(r)], d));
+  return m;
+}
+
+std::vector<double> gather_map(const std::vector<double>& x,
+                               const std::vector<size_t>& m) {
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[m[i]];
+  return y;
+}
+
+// The lse index map of a query permutation.
+std::vector<size_t> lse_map(const AttentionProblem& p,
+                            const std::vector<std::vector<int64_t>>& perm) {
+  std::vector<size_t> m(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i)
+        m[static_cast<size_t>((b * p.heads + h) * p.q_len + i)] =
+            static_cast<size_t>(
+                (b * p.heads + h) * p.q_len +
+                perm[static_cast<size_t>(b)][static_cast<size_t>(i)]);
+  return m;
+}
+
+// Permuting keys and values together (within the visible prefix of each
+// batch and, separately, its padded tail) leaves O, lse, dq and dg unchanged
+// and permutes dk, dv; kTwoRuns budgets (the sums run in another order).
+void key_value_permutation(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_causal = false;  // position-dependent
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  validation::Rng rng(spec.seed + 3);
+  std::vector<std::vector<int64_t>> perm;
+  for (int64_t bb = 0; bb < p.batch; ++bb) {
+    const int64_t len = p.mask.key_lengths.empty()
+                            ? p.kv_len
+                            : p.mask.key_lengths[static_cast<size_t>(bb)];
+    std::vector<int64_t> pi = permutation(len, rng);
+    for (int64_t t : permutation(p.kv_len - len, rng)) pi.push_back(len + t);
+    perm.push_back(pi);
+  }
+  const auto km = row_map(p, p.kv_len, perm);
+  AttentionCase c2 = c;
+  c2.k = gather_map(c.k, km);
+  c2.v = gather_map(c.v, km);
+  const Budgets B = attention_budgets(s, c);
+  const AttentionResult r1 = validation::run_attention(b, c);
+  const AttentionResult r2 = validation::run_attention(b, c2);
+  std::string d = close_diff("o", r2.o, r1.o, kTwoRuns * B["o"]);
+  if (d.empty()) d = close_diff("lse", r2.lse, r1.lse, kTwoRuns * B["lse"]);
+  if (d.empty()) d = close_diff("dq", r2.dq, r1.dq, kTwoRuns * B["dq"]);
+  if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, kTwoRuns * B["dg"]);
+  if (d.empty())
+    d = close_diff("dk (permuted)", r2.dk, r1.dk, kTwoRuns * B["dk"], km);
+  if (d.empty())
+    d = close_diff("dv (permuted)", r2.dv, r1.dv, kTwoRuns * B["dv"], km);
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) +
+            ": keys/values permuted: " + d);
+}
+
+// Permuting queries permutes O, lse and dq and leaves dk, dv, dg unchanged.
+void query_permutation(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.allow_causal = false;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  validation::Rng rng(spec.seed + 4);
+  std::vector<std::vector<int64_t>> perm;
+  for (int64_t bb = 0; bb < p.batch; ++bb)
+    perm.push_back(permutation(p.q_len, rng));
+  const auto qm = row_map(p, p.q_len, perm);
+  AttentionCase c2 = c;
+  c2.q = gather_map(c.q, qm);
+  c2.d_o = gather_map(c.d_o, qm);
+  const Budgets B = attention_budgets(s, c);
+  const AttentionResult r1 = validation::run_attention(b, c);
+  const AttentionResult r2 = validation::run_attention(b, c2);
+  std::string d = close_diff("o (permuted)", r2.o, r1.o, kTwoRuns * B["o"], qm);
+  if (d.empty())
+    d = close_diff("lse (permuted)", r2.lse, r1.lse, kTwoRuns * B["lse"],
+                   lse_map(p, perm));
+  if (d.empty())
+    d = close_diff("dq (permuted)", r2.dq, r1.dq, kTwoRuns * B["dq"], qm);
+  if (d.empty()) d = close_diff("dk", r2.dk, r1.dk, kTwoRuns * B["dk"]);
+  if (d.empty()) d = close_diff("dv", r2.dv, r1.dv, kTwoRuns * B["dv"]);
+  if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, kTwoRuns * B["dg"]);
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) + ": queries permuted: " + d);
+}
+
+// Replaces rows [r0, r1) of every (b, h) selected by `pick` with fresh values
+// (Gaussian, times 2^e, e in [-8, 8]: arbitrary magnitudes), rounded to s.
+void refill_rows(
+    std::vector<double>* t, const AttentionProblem& p, int64_t rows,
+    Precision s, validation::Rng& rng,
+    const std::function<bool(int64_t b, int64_t h, int64_t r)>& pick) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!pick(b, h, r)) continue;
+        const double scale =
+            std::ldexp(1.0, static_cast<int>(rng.uniform_int(-8, 8)));
+        for (int64_t d = 0; d < p.head_dim; ++d)
+          (*t)[static_cast<size_t>(idx4(p, rows, b, h, r, d))] =
+              round_to(s, rng.normal() * scale);
+      }
+}
+
+// Changing the q, k, v of one (batch, head) changes nothing, bitwise, in
+// the O, lse, dq, dk, dv of every other (batch, head).
+void head_batch_independence(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.min_batch_heads = 2;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  const int64_t t = *rc::gen::inRange<int64_t>(0, p.batch * p.heads);
+  validation::Rng rng(spec.seed + 5);
+  AttentionCase c2 = c;
+  auto in_t = [&](int64_t bb, int64_t h, int64_t) {
+    return bb * p.heads + h == t;
+  };
+  refill_rows(&c2.q, p, p.q_len, s, rng, in_t);
+  refill_rows(&c2.k, p, p.kv_len, s, rng, in_t);
+  refill_rows(&c2.v, p, p.kv_len, s, rng, in_t);
+  const AttentionResult r1 = validation::run_attention(b, c);
+  const AttentionResult r2 = validation::run_attention(b, c2);
+  auto others = [&](int64_t rows, int64_t width) {
+    std::vector<bool> sel(
+        static_cast<size_t>(p.batch * p.heads * rows * width));
+    for (size_t i = 0; i < sel.size(); ++i)
+      sel[i] = static_cast<int64_t>(i) / (rows * width) != t;
+    return sel;
+  };
+  std::string d;
+  const char* f = "";
+  if (d.empty())
+    f = "o", d = bitwise_diff(r1.o, r2.o, others(p.q_len, p.head_dim));
+  if (d.empty())
+    f = "lse", d = bitwise_diff(r1.lse, r2.lse, others(p.q_len, 1));
+  if (d.empty())
+    f = "dq", d = bitwise_diff(r1.dq, r2.dq, others(p.q_len, p.head_dim));
+  if (d.empty())
+    f = "dk", d = bitwise_diff(r1.dk, r2.dk, others(p.kv_len, p.head_dim));
+  if (d.empty())
+    f = "dv", d = bitwise_diff(r1.dv, r2.dv, others(p.kv_len, p.head_dim));
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) + ": inputs of (b,h) slice " +
+            std::to_string(t) + " changed, " + f +
+            " of another slice moved: " + d);
+}
+
+// Causal mask: changing keys/values j >= t changes nothing, bitwise, in the
+// O, lse and dq of the queries that cannot see them (i + kv_len - q_len < t).
+void causal_future(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.force_causal = true;
+  o.min_q_len = 2;
+  o.min_kv_len = 2;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  const int64_t shift = p.kv_len - p.q_len;
+  const int64_t t =
+      *rc::gen::inRange<int64_t>(std::max<int64_t>(1, shift + 1), p.kv_len);
+  validation::Rng rng(spec.seed + 6);
+  AttentionCase c2 = c;
+  auto future = [t](int64_t, int64_t, int64_t j) { return j >= t; };
+  refill_rows(&c2.k, p, p.kv_len, s, rng, future);
+  refill_rows(&c2.v, p, p.kv_len, s, rng, future);
+  const AttentionResult r1 = validation::run_attention(b, c);
+  const AttentionResult r2 = validation::run_attention(b, c2);
+  auto past_rows = [&](int64_t width) {
+    std::vector<bool> sel(
+        static_cast<size_t>(p.batch * p.heads * p.q_len * width));
+    for (size_t x = 0; x < sel.size(); ++x) {
+      const int64_t i = static_cast<int64_t>(x) / width % p.q_len;
+      sel[x] = i + shift < t;
+    }
+    return sel;
+  };
+  std::string d;
+  const char* f = "";
+  if (d.empty()) f = "o", d = bitwise_diff(r1.o, r2.o, past_rows(p.head_dim));
+  if (d.empty()) f = "lse", d = bitwise_diff(r1.lse, r2.lse, past_rows(1));
+  if (d.empty())
+    f = "dq", d = bitwise_diff(r1.dq, r2.dq, past_rows(p.head_dim));
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) + ": causal: keys/values j >= " +
+            std::to_string(t) + " changed, " + f +
+            " of a query that cannot see "
+            "them moved: " +
+            d);
+}
+
+// Padding: changing padded keys/values (j >= key_lengths[b]) changes
+// nothing, bitwise: O, lse, dq, dg, and dk, dv of the visible keys; padded
+// keys get exactly zero dk and dv.
+void padding_invisible(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.force_padding = true;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  const AttentionCase c = build_case(spec, s);
+  const AttentionProblem& p = c.problem;
+  validation::Rng rng(spec.seed + 7);
+  AttentionCase c2 = c;
+  const auto& len = p.mask.key_lengths;
+  auto padded = [&](int64_t bb, int64_t, int64_t j) {
+    return j >= len[static_cast<size_t>(bb)];
+  };
+  refill_rows(&c2.k, p, p.kv_len, s, rng, padded);
+  refill_rows(&c2.v, p, p.kv_len, s, rng, padded);
+  const AttentionResult r1 = validation::run_attention(b, c);
+  const AttentionResult r2 = validation::run_attention(b, c2);
+  std::vector<bool> vis(c.k.size());
+  for (size_t x = 0; x < vis.size(); ++x) {
+    const int64_t j = static_cast<int64_t>(x) / p.head_dim % p.kv_len;
+    const int64_t bb =
+        static_cast<int64_t>(x) / (p.head_dim * p.kv_len * p.heads);
+    vis[x] = j < len[static_cast<size_t>(bb)];
+  }
+  std::string d;
+  const char* f = "";
+  if (d.empty()) f = "o", d = bitwise_diff(r1.o, r2.o);
+  if (d.empty()) f = "lse", d = bitwise_diff(r1.lse, r2.lse);
+  if (d.empty()) f = "dq", d = bitwise_diff(r1.dq, r2.dq);
+  if (d.empty()) f = "dg", d = bitwise_diff({r1.dg}, {r2.dg});
+  if (d.empty()) f = "dk (visible keys)", d = bitwise_diff(r1.dk, r2.dk, vis);
+  if (d.empty()) f = "dv (visible keys)", d = bitwise_diff(r1.dv, r2.dv, vis);
+  for (size_t x = 0; x < vis.size() && d.empty(); ++x) {
+    if (vis[x]) continue;
+    for (const AttentionResult* r : {&r1, &r2})
+      if (r->dk[x] != 0 || r->dv[x] != 0) {
+        f = "dk/dv of a padded key";
+        d = where4(p, p.kv_len, x) + " = " + std::to_string(r->dk[x]) + " / " +
+            std::to_string(r->dv[x]) + ", must be exactly 0";
+        break;
+      }
+  }
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, spec.describe()) +
+            ": padded keys/values changed, " + f + ": " + d);
+}
+
+// ---------------------------------------------------------------------------
+// 6. Determinism: two runs (one reusing the workspace) and thread counts 1
+// and 2 give bitwise-identical results.
+void determinism(const Backend& b) {
+  const Precision s = b.precision();
+  const AttentionSpec spec = draw_attention_spec(s);
+  const AttentionCase c = build_case(spec, s);
+  auto ws = b.make_workspace();
+  const AttentionResult r1 = validation::run_attention(b, c, {1}, ws.get());
+  const AttentionResult r2 = validation::run_attention(b, c, {1}, ws.get());
+  const AttentionResult r3 = validation::run_attention(b, c, {2});
+  for (const auto& [what, r] : {std::pair<const char*, const AttentionResult*>{
+                                    "rerun (threads=1)", &r2},
+                                {"threads=2", &r3}}) {
+    std::string d;
+    const char* f = "";
+    if (d.empty()) f = "o", d = bitwise_diff(r1.o, r->o);
+    if (d.empty()) f = "lse", d = bitwise_diff(r1.lse, r->lse);
+    if (d.empty()) f = "dq", d = bitwise_diff(r1.dq, r->dq);
+    if (d.empty()) f = "dk", d = bitwise_diff(r1.dk, r->dk);
+    if (d.empty()) f = "dv", d = bitwise_diff(r1.dv, r->dv);
+    if (d.empty()) f = "dg", d = bitwise_diff({r1.dg}, {r->dg});
+    if (!d.empty())
+      RC_FAIL(entry_and_case(b, spec.describe()) + ": " + what +
+              " differs from the first run (threads=1) in " + f + ": " + d);
+  }
+  const ScaleNormSpec sspec = draw_scalenorm_spec(s);
+  const ScaleNormCase sc = build_case(sspec, s);
+  const ScaleNormResult s1 = validation::run_scalenorm(b, sc, {1});
+  const ScaleNormResult s2 = validation::run_scalenorm(b, sc, {2});
+  std::string d = bitwise_diff(s1.y, s2.y);
+  if (d.empty()) d = bitwise_diff(s1.dx, s2.dx);
+  if (d.empty()) d = bitwise_diff({s1.dg}, {s2.dg});
+  if (!d.empty())
+    RC_FAIL(entry_and_case(b, sspec.describe()) +
+            ": ScaleNorm threads=1 vs threads=2: " + d);
+}
+
+}  // namespace
+
+std::string check_nonsaturation(const AttentionProblem& p,
+                                const std::vector<double>& probs,
+                                const std::vector<double>& lse, double abs_g,
+                                double gamma) {
+  const LD g = abs_g;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const size_t li = static_cast<size_t>((b * p.heads + h) * p.q_len + i);
+        const double* row = probs.data() + li * static_cast<size_t>(p.kv_len);
+        int64_t m = 0;
+        for (int64_t j = 0; j < p.kv_len; ++j)
+          m += visible(p.mask, b, i, j, p.q_len, p.kv_len) ? 1 : 0;
+        char buf[320], where[160];
+        auto at = [&](int64_t j) {
+          std::snprintf(where, sizeof where,
+                        "P[%lld,%lld,%lld,%lld] (m=%lld visible, |g|=%g)",
+                        (long long)b, (long long)h, (long long)i, (long long)j,
+                        (long long)m, abs_g);
+          return std::string(where);
+        };
+        const LD lo = 1 / (1 + (m - 1) * std::exp(2 * g));
+        const LD hi = 1 / (1 + (m - 1) * std::exp(-2 * g));
+        LD sum = 0, entropy = 0;
+        for (int64_t j = 0; j < p.kv_len; ++j) {
+          const double pj = row[j];
+          if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) {
+            if (pj != 0)
+              return at(j) + " is masked but = " + std::to_string(pj);
+            continue;
+          }
+          if (!std::isfinite(pj) || pj < lo * (1 - gamma) ||
+              pj > hi * (1 + gamma)) {
+            std::snprintf(
+                buf, sizeof buf,
+                " = %.9g outside the non-saturation bound [%.9Lg, %.9Lg] "
+                "(relative tolerance %.3e)",
+                pj, lo, hi, gamma);
+            return at(j) + buf;
+          }
+          sum += pj;
+          if (pj > 0) entropy -= pj * std::log(static_cast<LD>(pj));
+          const double logit = std::log(pj) + lse[li];
+          const double ltol = gamma * (2 + std::fabs(lse[li]));
+          if (!(std::fabs(logit) <= abs_g + ltol)) {
+            std::snprintf(buf, sizeof buf,
+                          ": logit log P + lse = %.9g outside [-|g|, |g|] "
+                          "(tolerance %.3e)",
+                          logit, ltol);
+            return at(j) + buf;
+          }
+        }
+        if (m == 0) continue;
+        if (std::fabs(static_cast<double>(sum) - 1) > gamma) {
+          std::snprintf(buf, sizeof buf,
+                        ": row sums to %.17Lg (tolerance %.3e)", sum, gamma);
+          return at(0) + buf;
+        }
+        const LD hmin = std::log1p((m - 1) * std::exp(-2 * g));
+        const LD htol = gamma * (1 + std::log1p((m - 1) * std::exp(2 * g)));
+        if (entropy < hmin - htol) {
+          std::snprintf(buf, sizeof buf,
+                        ": row entropy %.9Lg below the bound "
+                        "log(1+(m-1)e^{-2|g|}) = %.9Lg (tolerance %.3Lg)",
+                        entropy, hmin, htol);
+          return at(0) + buf;
+        }
+      }
+  return "";
+}
+
+const std::vector<Property>& entry_properties() {
+  // Case counts per default run, per entry: sized so that the whole suite
+  // over ~20 entries stays within a few minutes on 2 cores (README).
+  static const std::vector<Property> table = {
+      {"AttentionAgreement", attention_agreement, 60},
+      {"ScaleNormAgreement", scalenorm_agreement, 60},
+      {"NonSaturation", non_saturation, 40},
+      {"RowScaleInvariance", row_scale_invariance, 30},
+      {"KeySignFlip", key_sign_flip, 30},
+      {"ScaleNormHomogeneity", scalenorm_homogeneity, 40},
+      {"Orthogonality", orthogonality, 30},
+      {"GradientSums", gradient_sums, 30},
+      {"ZeroDO", zero_do, 25},
+      {"DgFiniteDifference", dg_finite_difference, 25},
+      {"KeyValuePermutation", key_value_permutation, 25},
+      {"QueryPermutation", query_permutation, 25},
+      {"HeadBatchIndependence", head_batch_independence, 25},
+      {"CausalFuture", causal_future, 30},
+      {"PaddingInvisible", padding_invisible, 30},
+      {"Determinism", determinism, 20},
+  };
+  return table;
+}
+
+}  // namespace qknorm::property

@@ -1,0 +1,234 @@
+#include "property_tests/rc_gens.h"
+
+#include <rapidcheck.h>
+
+#include <cmath>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+namespace qknorm::property {
+namespace {
+
+using validation::Distribution;
+using validation::Structure;
+
+// Lengths: 1, small primes, the vector widths of f32/f64 on SSE/AVX2 (4, 8,
+// 16) and their neighbours, and the cap; plus uniform draws.
+int64_t draw_len(int64_t min_len) {
+  const int64_t n = *rc::gen::weightedOneOf<int64_t>(
+      {{3, rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 9, 13, 15, 16, 17, 23,
+                                     24)},
+       {2, rc::gen::inRange<int64_t>(1, kMaxLen + 1)}});
+  return std::max(n, min_len);
+}
+
+int64_t draw_dim() {
+  return *rc::gen::weightedOneOf<int64_t>(
+      {{3, rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 15, 16)},
+       {1, rc::gen::inRange<int64_t>(1, kMaxDim + 1)}});
+}
+
+// A real number k / scale, k drawn as an integer from [lo, hi).
+double draw_fixed(int64_t lo, int64_t hi, double scale) {
+  return static_cast<double>(*rc::gen::inRange<int64_t>(lo, hi)) / scale;
+}
+
+}  // namespace
+
+double draw_g() {
+  const int kind =
+      *rc::gen::weightedElement<int>({{4, 0}, {2, 1}, {3, 2}, {1, 3}, {1, 4}});
+  switch (kind) {
+    case 0:  // the learned range of the paper's models
+      return 10.0 + draw_fixed(0, 15001, 1000.0);
+    case 1: {  // the paper's initialization g0 = log2(L^2 - L)
+      const double L = static_cast<double>(*rc::gen::weightedOneOf<int64_t>(
+          {{1, rc::gen::element<int64_t>(72, 75, 79)},
+           {2, rc::gen::inRange<int64_t>(2, 513)}}));
+      return g_init(L);
+    }
+    case 2:  // anywhere in [0, kGMax]
+      return draw_fixed(0, 30001, 1000.0);
+    case 3:  // exact special values
+      return *rc::gen::element<double>(0.0, 1.0, kGMax);
+    default:  // negative g (an edge case: the bound uses |g|)
+      return -draw_fixed(1, 30001, 1000.0);
+  }
+}
+
+double draw_eps() {
+  // 1e-12 is the authors' default; larger values put more rows in the clamp
+  // region. All are representable in f32 (the compute type of every mode).
+  return *rc::gen::weightedElement<double>(
+      {{4, kDefaultQKNormEps}, {1, 1e-6}, {1, 1e-3}, {1, 0.25}});
+}
+
+AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o) {
+  AttentionSpec s;
+  AttentionProblem& p = s.problem;
+  const bool sdpa =
+      o.allow_sdpa && (o.force_sdpa || *rc::gen::inRange<int>(0, 5) == 0);
+  p.variant = sdpa ? Variant::kSDPA : Variant::kQKNorm;
+  p.batch = *rc::gen::inRange<int64_t>(1, kMaxBatch + 1);
+  p.heads = *rc::gen::inRange<int64_t>(1, kMaxHeads + 1);
+  if (p.batch * p.heads < o.min_batch_heads) p.heads = o.min_batch_heads;
+  p.q_len = draw_len(o.min_q_len);
+  p.kv_len = draw_len(o.min_kv_len);
+  p.head_dim = draw_dim();
+  p.g = draw_g();
+  p.eps = draw_eps();
+  p.mask.causal =
+      o.allow_causal && (o.force_causal || *rc::gen::inRange<int>(0, 10) < 3);
+  if (o.allow_padding &&
+      (o.force_padding || *rc::gen::inRange<int>(0, 10) < 3)) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      // 0 (fully masked rows) and kv_len (no-op padding) are the edges.
+      const int kind = *rc::gen::weightedElement<int>({{1, 0}, {1, 1}, {3, 2}});
+      p.mask.key_lengths.push_back(
+          kind == 0   ? 0
+          : kind == 1 ? p.kv_len
+                      : *rc::gen::inRange<int64_t>(0, p.kv_len + 1));
+    }
+  }
+  std::vector<Distribution> dists;
+  std::vector<Structure> structs;
+  if (o.smooth_only) {
+    dists = {Distribution::kGaussian, Distribution::kUniform,
+             Distribution::kHeavyTailed};
+    if (!sdpa) dists.push_back(Distribution::kWideMagnitude);
+    structs = {Structure::kNone, Structure::kParallelRows,
+               Structure::kAntiParallelRows, Structure::kDuplicatedKeys};
+  } else {
+    dists = {Distribution::kGaussian, Distribution::kUniform,
+             Distribution::kHeavyTailed, Distribution::kZeroRows};
+    // sdpa has no normalization: per-row magnitudes up to 1e30 overflow its
+    // logits in every format (the failure QKNorm exists to remove).
+    if (!sdpa) dists.push_back(Distribution::kWideMagnitude);
+    structs.assign(std::begin(validation::kAllStructures),
+                   std::end(validation::kAllStructures));
+  }
+  s.dist = *rc::gen::elementOf(dists);
+  s.structure = *rc::gen::weightedOneOf<Structure>(
+      {{3, rc::gen::just(Structure::kNone)}, {4, rc::gen::elementOf(structs)}});
+  if (sdpa) {
+    s.sdpa_scale = *rc::gen::elementOf(
+        std::vector<double>(std::begin(kSdpaScales), std::end(kSdpaScales)));
+    // Heavy tails times a large scale make the logits ill-conditioned
+    // (near-ties at |S| ~ 1e3); the rule needs well-conditioned inputs.
+    if (s.dist == Distribution::kHeavyTailed) s.sdpa_scale = 1.0;
+  }
+  s.seed = *rc::gen::arbitrary<uint64_t>();
+  s.row_pad = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, 3}});
+  // f16: a clamp-region row has gradient dO v / eps, 1e12 for eps = 1e-12,
+  // far past f16's 65504. Such cases use the largest eps of the list.
+  const bool clamp_rows = s.dist == Distribution::kZeroRows ||
+                          s.structure == Structure::kRowsBelowEps ||
+                          s.structure == Structure::kSubnormalEntries;
+  // Half of them keep their eps: their forward is still checked (agreement
+  // falls back to forward-only), e.g. eps = 1e-12 must not underflow to 0.
+  if (prec == Precision::kF16 && clamp_rows && *rc::gen::arbitrary<bool>())
+    p.eps = kF16ClampEps;
+  return s;
+}
+
+ScaleNormSpec draw_scalenorm_spec(Precision prec, bool smooth_only) {
+  ScaleNormSpec s;
+  s.problem.rows = draw_len(1);
+  s.problem.dim = draw_dim();
+  s.problem.g = *rc::gen::weightedOneOf<double>(
+      {{2, rc::gen::just(scalenorm_g_init(s.problem.dim))},
+       {2,
+        rc::gen::map(rc::gen::inRange<int64_t>(-30000, 30001),
+                     [](int64_t k) { return static_cast<double>(k) / 1000; })},
+       {1, rc::gen::element<double>(0.0, 1.0)}});
+  s.problem.eps = *rc::gen::weightedElement<double>(
+      {{4, kDefaultScaleNormEps}, {1, 1e-12}, {1, 0.25}});
+  std::vector<Distribution> dists = {
+      Distribution::kGaussian, Distribution::kUniform,
+      Distribution::kHeavyTailed, Distribution::kWideMagnitude};
+  std::vector<Structure> structs = {Structure::kNone, Structure::kParallelRows,
+                                    Structure::kAntiParallelRows};
+  if (!smooth_only) {
+    dists.push_back(Distribution::kZeroRows);
+    structs.push_back(Structure::kRowsBelowEps);
+    structs.push_back(Structure::kSubnormalEntries);
+  }
+  s.dist = *rc::gen::elementOf(dists);
+  s.structure = *rc::gen::elementOf(structs);
+  s.seed = *rc::gen::arbitrary<uint64_t>();
+  if (prec == Precision::kF16 &&
+      (s.dist == Distribution::kZeroRows || s.structure != Structure::kNone))
+    s.problem.eps = kF16ClampEps;
+  return s;
+}
+
+std::string AttentionSpec::describe() const {
+  validation::AttentionCase c;
+  c.problem = problem;
+  c.dist = dist;
+  c.seed = seed;
+  c.row_pad = row_pad;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " structure=%s sdpa_scale=%g",
+                validation::name(structure), sdpa_scale);
+  return c.describe() + buf;
+}
+
+std::string ScaleNormSpec::describe() const {
+  validation::ScaleNormCase c;
+  c.problem = problem;
+  c.dist = dist;
+  c.seed = seed;
+  return c.describe() + " structure=" + validation::name(structure);
+}
+
+namespace {
+// True iff every finite oracle output fits the storage format with
+// kFitHeadroom to spare (a result the format cannot hold is not a test of
+// the entry).
+constexpr double kFitHeadroom = 4.0;
+bool fits(Precision prec,
+          const std::vector<std::vector<long double>*>& fields) {
+  const long double lim = max_finite(prec) / kFitHeadroom;
+  for (const auto* f : fields)
+    for (long double x : *f)
+      if (std::isfinite(x) && std::fabs(x) > lim) return false;
+  return true;
+}
+}  // namespace
+
+validation::AttentionCase build_case(const AttentionSpec& s, Precision prec,
+                                     bool require_fit, bool* fits_out) {
+  validation::AttentionCase c =
+      validation::make_attention_case(s.problem, s.dist, s.seed, prec);
+  validation::apply_structure(&c, s.structure, s.seed, prec);
+  if (s.sdpa_scale != 1.0) {  // powers of two: exact
+    for (double& x : c.q) x *= s.sdpa_scale;
+    for (double& x : c.k) x *= s.sdpa_scale;
+  }
+  c.row_pad = s.row_pad;
+  c = validation::round_inputs(c, prec);
+  bool ok = true;
+  if (prec != Precision::kF64) {
+    auto o = validation::oracle_attention(c);
+    ok = fits(prec, {&o.o, &o.dq, &o.dk, &o.dv});
+  }
+  if (fits_out != nullptr) *fits_out = ok;
+  if (require_fit) RC_PRE(ok);
+  return c;
+}
+
+validation::ScaleNormCase build_case(const ScaleNormSpec& s, Precision prec) {
+  validation::ScaleNormCase c =
+      validation::make_scalenorm_case(s.problem, s.dist, s.seed, prec);
+  validation::apply_structure(&c, s.structure, s.seed, prec);
+  c = validation::round_inputs(c, prec);
+  if (prec != Precision::kF64) {
+    auto o = validation::oracle_scalenorm(c);
+    RC_PRE(fits(prec, {&o.y, &o.dx}));
+  }
+  return c;
+}
+
+}  // namespace qknorm::property

@@ -1,0 +1,99 @@
+// rapidcheck generators for the property suite: shapes, g, eps, masks,
+// distributions and structures, drawn from integer generators and element
+// lists (gen::arbitrary<double> never yields NaN, Inf or subnormals and
+// gen::inRange is integer-only and half-open: shared/NUMERICS.md).
+//
+// A generated case is a Spec (problem + distribution + structure + seed); the
+// tensor values come from validation's seeded Rng, so a case is small to
+// shrink and print, and `describe()` reproduces it exactly.
+#ifndef QKNORM_PROPERTY_TESTS_RC_GENS_H_
+#define QKNORM_PROPERTY_TESTS_RC_GENS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "qknorm/attention.h"
+#include "qknorm/precision.h"
+#include "qknorm/scalenorm.h"
+#include "validation/generators.h"
+#include "validation/harness.h"
+
+namespace qknorm::property {
+
+// Size limits: the default run covers every registry entry (simd entries are
+// targets x precisions), so shapes stay small; they still include 1, primes,
+// non-multiples of every vector width (4, 8, 16 lanes) and q_len != kv_len.
+inline constexpr int64_t kMaxLen = 24;
+inline constexpr int64_t kMaxDim = 16;
+inline constexpr int64_t kMaxBatch = 2;
+inline constexpr int64_t kMaxHeads = 3;
+// The top of the g range: the learned g of the QKNorm paper's models lie in
+// [10.31, 24.85] (shared/NUMERICS.md); 30 leaves headroom.
+inline constexpr double kGMax = 30.0;
+// sdpa row scales: logits grow as the square of the scale, so 8 puts sdpa
+// logits at a few hundred (past exp's f32 overflow at 88, the regime where a
+// missing max subtraction shows) while keeping the problem well conditioned
+// for the tolerance rule.
+inline constexpr double kSdpaScales[] = {1.0, 2.0, 8.0};
+
+// eps of f16 cases with clamp-region rows (zero, below-eps or subnormal
+// rows): their gradient is ~ dO v / eps, which must fit f16 (max 65504)
+// for |g| <= kGMax.
+inline constexpr double kF16ClampEps = 0.25;
+
+struct AttentionSpec {
+  AttentionProblem problem;
+  validation::Distribution dist = validation::Distribution::kGaussian;
+  validation::Structure structure = validation::Structure::kNone;
+  double sdpa_scale = 1.0;  // q and k multiplier (sdpa only)
+  uint64_t seed = 0;
+  int64_t row_pad = 0;
+  std::string describe() const;
+};
+
+struct ScaleNormSpec {
+  ScaleNormProblem problem;
+  validation::Distribution dist = validation::Distribution::kGaussian;
+  validation::Structure structure = validation::Structure::kNone;
+  uint64_t seed = 0;
+  std::string describe() const;
+};
+
+// What a property needs from the generator.
+struct SpecOptions {
+  bool allow_sdpa = true;     // else qknorm only
+  bool force_sdpa = false;    // sdpa only (needs allow_sdpa)
+  bool allow_causal = true;   // causal masks may be drawn
+  bool force_causal = false;  // every case causal
+  bool allow_padding = true;
+  bool force_padding = false;  // every case has key_lengths
+  // Only distributions/structures whose rows stay outside the clamp region
+  // (no zero rows, no rows below eps, no subnormal rows).
+  bool smooth_only = false;
+  int64_t min_q_len = 1, min_kv_len = 1, min_batch_heads = 1;
+};
+
+// Draws inside a property (uses rapidcheck's implicit `*gen`). `prec` limits
+// kWideMagnitude row scales and subnormals to that storage format.
+AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o = {});
+ScaleNormSpec draw_scalenorm_spec(Precision prec, bool smooth_only = false);
+
+// g: [0, kGMax] with extra weight on the learned range 10..25 and on
+// g_init(L); exact 0, 1 and negative values included.
+double draw_g();
+double draw_eps();
+
+// The case, inputs rounded to `prec` (round_inputs), so every transform a
+// property applies afterwards acts on exact storage values. Discards
+// (RC_PRE) a case whose oracle outputs the storage format cannot hold
+// ("limited to what the precision can represent").
+// require_fit = false keeps such a case and reports through *fits whether
+// its backward outputs fit (its forward outputs always do: |O| <= max|V|).
+validation::AttentionCase build_case(const AttentionSpec& s, Precision prec,
+                                     bool require_fit = true,
+                                     bool* fits = nullptr);
+validation::ScaleNormCase build_case(const ScaleNormSpec& s, Precision prec);
+
+}  // namespace qknorm::property
+
+#endif  // QKNORM_PROPERTY_TESTS_RC_GENS_H_

@@ -1,0 +1,170 @@
+#include "property_tests/support.h"
+
+#include <rapidcheck.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <unordered_map>
+
+#include "qknorm/error.h"
+
+namespace qknorm::property {
+
+using validation::AttentionCase;
+using validation::ScaleNormCase;
+
+namespace {
+Budgets from_report(const validation::AgreementReport& rep) {
+  Budgets b;
+  for (const auto& f : rep.fields) b.bound[f.field] = f.bound;
+  return b;
+}
+}  // namespace
+
+// The naive baseline run as the "entry" of check_*: its verdict carries the
+// rule's bound for this case and precision (the bound does not involve the
+// entry's own result).
+Budgets attention_budgets(Precision prec, const AttentionCase& c) {
+  return from_report(
+      validation::check_attention(validation::naive_for(prec), c));
+}
+Budgets scalenorm_budgets(Precision prec, const ScaleNormCase& c) {
+  return from_report(
+      validation::check_scalenorm(validation::naive_for(prec), c));
+}
+
+Precision compute_precision(Precision p) {
+  return p == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+}
+
+bool hook_probabilities(const Backend& b, const AttentionCase& c,
+                        std::vector<double>* probs) {
+  const AttentionProblem& p = c.problem;
+  const Precision s = b.precision();
+  auto encode_all = [s](const std::vector<double>& x) {
+    std::vector<unsigned char> bytes(x.size() * element_bytes(s));
+    for (size_t i = 0; i < x.size(); ++i) encode(s, x[i], bytes.data(), i);
+    return bytes;
+  };
+  auto q = encode_all(c.q), k = encode_all(c.k), v = encode_all(c.v);
+  std::vector<unsigned char> o(q.size());
+  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
+  const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
+  const auto nq = static_cast<int64_t>(c.q.size());
+  const auto nk = static_cast<int64_t>(c.k.size());
+  ForwardArgs fa{{q.data(), nq, lq}, {k.data(), nk, lk},
+                 {v.data(), nk, lk}, {o.data(), nq, lq},
+                 lse.data(),         static_cast<int64_t>(lse.size())};
+  probs->assign(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len),
+                std::numeric_limits<double>::quiet_NaN());
+  auto ws = b.make_workspace();
+  return b.attention_probabilities(p, fa, probs->data(), ws.get());
+}
+
+std::string bitwise_diff(const std::vector<double>& a,
+                         const std::vector<double>& b,
+                         const std::vector<bool>& selected) {
+  if (a.size() != b.size()) return "sizes differ";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!selected.empty() && !selected[i]) continue;
+    if (std::memcmp(&a[i], &b[i], sizeof(double)) != 0) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "index %zu: %.17g vs %.17g", i, a[i],
+                    b[i]);
+      return buf;
+    }
+  }
+  return "";
+}
+
+int soak_multiplier() {
+  const char* s = std::getenv("QKNORM_SOAK");
+  if (s == nullptr || *s == '\0' || std::strcmp(s, "0") == 0) return 1;
+  const int n = std::atoi(s);
+  return n > 1 ? n : 50;
+}
+
+namespace {
+
+class QuietListener final : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&,
+                      const rc::detail::TestResult&) override {}
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+bool rc_params_has(const char* key) {
+  const char* s = std::getenv("RC_PARAMS");
+  return s != nullptr && std::strstr(s, key) != nullptr;
+}
+
+}  // namespace
+
+RunResult run_body(const std::string& name, const std::function<void()>& body,
+                   int cases, const std::string& id, bool shrink,
+                   bool honour_reproduce) {
+  using namespace rc::detail;
+  TestParams params = configuration().testParams;
+  const int mult = soak_multiplier();
+  if (!rc_params_has("max_success=")) params.maxSuccess = cases * mult;
+  if (!rc_params_has("seed=")) {
+    // Fixed per test id by default (reproducible CI); a soak run mixes in
+    // rapidcheck's own random seed so every soak explores new cases.
+    params.seed = fnv1a(id) ^ (mult > 1 ? configuration().testParams.seed : 0);
+  }
+  params.disableShrinking = !shrink;
+  TestMetadata metadata;
+  metadata.id = id;
+  metadata.description = name;
+  const rc::detail::Property property = toProperty([&body] { body(); });
+  QuietListener quiet;
+  const TestResult result =
+      honour_reproduce ? checkProperty(property, metadata, params)
+                       : checkProperty(property, metadata, params, quiet, {});
+  RunResult r;
+  r.pass = result.is<SuccessResult>();
+  if (result.is<SuccessResult>())
+    r.cases_run = result.get<SuccessResult>().numSuccess;
+  if (result.is<FailureResult>())
+    r.cases_run = result.get<FailureResult>().numSuccess + 1;
+  if (!r.pass) {
+    std::ostringstream ss;
+    ss << "property " << name << ":\n";
+    printResultMessage(result, ss);
+    ss << "\nseed=" << params.seed << " max_success=" << params.maxSuccess
+       << "  (rerun all its cases: RC_PARAMS=\"seed=" << params.seed
+       << " max_success=" << params.maxSuccess
+       << "\"; the reproduce=... string above replays just the failing case)";
+    r.message = ss.str();
+  }
+  return r;
+}
+
+RunResult run_property(const Property& prop, const Backend& b,
+                       const std::string& id, bool shrink,
+                       bool honour_reproduce, int cases_override) {
+  return run_body(
+      std::string(prop.name) + " on entry " + b.name(),
+      [&b, &prop] { prop.fn(b); },
+      cases_override > 0 ? cases_override : prop.cases, id, shrink,
+      honour_reproduce);
+}
+
+const Property& entry_property(const std::string& name) {
+  for (const Property& p : entry_properties())
+    if (name == p.name) return p;
+  throw Error("property", {}, "unknown property '" + name + "'");
+}
+
+}  // namespace qknorm::property

@@ -1,0 +1,95 @@
+// Shared machinery of the property suite: per-field error budgets from the
+// tolerance rule, the inspection-hook call, bitwise comparisons, and the
+// property table and runner used by both the GoogleTest cases and the
+// mutation test.
+#ifndef QKNORM_PROPERTY_TESTS_SUPPORT_H_
+#define QKNORM_PROPERTY_TESTS_SUPPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "qknorm/backend.h"
+#include "validation/harness.h"
+
+namespace qknorm::property {
+
+// Per-field budget of the tolerance rule (harness.h) for one case:
+//   budget(field) = kNaiveFactor * err(naive same-precision) + atol,
+// the largest deviation from the oracle the rule lets ONE run of an entry of
+// that precision have. It does not depend on the entry, only on the case and
+// the precision. Transform properties compare two runs of the same entry on
+// inputs the oracle maps exactly onto each other, so the two runs may differ
+// by up to kTwoRuns budgets (triangle inequality through the oracle).
+inline constexpr double kTwoRuns = 2.0;
+
+struct Budgets {
+  std::map<std::string, double> bound;  // "o", "lse", "dq", "dk", "dv", "dg"
+  double operator[](const std::string& f) const { return bound.at(f); }
+};
+Budgets attention_budgets(Precision prec, const validation::AttentionCase& c);
+Budgets scalenorm_budgets(Precision prec, const validation::ScaleNormCase& c);
+
+// Calls the entry's inspection hook on the case (inputs encoded densely in
+// the entry's storage). Returns false if the entry has no hook.
+bool hook_probabilities(const Backend& b, const validation::AttentionCase& c,
+                        std::vector<double>* probs);
+
+// Bitwise equality of two decoded outputs restricted to `selected` indices
+// (all if empty). On a mismatch returns a description (index, both values).
+std::string bitwise_diff(const std::vector<double>& a,
+                         const std::vector<double>& b,
+                         const std::vector<bool>& selected = {});
+
+// Index helpers for dense [B, H, rows, D] tensors.
+inline int64_t idx4(const AttentionProblem& p, int64_t rows, int64_t b,
+                    int64_t h, int64_t r, int64_t d) {
+  return ((b * p.heads + h) * rows + r) * p.head_dim + d;
+}
+
+// The compute precision of an entry of storage precision p (f64 for f64,
+// f32 for every other mode; precision.h).
+Precision compute_precision(Precision p);
+
+// --- The property table -------------------------------------------------
+// Every property is a function of one entry; inside it draws its inputs with
+// rapidcheck's `*gen` and fails with RC_ASSERT / RC_FAIL. The same table runs
+// on every registry entry (property_test.cc) and on every mutant
+// (mutation_test.cc).
+using PropertyFn = void (*)(const Backend&);
+struct Property {
+  const char* name;
+  PropertyFn fn;
+  int cases;  // rapidcheck max_success of a default run
+};
+const std::vector<Property>& entry_properties();
+const Property& entry_property(const std::string& name);
+
+// QKNORM_SOAK=<n> multiplies every property's case count by n (QKNORM_SOAK=1
+// means 50x) and draws a fresh random seed per run (printed on failure);
+// without it, each property runs with a fixed seed derived from its test id so
+// a CI run is reproducible. RC_PARAMS="seed=..." / "max_success=..." override
+// both; RC_PARAMS="reproduce=..." replays a failure.
+int soak_multiplier();
+
+struct RunResult {
+  bool pass = true;
+  std::string message;  // rapidcheck's report + seed + how to reproduce
+  int cases_run = 0;
+};
+// Runs `prop` on `b` under rapidcheck. `id` is the reproduce key (the GTest
+// "Suite/Name"); shrink = false for the mutation test (speed);
+// honour_reproduce = false ignores RC_PARAMS="reproduce=..." (mutants).
+RunResult run_property(const Property& prop, const Backend& b,
+                       const std::string& id, bool shrink,
+                       bool honour_reproduce, int cases_override = 0);
+// The same for a property of no entry (the oracle's own checks).
+RunResult run_body(const std::string& name, const std::function<void()>& body,
+                   int cases, const std::string& id, bool shrink,
+                   bool honour_reproduce);
+
+}  // namespace qknorm::property
+
+#endif  // QKNORM_PROPERTY_TESTS_SUPPORT_H_

@@ -1,0 +1,163 @@
+#include "validation/generators.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "validation/rng.h"
+
+namespace qknorm::validation {
+namespace {
+
+double row_norm(const double* x, int64_t D) {
+  double amax = 0;
+  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+  if (amax == 0) return 0;
+  double s = 0;
+  for (int64_t d = 0; d < D; ++d) s += (x[d] / amax) * (x[d] / amax);
+  return amax * std::sqrt(s);
+}
+
+// Rows of a dense [BH, rows, D] tensor.
+double* row(std::vector<double>& t, int64_t rows, int64_t D, int64_t bh,
+            int64_t r) {
+  return t.data() + (bh * rows + r) * D;
+}
+
+// A random subnormal of p with a random sign.
+double subnormal(Rng& rng, Precision p) {
+  const double tiny = min_subnormal(p);
+  // Mantissa count in [1, 2^(digits-1)): min_normal / tiny of them.
+  const int64_t steps = static_cast<int64_t>(min_normal(p) / tiny);
+  const double m = static_cast<double>(rng.uniform_int(1, steps - 1));
+  return (rng.uniform() < 0.5 ? -1.0 : 1.0) * m * tiny;
+}
+
+void below_eps(Rng& rng, std::vector<double>& t, int64_t rows, int64_t D,
+               double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (rng.uniform() >= 1.0 / 3) continue;
+    double* x = t.data() + r * D;
+    const double n = row_norm(x, D);
+    if (n == 0) continue;
+    const double target =
+        std::ldexp(eps, -static_cast<int>(rng.uniform_int(1, 10)));
+    for (int64_t d = 0; d < D; ++d) x[d] *= target / n;
+  }
+}
+
+void subnormals(Rng& rng, std::vector<double>& t, int64_t rows, int64_t D,
+                Precision p) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool whole = rng.uniform() < 0.25;
+    double* x = t.data() + r * D;
+    for (int64_t d = 0; d < D; ++d)
+      if (whole || rng.uniform() < 0.25) x[d] = subnormal(rng, p);
+  }
+}
+
+// Copies src * 2^e (e in [-2, 2], sign `sign`) into dst: exact in every
+// format while the values stay normal.
+void multiple_of(Rng& rng, const double* src, double* dst, int64_t D,
+                 double sign) {
+  const int e = static_cast<int>(rng.uniform_int(-2, 2));
+  for (int64_t d = 0; d < D; ++d) dst[d] = sign * std::ldexp(src[d], e);
+}
+
+}  // namespace
+
+const char* name(Structure s) {
+  switch (s) {
+    case Structure::kNone:
+      return "none";
+    case Structure::kRowsBelowEps:
+      return "below_eps";
+    case Structure::kParallelRows:
+      return "parallel";
+    case Structure::kAntiParallelRows:
+      return "antiparallel";
+    case Structure::kDuplicatedKeys:
+      return "dupkeys";
+    case Structure::kSubnormalEntries:
+      return "subnormal";
+  }
+  return "?";
+}
+
+double min_subnormal(Precision p) {
+  return min_normal(p) * 2 * unit_roundoff(p);
+}
+
+void apply_structure(AttentionCase* c, Structure s, uint64_t seed,
+                     Precision range) {
+  const AttentionProblem& p = c->problem;
+  const int64_t BH = p.batch * p.heads, D = p.head_dim;
+  Rng rng(seed ^ 0x5bd1e995ull);
+  switch (s) {
+    case Structure::kNone:
+      return;
+    case Structure::kRowsBelowEps:
+      below_eps(rng, c->q, BH * p.q_len, D, p.eps);
+      below_eps(rng, c->k, BH * p.kv_len, D, p.eps);
+      return;
+    case Structure::kSubnormalEntries:
+      subnormals(rng, c->q, BH * p.q_len, D, range);
+      subnormals(rng, c->k, BH * p.kv_len, D, range);
+      return;
+    case Structure::kParallelRows:
+    case Structure::kAntiParallelRows: {
+      const double sign = s == Structure::kParallelRows ? 1.0 : -1.0;
+      for (int64_t bh = 0; bh < BH; ++bh)
+        for (int64_t j = 0; j < p.kv_len; ++j) {
+          if (rng.uniform() >= 0.5) continue;
+          const int64_t i = rng.uniform_int(0, p.q_len - 1);
+          multiple_of(rng, row(c->q, p.q_len, D, bh, i),
+                      row(c->k, p.kv_len, D, bh, j), D, sign);
+        }
+      return;
+    }
+    case Structure::kDuplicatedKeys:
+      if (p.kv_len < 2) return;
+      for (int64_t bh = 0; bh < BH; ++bh)
+        for (int64_t j = 1; j < p.kv_len; ++j) {
+          if (rng.uniform() >= 0.4) continue;
+          const int64_t src = rng.uniform_int(0, j - 1);
+          std::copy_n(row(c->k, p.kv_len, D, bh, src), D,
+                      row(c->k, p.kv_len, D, bh, j));
+          if (rng.uniform() < 0.5)
+            std::copy_n(row(c->v, p.kv_len, D, bh, src), D,
+                        row(c->v, p.kv_len, D, bh, j));
+        }
+      return;
+  }
+}
+
+void apply_structure(ScaleNormCase* c, Structure s, uint64_t seed,
+                     Precision range) {
+  const ScaleNormProblem& p = c->problem;
+  Rng rng(seed ^ 0x5bd1e995ull);
+  switch (s) {
+    case Structure::kNone:
+      return;
+    case Structure::kRowsBelowEps:
+      below_eps(rng, c->x, p.rows, p.dim, p.eps);
+      return;
+    case Structure::kSubnormalEntries:
+      subnormals(rng, c->x, p.rows, p.dim, range);
+      return;
+    case Structure::kParallelRows:
+    case Structure::kAntiParallelRows:
+    case Structure::kDuplicatedKeys: {
+      const double sign = s == Structure::kAntiParallelRows ? -1.0 : 1.0;
+      for (int64_t r = 1; r < p.rows; ++r) {
+        if (rng.uniform() >= 0.5) continue;
+        const int64_t src = rng.uniform_int(0, r - 1);
+        multiple_of(rng, c->x.data() + src * p.dim, c->x.data() + r * p.dim,
+                    p.dim, sign);
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace qknorm::validation
