@@ -16,6 +16,8 @@
 #   interleaved order, then the torch peer; R*K >= 5 samples per row.
 #   --no-torch skips the peer; --install-torch apt-installs python3-torch
 #   (the peer is optional: without torch its columns read "-").
+#   --peer-omp-active: leave torch's OpenMP wait policy at its default (the
+#   peer runs with OMP_WAIT_POLICY=PASSIVE otherwise; see bench/README.md).
 #   --min-time S: seconds per repetition (default 0.1).
 #   --head: build and measure a clean export of the committed HEAD
 #   (git archive into build/bench/head-src) instead of the working tree, so
@@ -26,6 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 mode=full rounds=3 reps=2 torch=1 install_torch=0 min_time=0.1 head=0
+omp_wait=PASSIVE
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,9 +39,10 @@ while [ $# -gt 0 ]; do
     --min-time) min_time=$2; shift ;;
     --no-torch) torch=0 ;;
     --head) head=1 ;;
+    --peer-omp-active) omp_wait= ;;
     --install-torch) install_torch=1 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -84,7 +88,7 @@ fi
 
 BUILD=build/bench/${TAG}release
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DQKNORM_BUILD_BENCH=ON >/dev/null
+  -DQKNORM_BUILD_BENCH=ON -DQKNORM_ENABLE_SIMD=ON -DQKNORM_ENABLE_BLAS=ON >/dev/null
 cmake --build "$BUILD" --target qknorm-bench -j"$(nproc)"
 BIN="$BUILD/bench/qknorm-bench"
 
@@ -118,7 +122,9 @@ run_torch() {  # round
   [ "$have_torch" = 1 ] || return 0
   for t in ${threads_list//,/ }; do
     echo "== round $1: torch peer, $t thread(s)"
-    OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t $PY "$SRC/bench/torch_peer.py" \
+    # ${omp_wait:+...}: no OMP_WAIT_POLICY at all with --peer-omp-active.
+    env ${omp_wait:+OMP_WAIT_POLICY=$omp_wait} \
+      OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t $PY "$SRC/bench/torch_peer.py" \
       --threads "$t" --reps "$reps" --min-time "$min_time" "${torch_grid[@]}" \
       --out "$RAW/torch_r$1_t$t.json" 2> "$RAW/torch_r$1_t$t.log"
   done

@@ -34,12 +34,14 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -135,8 +137,29 @@ std::map<AttentionBuffers*, std::pair<const Backend*, bool>>& o_owner() {
   return m;
 }
 
+// OpenBLAS's pthread workers spin (sched_yield) for about 2^28 cycles, some
+// 0.1 s, after each parallel call before they sleep. With two cores, a
+// benchmark that follows a multi-threaded OpenBLAS one in the interleaved
+// order would share the cores with those spinners, so it first waits them
+// out (untimed). Benchmarks that use OpenBLAS themselves reuse the workers.
+constexpr int kOpenBlasSpinMs = 150;
+int g_openblas_spinning_threads = 0;
+
+void used_openblas(int threads) { g_openblas_spinning_threads = threads; }
+
+void quiesce_openblas() {
+  if (g_openblas_spinning_threads > 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(kOpenBlasSpinMs));
+  g_openblas_spinning_threads = 0;
+}
+
 void attention_benchmark(benchmark::State& state, const Backend* entry,
                          bool backward, Shape shape, int threads) {
+  if (entry->family() == "blas") {
+    used_openblas(threads);
+  } else {
+    quiesce_openblas();
+  }
   AttentionBuffers& buf = buffers_for(entry->precision(), shape.n, shape.d);
   AttentionRun& run = run_for(entry);
   try {
@@ -177,6 +200,7 @@ void gemm_benchmark(benchmark::State& state, bool pv, Shape shape,
   auto& slot = cache[{shape.n, shape.d}];
   if (!slot) slot = std::make_unique<GemmAnchor>(shape);
   set_openblas_threads(threads);
+  used_openblas(threads);
   pv ? slot->pv() : slot->qk();  // untimed warm-up
   for (auto _ : state) {
     pv ? slot->pv() : slot->qk();
@@ -192,6 +216,7 @@ void gemm_benchmark(benchmark::State& state, bool pv, Shape shape,
 constexpr int64_t kFmaSteps = 4 << 20;
 
 void fma_benchmark(benchmark::State& state, std::string isa, int threads) {
+  quiesce_openblas();
   run_fma_chains(isa, kFmaSteps / 16, threads);  // untimed warm-up
   double flops = 0;
   for (auto _ : state) flops = run_fma_chains(isa, kFmaSteps, threads);

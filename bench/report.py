@@ -110,7 +110,8 @@ def load_torch(paths):
             cpu.setdefault(r["name"], []).extend(r.get("cpu_samples", []))
             flops[r["name"]] = r["flops"]
         if data.get("torch_version"):
-            info.append("torch %s" % data["torch_version"])
+            info.append("torch %s, OMP_WAIT_POLICY %s" % (
+                data["torch_version"], data.get("omp_wait_policy", "?")))
     return samples, cpu, flops, sorted(set(info))
 
 
@@ -339,8 +340,8 @@ def evaluate_goals(rows):
             col = "x_gemm" if versus == "gemm" else "x_peer"
             cands = [r for r in rs if r["dir"] == gdir and r.get(col)]
             if not cands:
-                out.append({"entry": entry, "goal": "%s %s >= %.2fx %s" % (
-                    gdir, col, thr, versus), "status": "not measured"})
+                out.append({"entry": entry, "goal": "%s >= %.2fx %s" % (
+                    gdir, thr, versus), "status": "not measured"})
                 continue
             misses = [r for r in cands if r[col] < thr]
             worst = min(cands, key=lambda r: r[col])

@@ -143,7 +143,9 @@ def main():
                             len(records[-1]["samples"]) // 2] * 1e-9),
                         file=sys.stderr)
     emit({"torch_version": torch.__version__, "threads": args.threads,
-          "openblas_num_threads": env_blas, "records": records})
+          "openblas_num_threads": env_blas,
+          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+          "records": records})
     return 0
 
 
