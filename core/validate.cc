@@ -67,6 +67,23 @@ void check_lse(const AttentionProblem& p, int64_t size, const void* data,
   }
 }
 
+// g and eps as an entry computing in f32 (f32, bf16, f16 storage) converts
+// them: an eps that rounds to 0 would turn a zero row into 0 / 0, one above
+// the f32 range into a clamp at inf, a |g| above it into inf * 0 (found by
+// the fuzzer, issue 7).
+void check_compute_range(double g, double eps, Precision prec) {
+  if (prec == Precision::kF64) return;
+  constexpr double kF32Max = std::numeric_limits<float>::max();
+  if (!(static_cast<float>(eps) > 0 && eps <= kF32Max))
+    throw Error("eps", {},
+                "must be > 0 and finite in f32, the compute precision of " +
+                    std::string(name(prec)) + " entries (got " + num(eps) + ")");
+  if (!(std::fabs(g) <= kF32Max))
+    throw Error("g", {},
+                "outside the f32 range, the compute precision of " +
+                    std::string(name(prec)) + " entries (got " + num(g) + ")");
+}
+
 }  // namespace
 
 void validate_problem(const AttentionProblem& p) {
@@ -165,6 +182,7 @@ void out4(const char* name, const MutTensor4& t, int64_t B, int64_t H,
 void validate_forward(const AttentionProblem& p, const ForwardArgs& a,
                       Precision prec) {
   validate_problem(p);
+  if (p.variant == Variant::kQKNorm) check_compute_range(p.g, p.eps, prec);
   const int64_t B = p.batch, H = p.heads, D = p.head_dim;
   in4("q", a.q, B, H, p.q_len, D, prec);
   in4("k", a.k, B, H, p.kv_len, D, prec);
@@ -176,6 +194,7 @@ void validate_forward(const AttentionProblem& p, const ForwardArgs& a,
 void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
                        Precision prec) {
   validate_problem(p);
+  if (p.variant == Variant::kQKNorm) check_compute_range(p.g, p.eps, prec);
   const int64_t B = p.batch, H = p.heads, D = p.head_dim;
   in4("q", a.q, B, H, p.q_len, D, prec);
   in4("k", a.k, B, H, p.kv_len, D, prec);
@@ -196,6 +215,7 @@ Layout4 layout2(int64_t row_stride) { return Layout4{0, 0, row_stride}; }
 void validate_scalenorm_forward(const ScaleNormProblem& p,
                                 const ScaleNormForwardArgs& a, Precision prec) {
   validate_problem(p);
+  check_compute_range(p.g, p.eps, prec);
   validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1, p.rows, p.dim);
   validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim, prec);
   validate_tensor("y", a.y.data, a.y.size, layout2(a.y.row_stride), 1, 1, p.rows, p.dim);
@@ -205,6 +225,7 @@ void validate_scalenorm_backward(const ScaleNormProblem& p,
                                  const ScaleNormBackwardArgs& a,
                                  Precision prec) {
   validate_problem(p);
+  check_compute_range(p.g, p.eps, prec);
   validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1, p.rows, p.dim);
   validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim, prec);
   validate_tensor("dy", a.dy.data, a.dy.size, layout2(a.dy.row_stride), 1, 1, p.rows, p.dim);

@@ -1,6 +1,7 @@
 // Compiled with -ffp-contract=off (see CMakeLists.txt): no FMA contraction.
 #include "reference/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -15,10 +16,40 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-// u = x / max(||x||, eps) into `u`; returns ||x||.
+// max |x_i| and ||x / max|x_i| ||: ||x|| without forming it, for a finite x
+// whose norm overflows T (e.g. four elements of T's max; found by the fuzzer).
+template <class T>
+T scaled_norm(const T* x, int64_t n, T* amax) {
+  *amax = 0;
+  for (int64_t i = 0; i < n; ++i) *amax = std::max(*amax, std::fabs(x[i]));
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T t = x[i] / *amax;
+    s += t * t;
+  }
+  return std::sqrt(s);
+}
+
+// True iff dividing by ||x|| itself loses x's scale: ||x|| overflows T, or
+// it is above the clamp but subnormal (rounded to a few significant bits).
+// Such rows divide by max|x| and then by ||x / max|x||| instead.
+template <class T>
+bool extreme_norm(T nrm, T eps) {
+  return std::isinf(nrm) || (nrm > eps && nrm < std::numeric_limits<T>::min());
+}
+
+// u = x / max(||x||, eps) into `u`; returns ||x|| (+inf if it overflows T).
+// For an extreme_norm, u = (x / max|x|) / ||x / max|x||| (never x / inf = 0,
+// never x / a subnormal norm).
 template <class T>
 T unit_normalize(const T* x, int64_t n, T eps, T* u) {
   T nrm = nrm2(x, n);
+  if (extreme_norm(nrm, eps)) {
+    T amax;
+    const T s = scaled_norm(x, n, &amax);
+    for (int64_t i = 0; i < n; ++i) u[i] = x[i] / amax / s;
+    return nrm;
+  }
   T den = nrm > eps ? nrm : eps;
   for (int64_t i = 0; i < n; ++i) u[i] = x[i] / den;
   return nrm;
@@ -69,8 +100,14 @@ int64_t logits_row(const AttentionProblem& p, const HeadOperands<T>& h,
 
 // Normalization backward of one row: du -> dx, in place.
 template <class T>
-void unit_normalize_backward(const T* u, T nrm, T eps, int64_t n, T* du) {
-  if (nrm > eps) {
+void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
+                             T* du) {
+  if (extreme_norm(nrm, eps)) {  // divide in two steps, as unit_normalize
+    T amax;
+    const T s = scaled_norm(x, n, &amax);
+    T c = dot(u, du, n);
+    for (int64_t i = 0; i < n; ++i) du[i] = (du[i] - u[i] * c) / amax / s;
+  } else if (nrm > eps) {
     T c = dot(u, du, n);
     for (int64_t i = 0; i < n; ++i) du[i] = (du[i] - u[i] * c) / nrm;
   } else {
@@ -205,7 +242,7 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
         T* dqi = dqb + i * D;
         for (int64_t d = 0; d < D; ++d) dqi[d] = h.scale * dqh[d];
         if (qk)
-          unit_normalize_backward(h.qh.data() + i * D, h.qn[i],
+          unit_normalize_backward(qb + i * D, h.qh.data() + i * D, h.qn[i],
                                   static_cast<T>(p.eps), D, dqi);
       }
       T* dkb = dk + bh * Nk * D;
@@ -213,7 +250,7 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
         T* dkj = dkb + j * D;
         for (int64_t d = 0; d < D; ++d) dkj[d] = h.scale * dkh[j * D + d];
         if (qk)
-          unit_normalize_backward(h.kh.data() + j * D, h.kn[j],
+          unit_normalize_backward(kb + j * D, h.kh.data() + j * D, h.kn[j],
                                   static_cast<T>(p.eps), D, dkj);
       }
     }
@@ -243,7 +280,7 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
     dg_sum += dot(dyr, u.data(), D);
     T* dxr = dx + r * D;
     for (int64_t i = 0; i < D; ++i) dxr[i] = g * dyr[i];
-    unit_normalize_backward(u.data(), nrm, eps, D, dxr);
+    unit_normalize_backward(x + r * D, u.data(), nrm, eps, D, dxr);
   }
   *dg = dg_sum;
 }

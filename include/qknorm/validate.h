@@ -16,6 +16,9 @@ namespace qknorm {
 // Shape, parameter and mask rules: every dimension >= 1; the element count of
 // every tensor fits in int64 (and size_t bytes); eps finite and > 0; g finite;
 // key_lengths empty or one per batch with 0 <= len <= kv_len.
+// validate_forward / _backward / _scalenorm_* add, for entries computing in
+// f32 (precision f32, bf16, f16; qknorm variant or ScaleNorm): eps must not
+// round to 0 in f32, and eps and |g| must be <= FLT_MAX.
 void validate_problem(const AttentionProblem& p);
 void validate_problem(const ScaleNormProblem& p);
 

@@ -1,0 +1,531 @@
+// Differential libFuzzer target for QKNorm / SDPA attention: every registry
+// entry against the long-double oracle under the suite's tolerance rule.
+//
+// Input (byte format: fuzz_common.h). First byte: mode.
+//   mode even: DIFFERENTIAL. B = 1 + u8 % 2, H = 1 + u8 % 2,
+//     q_len = 1 + u8 % 16, kv_len = 1 + u8 % 16, D = 1 + u8 % 16, flags,
+//     [key lengths], g, eps, then q, k, v, dO element by element (dense
+//     [B,H,N,D] order). The case runs through the harness (checked_* front
+//     doors, NaN-prefilled outputs, row_pad guard elements).
+//   mode odd: LAYOUT. B, H, q_len, kv_len, D are dims (any int64), flags,
+//     [key lengths], g, eps, then for q, k, v, o a layout (row/head/batch
+//     stride kinds and a size delta), then the element values. Buffers hold
+//     exactly `size` elements; unaddressed elements are NaN guards.
+// flags: bit0 sdpa, bit1 causal, bit2 padding mask, bits3-4 row_pad,
+//   bit5 check bitwise determinism across thread counts (1 vs 2),
+//   bit6 add one key length too many (invalid), bit7 forward only.
+// Key lengths (if bit2): one int8 per batch (B capped at 4 while reading).
+//
+// What is checked, per entry (the entry's precision decides rounding):
+// - invalid input (the fuzzer's own model of validate.h: shapes, counts,
+//   eps, g, key lengths, layouts, and elements non-finite after rounding to
+//   storage) raises qknorm::Error and nothing else;
+// - valid input inside the representable domain (in_domain below) must not
+//   throw, and must pass check_attention (which also requires finite
+//   results, lse = -inf exactly on fully masked rows); a failure aborts with
+//   AgreementReport::failure_message() (entry, worst element, bound);
+// - qknorm: the probabilities of the entry's attention_probabilities hook
+//   satisfy the non-saturation bounds of shared/NUMERICS.md;
+// - LAYOUT: strided outputs meet the same bound as the dense run, and no
+//   entry writes an element its output layout does not address.
+// Valid input outside the domain must not crash or raise anything but
+// qknorm::Error; its values are not checked (their exact result, or an
+// intermediate the algorithm must form, is not representable).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuzz/fuzz_common.h"
+#include "qknorm/backend.h"
+#include "validation/baseline_bounds.h"
+#include "validation/harness.h"
+
+namespace qknorm::fuzz {
+namespace {
+
+using validation::AgreementReport;
+using validation::AttentionCase;
+using validation::AttentionResult;
+using validation::OracleAttention;
+using LD = long double;
+
+constexpr int64_t kMaxBatch = 4;  // key lengths read per input at most
+
+// Headroom of the domain: every intermediate bound below must stay under
+// max_finite(compute) / kHeadroom. The bounds are worst-case products, so
+// 2^6 leaves room for the few extra roundings and reassociations of a
+// blocked or vectorized kernel without admitting an overflowing input.
+constexpr double kHeadroom = 64.0;
+
+struct Decoded {
+  AttentionProblem p;
+  int64_t row_pad = 0;
+  bool threads = false, forward_only = false;
+  bool extra_key_length = false;
+};
+
+void decode_params(ByteReader& r, uint8_t flags, Decoded* d) {
+  AttentionProblem& p = d->p;
+  p.variant = (flags & 1) ? Variant::kSDPA : Variant::kQKNorm;
+  p.mask.causal = (flags & 2) != 0;
+  d->row_pad = (flags >> 3) & 3;
+  d->threads = (flags & 0x20) != 0;
+  d->extra_key_length = (flags & 0x40) != 0;
+  d->forward_only = (flags & 0x80) != 0;
+  if (flags & 4) {
+    const int64_t n = std::clamp<int64_t>(p.batch, 0, kMaxBatch) +
+                      (d->extra_key_length ? 1 : 0);
+    for (int64_t b = 0; b < n; ++b)
+      p.mask.key_lengths.push_back(static_cast<int8_t>(r.u8()));
+  }
+  p.g = r.scalar(1.0);
+  p.eps = r.scalar(kDefaultQKNormEps);
+}
+
+// The fuzzer's model of validate_problem (written from validate.h, not from
+// validate.cc, so a divergence shows up as a finding).
+bool problem_valid(const AttentionProblem& p) {
+  if (p.batch < 1 || p.heads < 1 || p.q_len < 1 || p.kv_len < 1 ||
+      p.head_dim < 1)
+    return false;
+  for (int64_t rows : {p.q_len, p.kv_len}) {
+    int64_t n;
+    if (__builtin_mul_overflow(p.batch, p.heads, &n) ||
+        __builtin_mul_overflow(n, rows, &n) ||
+        __builtin_mul_overflow(n, p.head_dim, &n) ||
+        n > std::numeric_limits<int64_t>::max() / 8)
+      return false;
+  }
+  if (p.variant == Variant::kQKNorm &&
+      (!std::isfinite(p.eps) || !(p.eps > 0) || !std::isfinite(p.g)))
+    return false;
+  const auto& kl = p.mask.key_lengths;
+  if (!kl.empty()) {
+    if (static_cast<int64_t>(kl.size()) != p.batch) return false;
+    for (int64_t len : kl)
+      if (len < 0 || len > p.kv_len) return false;
+  }
+  return true;
+}
+
+bool qk_range_ok(const AttentionProblem& p, Precision prec) {
+  return p.variant != Variant::kQKNorm || compute_range_ok(p.g, p.eps, prec);
+}
+
+// Largest row norm of a dense [rows, D] array, in long double (no overflow).
+LD max_row_norm(const std::vector<double>& x, int64_t D) {
+  LD m = 0;
+  for (size_t r = 0; r < x.size(); r += static_cast<size_t>(D)) {
+    LD s = 0;
+    for (int64_t d = 0; d < D; ++d) s += static_cast<LD>(x[r + d]) * x[r + d];
+    m = std::max(m, std::sqrt(s));
+  }
+  return m;
+}
+
+// The representable domain of a valid, rounded case for an entry of
+// precision `s`: the oracle's outputs fit the storage format (lse and dg the
+// compute format), and every intermediate the textbook algorithm forms fits
+// the compute format with kHeadroom to spare:
+//   logit amplitude A = |g| (qknorm) or max||q|| ||k|| / sqrt(D) (sdpa; also
+//     bounds the q.k dot product before scaling, times sqrt(D));
+//   softmax numerator sum_j e_j v_j <= Nk max|v|;
+//   dP_ij = dO_i . v_j and delta_i <= D max|dO| max|v| =: P1;
+//   dS <= 2 P1, dQ_hat / dK_hat <= A' N 2 P1 with A' = |g| or the sdpa scale
+//     times max||k|| (resp. ||q||); dg <= B H Nq Nk 2 P1.
+bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
+               bool forward_only) {
+  const AttentionProblem& p = c.problem;
+  const Precision cf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  if (!representable(orc.o, s) || !representable(orc.lse, cf, true))
+    return false;
+  if (!forward_only &&
+      (!representable(orc.dq, s) || !representable(orc.dk, s) ||
+       !representable(orc.dv, s) || !representable(orc.dg, cf)))
+    return false;
+  const LD lim = max_finite(cf) / kHeadroom;
+  const LD D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
+  const LD N = std::max(Nq, Nk);
+  const LD vmax = max_abs(c.v), domax = max_abs(c.d_o);
+  LD amp, grad_scale;
+  if (p.variant == Variant::kQKNorm) {
+    amp = std::fabs(p.g);
+    grad_scale = amp;
+  } else {
+    const LD qn = max_row_norm(c.q, p.head_dim);
+    const LD kn = max_row_norm(c.k, p.head_dim);
+    amp = qn * kn;  // the unscaled dot product (>= the logit)
+    grad_scale = std::max(qn, kn);
+  }
+  const LD p1 = D * domax * vmax;
+  const LD checks[] = {amp, Nk * vmax, p1, grad_scale * N * 2 * p1,
+                       static_cast<LD>(p.batch) * p.heads * Nq * Nk * 2 * p1};
+  const size_t n = forward_only ? 2 : 5;
+  for (size_t i = 0; i < n; ++i)
+    if (!(checks[i] <= lim)) return false;
+  return true;
+}
+
+std::string entry_ctx(const Backend& e, const AttentionCase& c) {
+  return "entry " + e.name() + " on " + c.describe();
+}
+
+// Dense buffers of a case in the entry's storage precision.
+struct DenseForward {
+  StridedBuffer q, k, v, o;
+  std::vector<double> lse;
+  DenseForward(Precision s, const AttentionCase& c)
+      : q(s, c.problem.batch, c.problem.heads, c.problem.q_len,
+          c.problem.head_dim, dense(c, c.problem.q_len),
+          count(c, c.problem.q_len)),
+        k(s, c.problem.batch, c.problem.heads, c.problem.kv_len,
+          c.problem.head_dim, dense(c, c.problem.kv_len),
+          count(c, c.problem.kv_len)),
+        v(k),
+        o(q),
+        lse(static_cast<size_t>(c.problem.batch * c.problem.heads *
+                                c.problem.q_len)) {
+    q.store(c.q);
+    k.store(c.k);
+    v.store(c.v);
+  }
+  static Layout4 dense(const AttentionCase& c, int64_t rows) {
+    return contiguous_layout(c.problem.heads, rows, c.problem.head_dim);
+  }
+  static int64_t count(const AttentionCase& c, int64_t rows) {
+    return c.problem.batch * c.problem.heads * rows * c.problem.head_dim;
+  }
+  ForwardArgs args() {
+    return {q.cview(), k.cview(),  v.cview(),
+            o.view(),  lse.data(), static_cast<int64_t>(lse.size())};
+  }
+};
+
+// Softmax non-saturation (shared/NUMERICS.md): with |q_hat . k_hat| <= 1,
+// a row with m visible keys has
+//   1 / (1 + (m-1) e^{2|g|}) <= p <= 1 / (1 + (m-1) e^{-2|g|}).
+// The computed logits carry an absolute error <= |g| (3D + 12) u (bounds.h),
+// folded in by inflating |g| by (3D + 16) u; exp, the row sum and the
+// division add a relative (2m + 16) u; an exp that underflows into the
+// subnormals adds up to min_normal absolutely.
+void check_non_saturation(const Backend& e, const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  if (p.variant != Variant::kQKNorm) return;
+  DenseForward buf(e.precision(), c);
+  const int64_t Nq = p.q_len, Nk = p.kv_len;
+  std::vector<double> probs(static_cast<size_t>(p.batch * p.heads * Nq * Nk),
+                            std::numeric_limits<double>::quiet_NaN());
+  auto ws = e.make_workspace();
+  if (!e.attention_probabilities(p, buf.args(), probs.data(), ws.get())) return;
+  const double u = compute_roundoff(e.precision());
+  const double tiny = min_normal(
+      e.precision() == Precision::kF64 ? Precision::kF64 : Precision::kF32);
+  const double g = std::fabs(p.g) * (1 + (3.0 * p.head_dim + 16) * u);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < Nq; ++i) {
+        const double* row =
+            &probs[static_cast<size_t>(((b * p.heads + h) * Nq + i) * Nk)];
+        int64_t m = 0;
+        for (int64_t j = 0; j < Nk; ++j) m += visible(p.mask, b, i, j, Nq, Nk);
+        const double mm = static_cast<double>(m);
+        // (m - 1) e^{2|g|} is 0 * inf for one visible key and a huge g.
+        const double lo = m <= 1 ? m : 1 / (1 + (mm - 1) * std::exp(2 * g));
+        const double hi = m <= 1 ? m : 1 / (1 + (mm - 1) * std::exp(-2 * g));
+        const double rel = (2 * mm + 16) * u;
+        double sum = 0;
+        for (int64_t j = 0; j < Nk; ++j) {
+          const double pij = row[j];
+          char where[320];
+          std::snprintf(where, sizeof where,
+                        "P[%lld,%lld,%lld,%lld] = %.17g, m = %lld visible "
+                        "keys, bounds [%.17g, %.17g]",
+                        (long long)b, (long long)h, (long long)i, (long long)j,
+                        pij, (long long)m, lo, hi);
+          if (!visible(p.mask, b, i, j, Nq, Nk)) {
+            if (pij != 0)
+              fail("masked probability is not 0",
+                   entry_ctx(e, c) + "\n  " + where);
+            continue;
+          }
+          sum += pij;
+          if (!(pij >= lo * (1 - rel) - tiny && pij <= hi * (1 + rel) + tiny))
+            fail("non-saturation bound violated",
+                 entry_ctx(e, c) + "\n  " + where);
+        }
+        if (m > 0 && !(std::fabs(sum - 1) <= rel + mm * tiny))
+          fail("probabilities do not sum to 1",
+               entry_ctx(e, c) + "\n  row sum " + std::to_string(sum));
+      }
+}
+
+bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 8) == 0);
+}
+
+void check_threads(const Backend& e, const AttentionCase& c, bool fwd_only) {
+  const ExecConfig one{1}, two{2};
+  const AttentionResult a =
+      fwd_only ? run_attention_forward(e, c, one) : run_attention(e, c, one);
+  const AttentionResult b =
+      fwd_only ? run_attention_forward(e, c, two) : run_attention(e, c, two);
+  if (!bitwise_equal(a.o, b.o) || !bitwise_equal(a.lse, b.lse) ||
+      !bitwise_equal(a.dq, b.dq) || !bitwise_equal(a.dk, b.dk) ||
+      !bitwise_equal(a.dv, b.dv) || std::memcmp(&a.dg, &b.dg, sizeof a.dg) != 0)
+    fail("results differ between 1 and 2 threads", entry_ctx(e, c));
+}
+
+// Runs `e` on a valid case outside the domain: anything but a crash, UB or
+// a non-qknorm exception is acceptable.
+void run_unchecked(const Backend& e, const AttentionCase& c, bool fwd_only) {
+  try {
+    if (fwd_only)
+      run_attention_forward(e, c);
+    else
+      run_attention(e, c);
+  } catch (const Error&) {
+  } catch (const std::exception& ex) {
+    fail("exception other than qknorm::Error",
+         entry_ctx(e, c) + "\n  what(): " + ex.what());
+  }
+}
+
+void differential(ByteReader& r) {
+  Decoded d;
+  AttentionProblem& p = d.p;
+  p.batch = 1 + r.u8() % 2;
+  p.heads = 1 + r.u8() % 2;
+  p.q_len = 1 + r.u8() % 16;
+  p.kv_len = 1 + r.u8() % 16;
+  p.head_dim = 1 + r.u8() % 16;
+  decode_params(r, r.u8(), &d);
+  AttentionCase c;
+  c.problem = p;
+  c.row_pad = d.row_pad;
+  const size_t nq =
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
+  const size_t nk =
+      static_cast<size_t>(p.batch * p.heads * p.kv_len * p.head_dim);
+  for (auto* t : {&c.q, &c.k, &c.v, &c.d_o}) {
+    const size_t n = (t == &c.q || t == &c.d_o) ? nq : nk;
+    for (size_t i = 0; i < n; ++i) t->push_back(r.scalar(1.0));
+  }
+  const bool pvalid = problem_valid(p);
+  // Oracle and domain per storage precision, computed once.
+  struct PerPrecision {
+    bool done = false, valid = false, domain = false;
+    AttentionCase rc;
+    OracleAttention oracle;
+  } per[4];
+  for (const Backend* e : all_backends().entries()) {
+    if (!e->available()) continue;
+    PerPrecision& pp = per[static_cast<int>(e->precision())];
+    if (!pp.done) {
+      pp.done = true;
+      pp.rc = validation::round_inputs(c, e->precision());
+      pp.valid = pvalid && qk_range_ok(p, e->precision()) &&
+                 all_finite(pp.rc.q) && all_finite(pp.rc.k) &&
+                 all_finite(pp.rc.v) &&
+                 (d.forward_only || all_finite(pp.rc.d_o));
+      if (pp.valid) {
+        pp.oracle = validation::oracle_attention(pp.rc);
+        pp.domain = in_domain(pp.rc, pp.oracle, e->precision(), d.forward_only);
+      }
+    }
+    const std::string ctx = entry_ctx(*e, pp.rc);
+    if (!pp.valid) {
+      expect_outcome(true, ctx, [&] {
+        if (d.forward_only)
+          run_attention_forward(*e, pp.rc);
+        else
+          run_attention(*e, pp.rc);
+      });
+      continue;
+    }
+    if (!pp.domain) {
+      run_unchecked(*e, pp.rc, d.forward_only);
+      continue;
+    }
+    AgreementReport rep;
+    expect_outcome(false, ctx, [&] {
+      rep = validation::check_attention(*e, pp.rc, {}, d.forward_only);
+    });
+    if (!rep.pass)
+      fail("entry disagrees with the oracle", rep.failure_message());
+    if (e == &validation::naive_for(e->precision()))
+      check_baseline(
+          rep, validation::baseline_bounds(pp.rc, pp.oracle, e->precision()),
+          {{"o", underflow_slack(e->precision(), p.head_dim + p.kv_len,
+                                 max_abs(pp.rc.v))},
+           {"lse", underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
+    check_non_saturation(*e, pp.rc);
+    if (d.threads) check_threads(*e, pp.rc, d.forward_only);
+  }
+}
+
+// ---- LAYOUT mode ----------------------------------------------------------
+
+// A stride: kind = tag % 4: 0 dense, 1 dense + u8 % 8 extra, 2 zero (rows
+// or heads alias: allowed for inputs), 3 raw int64.
+int64_t decode_stride(ByteReader& r, int64_t dense) {
+  const uint8_t tag = r.u8();
+  switch (tag % 4) {
+    case 0:
+      return dense;
+    case 1:
+      return sat_add(dense, r.u8() % 8);
+    case 2:
+      return 0;
+    default:
+      return static_cast<int64_t>(r.u64());
+  }
+}
+
+// Largest buffer the layout mode allocates; a layout needing more is only
+// run with a small buffer, where validation must reject it.
+constexpr int64_t kMaxElements = 1 << 15;
+constexpr int64_t kSmallBuffer = 16;
+
+struct LayoutSpec {
+  Layout4 layout;
+  int64_t size = kSmallBuffer;
+  bool valid = false;  // the model of validate_tensor
+};
+
+LayoutSpec decode_layout(ByteReader& r, int64_t H, int64_t rows, int64_t D,
+                         int64_t B, bool dims_small) {
+  LayoutSpec s;
+  // Dense strides, saturated so that huge dims do not overflow here.
+  auto sat_mul = [](int64_t a, int64_t b) {
+    int64_t x;
+    return __builtin_mul_overflow(a, b, &x)
+               ? std::numeric_limits<int64_t>::max()
+               : x;
+  };
+  s.layout.row_stride = decode_stride(r, D);
+  s.layout.head_stride = decode_stride(r, sat_mul(rows, s.layout.row_stride));
+  s.layout.batch_stride = decode_stride(r, sat_mul(H, s.layout.head_stride));
+  const int delta = static_cast<int8_t>(r.u8()) % 4;  // -3..3
+  const int64_t need = required_size(s.layout, B, H, rows, D);
+  if (dims_small && need > 0 && need + 3 <= kMaxElements)
+    s.size = std::max<int64_t>(1, need + delta);
+  s.valid =
+      dims_small && need > 0 && s.layout.row_stride >= D && s.size >= need;
+  return s;
+}
+
+struct LayoutCase {
+  Decoded d;
+  LayoutSpec q, k, v, o;
+  std::vector<double> qv, kv, vv;  // dense values
+};
+
+void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
+  const AttentionProblem& p = lc.d.p;
+  const Precision s = e.precision();
+  const bool small = valid;  // valid implies dims and buffers are small
+  const int64_t B = small ? p.batch : 1, H = small ? p.heads : 1;
+  const int64_t Nq = small ? p.q_len : 1, Nk = small ? p.kv_len : 1;
+  const int64_t D = small ? p.head_dim : 1;
+  StridedBuffer q(s, B, H, Nq, D, lc.q.layout, lc.q.size);
+  StridedBuffer k(s, B, H, Nk, D, lc.k.layout, lc.k.size);
+  StridedBuffer v(s, B, H, Nk, D, lc.v.layout, lc.v.size);
+  StridedBuffer o(s, B, H, Nq, D, lc.o.layout, lc.o.size);
+  if (small) {
+    q.store(lc.qv);
+    k.store(lc.kv);
+    v.store(lc.vv);
+  }
+  // lse: B*H*q_len doubles when that is small, else a short buffer (the
+  // shape or the layouts are invalid then anyway).
+  std::vector<double> lse(small ? static_cast<size_t>(B * H * Nq) : 1,
+                          std::numeric_limits<double>::quiet_NaN());
+  ForwardArgs a{q.cview(), k.cview(),  v.cview(),
+                o.view(),  lse.data(), static_cast<int64_t>(lse.size())};
+  AttentionCase c;
+  c.problem = p;
+  if (small) {
+    c.q = q.load();
+    c.k = k.load();
+    c.v = v.load();
+    c.d_o.assign(c.q.size(), 0.0);
+  }
+  // Values after storage rounding and aliasing decide validity too.
+  const bool finite = all_finite(c.q) && all_finite(c.k) && all_finite(c.v);
+  const std::string ctx = "LAYOUT " + entry_ctx(e, c);
+  auto ws = e.make_workspace();
+  const bool ran =
+      expect_outcome(!(valid && finite && qk_range_ok(p, s)), ctx,
+                     [&] { checked_attention_forward(e, p, a, ws.get()); });
+  if (!ran) return;
+  if (!o.guards_intact()) fail("entry wrote outside its output layout", ctx);
+  // The same values, dense, through the harness: the strided result must
+  // meet the bound the dense run is held to.
+  const OracleAttention orc = validation::oracle_attention(c);
+  if (!in_domain(c, orc, s, true) || o.overlapping()) return;
+  AgreementReport rep = validation::check_attention(e, c, {}, true);
+  if (!rep.pass) fail("entry disagrees with the oracle", rep.failure_message());
+  const auto ov = validation::compare(o.load(), orc.o, s);
+  const auto lv = validation::compare(
+      lse, orc.lse, s == Precision::kF64 ? Precision::kF64 : Precision::kF32);
+  const auto& fo = rep.fields[0];
+  const auto& fl = rep.fields[1];
+  if (ov.nonfinite_mismatch || ov.max_abs > fo.bound || lv.nonfinite_mismatch ||
+      lv.max_abs > fl.bound)
+    fail("strided result outside the tolerance bound",
+         ctx + "\n  o: " + validation::describe(ov) + " bound " +
+             std::to_string(fo.bound) + "\n  lse: " + validation::describe(lv) +
+             " bound " + std::to_string(fl.bound));
+}
+
+void layout(ByteReader& r) {
+  LayoutCase lc;
+  AttentionProblem& p = lc.d.p;
+  p.batch = r.dim();
+  p.heads = r.dim();
+  p.q_len = r.dim();
+  p.kv_len = r.dim();
+  p.head_dim = r.dim();
+  const uint8_t flags = r.u8();
+  decode_params(r, static_cast<uint8_t>(flags | 0x80), &lc.d);
+  const bool pvalid = problem_valid(p);
+  const bool small = pvalid && p.batch <= 2 && p.heads <= 2 && p.q_len <= 16 &&
+                     p.kv_len <= 16 && p.head_dim <= 16;
+  lc.q = decode_layout(r, p.heads, p.q_len, p.head_dim, p.batch, small);
+  lc.k = decode_layout(r, p.heads, p.kv_len, p.head_dim, p.batch, small);
+  lc.v = decode_layout(r, p.heads, p.kv_len, p.head_dim, p.batch, small);
+  lc.o = decode_layout(r, p.heads, p.q_len, p.head_dim, p.batch, small);
+  const bool valid =
+      small && lc.q.valid && lc.k.valid && lc.v.valid && lc.o.valid;
+  if (small) {
+    const size_t nq =
+        static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
+    const size_t nk =
+        static_cast<size_t>(p.batch * p.heads * p.kv_len * p.head_dim);
+    for (size_t i = 0; i < nq; ++i) lc.qv.push_back(r.scalar());
+    for (size_t i = 0; i < nk; ++i) lc.kv.push_back(r.scalar());
+    for (size_t i = 0; i < nk; ++i) lc.vv.push_back(r.scalar());
+  }
+  // A shape that is valid but too large to allocate is exercised with small
+  // buffers, which validation must reject.
+  for (const Backend* e : all_backends().entries())
+    if (e->available()) run_layout_entry(*e, lc, valid);
+}
+
+}  // namespace
+}  // namespace qknorm::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  qknorm::fuzz::ByteReader r(data, size);
+  if (r.u8() & 1)
+    qknorm::fuzz::layout(r);
+  else
+    qknorm::fuzz::differential(r);
+  return 0;
+}

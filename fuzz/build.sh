@@ -1,0 +1,44 @@
+#!/bin/bash -eu
+# Builds the qknorm libFuzzer targets the OSS-Fuzz / ClusterFuzzLite way:
+# honours $CC, $CXX, $CFLAGS, $CXXFLAGS (sanitizer and coverage flags, e.g.
+# -fsanitize=address,fuzzer-no-link), $LIB_FUZZING_ENGINE (the engine to link,
+# e.g. -fsanitize=fuzzer) and $OUT (where binaries and seed corpora go).
+# Outside OSS-Fuzz every variable has a local default: Clang with
+# ASan + UBSan (-fno-sanitize-recover=all) and libFuzzer.
+#
+# Writes $OUT/<target> and $OUT/<target>_seed_corpus.zip (OSS-Fuzz picks the
+# zip up as the seed corpus) for every target listed by fuzz/CMakeLists.txt.
+# Environment for local use: QKNORM_FUZZ_BUILD_DIR (default
+# <repo>/build-fuzz/clang), QKNORM_FUZZ_CMAKE_ARGS (extra -D options, e.g.
+# "-DQKNORM_ENABLE_SIMD=OFF"), JOBS (default 2).
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export CC=${CC:-clang}
+export CXX=${CXX:-clang++}
+sanitize="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all"
+CFLAGS=${CFLAGS:-"-O1 -g -fno-omit-frame-pointer $sanitize"}
+CXXFLAGS=${CXXFLAGS:-"-O1 -g -fno-omit-frame-pointer $sanitize"}
+LIB_FUZZING_ENGINE=${LIB_FUZZING_ENGINE:-"-fsanitize=fuzzer"}
+OUT=${OUT:-$src/build-fuzz/out}
+build=${QKNORM_FUZZ_BUILD_DIR:-${WORK:+$WORK/qknorm-fuzz}}
+build=${build:-$src/build-fuzz/clang}
+targets=(attention_fuzzer scalenorm_fuzzer)
+
+mkdir -p "$OUT" "$build"
+# CMAKE_BUILD_TYPE "Fuzz" adds no flags of its own: $CXXFLAGS decide the
+# optimization level, as OSS-Fuzz expects.
+# shellcheck disable=SC2086
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Fuzz \
+  -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
+  -DCMAKE_C_FLAGS="$CFLAGS" -DCMAKE_CXX_FLAGS="$CXXFLAGS" \
+  -DQKNORM_BUILD_FUZZ=ON -DQKNORM_FUZZ_ENGINE="$LIB_FUZZING_ENGINE" \
+  -DQKNORM_BUILD_BENCH=OFF ${QKNORM_FUZZ_CMAKE_ARGS:-}
+cmake --build "$build" -j "${JOBS:-2}" --target "${targets[@]}"
+
+for t in "${targets[@]}"; do
+  cp "$build/fuzz/$t" "$OUT/$t"
+  if command -v zip >/dev/null; then
+    rm -f "$OUT/${t}_seed_corpus.zip"
+    (cd "$src/fuzz/corpus/$t" && zip -q -r "$OUT/${t}_seed_corpus.zip" .)
+  fi
+done
+echo "fuzz/build.sh: built ${targets[*]} into $OUT"

@@ -1,0 +1,436 @@
+// Writes the hand-made seed corpus of the fuzz targets (fuzz/corpus/<target>/)
+// in the byte format of fuzz_common.h, so the seeds are reproducible and
+// documented here rather than opaque binary files.
+//
+//   fuzz_make_corpus OUT_DIR          writes OUT_DIR/<target>/<seed>
+//   fuzz_make_corpus --check DIR      exits 1 unless every seed exists in DIR
+//                                     byte for byte (files not generated
+//                                     here, e.g. crash reproducers, are kept)
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fuzz/fuzz_common.h"
+#include "validation/rng.h"
+
+namespace qknorm::fuzz {
+namespace {
+
+using DL = std::numeric_limits<double>;
+using FL = std::numeric_limits<float>;
+
+struct Seed {
+  std::string target, name;
+  std::vector<uint8_t> bytes;
+};
+
+// An element generator: (tensor 0..3 = q, k, v, dO; flat index) -> value.
+using Values = std::function<double(int, int64_t)>;
+
+// A few reproducible values on a grid of 1/4 (2-byte small scalars).
+double grid(int tensor, int64_t i) {
+  validation::Rng rng(static_cast<uint64_t>(tensor * 1000003 + i));
+  return std::round(rng.normal() * 8) / 4;
+}
+
+struct Attn {
+  int64_t B = 1, H = 1, Nq = 4, Nk = 4, D = 4;
+  bool sdpa = false, causal = false, threads = false, fwd_only = false;
+  bool extra_len = false;
+  int row_pad = 0;
+  std::vector<int8_t> key_lengths;  // non-empty: padding mask
+  double g = 12.3197;
+  bool default_eps = true;
+  double eps = 0;
+  Values values = grid;
+
+  std::vector<uint8_t> encode() const {
+    ByteWriter w;
+    w.u8(0);  // differential mode
+    w.u8(static_cast<uint8_t>(B - 1)).u8(static_cast<uint8_t>(H - 1));
+    w.u8(static_cast<uint8_t>(Nq - 1)).u8(static_cast<uint8_t>(Nk - 1));
+    w.u8(static_cast<uint8_t>(D - 1));
+    uint8_t flags = (sdpa ? 1 : 0) | (causal ? 2 : 0) |
+                    (key_lengths.empty() ? 0 : 4) | (row_pad << 3) |
+                    (threads ? 0x20 : 0) | (extra_len ? 0x40 : 0) |
+                    (fwd_only ? 0x80 : 0);
+    w.u8(flags);
+    for (int8_t l : key_lengths) w.u8(static_cast<uint8_t>(l));
+    w.scalar(g);
+    if (default_eps)
+      w.scalar_default();
+    else
+      w.scalar(eps);
+    const int64_t nq = B * H * Nq * D, nk = B * H * Nk * D;
+    for (int t = 0; t < 4; ++t)
+      for (int64_t i = 0; i < (t == 0 || t == 3 ? nq : nk); ++i)
+        w.scalar(values(t, i));
+    return w.bytes();
+  }
+};
+
+// Layout mode: raw dims, strides as (kind, payload) byte strings.
+struct AttnLayout {
+  int64_t B = 1, H = 1, Nq = 3, Nk = 3, D = 4;
+  uint8_t flags = 0;
+  double g = 12.3197;
+  // Per tensor q, k, v, o: stride bytes (row, head, batch) and size delta.
+  std::vector<uint8_t> strides[4];
+  int8_t delta[4] = {0, 0, 0, 0};
+  Values values = grid;
+
+  std::vector<uint8_t> encode() const {
+    ByteWriter w;
+    w.u8(1);
+    w.dim(B).dim(H).dim(Nq).dim(Nk).dim(D);
+    w.u8(flags);
+    w.scalar(g).scalar_default();
+    for (int t = 0; t < 4; ++t) {
+      const std::vector<uint8_t>& s =
+          strides[t].empty() ? std::vector<uint8_t>{0, 0, 0} : strides[t];
+      for (uint8_t b : s) w.u8(b);
+      w.u8(static_cast<uint8_t>(delta[t]));
+    }
+    const int64_t nq = B * H * Nq * D, nk = B * H * Nk * D;
+    if (B <= 2 && H <= 2 && Nq <= 16 && Nk <= 16 && D <= 16 && B > 0 && H > 0 &&
+        Nq > 0 && Nk > 0 && D > 0)
+      for (int t = 0; t < 3; ++t)
+        for (int64_t i = 0; i < (t == 0 ? nq : nk); ++i) w.scalar(values(t, i));
+    return w.bytes();
+  }
+};
+
+struct Scale {
+  int64_t rows = 4, dim = 8;
+  double g = 2.8284271247461903;  // sqrt(8)
+  bool default_eps = true;
+  double eps = 0;
+  Values values = grid;  // tensor 0 = x, 1 = dy
+
+  std::vector<uint8_t> encode() const {
+    ByteWriter w;
+    w.u8(0);
+    w.u8(static_cast<uint8_t>(rows - 1)).u8(static_cast<uint8_t>(dim - 1));
+    w.scalar(g);
+    if (default_eps)
+      w.scalar_default();
+    else
+      w.scalar(eps);
+    for (int t = 0; t < 2; ++t)
+      for (int64_t i = 0; i < rows * dim; ++i) w.scalar(values(t, i));
+    return w.bytes();
+  }
+};
+
+// Values of `base` with tensor `t`'s elements replaced by f(i) when `when`.
+Values with(int t, std::function<double(int64_t)> f, Values base = grid) {
+  return [=](int tt, int64_t i) { return tt == t ? f(i) : base(tt, i); };
+}
+
+std::vector<Seed> attention_seeds() {
+  std::vector<Seed> s;
+  auto add = [&](const std::string& n, const std::vector<uint8_t>& b) {
+    s.push_back({"attention_fuzzer", n, b});
+  };
+  Attn a;
+  a.D = 1, a.Nq = 3, a.Nk = 3;
+  add("d1", a.encode());
+  a = Attn{};
+  a.Nk = 1, a.Nq = 5, a.D = 8;
+  add("kv_len1", a.encode());
+  a = Attn{};
+  a.Nq = a.Nk = 1, a.D = 1;
+  add("minimal", a.encode());
+  a = Attn{};
+  a.values = [](int t, int64_t i) { return t < 2 ? 0.0 : grid(t, i); };
+  add("zero_qk_rows", a.encode());
+  a.values = [](int, int64_t) { return 0.0; };
+  add("all_zero", a.encode());
+  a = Attn{};
+  a.D = 3;  // q rows 0 and 2 zero, k row 1 zero
+  a.values = [](int t, int64_t i) {
+    const int64_t row = i / 3;
+    if ((t == 0 && row % 2 == 0) || (t == 1 && row == 1)) return 0.0;
+    return grid(t, i);
+  };
+  add("some_zero_rows", a.encode());
+  a = Attn{};
+  a.causal = true, a.Nq = 5, a.Nk = 2;
+  add("causal_fully_masked_rows", a.encode());
+  a = Attn{};
+  a.causal = true, a.Nq = a.Nk = 6, a.D = 5, a.threads = true;
+  add("causal_square_threads", a.encode());
+  a = Attn{};
+  a.B = 2, a.key_lengths = {0, 3}, a.Nk = 5;
+  add("padding_fully_masked_batch", a.encode());
+  a.causal = true, a.key_lengths = {2, 5}, a.Nq = 3, a.H = 2;
+  add("padding_and_causal", a.encode());
+  a = Attn{};
+  a.values = with(
+      0, [](int64_t i) { return i % 3 ? DL::max() : -DL::max(); },
+      with(1, [](int64_t) { return DL::max(); }));
+  add("huge_f64_qk", a.encode());
+  a.values = [](int, int64_t i) { return i % 3 ? FL::max() : -FL::max(); };
+  add("huge_f32_all", a.encode());
+  a.values = with(
+      0, [](int64_t) { return 3e38; },
+      with(1, [](int64_t i) { return i % 2 ? 2e38 : -1e38; }));
+  add("near_f32_max_qk", a.encode());
+  a = Attn{};
+  a.values = [](int t, int64_t i) {
+    return t < 2 ? DL::denorm_min() * static_cast<double>(i % 5 + 1)
+                 : grid(t, i);
+  };
+  add("subnormal_f64_qk", a.encode());
+  a.values = [](int t, int64_t i) {
+    return t < 2 ? FL::denorm_min() * static_cast<double>(i % 7 + 1)
+                 : grid(t, i);
+  };
+  add("subnormal_f32_qk", a.encode());
+  a.values = [](int t, int64_t i) {
+    return t < 2 ? 0x1p-24 * static_cast<double>(i % 3 + 1) : grid(t, i);
+  };
+  add("subnormal_f16_qk", a.encode());
+  a = Attn{};
+  a.values = with(0, [](int64_t i) { return 1e-13 * (i % 3 + 1); });
+  add("q_below_eps", a.encode());
+  a = Attn{};
+  a.g = 0;
+  add("g_zero", a.encode());
+  a.g = -3;
+  add("g_negative", a.encode());
+  a.g = -24.85;
+  a.Nk = 9;
+  add("g_negative_large", a.encode());
+  a.g = 30;
+  add("g_30", a.encode());
+  a.g = 1e4;
+  add("g_1e4_saturating", a.encode());
+  a.g = 3e38;
+  add("g_near_f32_max", a.encode());
+  a = Attn{};
+  a.values = [](int t, int64_t i) { return t == 2 ? 7e4 : grid(t, i); };
+  add("v_beyond_f16_max", a.encode());
+  a = Attn{};
+  a.values = [](int t, int64_t i) { return t == 2 ? 6e4 : grid(t, i); };
+  a.Nk = 8;
+  add("v_near_f16_max", a.encode());
+  a = Attn{};
+  a.sdpa = true;
+  add("sdpa", a.encode());
+  a.sdpa = true, a.causal = true, a.Nq = 3, a.Nk = 7, a.D = 16;
+  add("sdpa_causal_rect", a.encode());
+  a = Attn{};
+  a.sdpa = true;
+  a.values = [](int t, int64_t i) { return t < 2 ? 1e20 * grid(t, i) : 1.0; };
+  add("sdpa_huge_logits", a.encode());
+  a = Attn{};
+  a.B = 2, a.H = 2, a.Nq = 7, a.Nk = 9, a.D = 5, a.row_pad = 3;
+  a.threads = true, a.key_lengths = {9, 4};
+  add("row_pad_threads_b2h2", a.encode());
+  a = Attn{};
+  a.Nq = a.Nk = 16, a.D = 16, a.fwd_only = true;
+  add("max_shape_forward_only", a.encode());
+  a = Attn{};
+  a.default_eps = false, a.eps = 1e-300;
+  a.values = with(0, [](int64_t i) { return i < 4 ? 0.0 : grid(0, i); });
+  add("eps_tiny_zero_row", a.encode());
+  a.eps = 1e3;  // every row in the clamp region
+  add("eps_large", a.encode());
+  // Invalid inputs: each must raise qknorm::Error.
+  a = Attn{};
+  a.values = with(0, [](int64_t i) { return i == 5 ? DL::quiet_NaN() : 1.0; });
+  add("invalid_nan_q", a.encode());
+  a.values = with(2, [](int64_t i) { return i == 0 ? -DL::infinity() : 1.0; });
+  add("invalid_inf_v", a.encode());
+  a.values = with(3, [](int64_t i) { return i == 15 ? DL::infinity() : 1.0; });
+  add("invalid_inf_do", a.encode());
+  a = Attn{};
+  a.default_eps = false, a.eps = 0;
+  add("invalid_eps_zero", a.encode());
+  a.eps = -1e-12;
+  add("invalid_eps_negative", a.encode());
+  a.eps = DL::quiet_NaN();
+  add("invalid_eps_nan", a.encode());
+  a = Attn{};
+  a.g = DL::infinity();
+  add("invalid_g_inf", a.encode());
+  a.g = DL::quiet_NaN();
+  add("invalid_g_nan", a.encode());
+  a = Attn{};
+  a.key_lengths = {5};
+  add("invalid_key_length_too_long", a.encode());
+  a.key_lengths = {-1};
+  add("invalid_key_length_negative", a.encode());
+  a.key_lengths = {2, 2}, a.extra_len = true;
+  add("invalid_key_length_count", a.encode());
+  a = Attn{};
+  a.sdpa = true, a.default_eps = false, a.eps = 0, a.g = DL::quiet_NaN();
+  add("sdpa_ignores_g_eps", a.encode());
+
+  // LAYOUT mode.
+  AttnLayout l;
+  add("layout_dense", l.encode());
+  l.strides[0] = {1, 3, 0, 0};     // q row stride D + 3
+  l.strides[1] = {0, 2, 0};        // k heads alias (H = 1: harmless)
+  l.strides[2] = {1, 1, 1, 5, 0};  // v padded rows and heads
+  l.strides[3] = {1, 2, 1, 7, 1, 1};
+  l.H = 2, l.B = 2;
+  add("layout_strided_b2h2", l.encode());
+  l.strides[0] = {0, 2, 2};  // q: every head and batch reads one block
+  add("layout_aliased_inputs", l.encode());
+  l = AttnLayout{};
+  l.delta[1] = -1;
+  add("invalid_layout_size_short", l.encode());
+  l = AttnLayout{};
+  l.strides[3] = {1, 0, 0, 0};
+  l.strides[0] = {2, 0, 0};  // row stride 0 < D
+  add("invalid_layout_row_stride_zero", l.encode());
+  l = AttnLayout{};
+  l.strides[1] = {3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0, 0};
+  add("invalid_layout_huge_row_stride", l.encode());
+  l = AttnLayout{};
+  l.D = 0;
+  add("invalid_dim_zero", l.encode());
+  l = AttnLayout{};
+  l.Nq = -3;
+  add("invalid_dim_negative", l.encode());
+  l = AttnLayout{};
+  l.B = std::numeric_limits<int64_t>::max(), l.Nk = 2;
+  add("invalid_count_overflow", l.encode());
+  l = AttnLayout{};
+  l.B = int64_t{1} << 10, l.H = int64_t{1} << 10, l.Nq = int64_t{1} << 10;
+  add("valid_shape_huge_buffer_short", l.encode());
+  return s;
+}
+
+std::vector<Seed> scalenorm_seeds() {
+  std::vector<Seed> s;
+  auto add = [&](const std::string& n, const std::vector<uint8_t>& b) {
+    s.push_back({"scalenorm_fuzzer", n, b});
+  };
+  Scale c;
+  add("basic", c.encode());
+  c.dim = 1, c.g = 1;
+  add("d1", c.encode());
+  c = Scale{};
+  c.values = with(0, [](int64_t i) { return i < 8 ? 0.0 : grid(0, i); });
+  add("zero_row", c.encode());
+  c.values = [](int, int64_t) { return 0.0; };
+  add("all_zero", c.encode());
+  c = Scale{};
+  c.values = with(0, [](int64_t i) { return i % 2 ? DL::max() : -DL::max(); });
+  add("huge_f64", c.encode());
+  c.values = with(0, [](int64_t i) { return i % 2 ? FL::max() : 1.0; });
+  add("huge_f32", c.encode());
+  c.values = with(0, [](int64_t) { return 2e19; });
+  add("sum_of_squares_overflows_f32", c.encode());
+  c.values = with(0, [](int64_t i) { return DL::denorm_min() * (i % 4); });
+  add("subnormal_f64", c.encode());
+  c.values = with(0, [](int64_t i) { return FL::denorm_min() * (i % 4 + 1); });
+  add("subnormal_f32", c.encode());
+  c.values = with(0, [](int64_t i) { return 1e-6 * grid(0, i); });
+  add("below_eps", c.encode());
+  c = Scale{};
+  c.g = 0;
+  add("g_zero", c.encode());
+  c.g = -3;
+  add("g_negative", c.encode());
+  c.g = 3e38;
+  add("g_near_f32_max", c.encode());
+  c.g = 1e300;
+  add("g_huge_f64", c.encode());
+  c = Scale{};
+  c.rows = 16, c.dim = 32;
+  add("max_shape", c.encode());
+  c = Scale{};
+  c.values = with(0, [](int64_t i) { return i == 3 ? DL::quiet_NaN() : 1.0; });
+  add("invalid_nan_x", c.encode());
+  c.values = with(1, [](int64_t i) { return i == 0 ? DL::infinity() : 1.0; });
+  add("invalid_inf_dy", c.encode());
+  c.values = with(0, [](int64_t) { return 1e5; });
+  add("x_beyond_f16_max", c.encode());
+  c = Scale{};
+  c.default_eps = false, c.eps = 0;
+  add("invalid_eps_zero", c.encode());
+  c.eps = 1e-300;
+  c.values = with(0, [](int64_t i) { return i < 8 ? 0.0 : 1.0; });
+  add("eps_tiny_zero_row", c.encode());
+  c = Scale{};
+  c.g = DL::infinity();
+  add("invalid_g_inf", c.encode());
+  // LAYOUT mode: rows, dim as dims; per tensor (x, y, dy, dx) stride bytes
+  // and a size delta; then values.
+  auto layout = [](int64_t rows, int64_t dim,
+                   std::vector<std::vector<uint8_t>> specs, bool vals) {
+    ByteWriter w;
+    w.u8(1).dim(rows).dim(dim).scalar(2.0).scalar_default();
+    for (auto& sp : specs)
+      for (uint8_t b : sp) w.u8(b);
+    if (vals)
+      for (int t = 0; t < 2; ++t)
+        for (int64_t i = 0; i < rows * dim; ++i) w.scalar(grid(t, i));
+    return w.bytes();
+  };
+  add("layout_dense", layout(3, 5, {{0, 0}, {0, 0}, {0, 0}, {0, 0}}, true));
+  add("layout_padded",
+      layout(3, 5, {{1, 3, 0}, {1, 1, 0}, {2, 0}, {1, 7, 0}}, true));
+  add("layout_aliased_x_rows",
+      layout(3, 5, {{2, 0}, {0, 0}, {0, 0}, {0, 0}}, true));
+  add("invalid_layout_short",
+      layout(3, 5, {{0, 0}, {0, 0xff}, {0, 0}, {0, 0}}, false));
+  add("invalid_rows_zero",
+      layout(0, 5, {{0, 0}, {0, 0}, {0, 0}, {0, 0}}, false));
+  add("invalid_overflow", layout(std::numeric_limits<int64_t>::max() / 2, 3,
+                                 {{0, 0}, {0, 0}, {0, 0}, {0, 0}}, false));
+  return s;
+}
+
+std::vector<uint8_t> read_file(const std::filesystem::path& p, bool* ok) {
+  std::ifstream in(p, std::ios::binary);
+  *ok = static_cast<bool>(in);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+}  // namespace qknorm::fuzz
+
+int main(int argc, char** argv) {
+  using namespace qknorm::fuzz;
+  const bool check = argc == 3 && std::string(argv[1]) == "--check";
+  if (argc != 2 && !check) {
+    std::fprintf(stderr, "usage: %s OUT_DIR | --check DIR\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path root(argv[argc - 1]);
+  std::vector<Seed> seeds = attention_seeds();
+  for (auto& s : scalenorm_seeds()) seeds.push_back(s);
+  int bad = 0;
+  for (const Seed& s : seeds) {
+    const auto path = root / s.target / s.name;
+    if (check) {
+      bool ok;
+      if (read_file(path, &ok) != s.bytes || !ok) {
+        std::fprintf(stderr, "out of date: %s\n", path.c_str());
+        ++bad;
+      }
+      continue;
+    }
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(s.bytes.data()),
+              static_cast<std::streamsize>(s.bytes.size()));
+  }
+  std::fprintf(stderr, "%zu seeds %s%s\n", seeds.size(),
+               check ? "checked in " : "written to ", root.c_str());
+  if (bad)
+    std::fprintf(stderr, "%d seed(s) out of date: rerun fuzz_make_corpus %s\n",
+                 bad, root.c_str());
+  return bad ? 1 : 0;
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the whole qknorm suite with AddressSanitizer + UndefinedBehaviorSanitizer
+# (-DQKNORM_SANITIZE=ON: -fsanitize=address,undefined -fno-sanitize-recover=all)
+# in its own build directory and runs ctest on it. Exits non-zero if the build
+# fails, if any test fails, or if a sanitizer reports anything (every report
+# aborts the test process, so it shows up as a failed test).
+#
+# Usage: scripts/sanitize.sh [extra cmake -D options...]
+# Environment:
+#   QKNORM_ASAN_BUILD_DIR  build directory          (default: <repo>/build-asan)
+#   QKNORM_ASAN_LABEL      ctest label to run; empty runs every test
+#                          (default: quick; the full suite is slow under ASan)
+#   QKNORM_ASAN_BUILD_TYPE CMAKE_BUILD_TYPE          (default: RelWithDebInfo)
+#   JOBS                   parallel build/test jobs  (default: 2)
+#   CC, CXX                compilers, as CMake reads them (default: the system GCC)
+# Example, while simd/ and blas_path/ are not buildable:
+#   scripts/sanitize.sh -DQKNORM_ENABLE_SIMD=OFF -DQKNORM_ENABLE_BLAS=OFF
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${QKNORM_ASAN_BUILD_DIR:-$root/build-asan}
+label=${QKNORM_ASAN_LABEL-quick}
+build_type=${QKNORM_ASAN_BUILD_TYPE:-RelWithDebInfo}
+jobs=${JOBS:-2}
+
+# Every sanitizer report is fatal; leaks are reported (LeakSanitizer is part
+# of ASan on x86-64 Linux).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_invalid_pointer_pairs=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+start=$(date +%s)
+log=$build/sanitize.log
+mkdir -p "$build"
+
+echo "== sanitize: configuring $build (ASan+UBSan, $build_type)"
+if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="$build_type" \
+    -DQKNORM_SANITIZE=ON -DQKNORM_BUILD_BENCH=OFF "$@" >"$log" 2>&1; then
+  tail -n 40 "$log"
+  echo "== sanitize: FAILED (configure); full log: $log"
+  exit 1
+fi
+
+echo "== sanitize: building (-j$jobs)"
+if ! cmake --build "$build" -j "$jobs" >>"$log" 2>&1; then
+  grep -E 'error|Error' "$log" | head -n 40 || true
+  echo "== sanitize: FAILED (build); full log: $log"
+  exit 1
+fi
+
+ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 1500)
+if [[ -n "$label" ]]; then
+  ctest_args+=(-L "$label")
+fi
+echo "== sanitize: ctest ${label:+-L $label}"
+set +e
+ctest "${ctest_args[@]}" 2>&1 | tee "$build/sanitize-ctest.log" | grep -vE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed'
+rc=${PIPESTATUS[0]}
+set -e
+elapsed=$(( $(date +%s) - start ))
+summary=$(grep -E 'tests passed|tests failed' "$build/sanitize-ctest.log" | tail -n 1 || true)
+if [[ $rc -ne 0 ]]; then
+  echo "== sanitize: FAILED: ${summary:-ctest exit $rc} (${elapsed}s); see $build/sanitize-ctest.log"
+  exit 1
+fi
+if ! grep -qE '100% tests passed' "$build/sanitize-ctest.log"; then
+  echo "== sanitize: FAILED: no tests ran (${elapsed}s)"
+  exit 1
+fi
+echo "== sanitize: OK: ${summary} (${elapsed}s, label '${label:-<all>}')"
