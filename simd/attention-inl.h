@@ -102,41 +102,6 @@ inline AttnShape MakeShape(const AttentionProblem& p) {
   return s;
 }
 
-// The exponent argument c * scale - m of a logit C = c, computed with ONE
-// rounding (FMA targets: MulSub; without FMA, the product's rounding error is
-// recovered exactly by Dekker's TwoProduct with Veltkamp splitting). For the
-// logits that matter (c * scale near m) the subtraction is exact (Sterbenz),
-// so P = exp(...) carries no error from rounding S = scale * c to f32 first.
-// With scale = g = 25 that rounding alone is up to ulp(25)/2 = 1e-6
-// relative in P, the dominant error of the naive f32 reference.
-struct LogitScale {
-  VF scale, hi, lo;  // hi + lo = scale, each with <= 12 significant bits
-};
-inline LogitScale MakeLogitScale(float scale) {
-  const DF df;
-  // Veltkamp split with 2^12 + 1 (f32 has 24 significand bits).
-  const float t = 4097.0f * scale;
-  const float hi = t - (t - scale);
-  return {hn::Set(df, scale), hn::Set(df, hi), hn::Set(df, scale - hi)};
-}
-HWY_INLINE VF ScaledMinus(VF c, const LogitScale& s, VF m) {
-#if HWY_NATIVE_FMA
-  (void)s.hi;
-  return hn::MulSub(c, s.scale, m);
-#else
-  const DF df;
-  const VF p = hn::Mul(c, s.scale);
-  const VF t = hn::Mul(c, hn::Set(df, 4097.0f));
-  const VF c_hi = hn::Sub(t, hn::Sub(t, c));
-  const VF c_lo = hn::Sub(c, c_hi);
-  const VF err = hn::Add(
-      hn::Add(hn::Add(hn::Sub(hn::Mul(c_hi, s.hi), p), hn::Mul(c_hi, s.lo)),
-              hn::Mul(c_lo, s.hi)),
-      hn::Mul(c_lo, s.lo));
-  return hn::Add(hn::Sub(p, m), err);
-#endif
-}
-
 // lim[b * Nq + i]: number of visible keys (a prefix) of query i, batch b.
 inline void ComputeLimits(const AttentionProblem& p, int64_t* lim) {
   for (int64_t b = 0; b < p.batch; ++b)
@@ -242,7 +207,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   });
 
   const VF neg_inf = hn::Set(df, kNegInf);
-  const LogitScale ls = MakeLogitScale(s.scale);
+  const VF vscale = hn::Set(df, s.scale);
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
     const int64_t bh = task / static_cast<int64_t>(s.nqb);
     const size_t i0 =
@@ -279,11 +244,17 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
           continue;
         }
         kmax = std::max(kmax, kv);
-        // m is the largest f32-rounded logit; P = exp(c * scale - m) with
-        // the exponent rounded once (ScaledMinus).
+        // m is the running max of the logits S = RN(c * scale); P = exp(S -
+        // m), so the largest P of a tile is exactly 1 and a row with one
+        // visible key gets l = 1, lse = S and O = V exactly (as does the
+        // naive reference). (A fixed shift m = |g|, valid
+        // for QKNorm since |S| <= |g|, would save this pass, but for a row
+        // with one visible key it makes P = exp(S - |g|) carry exp's 1-ulp
+        // error into lse, so dS = 0 and dV = dO stop being exact; measured
+        // ~10-15% forward speed, not worth that.)
         VF vmax = neg_inf;
         for (size_t j = 0; j < Kb; j += N) {
-          const VF x = MaskColumns(hn::Mul(hn::LoadU(df, sr + j), ls.scale), j,
+          const VF x = MaskColumns(hn::Mul(hn::LoadU(df, sr + j), vscale), j,
                                    kv, neg_inf);
           vmax = hn::Max(vmax, x);
         }
@@ -294,8 +265,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         VF vsum = hn::Zero(df);
         for (size_t j = 0; j < Kb; j += N) {
           const VF e = MaskColumns(
-              hn::Exp(df, ScaledMinus(hn::LoadU(df, sr + j), ls, vm)), j, kv,
-              hn::Zero(df));
+              hn::Exp(df, hn::Sub(hn::Mul(hn::LoadU(df, sr + j), vscale), vm)),
+              j, kv, hn::Zero(df));
           hn::StoreU(e, df, sr + j);
           vsum = hn::Add(vsum, e);
         }
@@ -346,7 +317,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         float* sr = S + r * Kb;
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
-          const VF e = hn::Exp(df, ScaledMinus(hn::LoadU(df, sr + j), ls, vm));
+          const VF e =
+              hn::Exp(df, hn::Sub(hn::Mul(hn::LoadU(df, sr + j), vscale), vm));
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
@@ -449,7 +421,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const float* khb = kh + bh * s.Nkp * Dp;
     const float* ktb = kt + bh * s.Nkp * Dp;
     const float* vtb = vt + bh * s.Nkp * Dp;
-    const LogitScale ls = MakeLogitScale(s.scale);
+    const VF vscale = hn::Set(df, s.scale);
     double dg = 0;
     for (size_t kb = g; kb < s.nkb; kb += G) {
       const size_t j0 = kb * Kb, kc = std::min(Kb, Nk - j0);
@@ -478,7 +450,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           const VF vd = hn::Set(df, delta[bh * Nq + i]);
           for (size_t j = 0; j < Kb; j += N) {
             const VF c = hn::LoadU(df, sr + j);
-            const VF x = hn::Sub(ScaledMinus(c, ls, vhi), vlo);
+            const VF x = hn::Sub(hn::Sub(hn::Mul(c, vscale), vhi), vlo);
             const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
             const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
             vdg = hn::MulAdd(ds, c, vdg);

@@ -16,9 +16,11 @@
 // is what makes the kernels bitwise reproducible. (On SSSE3/SSE4 there is no
 // FMA: MulAdd is a multiply then an add.)
 //
-// Blocking: kRows rows x 2 vectors of C live in registers (AVX2: 4 x 16
-// floats = 8 accumulators, enough to cover the 4-cycle FMA latency on both
-// FMA pipes); per k: 2 vector loads of B, kRows broadcasts of A.
+// Blocking: kGemmRows = 6 rows x 2 vectors of C live in registers (AVX2:
+// 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers; 12
+// independent FMA chains cover the 4-cycle FMA latency on both FMA ports,
+// where 4 x 2 = 8 would only just do); per k: 2 vector loads of B and 6
+// broadcasts of A for 12 FMAs.
 
 #if defined(QKNORM_SIMD_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKNORM_SIMD_GEMM_INL_H_
@@ -35,7 +37,7 @@ HWY_BEFORE_NAMESPACE();
 namespace qknorm::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-inline constexpr size_t kGemmRows = 4;
+inline constexpr size_t kGemmRows = 6;
 
 template <size_t MR, size_t NV>
 HWY_INLINE void GemmTile(size_t K, const float* HWY_RESTRICT A, ptrdiff_t a_row,
@@ -96,18 +98,20 @@ HWY_NOINLINE void Gemm(size_t m, size_t n, size_t K,
   }
   const float* Ai = A + static_cast<ptrdiff_t>(i) * a_row;
   float* Ci = C + i * ldc;
+  static_assert(kGemmRows <= 6, "add tail cases");
   switch (m - i) {
+    case 5:
+      return GemmRows<5>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
+    case 4:
+      return GemmRows<4>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
     case 3:
-      GemmRows<3>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-      break;
+      return GemmRows<3>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
     case 2:
-      GemmRows<2>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-      break;
+      return GemmRows<2>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
     case 1:
-      GemmRows<1>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-      break;
+      return GemmRows<1>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
     default:
-      break;
+      return;
   }
 }
 

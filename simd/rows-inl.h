@@ -101,7 +101,11 @@ HWY_INLINE NormInfo NormalizeRow(float* HWY_RESTRICT x, size_t n, float eps) {
 // In place: du -> dx for the row normalized to u with `info`:
 //   ||x|| > eps:  dx = (du - u (u . du)) / ||x||
 //   ||x|| <= eps: dx = du / eps                     (shared/NUMERICS.md)
-// The division is in f64 (||x|| may exceed FLT_MAX), rounded once to f32.
+// All in f64 lanes, rounded once to f32: when du is nearly parallel to u the
+// projection du - u (u . du) cancels, and f32 roundings of u . du and of the
+// products would be amplified by |du| / |dx| (seen with |q| small and g
+// large); in f64 only du's own f32 rounding remains. ||x|| may exceed
+// FLT_MAX, which f64 also covers.
 HWY_INLINE void NormalizeRowBackward(const float* HWY_RESTRICT u,
                                      const NormInfo& info, float eps,
                                      float* HWY_RESTRICT du, size_t n) {
@@ -110,12 +114,22 @@ HWY_INLINE void NormalizeRowBackward(const float* HWY_RESTRICT u,
   const size_t ND = hn::Lanes(dd);
   const auto den =
       hn::Set(dd, info.clamped ? static_cast<double>(eps) : info.norm);
-  const auto c = hn::Set(dfh, info.clamped ? 0.0f : DotRow(u, du, n));
+  if (info.clamped) {
+    for (size_t i = 0; i < n; i += ND) {
+      const auto t = hn::PromoteTo(dd, hn::LoadU(dfh, du + i));
+      hn::StoreU(hn::DemoteTo(dfh, hn::Div(t, den)), dfh, du + i);
+    }
+    return;
+  }
+  auto acc = hn::Zero(dd);
+  for (size_t i = 0; i < n; i += ND)
+    acc = hn::MulAdd(hn::PromoteTo(dd, hn::LoadU(dfh, u + i)),
+                     hn::PromoteTo(dd, hn::LoadU(dfh, du + i)), acc);
+  const auto c = hn::Set(dd, hn::GetLane(hn::SumOfLanes(dd, acc)));
   for (size_t i = 0; i < n; i += ND) {
-    const auto t =
-        hn::NegMulAdd(hn::LoadU(dfh, u + i), c, hn::LoadU(dfh, du + i));
-    hn::StoreU(hn::DemoteTo(dfh, hn::Div(hn::PromoteTo(dd, t), den)), dfh,
-               du + i);
+    const auto t = hn::NegMulAdd(hn::PromoteTo(dd, hn::LoadU(dfh, u + i)), c,
+                                 hn::PromoteTo(dd, hn::LoadU(dfh, du + i)));
+    hn::StoreU(hn::DemoteTo(dfh, hn::Div(t, den)), dfh, du + i);
   }
 }
 
