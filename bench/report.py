@@ -370,11 +370,28 @@ def print_goals(goals):
             g["configs"], g["worst"]))
 
 
+def collapse_args(fn):
+    """'f(int, float) [clone .x]' -> 'f(...) [clone .x]' at every depth."""
+    out, depth = [], 0
+    for ch in fn.replace("operator()", "operator<call>"):
+        if ch == "(":
+            if depth == 0:
+                out.append("(...")
+            depth += 1
+        elif ch == ")" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                out.append(")")
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).replace("operator<call>", "operator()")
+
+
 def top_functions(path, total, top):
     """Self instruction counts per function from callgrind_annotate."""
     try:
         text = subprocess.run(
-            ["callgrind_annotate", "--inclusive=no", "--threshold=99.9",
+            ["callgrind_annotate", "--inclusive=no", "--threshold=100",
              path], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return []
@@ -392,7 +409,7 @@ def top_functions(path, total, top):
         fn = re.sub(r"\s+\[[^\]]*\]$", "", fn)  # object file
         fn = re.sub(r"^[^:]*:", "", fn, count=1) if fn.startswith(
             ("???:", "./", "/")) else fn
-        funcs.append({"function": fn[:110], "ir": count,
+        funcs.append({"function": collapse_args(fn)[:100], "ir": count,
                       "share": count / total if total else 0})
         if len(funcs) >= top:
             break
@@ -403,10 +420,11 @@ def cmd_callgrind(args):
     dumps = []
     for path in sorted(glob.glob(os.path.join(args.dumps, "callgrind.out.*"))):
         label, total = None, None
+        prefix = "desc: Trigger: Client Request: "
         with open(path) as f:
             for line in f:
-                if line.startswith("desc: Trigger: Client Request: "):
-                    label = line.split(": ", 2)[2].strip()
+                if line.startswith(prefix):
+                    label = line[len(prefix):].strip()
                 elif line.startswith("summary:") or line.startswith(
                         "totals:"):
                     total = int(line.split()[1])
@@ -417,32 +435,45 @@ def cmd_callgrind(args):
         print("callgrind: no dumps with client-request labels in %s"
               % args.dumps)
         return 1
+    # Dump files are numbered in call order, i.e. registry order.
+    dumps.sort(key=lambda x: int(x[2].rsplit(".", 1)[1]))
     counts = {label: (total, path) for label, total, path in dumps}
     gemm = sum(counts[k][0] for k in ("gemm qk", "gemm pv") if k in counts)
     shape = args.shape or "?"
     rows = []
-    for label, (total, path) in counts.items():
+    for i, (label, total, path) in enumerate(dumps):
         parts = label.split(" ")
         rows.append({"call": parts[0], "entry": parts[1] if len(parts) > 1
                      else "", "mask": parts[2] if len(parts) > 2 else "",
-                     "ir": total, "path": path})
+                     "ir": total, "path": path, "order": i})
     order = {"fwd": 0, "bwd": 1, "gemm": 2}
-    rows.sort(key=lambda r: (order.get(r["call"], 9), r["mask"], r["entry"]))
+    rows.sort(key=lambda r: (order.get(r["call"], 9), r["mask"], r["order"]))
     print("instruction counts (Ir), one call each, shape %s, 1 thread" % shape)
-    print("x_gemm_ir: Ir / Ir of the bare sgemm QK^T + PV of the same shape")
+    print("x_gemm_ir: Ir / (Ir of the bare sgemm QK^T + PV of the shape, "
+          "x 2.5 for bwd: the FLOP ratio)")
     hdr = "%-5s %-18s %-7s %14s %10s" % ("call", "entry", "mask", "Ir",
                                           "x_gemm_ir")
     print(hdr)
     print("-" * len(hdr))
+    last = None
     for r in rows:
-        r["x_gemm_ir"] = r["ir"] / gemm if gemm else None
+        base = gemm * (2.5 if r["call"] == "bwd" else 1.0)
+        r["x_gemm_ir"] = r["ir"] / base if gemm and r["call"] != "gemm" \
+            else None
+        if last is not None and (r["call"], r["mask"]) != last:
+            print()
+        last = (r["call"], r["mask"])
         print("%-5s %-18s %-7s %14s %10s" % (
             r["call"], r["entry"], r["mask"], "{:,}".format(r["ir"]),
             fmt(r["x_gemm_ir"], ".2f")))
-    # Where the instructions go, for the f32 simd and blas calls.
+    # Where the instructions go: the best simd target's f32 entry (first in
+    # registry order) and blas:f32, no mask.
+    simd_f32 = [r["entry"] for r in sorted(rows, key=lambda r: r["order"])
+                if r["entry"].startswith("simd:") and
+                r["entry"].endswith(":f32")]
+    profiled = set(simd_f32[:1]) | {"blas:f32"}
     for r in rows:
-        if r["call"] in ("fwd", "bwd") and r["entry"].endswith(":f32") and (
-                r["entry"].startswith(("simd:", "blas:"))) and \
+        if r["call"] in ("fwd", "bwd") and r["entry"] in profiled and \
                 r["mask"] == "nomask":
             r["top"] = top_functions(r["path"], r["ir"], args.top)
             print("\n%s %s %s: top functions by self Ir" % (
