@@ -32,10 +32,24 @@
 // (documented in math-inl.h); every argument here is <= 0 up to rounding, and
 // Exp(-inf) = 0 (arguments below -104 return exactly 0).
 //
+// lse: m + log(l) evaluated in f64 from the f32 m and l and returned as that
+// f64 (attention.h stores lse as double); it is NOT rounded to f32, whose
+// rounding (~1e-6 at |lse| ~ 25) the backward's P = exp(S - lse) would carry
+// for the whole row. The backward reads it as an f32 pair hi + lo and forms
+// (S - hi) - lo.
+//
+// Exactness kept on purpose (the tolerance rule's bound is 0 where the exact
+// result is 0): S = RN(scale * c) and m is one of the S, so the largest P of
+// a tile is exp(0) = 1; a row with one visible key gets l = 1, lse = S,
+// O = V, backward P = 1, and delta = dO . O is computed with the exact
+// operation sequence of dP = dO . V (rows-inl.h DotChain), so dS = 0, dQ = 0
+// and dV = dO exactly.
+//
 // Error: per element the forward's error is that of an f32 dot product of
-// length head_dim and an f32 weighted sum of length kv_len (O(n u) worst case,
-// usually O(sqrt(n) u)), plus 1 ULP per exp; the backward likewise. The
-// suite's acceptance is the tolerance rule of validation/harness.h.
+// length head_dim (the logit, amplified by |g| in P) and an f32 weighted sum
+// of length kv_len, plus 1 ULP per exp; the backward likewise. Unit
+// normalization and its backward are in f64 (rows-inl.h). The suite's
+// acceptance is the tolerance rule of validation/harness.h.
 
 #if defined(QKNORM_SIMD_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKNORM_SIMD_ATTENTION_INL_H_
