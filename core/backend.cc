@@ -14,7 +14,9 @@ double g_init(double L) {
 }
 
 Backend::Backend(std::string family, std::string target, Precision precision)
-    : family_(std::move(family)), target_(std::move(target)), precision_(precision) {
+    : family_(std::move(family)),
+      target_(std::move(target)),
+      precision_(precision) {
   name_ = family_ + ":";
   if (target_ != "-") name_ += target_ + ":";
   name_ += std::string(qknorm::name(precision_));

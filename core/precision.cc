@@ -8,17 +8,21 @@ namespace qknorm {
 namespace {
 
 struct FormatInfo {
-  int digits;    // significand bits including the implicit bit
-  int min_exp;   // exponent of the smallest normal, as 2^min_exp
-  int max_exp;   // largest finite is (2 - 2^(1-digits)) * 2^max_exp
+  int digits;   // significand bits including the implicit bit
+  int min_exp;  // exponent of the smallest normal, as 2^min_exp
+  int max_exp;  // largest finite is (2 - 2^(1-digits)) * 2^max_exp
 };
 
 FormatInfo info(Precision p) {
   switch (p) {
-    case Precision::kF64: return {53, -1022, 1023};
-    case Precision::kF32: return {24, -126, 127};
-    case Precision::kBF16: return {8, -126, 127};
-    case Precision::kF16: return {11, -14, 15};
+    case Precision::kF64:
+      return {53, -1022, 1023};
+    case Precision::kF32:
+      return {24, -126, 127};
+    case Precision::kBF16:
+      return {8, -126, 127};
+    case Precision::kF16:
+      return {11, -14, 15};
   }
   return {53, -1022, 1023};
 }
@@ -38,10 +42,14 @@ float float_of(uint32_t u) {
 
 std::string_view name(Precision p) {
   switch (p) {
-    case Precision::kF64: return "f64";
-    case Precision::kF32: return "f32";
-    case Precision::kBF16: return "bf16";
-    case Precision::kF16: return "f16";
+    case Precision::kF64:
+      return "f64";
+    case Precision::kF32:
+      return "f32";
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -58,9 +66,12 @@ bool parse_precision(std::string_view s, Precision* out) {
 
 size_t element_bytes(Precision p) {
   switch (p) {
-    case Precision::kF64: return 8;
-    case Precision::kF32: return 4;
-    default: return 2;
+    case Precision::kF64:
+      return 8;
+    case Precision::kF32:
+      return 4;
+    default:
+      return 2;
   }
 }
 
@@ -107,13 +118,16 @@ uint16_t bf16_from_f32(float x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-float f32_from_bf16(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+float f32_from_bf16(uint16_t h) {
+  return float_of(static_cast<uint32_t>(h) << 16);
+}
 
 uint16_t f16_from_f32(float x) {
   uint32_t u = bits_of(x);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a > 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
   // Exact value as a double: round with the generic routine, then pack.
   double r = round_to(Precision::kF16, static_cast<double>(float_of(a)));
@@ -134,14 +148,19 @@ float f32_from_f16(uint16_t h) {
   uint32_t m = h & 0x3ffu;
   if (e == 0x1f) return float_of(sign | 0x7f800000u | (m << 13));
   double v = e == 0 ? std::ldexp(static_cast<double>(m), -24)
-                    : std::ldexp(static_cast<double>(m + 1024), static_cast<int>(e) - 25);
+                    : std::ldexp(static_cast<double>(m + 1024),
+                                 static_cast<int>(e) - 25);
   return sign ? -static_cast<float>(v) : static_cast<float>(v);
 }
 
 void encode(Precision p, double x, void* dst, size_t i) {
   switch (p) {
-    case Precision::kF64: static_cast<double*>(dst)[i] = x; return;
-    case Precision::kF32: static_cast<float*>(dst)[i] = static_cast<float>(x); return;
+    case Precision::kF64:
+      static_cast<double*>(dst)[i] = x;
+      return;
+    case Precision::kF32:
+      static_cast<float*>(dst)[i] = static_cast<float>(x);
+      return;
     case Precision::kBF16:
       // round_to gives a bf16 value exactly, so the f32 step is exact too.
       static_cast<uint16_t*>(dst)[i] =
@@ -156,10 +175,14 @@ void encode(Precision p, double x, void* dst, size_t i) {
 
 double decode(Precision p, const void* src, size_t i) {
   switch (p) {
-    case Precision::kF64: return static_cast<const double*>(src)[i];
-    case Precision::kF32: return static_cast<const float*>(src)[i];
-    case Precision::kBF16: return f32_from_bf16(static_cast<const uint16_t*>(src)[i]);
-    case Precision::kF16: return f32_from_f16(static_cast<const uint16_t*>(src)[i]);
+    case Precision::kF64:
+      return static_cast<const double*>(src)[i];
+    case Precision::kF32:
+      return static_cast<const float*>(src)[i];
+    case Precision::kBF16:
+      return f32_from_bf16(static_cast<const uint16_t*>(src)[i]);
+    case Precision::kF16:
+      return f32_from_f16(static_cast<const uint16_t*>(src)[i]);
   }
   return 0;
 }

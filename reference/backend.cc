@@ -22,7 +22,8 @@ std::vector<T> gather(Precision prec, const ConstTensor4& t, int64_t B,
         const int64_t base = b * t.layout.batch_stride +
                              h * t.layout.head_stride + n * t.layout.row_stride;
         for (int64_t d = 0; d < D; ++d)
-          out[idx++] = static_cast<T>(decode(prec, t.data, static_cast<size_t>(base + d)));
+          out[idx++] = static_cast<T>(
+              decode(prec, t.data, static_cast<size_t>(base + d)));
       }
   return out;
 }
@@ -42,8 +43,12 @@ void scatter(Precision prec, const std::vector<T>& src, const MutTensor4& t,
       }
 }
 
-ConstTensor4 rows2(const ConstTensor2& t) { return {t.data, t.size, {0, 0, t.row_stride}}; }
-MutTensor4 rows2(const MutTensor2& t) { return {t.data, t.size, {0, 0, t.row_stride}}; }
+ConstTensor4 rows2(const ConstTensor2& t) {
+  return {t.data, t.size, {0, 0, t.row_stride}};
+}
+MutTensor4 rows2(const MutTensor2& t) {
+  return {t.data, t.size, {0, 0, t.row_stride}};
+}
 
 template <class T>
 class ReferenceBackend final : public Backend {
@@ -58,9 +63,11 @@ class ReferenceBackend final : public Backend {
     auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
     auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
     std::vector<T> o(q.size()), lse(static_cast<size_t>(B * H * p.q_len));
-    reference::attention_forward<T>(p, q.data(), k.data(), v.data(), o.data(), lse.data());
+    reference::attention_forward<T>(p, q.data(), k.data(), v.data(), o.data(),
+                                    lse.data());
     scatter(s, o, a.o, B, H, p.q_len, D);
-    for (size_t i = 0; i < lse.size(); ++i) a.lse[i] = static_cast<double>(lse[i]);
+    for (size_t i = 0; i < lse.size(); ++i)
+      a.lse[i] = static_cast<double>(lse[i]);
   }
 
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
@@ -84,8 +91,9 @@ class ReferenceBackend final : public Backend {
     *a.dg = static_cast<double>(dg);
   }
 
-  void scalenorm_forward(const ScaleNormProblem& p, const ScaleNormForwardArgs& a,
-                         Workspace*, const ExecConfig&) const override {
+  void scalenorm_forward(const ScaleNormProblem& p,
+                         const ScaleNormForwardArgs& a, Workspace*,
+                         const ExecConfig&) const override {
     const Precision s = precision();
     auto x = gather<T>(s, rows2(a.x), 1, 1, p.rows, p.dim);
     std::vector<T> y(x.size());
@@ -111,9 +119,11 @@ class ReferenceBackend final : public Backend {
     const Precision s = precision();
     auto q = gather<T>(s, a.q, p.batch, p.heads, p.q_len, p.head_dim);
     auto k = gather<T>(s, a.k, p.batch, p.heads, p.kv_len, p.head_dim);
-    std::vector<T> pr(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
+    std::vector<T> pr(
+        static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
     reference::attention_probabilities<T>(p, q.data(), k.data(), pr.data());
-    for (size_t i = 0; i < pr.size(); ++i) probs[i] = static_cast<double>(pr[i]);
+    for (size_t i = 0; i < pr.size(); ++i)
+      probs[i] = static_cast<double>(pr[i]);
     return true;
   }
 };

@@ -56,19 +56,18 @@ template <class T>
 void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
                         T* dx, T* dg);
 
-#define QKNORM_REFERENCE_EXTERN(T)                                           \
-  extern template T nrm2<T>(const T*, int64_t);                              \
-  extern template void attention_forward<T>(const AttentionProblem&,         \
-                                            const T*, const T*, const T*,    \
-                                            T*, T*);                         \
-  extern template void attention_backward<T>(                                \
-      const AttentionProblem&, const T*, const T*, const T*, const T*,       \
-      const T*, const T*, T*, T*, T*, T*, T*);                               \
-  extern template void attention_probabilities<T>(const AttentionProblem&,   \
-                                                  const T*, const T*, T*);   \
-  extern template void scalenorm_forward<T>(const ScaleNormProblem&,         \
-                                            const T*, T*);                   \
-  extern template void scalenorm_backward<T>(const ScaleNormProblem&,        \
+#define QKNORM_REFERENCE_EXTERN(T)                                             \
+  extern template T nrm2<T>(const T*, int64_t);                                \
+  extern template void attention_forward<T>(const AttentionProblem&, const T*, \
+                                            const T*, const T*, T*, T*);       \
+  extern template void attention_backward<T>(                                  \
+      const AttentionProblem&, const T*, const T*, const T*, const T*,         \
+      const T*, const T*, T*, T*, T*, T*, T*);                                 \
+  extern template void attention_probabilities<T>(const AttentionProblem&,     \
+                                                  const T*, const T*, T*);     \
+  extern template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, \
+                                            T*);                               \
+  extern template void scalenorm_backward<T>(const ScaleNormProblem&,          \
                                              const T*, const T*, T*, T*);
 QKNORM_REFERENCE_EXTERN(float)
 QKNORM_REFERENCE_EXTERN(double)

@@ -18,14 +18,18 @@ double max_abs(const std::vector<double>& x) {
   for (double v : x) m = std::max(m, std::fabs(v));
   return m;
 }
-// Largest row norm, scaled (reference::nrm2): an unscaled sum of squares
-// overflows for |x| > ~1e154 and made the sdpa bound inf * 0 = NaN (found by
+// Largest row norm, scaled (reference::nrm2) and in long double: an unscaled
+// double sum of squares overflows for |x| > ~1e154, a double norm for |x|
+// near DBL_MAX, and either made the sdpa amplitude 0 * inf = NaN (found by
 // the fuzzer, issue 7).
-double max_row_norm(const std::vector<double>& x, int64_t D) {
-  double m = 0;
+long double max_row_norm(const std::vector<double>& x, int64_t D) {
+  long double m = 0;
+  std::vector<long double> row(static_cast<size_t>(D));
   for (size_t r = 0; r + static_cast<size_t>(D) <= x.size();
-       r += static_cast<size_t>(D))
-    m = std::max(m, reference::nrm2<double>(x.data() + r, D));
+       r += static_cast<size_t>(D)) {
+    for (int64_t d = 0; d < D; ++d) row[d] = x[r + static_cast<size_t>(d)];
+    m = std::max(m, reference::nrm2<long double>(row.data(), D));
+  }
   return m;
 }
 }  // namespace
@@ -35,10 +39,11 @@ ReferenceBounds reference_bounds(const AttentionCase& c,
   const AttentionProblem& p = c.problem;
   const double D = static_cast<double>(p.head_dim);
   const double N = static_cast<double>(std::max(p.q_len, p.kv_len));
-  const double A = p.variant == Variant::kQKNorm
-                       ? std::fabs(p.g)
-                       : max_row_norm(c.q, p.head_dim) * max_row_norm(c.k, p.head_dim) /
-                             std::sqrt(D);
+  const double A =
+      p.variant == Variant::kQKNorm
+          ? std::fabs(p.g)
+          : static_cast<double>(max_row_norm(c.q, p.head_dim) *
+                                max_row_norm(c.k, p.head_dim) / std::sqrt(D));
   ReferenceBounds b;
   b.gamma_fwd = (2 * A * (3 * D + 12) + 2 * N + 6) * u;
   b.gamma_bwd = b.gamma_fwd + (3 * D + N + 8) * u;

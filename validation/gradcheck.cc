@@ -59,12 +59,15 @@ Flat flatten(const AttentionCase& c) {
   f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(static_cast<LD>(p.g))));
   f.group.push_back(3);
   for (auto& s : f.step)
-    if (s == 0) s = kFdStep;  // all-zero v row: any step is fine (L is linear in v)
+    if (s == 0)
+      s = kFdStep;  // all-zero v row: any step is fine (L is linear in v)
   const size_t nq = c.q.size(), nk = c.k.size();
   f.item = [p, nq, nk](size_t i) -> std::string {
     if (i < nq) return "dq" + index4(p, p.q_len, static_cast<int64_t>(i));
-    if (i < nq + nk) return "dk" + index4(p, p.kv_len, static_cast<int64_t>(i - nq));
-    if (i < nq + 2 * nk) return "dv" + index4(p, p.kv_len, static_cast<int64_t>(i - nq - nk));
+    if (i < nq + nk)
+      return "dk" + index4(p, p.kv_len, static_cast<int64_t>(i - nq));
+    if (i < nq + 2 * nk)
+      return "dv" + index4(p, p.kv_len, static_cast<int64_t>(i - nq - nk));
     return "dg";
   };
   return f;
@@ -99,7 +102,8 @@ GradCheckReport full(const Flat& f, const std::vector<LD>& grad,
                      double tol) {
   GradCheckReport rep;
   int ngroups = 0;
-  for (int64_t gi : f.group) ngroups = std::max<int>(ngroups, static_cast<int>(gi) + 1);
+  for (int64_t gi : f.group)
+    ngroups = std::max<int>(ngroups, static_cast<int>(gi) + 1);
   std::vector<LD> gscale(static_cast<size_t>(ngroups), 0);
   for (size_t i = 0; i < grad.size(); ++i)
     gscale[static_cast<size_t>(f.group[i])] =
@@ -115,9 +119,11 @@ GradCheckReport full(const Flat& f, const std::vector<LD>& grad,
     const LD fd = (lp - lm) / (2 * h);
     // A tensor whose gradient is identically 0 is judged on absolute error
     // against 1 (the unit scale of the loss derivative).
-    const LD scale = std::max<LD>(gscale[static_cast<size_t>(f.group[i])], 1e-300L);
-    const double rel = static_cast<double>(std::fabs(fd - grad[i]) /
-                                           (gscale[static_cast<size_t>(f.group[i])] > 0 ? scale : 1));
+    const LD scale =
+        std::max<LD>(gscale[static_cast<size_t>(f.group[i])], 1e-300L);
+    const double rel = static_cast<double>(
+        std::fabs(fd - grad[i]) /
+        (gscale[static_cast<size_t>(f.group[i])] > 0 ? scale : 1));
     ++rep.checked;
     if (rel > rep.worst_rel || rep.worst_item.empty()) {
       rep.worst_rel = rel;
@@ -130,15 +136,17 @@ GradCheckReport full(const Flat& f, const std::vector<LD>& grad,
   return rep;
 }
 
-GradCheckReport directions(const Flat& f, const std::vector<LD>& grad,
-                           const std::function<LD(const std::vector<LD>&)>& loss,
-                           int n_dirs, uint64_t seed, double tol) {
+GradCheckReport directions(
+    const Flat& f, const std::vector<LD>& grad,
+    const std::function<LD(const std::vector<LD>&)>& loss, int n_dirs,
+    uint64_t seed, double tol) {
   GradCheckReport rep;
   Rng rng(seed);
   std::vector<LD> x(f.x.size());
   for (int d = 0; d < n_dirs; ++d) {
     std::vector<LD> t(f.x.size());
-    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<LD>(rng.normal()) * f.step[i];
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = static_cast<LD>(rng.normal()) * f.step[i];
     // t already carries the per-element step; h = 1 along t.
     LD dot = 0, mag = 0;
     for (size_t i = 0; i < t.size(); ++i) {
@@ -150,11 +158,13 @@ GradCheckReport directions(const Flat& f, const std::vector<LD>& grad,
     for (size_t i = 0; i < t.size(); ++i) x[i] = f.x[i] - t[i];
     const LD lm = loss(x);
     const LD fd = (lp - lm) / 2;
-    const double rel = static_cast<double>(std::fabs(fd - dot) / (mag > 0 ? mag : 1));
+    const double rel =
+        static_cast<double>(std::fabs(fd - dot) / (mag > 0 ? mag : 1));
     ++rep.checked;
     if (rel > rep.worst_rel || rep.worst_item.empty()) {
       rep.worst_rel = rel;
-      rep.worst_item = "direction " + std::to_string(d) + " (rng seed " + std::to_string(seed) + ")";
+      rep.worst_item = "direction " + std::to_string(d) + " (rng seed " +
+                       std::to_string(seed) + ")";
       rep.worst_fd = fd;
       rep.worst_analytic = dot;
     }
@@ -168,7 +178,8 @@ Flat flatten(const ScaleNormCase& c) {
   add_rows(c.x, c.problem.dim, 0, static_cast<LD>(c.problem.eps),
            /*g_div=*/1, &f);  // L = g <dy, u(x)>: g only scales L
   f.x.push_back(c.problem.g);
-  f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(static_cast<LD>(c.problem.g))));
+  f.step.push_back(kFdStep *
+                   std::max<LD>(1, std::fabs(static_cast<LD>(c.problem.g))));
   f.group.push_back(1);
   const int64_t D = c.problem.dim;
   const size_t nx = c.x.size();
@@ -212,13 +223,16 @@ std::string GradCheckReport::message() const {
 // the double-rounded g on both sides; the finite difference then divides by
 // the true (rounded) distance between the two g values.
 GradCheckReport check_attention_full(const AttentionCase& c,
-                                     const AttentionGradients& grad, double tol) {
+                                     const AttentionGradients& grad,
+                                     double tol) {
   Flat f = flatten(c);
   // Make the g step exactly representable: g +- h rounded to double.
   const double g = c.problem.g;
   const double h = static_cast<double>(f.step.back());
   f.step.back() = static_cast<LD>((g + h) - g);
-  return full(f, flat_grad(grad), [&](const std::vector<LD>& x) { return attention_loss(c, x); }, tol);
+  return full(
+      f, flat_grad(grad),
+      [&](const std::vector<LD>& x) { return attention_loss(c, x); }, tol);
 }
 
 GradCheckReport check_attention_directions(const AttentionCase& c,
@@ -229,17 +243,21 @@ GradCheckReport check_attention_directions(const AttentionCase& c,
   // Directional mode keeps g fixed (its derivative is checked in full mode
   // and by the dg finite-difference property): zero step on g.
   f.step.back() = 0;
-  return directions(f, flat_grad(grad),
-                    [&](const std::vector<LD>& x) { return attention_loss(c, x); },
-                    n_dirs, seed, tol);
+  return directions(
+      f, flat_grad(grad),
+      [&](const std::vector<LD>& x) { return attention_loss(c, x); }, n_dirs,
+      seed, tol);
 }
 
 GradCheckReport check_scalenorm_full(const ScaleNormCase& c,
-                                     const ScaleNormGradients& grad, double tol) {
+                                     const ScaleNormGradients& grad,
+                                     double tol) {
   Flat f = flatten(c);
   const double g = c.problem.g;
   f.step.back() = static_cast<LD>((g + static_cast<double>(f.step.back())) - g);
-  return full(f, flat_grad(grad), [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); }, tol);
+  return full(
+      f, flat_grad(grad),
+      [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); }, tol);
 }
 
 GradCheckReport check_scalenorm_directions(const ScaleNormCase& c,
@@ -248,9 +266,10 @@ GradCheckReport check_scalenorm_directions(const ScaleNormCase& c,
                                            double tol) {
   Flat f = flatten(c);
   f.step.back() = 0;
-  return directions(f, flat_grad(grad),
-                    [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); },
-                    n_dirs, seed, tol);
+  return directions(
+      f, flat_grad(grad),
+      [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); }, n_dirs,
+      seed, tol);
 }
 
 }  // namespace qknorm::validation

@@ -48,7 +48,8 @@ struct GradCheckReport {
 // Full Jacobian: every input element and g, one column J e at a time (each
 // column is the full output difference; the check contracts it with dO).
 GradCheckReport check_attention_full(const AttentionCase& c,
-                                     const AttentionGradients& grad, double tol);
+                                     const AttentionGradients& grad,
+                                     double tol);
 // n_dirs random Gaussian directions t over (q, k, v, g), each scaled
 // per row as above: (L(x+ht) - L(x-ht)) / 2h against <grad, t>.
 GradCheckReport check_attention_directions(const AttentionCase& c,
@@ -56,7 +57,8 @@ GradCheckReport check_attention_directions(const AttentionCase& c,
                                            int n_dirs, uint64_t seed,
                                            double tol);
 GradCheckReport check_scalenorm_full(const ScaleNormCase& c,
-                                     const ScaleNormGradients& grad, double tol);
+                                     const ScaleNormGradients& grad,
+                                     double tol);
 GradCheckReport check_scalenorm_directions(const ScaleNormCase& c,
                                            const ScaleNormGradients& grad,
                                            int n_dirs, uint64_t seed,

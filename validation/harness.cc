@@ -13,7 +13,9 @@ namespace {
 
 using LD = long double;
 
-const char* variant_name(Variant v) { return v == Variant::kQKNorm ? "qknorm" : "sdpa"; }
+const char* variant_name(Variant v) {
+  return v == Variant::kQKNorm ? "qknorm" : "sdpa";
+}
 
 std::string mask_desc(const Mask& m) {
   std::string s = m.causal ? "causal" : "";
@@ -33,19 +35,27 @@ void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
           Precision range, std::vector<double>* out) {
   out->resize(static_cast<size_t>(rows * D));
   // Exponent range of kWideMagnitude row scales, clamped to the format.
-  const double hi = std::min(30.0, std::log10(max_finite(range) / (8 * std::sqrt(double(D)))));
+  const double hi = std::min(
+      30.0, std::log10(max_finite(range) / (8 * std::sqrt(double(D)))));
   const double lo = std::max(-30.0, std::log10(min_normal(range) * 0x1p12));
   for (int64_t r = 0; r < rows; ++r) {
     double row_scale = 1;
     if (qk_operand && dist == Distribution::kWideMagnitude)
       row_scale = std::pow(10.0, rng.uniform(lo, hi));
-    const bool zero = qk_operand && dist == Distribution::kZeroRows && rng.uniform() < 0.25;
+    const bool zero =
+        qk_operand && dist == Distribution::kZeroRows && rng.uniform() < 0.25;
     for (int64_t d = 0; d < D; ++d) {
       double x;
       switch (dist) {
-        case Distribution::kUniform: x = rng.uniform(-1, 1); break;
-        case Distribution::kHeavyTailed: x = rng.student_t3(); break;
-        default: x = rng.normal(); break;
+        case Distribution::kUniform:
+          x = rng.uniform(-1, 1);
+          break;
+        case Distribution::kHeavyTailed:
+          x = rng.student_t3();
+          break;
+        default:
+          x = rng.normal();
+          break;
       }
       (*out)[static_cast<size_t>(r * D + d)] = zero ? 0.0 : x * row_scale;
     }
@@ -65,7 +75,8 @@ struct Buffer {
   int64_t B, H, rows, D, pad;
   std::vector<unsigned char> bytes;
   Layout4 layout;
-  Buffer(Precision p, int64_t B_, int64_t H_, int64_t rows_, int64_t D_, int64_t pad_)
+  Buffer(Precision p, int64_t B_, int64_t H_, int64_t rows_, int64_t D_,
+         int64_t pad_)
       : prec(p), B(B_), H(H_), rows(rows_), D(D_), pad(pad_) {
     const int64_t rs = D + pad;
     layout = Layout4{H * rows * rs, rows * rs, rs};
@@ -92,25 +103,33 @@ struct Buffer {
   MutTensor4 view() { return {bytes.data(), size(), layout}; }
 };
 
-std::vector<LD> widen(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+std::vector<LD> widen(const std::vector<double>& x) {
+  return {x.begin(), x.end()};
+}
 
 }  // namespace
 
 const char* name(Distribution d) {
   switch (d) {
-    case Distribution::kGaussian: return "gaussian";
-    case Distribution::kUniform: return "uniform";
-    case Distribution::kHeavyTailed: return "heavy";
-    case Distribution::kWideMagnitude: return "wide";
-    case Distribution::kZeroRows: return "zerorows";
+    case Distribution::kGaussian:
+      return "gaussian";
+    case Distribution::kUniform:
+      return "uniform";
+    case Distribution::kHeavyTailed:
+      return "heavy";
+    case Distribution::kWideMagnitude:
+      return "wide";
+    case Distribution::kZeroRows:
+      return "zerorows";
   }
   return "?";
 }
 
 bool parse_distribution(const std::string& s, Distribution* out) {
-  for (Distribution d : {Distribution::kGaussian, Distribution::kUniform,
-                         Distribution::kHeavyTailed, Distribution::kWideMagnitude,
-                         Distribution::kZeroRows}) {
+  for (Distribution d :
+       {Distribution::kGaussian, Distribution::kUniform,
+        Distribution::kHeavyTailed, Distribution::kWideMagnitude,
+        Distribution::kZeroRows}) {
     if (s == name(d)) {
       *out = d;
       return true;
@@ -126,17 +145,19 @@ std::string AttentionCase::describe() const {
                 "B=%lld H=%lld Nq=%lld Nk=%lld D=%lld %s g=%.17g eps=%.3g "
                 "mask=%s dist=%s seed=%llu row_pad=%lld",
                 (long long)p.batch, (long long)p.heads, (long long)p.q_len,
-                (long long)p.kv_len, (long long)p.head_dim, variant_name(p.variant),
-                p.g, p.eps, mask_desc(p.mask).c_str(), name(dist),
-                (unsigned long long)seed, (long long)row_pad);
+                (long long)p.kv_len, (long long)p.head_dim,
+                variant_name(p.variant), p.g, p.eps, mask_desc(p.mask).c_str(),
+                name(dist), (unsigned long long)seed, (long long)row_pad);
   return buf;
 }
 
 std::string ScaleNormCase::describe() const {
   char buf[192];
-  std::snprintf(buf, sizeof buf, "scalenorm rows=%lld dim=%lld g=%.17g eps=%.3g dist=%s seed=%llu",
-                (long long)problem.rows, (long long)problem.dim, problem.g,
-                problem.eps, name(dist), (unsigned long long)seed);
+  std::snprintf(
+      buf, sizeof buf,
+      "scalenorm rows=%lld dim=%lld g=%.17g eps=%.3g dist=%s seed=%llu",
+      (long long)problem.rows, (long long)problem.dim, problem.g, problem.eps,
+      name(dist), (unsigned long long)seed);
   return buf;
 }
 
@@ -202,9 +223,10 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   k.store(c.k);
   v.store(c.v);
   AttentionResult r;
-  r.lse.assign(static_cast<size_t>(B * H * p.q_len), std::numeric_limits<double>::quiet_NaN());
-  ForwardArgs fa{q.cview(), k.cview(), v.cview(), o.view(), r.lse.data(),
-                 static_cast<int64_t>(r.lse.size())};
+  r.lse.assign(static_cast<size_t>(B * H * p.q_len),
+               std::numeric_limits<double>::quiet_NaN());
+  ForwardArgs fa{q.cview(), k.cview(),    v.cview(),
+                 o.view(),  r.lse.data(), static_cast<int64_t>(r.lse.size())};
   checked_attention_forward(b, p, fa, ws, cfg);
   r.o = o.load();
   if (!backward) return r;
@@ -212,9 +234,17 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
       dk(s, B, H, p.kv_len, D, pad), dv(s, B, H, p.kv_len, D, pad);
   d_o.store(c.d_o);
   r.dg = std::numeric_limits<double>::quiet_NaN();
-  BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(),
-                  r.lse.data(), static_cast<int64_t>(r.lse.size()),
-                  dq.view(), dk.view(), dv.view(), &r.dg};
+  BackwardArgs ba{q.cview(),
+                  k.cview(),
+                  v.cview(),
+                  o.cview(),
+                  d_o.cview(),
+                  r.lse.data(),
+                  static_cast<int64_t>(r.lse.size()),
+                  dq.view(),
+                  dk.view(),
+                  dv.view(),
+                  &r.dg};
   checked_attention_backward(b, p, ba, ws, cfg);
   r.dq = dq.load();
   r.dk = dk.load();
@@ -247,7 +277,8 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
   x.store(c.x);
   dy.store(c.dy);
   ScaleNormResult r;
-  ScaleNormForwardArgs fa{{x.bytes.data(), x.size(), p.dim}, {y.bytes.data(), y.size(), p.dim}};
+  ScaleNormForwardArgs fa{{x.bytes.data(), x.size(), p.dim},
+                          {y.bytes.data(), y.size(), p.dim}};
   checked_scalenorm_forward(b, p, fa, ws, cfg);
   r.y = y.load();
   r.dg = std::numeric_limits<double>::quiet_NaN();
@@ -266,11 +297,13 @@ OracleAttention oracle_attention(const AttentionCase& c) {
   auto q = widen(c.q), k = widen(c.k), v = widen(c.v), d_o = widen(c.d_o);
   r.o.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  reference::attention_forward<LD>(p, q.data(), k.data(), v.data(), r.o.data(), r.lse.data());
+  reference::attention_forward<LD>(p, q.data(), k.data(), v.data(), r.o.data(),
+                                   r.lse.data());
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
-  std::vector<LD> ds(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
+  std::vector<LD> ds(
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
   reference::attention_backward<LD>(p, q.data(), k.data(), v.data(), r.o.data(),
                                     d_o.data(), r.lse.data(), r.dq.data(),
                                     r.dk.data(), r.dv.data(), &r.dg, ds.data());
@@ -293,22 +326,26 @@ OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c) {
     LD n = reference::nrm2<LD>(xr, p.dim);
     LD den = std::max(n, static_cast<LD>(p.eps));
     for (int64_t i = 0; i < p.dim; ++i)
-      r.dg_scale += std::fabs(dy[static_cast<size_t>(r0 * p.dim + i)] * xr[i] / den);
+      r.dg_scale +=
+          std::fabs(dy[static_cast<size_t>(r0 * p.dim + i)] * xr[i] / den);
   }
   return r;
 }
 
 const Backend& naive_for(Precision p) {
   const Backend* b = all_backends().find("reference:" + std::string(name(p)));
-  if (b == nullptr) throw Error("registry", {}, "no naive baseline reference:" + std::string(name(p)));
+  if (b == nullptr)
+    throw Error("registry", {},
+                "no naive baseline reference:" + std::string(name(p)));
   return *b;
 }
 
 namespace {
 // Applies the rule to one field. `scale` overrides the atol scale (dg).
 FieldVerdict verdict(const std::string& field, const std::vector<double>& entry,
-                     const std::vector<double>& naive, const std::vector<LD>& oracle,
-                     Precision fmt, double u, double scale_override = -1) {
+                     const std::vector<double>& naive,
+                     const std::vector<LD>& oracle, Precision fmt, double u,
+                     double scale_override = -1) {
   FieldVerdict v;
   v.field = field;
   v.entry = compare(entry, oracle, fmt);
@@ -332,10 +369,12 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
   rep.case_desc = c.describe();
   const AttentionResult er = forward_only ? run_attention_forward(entry, c, cfg)
                                           : run_attention(entry, c, cfg);
-  const AttentionResult nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
+  const AttentionResult nr =
+      forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
   const OracleAttention orc = oracle_attention(c);
   const double us = unit_roundoff(s), uc = compute_roundoff(s);
-  const Precision lse_fmt = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision lse_fmt =
+      s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
   rep.fields.push_back(verdict("o", er.o, nr.o, orc.o, s, us));
   // lse is kept in the compute precision (f32 for the 16-bit modes).
   rep.fields.push_back(verdict("lse", er.lse, nr.lse, orc.lse, lse_fmt, uc));
@@ -364,7 +403,8 @@ AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,
   const ScaleNormResult nr = run_scalenorm(nb, c);
   const OracleScaleNorm orc = oracle_scalenorm(c);
   const double us = unit_roundoff(s), uc = compute_roundoff(s);
-  const Precision dg_fmt = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision dg_fmt =
+      s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
   rep.fields.push_back(verdict("y", er.y, nr.y, orc.y, s, us));
   rep.fields.push_back(verdict("dx", er.dx, nr.dx, orc.dx, s, us));
   rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, dg_fmt, uc,
@@ -378,11 +418,12 @@ std::string AgreementReport::failure_message() const {
   for (const auto& f : fields) {
     if (f.pass) continue;
     char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  "  field %s: err=%.6e > bound=%.6e (= %.0f * naive_err %.6e + "
-                  "atol %.6e)\n",
-                  f.field.c_str(), f.entry.max_abs, f.bound, kNaiveFactor,
-                  f.naive.max_abs, f.atol);
+    std::snprintf(
+        buf, sizeof buf,
+        "  field %s: err=%.6e > bound=%.6e (= %.0f * naive_err %.6e + "
+        "atol %.6e)\n",
+        f.field.c_str(), f.entry.max_abs, f.bound, kNaiveFactor,
+        f.naive.max_abs, f.atol);
     m += buf;
     m += "    entry: " + describe(f.entry) + "\n";
     m += "    naive: " + describe(f.naive) + "\n";

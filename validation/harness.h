@@ -31,12 +31,12 @@ inline constexpr double kNaiveFactor = 2.0;
 inline constexpr double kAtolUnits = 4.0;
 
 enum class Distribution {
-  kGaussian,      // N(0, 1)
-  kUniform,       // U[-1, 1)
-  kHeavyTailed,   // Student t, 3 dof
-  kWideMagnitude, // N(0,1) rows, each scaled by 10^U[-30, 30] clamped to
-                  // what the storage format represents
-  kZeroRows,      // Gaussian with about a quarter of q and k rows exactly zero
+  kGaussian,       // N(0, 1)
+  kUniform,        // U[-1, 1)
+  kHeavyTailed,    // Student t, 3 dof
+  kWideMagnitude,  // N(0,1) rows, each scaled by 10^U[-30, 30] clamped to
+                   // what the storage format represents
+  kZeroRows,       // Gaussian with about a quarter of q and k rows exactly zero
 };
 const char* name(Distribution d);
 bool parse_distribution(const std::string& s, Distribution* out);
@@ -122,7 +122,7 @@ OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
 // The verdict of the tolerance rule for one field ("o", "dq", ..., "dg").
 struct FieldVerdict {
   std::string field;
-  ErrorStats entry, naive;  // both against the oracle
+  ErrorStats entry, naive;     // both against the oracle
   double atol = 0, bound = 0;  // bound = kNaiveFactor * naive.max_abs + atol
   bool pass = false;
 };

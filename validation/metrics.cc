@@ -44,18 +44,23 @@ ErrorStats compare(const std::vector<double>& actual,
     const double errd = static_cast<double>(err);
     s.max_abs = std::max(s.max_abs, errd);
     if (std::isfinite(e)) {
-      const double denom = std::max(static_cast<double>(std::fabs(e)), s.rel_floor);
-      if (denom > 0) s.max_rel = std::max(s.max_rel, errd / denom);
-      else if (errd > 0) s.max_rel = INFINITY;
+      const double denom =
+          std::max(static_cast<double>(std::fabs(e)), s.rel_floor);
+      if (denom > 0)
+        s.max_rel = std::max(s.max_rel, errd / denom);
+      else if (errd > 0)
+        s.max_rel = INFINITY;
       ulps.push_back(errd / ulp(fmt, static_cast<double>(e)));
     }
   }
-  s.normwise = den > 0 ? static_cast<double>(std::sqrt(num / den)) : (num > 0 ? INFINITY : 0);
+  s.normwise = den > 0 ? static_cast<double>(std::sqrt(num / den))
+                       : (num > 0 ? INFINITY : 0);
   if (s.nonfinite_mismatch) s.normwise = INFINITY;
   if (!ulps.empty()) {
     std::sort(ulps.begin(), ulps.end());
     auto at = [&](double q) {
-      size_t k = static_cast<size_t>(q * static_cast<double>(ulps.size() - 1) + 0.5);
+      size_t k =
+          static_cast<size_t>(q * static_cast<double>(ulps.size() - 1) + 0.5);
       return ulps[std::min(k, ulps.size() - 1)];
     };
     s.ulp_p50 = at(0.5);

@@ -12,15 +12,15 @@ namespace qknorm::validation {
 
 struct ErrorStats {
   int64_t count = 0;
-  double max_abs = 0;   // max |a - e|
-  double max_rel = 0;   // max |a - e| / max(|e|, rel_floor)
+  double max_abs = 0;    // max |a - e|
+  double max_rel = 0;    // max |a - e| / max(|e|, rel_floor)
   double rel_floor = 0;  // the floor used (see compare())
-  double normwise = 0;  // ||a - e||_2 / ||e||_2 (0 if both are 0)
+  double normwise = 0;   // ||a - e||_2 / ||e||_2 (0 if both are 0)
   // |a - e| / ulp_fmt(e): error in units of the format's spacing at e.
   double ulp_p50 = 0, ulp_p99 = 0, ulp_max = 0;
   int64_t worst_index = -1;  // argmax of |a - e| (-1 if count == 0)
   double worst_expected = 0, worst_actual = 0;
-  double scale = 0;  // max |e|
+  double scale = 0;                 // max |e|
   bool nonfinite_mismatch = false;  // a NaN, or an Inf where e is finite
 };
 

@@ -30,7 +30,9 @@ uint64_t Rng::next_u64() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next_u64() >> 11) * 0x1p-53;
+}
 double Rng::uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
 
 int64_t Rng::uniform_int(int64_t lo, int64_t hi) {

@@ -16,11 +16,11 @@ class Rng {
   explicit Rng(uint64_t seed);
   uint64_t seed() const { return seed_; }
   uint64_t next_u64();
-  double uniform();                        // [0, 1), 53 random bits
-  double uniform(double lo, double hi);    // [lo, hi)
+  double uniform();                             // [0, 1), 53 random bits
+  double uniform(double lo, double hi);         // [lo, hi)
   int64_t uniform_int(int64_t lo, int64_t hi);  // [lo, hi], inclusive
-  double normal();                         // N(0, 1)
-  double student_t3();                     // heavy-tailed: Student t, 3 dof
+  double normal();                              // N(0, 1)
+  double student_t3();  // heavy-tailed: Student t, 3 dof
 
  private:
   uint64_t seed_;

@@ -60,8 +60,7 @@ class Backend {
                                  const ScaleNormForwardArgs& a, Workspace* ws,
                                  const ExecConfig& cfg) const = 0;
   virtual void scalenorm_backward(const ScaleNormProblem& p,
-                                  const ScaleNormBackwardArgs& a,
-                                  Workspace* ws,
+                                  const ScaleNormBackwardArgs& a, Workspace* ws,
                                   const ExecConfig& cfg) const = 0;
 
   // Inspection hook for the softmax non-saturation property: writes the

@@ -21,8 +21,8 @@ namespace qknorm {
 // compute and accumulate in f32 (the "storage mode" of the SIMD issue).
 enum class Precision { kF64, kF32, kBF16, kF16 };
 
-inline constexpr Precision kAllPrecisions[] = {Precision::kF64, Precision::kF32,
-                                               Precision::kBF16, Precision::kF16};
+inline constexpr Precision kAllPrecisions[] = {
+    Precision::kF64, Precision::kF32, Precision::kBF16, Precision::kF16};
 
 std::string_view name(Precision p);  // "f64", "f32", "bf16", "f16"
 // Parses a name(); returns false if unknown.
