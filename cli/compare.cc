@@ -299,6 +299,7 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
   const validation::AgreementReport rep =
       validation::check_attention(fb, c, {}, !backward);
   CaseResult cr = from_report(rep, nullptr);
+  cr.desc = *case_desc;
   // Keep only the fields the files gave (lse is never dumped).
   const std::map<std::string, std::string> field_of = {
       {"o", "O"}, {"dq", "dQ"}, {"dk", "dK"}, {"dv", "dV"}, {"dg", "dg"}};
@@ -312,7 +313,7 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
                         [](const FieldResult& f) { return f.pass; });
   if (!cr.pass) {
     cr.failure = "compared outputs vs oracle (naive " + rep.naive_name +
-                 ") on " + rep.case_desc + "\n";
+                 ") on " + *case_desc + "\n";
     for (const FieldResult& f : kept)
       if (!f.pass)
         cr.failure += fmt::format(

@@ -111,7 +111,11 @@ void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
   }
   cols.push_back(ratio);
   cols.push_back(head);
-  if (gflops) cols.push_back(gf);
+  // Timed runs only (not compare, not --no-timing).
+  const bool timed =
+      std::any_of(rows.begin(), rows.end(),
+                  [](const EntryRow* r) { return r->gflops > 0; });
+  if (gflops && timed) cols.push_back(gf);
   cols.push_back(v);
   print_columns(out, cols);
 }

@@ -8,13 +8,14 @@ set -u
 tool=${1:?usage: torch_roundtrip.sh QKNORM_CHECK [WORKDIR]}
 work=${2:-$(mktemp -d)}
 here=$(cd "$(dirname "$0")" && pwd)
-if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
+python=${QKNORM_PYTHON:-/usr/bin/python3}  # override only to test the skip path
+if ! "$python" -c 'import torch, numpy' 2>/dev/null; then
   echo "SKIP: /usr/bin/python3 has no torch (apt-get install python3-torch)"
   exit 77
 fi
 # torch links OpenBLAS; keep the run small and deterministic on 2 cores.
 export OPENBLAS_NUM_THREADS=1
-py() { /usr/bin/python3 "$here/torch_qknorm_dump.py" "$@"; }
+py() { "$python" "$here/torch_qknorm_dump.py" "$@"; }
 status=0
 py "$work/f32" --dtype float32 --causal || exit 1
 "$tool" compare --mask causal --inputs "$work"/f32/{q,k,v,g,dO}.npy \

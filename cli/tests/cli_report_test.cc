@@ -1,0 +1,352 @@
+// The report's pass/fail logic: the rule and the derived bounds decide each
+// field, a row fails if any case fails, an unavailable entry never fails the
+// run, a wrong entry fails it (exit 1). compare: a correct dump passes, a
+// deliberately wrong output file FAILs, malformed dumps are input errors
+// (exit 3) naming the file. sweep: writes its CSV and PNG.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cli/compare.h"
+#include "cli/report.h"
+#include "cli/suite.h"
+#include "cli/tests/test_util.h"
+#include "qknorm/error.h"
+#include "validation/npy.h"
+#include "validation/safetensors.h"
+
+namespace qknorm::cli {
+namespace {
+
+using validation::HostTensor;
+
+// reference:f32 with O scaled by (1 + kRelError): a bug far above roundoff.
+class WrongOutput final : public Backend {
+ public:
+  static constexpr double kRelError = 1e-3;
+  explicit WrongOutput(bool available = true)
+      : Backend("mutant", "-", Precision::kF32),
+        base_(validation::naive_for(Precision::kF32)),
+        available_(available) {}
+  bool available() const override { return available_; }
+  void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
+                         Workspace* ws, const ExecConfig& c) const override {
+    base_.attention_forward(p, a, ws, c);
+    float* o = static_cast<float*>(a.o.data);
+    for (int64_t i = 0; i < a.o.size; ++i)
+      o[i] = static_cast<float>(o[i] * (1 + kRelError));
+  }
+  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
+                          Workspace* ws, const ExecConfig& c) const override {
+    base_.attention_backward(p, a, ws, c);
+  }
+  void scalenorm_forward(const ScaleNormProblem& p,
+                         const ScaleNormForwardArgs& a, Workspace* ws,
+                         const ExecConfig& c) const override {
+    base_.scalenorm_forward(p, a, ws, c);
+  }
+  void scalenorm_backward(const ScaleNormProblem& p,
+                          const ScaleNormBackwardArgs& a, Workspace* ws,
+                          const ExecConfig& c) const override {
+    base_.scalenorm_backward(p, a, ws, c);
+  }
+
+ private:
+  const Backend& base_;
+  bool available_;
+};
+
+Suite small_suite() {
+  SuiteOptions o;
+  o.shapes = {"1x2x9x8"};
+  o.g = {20};
+  o.masks = {"causal"};
+  o.dists = {"gaussian"};
+  o.scalenorm = {"4x8"};
+  return build_suite(o);
+}
+
+TEST(ReportLogic, CorrectEntriesPassAndWrongOneFails) {
+  const WrongOutput wrong;
+  const Backend* ref = all_backends().find("reference:f32");
+  ASSERT_NE(ref, nullptr);
+  RunOptions opt;
+  opt.time_forward = false;
+  Report rep;
+  rep.rows = run_suite({ref, &wrong}, small_suite(), opt);
+  finalize(&rep);
+  ASSERT_EQ(rep.rows.size(), 4u);  // attention + scalenorm for each
+  EXPECT_TRUE(rep.rows[0].pass);
+  EXPECT_EQ(rep.rows[0].rule, "derived");
+  EXPECT_EQ(rep.rows[2].name, "mutant:f32");
+  EXPECT_FALSE(rep.rows[2].pass);  // attention: O is wrong
+  EXPECT_EQ(rep.rows[2].rule, "naive");
+  EXPECT_GT(rep.rows[2].headroom, 1);
+  EXPECT_GT(rep.rows[2].ratio, 10);
+  EXPECT_TRUE(rep.rows[3].pass);  // scalenorm is untouched
+  EXPECT_FALSE(rep.pass);
+  std::ostringstream table;
+  print_table(table, rep);
+  EXPECT_NE(table.str().find("FAIL"), std::string::npos);
+  EXPECT_NE(table.str().find("field o: err="), std::string::npos)
+      << table.str();
+}
+
+TEST(ReportLogic, UnavailableEntryDoesNotFailTheRun) {
+  const WrongOutput off(/*available=*/false);
+  RunOptions opt;
+  opt.time_forward = false;
+  Report rep;
+  rep.rows = run_suite({&off}, small_suite(), opt);
+  finalize(&rep);
+  ASSERT_FALSE(rep.rows.empty());
+  EXPECT_FALSE(rep.rows[0].available);
+  EXPECT_TRUE(rep.pass);
+}
+
+TEST(ReportLogic, DerivedLimitsDecideReferenceFields) {
+  validation::AgreementReport rep;
+  rep.entry_name = rep.naive_name = "reference:f64";
+  validation::FieldVerdict f;
+  f.field = "o";
+  f.entry.max_abs = f.naive.max_abs = 1e-15;
+  f.bound = 1;
+  f.pass = true;  // the rule passes trivially for a baseline against itself
+  rep.fields = {f};
+  const std::vector<double> tight = {1e-16}, loose = {1e-14};
+  EXPECT_FALSE(from_report(rep, &tight).pass);
+  EXPECT_NE(from_report(rep, &tight).failure.find("derived bound"),
+            std::string::npos);
+  EXPECT_TRUE(from_report(rep, &loose).pass);
+  rep.fields[0].entry.nonfinite_mismatch = true;
+  EXPECT_FALSE(from_report(rep, &loose).pass);
+  // Without derived limits the rule's verdict is taken as is.
+  rep.fields[0].pass = false;
+  EXPECT_FALSE(from_report(rep, nullptr).pass);
+}
+
+TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
+  EntryRow row;
+  CaseResult a, b;
+  FieldResult fa, fb;
+  fa.field = fb.field = "o";
+  fa.entry.max_abs = 1e-6;
+  fa.naive.max_abs = 1e-6;
+  fa.limit = 4e-6;
+  fa.pass = true;
+  fb.entry.max_abs = 3e-6;
+  fb.naive.max_abs = 1e-6;
+  fb.limit = 2e-6;
+  fb.pass = false;
+  a.fields = {fa};
+  a.pass = true;
+  b.fields = {fb};
+  b.pass = false;
+  row.cases = {a, b};
+  summarize(&row);
+  ASSERT_EQ(row.fields.size(), 1u);
+  EXPECT_DOUBLE_EQ(row.fields[0].worst.max_abs, 3e-6);
+  EXPECT_DOUBLE_EQ(row.ratio, 3);
+  EXPECT_DOUBLE_EQ(row.headroom, 1.5);
+  EXPECT_FALSE(row.pass);
+}
+
+// Writes a QKNorm case and reference:<prec>'s outputs as .npy files (or one
+// .safetensors) into `dir`, optionally corrupting one element of O.
+void dump_case(const std::string& dir, Precision prec, bool safetensors,
+               int64_t corrupt = -1) {
+  AttentionProblem p;
+  p.batch = 1;
+  p.heads = 2;
+  p.q_len = 7;
+  p.kv_len = 9;
+  p.head_dim = 8;
+  p.g = g_init(72);
+  const validation::AttentionCase c = validation::round_inputs(
+      validation::make_attention_case(p, validation::Distribution::kGaussian, 5,
+                                      prec),
+      prec);
+  validation::AttentionResult r =
+      validation::run_attention(validation::naive_for(prec), c);
+  if (corrupt >= 0) r.o[static_cast<size_t>(corrupt)] += 0.25;
+  auto t = [&](const std::string& name, const std::vector<double>& v,
+               int64_t rows) {
+    HostTensor h;
+    h.name = name;
+    h.dtype = prec;
+    h.shape = {p.batch, p.heads, rows, p.head_dim};
+    h.values = v;
+    return h;
+  };
+  HostTensor g{"g", Precision::kF64, {}, {p.g}},
+      dg{"dg", Precision::kF64, {}, {r.dg}};
+  std::vector<HostTensor> all = {
+      t("q", c.q, p.q_len),    t("k", c.k, p.kv_len),
+      t("v", c.v, p.kv_len),   g,
+      t("dO", c.d_o, p.q_len), t("O", r.o, p.q_len),
+      t("dQ", r.dq, p.q_len),  t("dK", r.dk, p.kv_len),
+      t("dV", r.dv, p.kv_len), dg};
+  if (safetensors) {
+    validation::write_safetensors_file(dir + "/dump.safetensors", all);
+  } else {
+    for (const HostTensor& h : all)
+      validation::write_npy_file(dir + "/" + h.name + ".npy", h);
+  }
+}
+
+std::vector<std::string> npys(const std::string& dir,
+                              std::vector<std::string> names) {
+  for (auto& n : names) n = dir + "/" + n + ".npy";
+  return names;
+}
+
+std::vector<std::string> compare_args(const std::string& dir) {
+  std::vector<std::string> a = {"compare", "--inputs"};
+  for (const auto& f : npys(dir, {"q", "k", "v", "g", "dO"})) a.push_back(f);
+  a.push_back("--outputs");
+  for (const auto& f : npys(dir, {"O", "dQ", "dK", "dV", "dg"})) a.push_back(f);
+  return a;
+}
+
+TEST(Compare, CorrectNpyDumpPasses) {
+  for (Precision p : {Precision::kF64, Precision::kF32, Precision::kF16}) {
+    testing::TempDir dir;
+    dump_case(dir.path(), p, false);
+    const testing::CliRun r = testing::run(compare_args(dir.path()));
+    EXPECT_EQ(r.code, kExitPass) << name(p) << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("files:" + std::string(name(p))), std::string::npos);
+  }
+}
+
+TEST(Compare, Bf16SafetensorsDumpPasses) {
+  testing::TempDir dir;
+  dump_case(dir.path(), Precision::kBF16, true);
+  const std::string f = dir.file("dump.safetensors");
+  const testing::CliRun r =
+      testing::run({"compare", "--inputs", f, "--outputs", f});
+  EXPECT_EQ(r.code, kExitPass) << r.out << r.err;
+  EXPECT_NE(r.out.find("files:bf16"), std::string::npos);
+}
+
+TEST(Compare, DeliberatelyWrongOutputFileFails) {
+  testing::TempDir dir;
+  const int64_t bad = 37;
+  dump_case(dir.path(), Precision::kF32, false, bad);
+  const testing::CliRun r = testing::run(compare_args(dir.path()));
+  EXPECT_EQ(r.code, kExitFail) << r.out << r.err;
+  EXPECT_NE(r.out.find("FAIL"), std::string::npos);
+  EXPECT_NE(r.out.find("field o:"), std::string::npos);
+  EXPECT_NE(r.out.find("worst[" + std::to_string(bad) + "]"), std::string::npos)
+      << r.out;
+  // Forward only (no gradients given) fails the same way.
+  const testing::CliRun f = testing::run(
+      {"compare", "--inputs", dir.file("q.npy"), dir.file("k.npy"),
+       dir.file("v.npy"), dir.file("g.npy"), "--outputs", dir.file("O.npy")});
+  EXPECT_EQ(f.code, kExitFail) << f.out << f.err;
+}
+
+TEST(Compare, NameEqualsPathAndGOverride) {
+  testing::TempDir dir;
+  dump_case(dir.path(), Precision::kF32, false);
+  std::filesystem::rename(dir.file("q.npy"), dir.file("query_dump.npy"));
+  const testing::CliRun r =
+      testing::run({"compare", "--g", std::to_string(g_init(72)), "--inputs",
+                    "q=" + dir.file("query_dump.npy"), dir.file("k.npy"),
+                    dir.file("v.npy"), "--outputs", dir.file("O.npy")});
+  EXPECT_EQ(r.code, kExitPass) << r.out << r.err;
+}
+
+void expect_input_error(const std::vector<std::string>& args,
+                        const std::string& needle) {
+  const testing::CliRun r = testing::run(args);
+  EXPECT_EQ(r.code, kExitInput) << r.out << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos)
+      << "stderr lacks '" << needle << "':\n"
+      << r.err;
+}
+
+TEST(Compare, MalformedDumpsAreInputErrorsNamingTheFile) {
+  testing::TempDir dir;
+  dump_case(dir.path(), Precision::kF32, false);
+  // Wrong dtype: k in f64 while q is f32.
+  HostTensor k = validation::read_npy_file(dir.file("k.npy"));
+  k.dtype = Precision::kF64;
+  validation::write_npy_file(dir.file("k64.npy"), k);
+  expect_input_error(
+      {"compare", "--inputs", dir.file("q.npy"), "k=" + dir.file("k64.npy"),
+       dir.file("v.npy"), dir.file("g.npy"), "--outputs", dir.file("O.npy")},
+      "differs from q's f32");
+  // Wrong shape: O of another length.
+  HostTensor o = validation::read_npy_file(dir.file("O.npy"));
+  o.shape[2] -= 1;
+  o.values.resize(static_cast<size_t>(o.numel()));
+  validation::write_npy_file(dir.file("O_short.npy"), o);
+  expect_input_error({"compare", "--inputs", dir.file("q.npy"),
+                      dir.file("k.npy"), dir.file("v.npy"), dir.file("g.npy"),
+                      "--outputs", "O=" + dir.file("O_short.npy")},
+                     "differs from q's");
+  // Truncated file.
+  const std::string bytes = validation::read_file_bytes(dir.file("v.npy"));
+  validation::write_file_bytes(dir.file("v_cut.npy"),
+                               bytes.substr(0, bytes.size() - 3));
+  expect_input_error({"compare", "--inputs", dir.file("q.npy"),
+                      dir.file("k.npy"), "v=" + dir.file("v_cut.npy"),
+                      dir.file("g.npy"), "--outputs", dir.file("O.npy")},
+                     dir.file("v_cut.npy") + ": truncated data");
+  // Bad header.
+  const char junk[] = "\x93NUMPY\x01\x00\x04\x00{{{{";
+  validation::write_file_bytes(dir.file("junk.npy"),
+                               std::string_view(junk, sizeof junk - 1));
+  expect_input_error(
+      {"compare", "--inputs", dir.file("q.npy"), dir.file("k.npy"),
+       dir.file("v.npy"), "g=" + dir.file("junk.npy"), "--outputs",
+       dir.file("O.npy")},
+      dir.file("junk.npy") + ": bad header");
+  // Missing tensor and unknown names.
+  expect_input_error({"compare", "--inputs", dir.file("q.npy"),
+                      dir.file("k.npy"), "--outputs", dir.file("O.npy")},
+                     "no tensor named v");
+  expect_input_error(
+      {"compare", "--inputs", dir.file("q.npy"), dir.file("k.npy"),
+       dir.file("v.npy"), dir.file("O.npy"), "--outputs", dir.file("O.npy")},
+      "not one of the --inputs");
+  expect_input_error({"compare", "--inputs", dir.file("nope.npy"), "--outputs",
+                      dir.file("O.npy")},
+                     "cannot open");
+}
+
+TEST(Compare, SafetensorsHeaderClaimingMoreDataIsAnInputError) {
+  testing::TempDir dir;
+  dump_case(dir.path(), Precision::kBF16, true);
+  std::string bytes = validation::read_file_bytes(dir.file("dump.safetensors"));
+  const std::string cut = dir.file("cut.safetensors");
+  validation::write_file_bytes(cut, bytes.substr(0, bytes.size() - 10));
+  expect_input_error({"compare", "--inputs", cut, "--outputs", cut},
+                     "past the data block");
+}
+
+TEST(Sweep, WritesCsvAndPng) {
+  testing::TempDir dir;
+  const std::string prefix = dir.file("s");
+  const testing::CliRun r = testing::run(
+      {"sweep", "--over", "magnitude", "--points", "3", "--shape", "1x1x8x8",
+       "--backend", "reference", "--precision", "f32", "--out", prefix});
+  if (r.code == kExitTool) GTEST_SKIP() << "gnuplot unavailable: " << r.err;
+  ASSERT_EQ(r.code, kExitPass) << r.err;
+  std::ifstream csv(prefix + ".csv");
+  std::string line;
+  int lines = 0;
+  bool sdpa = false;
+  while (std::getline(csv, line)) {
+    ++lines;
+    sdpa |= line.find(",sdpa,") != std::string::npos;
+  }
+  EXPECT_EQ(lines, 1 + 3 * 2);  // header + 3 points x (qknorm, sdpa)
+  EXPECT_TRUE(sdpa);
+  ASSERT_TRUE(std::filesystem::exists(prefix + ".png"));
+  EXPECT_GT(std::filesystem::file_size(prefix + ".png"), 1000u);
+}
+
+}  // namespace
+}  // namespace qknorm::cli
