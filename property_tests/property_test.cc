@@ -5,9 +5,12 @@
 // so --gtest_filter='*/simd_SSE4_*' picks one target and ctest shards by test.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "property_tests/mutants.h"
 #include "property_tests/properties.h"
 #include "property_tests/rc_gens.h"
 #include "property_tests/support.h"
@@ -18,10 +21,27 @@
 namespace qknorm::property {
 namespace {
 
+// QKNORM_PROPERTY_WITH_MUTANTS=1 also instantiates every property on the
+// mutants (mutants.h): a debugging aid that shows the full failure report
+// (shrunk case, seed, RC_PARAMS="reproduce=...") of a broken entry. Those
+// tests are expected to FAIL.
+bool with_mutants() {
+  const char* s = std::getenv("QKNORM_PROPERTY_WITH_MUTANTS");
+  return s != nullptr && *s != '\0' && std::string(s) != "0";
+}
+
 std::vector<std::string> entry_names() {
   std::vector<std::string> names;
   for (const Backend* b : all_backends().entries()) names.push_back(b->name());
+  if (with_mutants())
+    for (const Backend* b : mutant_registry().entries())
+      names.push_back(b->name());
   return names;
+}
+
+const Backend* find_entry(const std::string& name) {
+  const Backend* b = all_backends().find(name);
+  return b != nullptr ? b : mutant_registry().find(name);
 }
 
 std::string sanitize(const testing::TestParamInfo<std::string>& info) {
@@ -33,7 +53,7 @@ std::string sanitize(const testing::TestParamInfo<std::string>& info) {
 
 class EntryProperty : public testing::TestWithParam<std::string> {
  protected:
-  const Backend& entry() const { return *all_backends().find(GetParam()); }
+  const Backend& entry() const { return *find_entry(GetParam()); }
 
   // Runs the named property on this test's entry under rapidcheck.
   void Check(const char* property) {

@@ -22,7 +22,8 @@ namespace qknorm::property {
 // that precision have. It does not depend on the entry, only on the case and
 // the precision. Transform properties compare two runs of the same entry on
 // inputs the oracle maps exactly onto each other, so the two runs may differ
-// by up to kTwoRuns budgets (triangle inequality through the oracle).
+// by the sum of the two cases' budgets (triangle inequality through the
+// oracle). Where the bound is an a-priori gamma, two runs get kTwoRuns of it.
 inline constexpr double kTwoRuns = 2.0;
 
 struct Budgets {
