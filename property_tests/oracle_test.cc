@@ -69,9 +69,8 @@ bool fd_resolvable(const AttentionCase& c,
       const long double n =
           reference::nrm2<long double>(row.data(), p.head_dim);
       const long double e = clamp && qk ? p.eps : 0.0;
-      h = std::min(h, n > e
-                          ? validation::kFdStep * n / (clamp ? gdiv : 1)
-                          : validation::kFdStep * std::max<long double>(e, 1));
+      h = std::min(h, n > e ? validation::kFdStep * n / (clamp ? gdiv : 1)
+                            : validation::kFdStep * (e > 0 ? e : 1.0L));
     }
     return h;
   };
