@@ -274,7 +274,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         }
         const float m_new =
             std::max(m[r], hn::GetLane(hn::MaxOfLanes(df, vmax)));
-        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
+        const float alpha = m[r] == m_new     ? 1.0f
+                            : m[r] == kNegInf ? 0.0f
+                                              : std::exp(m[r] - m_new);
         const VF vm = hn::Set(df, m_new);
         VF vsum = hn::Zero(df);
         for (size_t j = 0; j < Kb; j += N) {
