@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <numbers>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "blas_path/normalize.h"
 #include "blas_path/row_kernels.h"
@@ -73,15 +73,18 @@ struct VisiblePrefix {
   }
 };
 
-constexpr double kLog2e = std::numbers::log2e;
+// log(e) in the row kernels' exponential base: log2(e) for float (exp2), 1
+// for double (exp), see row_kernels.h.
+template <class T>
+constexpr double kLogE = std::is_same_v<T, float> ? std::numbers::log2e : 1.0;
 
 // The logit scale in log2 units, g log2(e) or log2(e) / sqrt(D), rounded to
 // T once; forward and backward use this same value.
 template <class T>
 T logit_alpha(const AttentionProblem& p) {
   return static_cast<T>(p.variant == Variant::kQKNorm
-                            ? p.g * kLog2e
-                            : kLog2e /
+                            ? p.g * kLogE<T>
+                            : kLogE<T> /
                                   std::sqrt(static_cast<double>(p.head_dim)));
 }
 
@@ -164,7 +167,7 @@ void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
         continue;
       }
       const T cm = alpha >= 0 ? row_max(sr, m) : row_min(sr, m);
-      const T sum = exp2_affine_row(sr, m, mb, alpha, alpha * cm);
+      const T sum = exp_affine_row(sr, m, mb, alpha, alpha * cm);
       rowsum[r] = static_cast<double>(sum);
       // lse in natural units from the extreme logit itself (scale * C in
       // double: one rounding, as the naive g * dot) plus log(sum) in double,
@@ -203,15 +206,15 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
   const T* q = head_ptr<T>(a.q, b, h);
   const T* k = head_ptr<T>(a.k, b, h);
   const T* v = head_ptr<T>(a.v, b, h);
-  const T* o = head_ptr<T>(a.o, b, h);
+  // O is not read: delta comes from the recomputed P and dP (row_kernels.h).
   const T* d_o = head_ptr<T>(a.d_o, b, h);
   T* dq = head_ptr<T>(a.dq, b, h);
   T* dk = head_ptr<T>(a.dk, b, h);
   T* dv = head_ptr<T>(a.dv, b, h);
-  const int64_t rsv = a.v.layout.row_stride, rso = a.o.layout.row_stride,
-                rsdo = a.d_o.layout.row_stride, rsdq = a.dq.layout.row_stride,
-                rsdk = a.dk.layout.row_stride, rsdv = a.dv.layout.row_stride;
-  const double* lse = a.lse + (b * p.heads + h) * Nq;
+  const int64_t rsv = a.v.layout.row_stride, rsdo = a.d_o.layout.row_stride,
+                rsdq = a.dq.layout.row_stride, rsdk = a.dk.layout.row_stride,
+                rsdv = a.dv.layout.row_stride;
+  // The saved lse is not read (row_kernels.h, softmax_backward_row).
 
   const Operands<T> op = head_operands(p, q, a.q.layout.row_stride, k,
                                        a.k.layout.row_stride, nk_used, ws);
@@ -247,18 +250,9 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
          op.ldb, T(0), c, ld);
     gemm(CblasNoTrans, CblasTrans, rows, mb, D, T(1), do_blk, rsdo, v, rsv,
          T(0), dp, ld);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r, m = vis(i);
-      T delta = 0, lse2_hi = 0, lse2_lo = 0;
-      if (m > 0) {
-        delta = static_cast<T>(dot_double(d_o + i * rsdo, o + i * rso, D));
-        const double lse2 = lse[i] * kLog2e;
-        lse2_hi = static_cast<T>(lse2);
-        lse2_lo = static_cast<T>(lse2 - static_cast<double>(lse2_hi));
-      }
-      dg += static_cast<double>(softmax_backward_row(
-          c + r * ld, dp + r * ld, m, mb, alpha2, lse2_hi, lse2_lo, delta));
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      dg += static_cast<double>(softmax_backward_row(c + r * ld, dp + r * ld,
+                                                     vis(i0 + r), mb, alpha2));
     // c now holds P, dp holds dS.
     gemm(CblasTrans, CblasNoTrans, mb, D, rows, T(1), c, ld, do_blk, rsdo, T(1),
          dv, rsdv);
@@ -289,16 +283,14 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
 }  // namespace
 
 int64_t query_block(int64_t nk, size_t elem_bytes) {
-  // Measured (tools/blas_timing.cc, d = 64, f32, one thread): see the
-  // comment at kBlockBytes.
-  constexpr int64_t kMinRows = 32, kMaxRows = 256;
-  // Target bytes of one block buffer.
-  constexpr int64_t kBlockBytes = 512 * 1024;
-  static const int64_t env_rows = [] {
-    const char* e = std::getenv("QKNORM_BLAS_QBLOCK");
-    return e ? std::atoll(e) : 0;
-  }();
-  if (env_rows > 0) return env_rows;
+  // Rows per block: the block buffer targets kBlockBytes, within
+  // [kMinRows, kMaxRows]. Measured with tools/blas_timing.cc (f32, d = 64,
+  // H = 8, one thread, quiet machine): at n = 2048, 64- and 128-row blocks
+  // ran the forward at 0.82-0.83 of the bare GEMM rate, 256 rows and more at
+  // 0.93 (OpenBLAS's own M blocking wants a tall A; the L2-sized blocks did
+  // not pay). 2 MiB gives 256 rows at n = 2048 and whole heads up to n = 512.
+  constexpr int64_t kMinRows = 32, kMaxRows = 512;
+  constexpr int64_t kBlockBytes = 2 * 1024 * 1024;
   const int64_t rows =
       kBlockBytes / (block_ld(nk) * static_cast<int64_t>(elem_bytes));
   return std::clamp(rows, kMinRows, kMaxRows);

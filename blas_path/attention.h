@@ -1,22 +1,25 @@
 // QKNorm / SDPA attention on OpenBLAS: forward, backward, probabilities.
 //
 // Algorithm, per (batch b, head h), over query blocks of at most
-// query_block() rows [i0, i1):
-//   forward:  S = alpha * A_blk B^T          (GEMM: rows x m_blk x D)
-//             per row: e_j = exp2(S_j - max_j S), sum = sum_j e_j (row_kernels)
+// query_block() rows [i0, i1), with A = q_hat, B = k_hat (normalized once per
+// head into the workspace, normalize.h) and s = g for qknorm, A = q, B = k
+// read in place through their row strides and s = 1/sqrt(D) for sdpa; exp is
+// exp2 for f32 (alpha = s log2 e, the range reduction of exp2 is exact) and
+// exp for f64 (alpha = s), see row_kernels.h:
+//   forward:  C = A_blk B^T                     (GEMM: rows x m_blk x D)
+//             per row: e_j = exp(alpha C_j - alpha max C), sum = sum_j e_j
 //             O_blk = E V                       (GEMM: rows x D x m_blk)
-//             O_i *= 1 / sum_i, lse_i = ln2 * (max + log2(sum))
-//   with A = q_hat, B = k_hat, alpha = g log2(e) for qknorm (q_hat, k_hat
-//   normalized once per head into the workspace), and A = q, B = k read in
-//   place through their row strides, alpha = log2(e) / sqrt(D) for sdpa. The
-//   log2(e) folded into the GEMM's alpha makes the softmax an exp2, whose range
-//   reduction is exact. Dividing the D-wide output row instead of the m-wide
-//   probability row saves one pass over the n^2 block.
-//   backward: C = A_blk B^T, dP = dO_blk V^T     (GEMMs, alpha = 1)
-//             per row (one fused pass): P = exp2(alpha C - lse log2 e),
-//             dS = P (dP - delta), dg += sum dS C, delta = dO_i . O_i
-//             dV += P^T dO_blk, dA_blk = s dS B, dB += s dS^T A_blk (GEMMs,
-//             s = g or 1/sqrt(D)), then the normalization backward per row.
+//             O_i /= sum_i (the D-wide output row, not the m-wide P row: one
+//             pass over the n^2 block fewer), lse_i = s max C + log(sum)
+//   backward: C = A_blk B^T, dP = dO_blk V^T     (GEMMs)
+//             per row (two passes, the row in L1): the forward's e_j again,
+//             P = e / sum, delta = sum_j P dP, dS = P (dP - delta) (in a
+//             cancellation-free form, row_kernels.h), dg += sum dS C
+//             dV += P^T dO_blk, dA_blk = s dS B, dB += s dS^T A_blk (GEMMs),
+//             then the normalization backward per row. O and lse are not
+//             read (row_kernels.h says why).
+// GEMMs run single-threaded in OpenBLAS; (batch, head) items run in parallel
+// on the workspace's pool (pool.h: OpenBLAS's own threading changes the bits).
 //
 // Masks: for both mask kinds, and their combination, the keys query i sees
 // form a prefix [0, m_i) with m_i non-decreasing in i, so a block needs only
@@ -29,24 +32,24 @@
 // product (Q_h K_h^T, P_h V_h, ...); stacking heads along M or N would compute
 // the H^2 - H cross-head blocks and throw them away (H times the FLOPs), and
 // OpenBLAS 0.3.21 has no batched GEMM. What is folded is the query dimension:
-// a block holds up to query_block() query rows in one GEMM (all of them for
-// n <= query_block()), large enough for OpenBLAS to run at its square-matrix
-// rate, small enough that the block (and in the backward its second buffer)
-// stays in the L2/L3 cache between the GEMM that writes it and the row pass
-// that reads it.
+// a block holds up to query_block() query rows in one GEMM (a whole head for
+// n <= 512 in f32), tall enough for OpenBLAS to run at its square-matrix
+// rate (measured, query_block() in attention.cc), while the n x n matrix of a
+// long sequence is never materialized.
 //
-// Workspace (elements of T, grow-only, per calling thread):
-//   qknorm: (Nq + Nk) D (q_hat, k_hat) + Nk D (dk_hat accumulator, backward)
-//           + query_block D (dq_hat block, backward)
+// Workspace (grow-only, per thread slot, T elements unless stated):
 //   both:   query_block * ld(Nk) per block buffer: 1 (forward), 2 (backward),
-//           ld(Nk) = Nk rounded up to a multiple of 16
-//   plus (Nq + Nk) doubles of norms (qknorm) and query_block doubles of
-//   row statistics (forward); workspace_bytes() below is the exact total.
-//   Example, f32, qknorm, Nq = Nk = 2048, D = 64 (query_block = 256):
-//   forward 2.6 MiB, forward + backward 5.3 MiB, against the 16 MiB of one
-//   dense n x n f32 matrix (and 128 MiB for all 8 heads).
-// The caller keeps the Workspace; after a call of the largest shape, no call
-// allocates (BlasWorkspace::bytes() stays constant; tested).
+//           ld(Nk) = Nk rounded up to a multiple of 16; query_block doubles
+//   qknorm: (Nq + Nk) D (q_hat, k_hat) and (Nq + Nk) doubles (norms);
+//           backward also Nk D (dk_hat accumulator) + query_block D (dq_hat)
+//   times min(threads, B H) slots, plus B H doubles (per-head dg) for the
+//   backward; workspace_bytes() is the exact total (tested).
+//   Example, f32, qknorm, Nq = Nk = 2048, D = 64 (query_block = 256), per
+//   slot: forward 3.0 MiB, forward + backward 5.6 MiB, against 16 MiB for one
+//   dense n x n f32 matrix (128 MiB for all 8 heads).
+// The caller keeps the Workspace; after a call of the largest shape (and
+// thread count), no call allocates (BlasWorkspace::bytes() stays constant and
+// operator new is not called; tested).
 #ifndef QKNORM_BLAS_PATH_ATTENTION_H_
 #define QKNORM_BLAS_PATH_ATTENTION_H_
 

@@ -14,12 +14,15 @@
 // Sums use 8 interleaved accumulators added in index order at the end: the
 // loops vectorize and the order is fixed by the source (built with
 // -ffp-contract=off, so every clone rounds identically).
-// u = x / max(||x||, eps) is a true division in double (then times scale if
-// scale != 1): a row of one element gives u = +-1 exactly (and so dx = 0
-// exactly, as the oracle has it), and a subnormal eps, whose reciprocal would
-// overflow, needs no special case. The O(rows D) divisions are invisible next
-// to the GEMMs. Zero rows (||x|| <= eps): u = x / eps, backward dx = du / eps,
-// as include/qknorm/attention.h specifies.
+// u = x / max(||x||, eps): for f64 a true division (then times scale if
+// scale != 1), so a row of one element gives u = +-1 exactly (and dx = 0
+// exactly, as the oracle has it). For f32 storage x * (scale / den) in
+// double, rounded to f32: the same f32 result up to double-rounding ties,
+// still +-1 exactly for one element, and a multiply per element instead of
+// a division (measured: the division loop was the largest non-GEMM cost at
+// n = 128). A denominator below 2^-1000 (subnormal eps), whose reciprocal
+// could overflow, is always divided by. Zero rows (||x|| <= eps): u = x / eps,
+// backward dx = du / eps, as include/qknorm/attention.h specifies.
 #ifndef QKNORM_BLAS_PATH_NORMALIZE_H_
 #define QKNORM_BLAS_PATH_NORMALIZE_H_
 

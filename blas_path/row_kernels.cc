@@ -11,27 +11,31 @@
 namespace qknorm::blas {
 namespace {
 
-// 64-byte vectors: one AVX-512 register, two AVX2 registers, four SSE
+// 32-byte vectors: one AVX2 register (AVX-512VL in the v4 clone), two SSE
 // registers; the lane semantics (and so the bits) are the same in every clone
-// that has FMA.
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef double f64x8 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef int64_t i64x8 __attribute__((vector_size(64)));
+// that has FMA. 64-byte vectors were measured slower: with AVX2, GCC 12 lowers
+// their comparisons and selects lane by lane (callgrind: 18 instructions per
+// exp element instead of ~3).
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef double f64x4 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef int64_t i64x4 __attribute__((vector_size(32)));
 
 template <class T>
 struct Lanes;
 template <>
 struct Lanes<float> {
-  using V = f32x16;
-  using I = i32x16;
-  static constexpr int kN = 16;
+  using V = f32x8;
+  using I = i32x8;
+  using IE = int32_t;
+  static constexpr int kN = 8;
 };
 template <>
 struct Lanes<double> {
-  using V = f64x8;
-  using I = i64x8;
-  static constexpr int kN = 8;
+  using V = f64x4;
+  using I = i64x4;
+  using IE = int64_t;
+  static constexpr int kN = 4;
 };
 
 template <class T>
@@ -72,14 +76,14 @@ constexpr float kC0 = 1.0f, kC1 = 0.6931471805599453f,
 // 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer.
 constexpr float kRoundMagic = 12582912.0f;
 
-QKNORM_BLAS_INLINE f32x16 exp2v(f32x16 x) {
-  const f32x16 lo = splat(-127.0f), hi = splat(127.0f);
+QKNORM_BLAS_INLINE f32x8 expbv(f32x8 x) {
+  const f32x8 lo = splat(-127.0f), hi = splat(127.0f);
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  const f32x16 t = x + splat(kRoundMagic);
-  const f32x16 n = t - splat(kRoundMagic);
-  const f32x16 r = x - n;  // exact, |r| <= 1/2
-  f32x16 p = splat(kC7);
+  const f32x8 t = x + splat(kRoundMagic);
+  const f32x8 n = t - splat(kRoundMagic);
+  const f32x8 r = x - n;  // exact, |r| <= 1/2
+  f32x8 p = splat(kC7);
   p = p * r + kC6;
   p = p * r + kC5;
   p = p * r + kC4;
@@ -88,14 +92,14 @@ QKNORM_BLAS_INLINE f32x16 exp2v(f32x16 x) {
   p = p * r + kC1;
   p = p * r + kC0;
   // Integer part n from t's low mantissa bits; 2^n from its exponent bits.
-  const i32x16 ni =
-      std::bit_cast<i32x16>(t) - std::bit_cast<int32_t>(kRoundMagic);
-  const i32x16 bits = (ni + 127) << 23;
-  return p * std::bit_cast<f32x16>(bits);
+  const i32x8 ni =
+      std::bit_cast<i32x8>(t) - std::bit_cast<int32_t>(kRoundMagic);
+  const i32x8 bits = (ni + 127) << 23;
+  return p * std::bit_cast<f32x8>(bits);
 }
-QKNORM_BLAS_INLINE f64x8 exp2v(f64x8 x) {
-  f64x8 y;
-  for (int l = 0; l < 8; ++l) y[l] = std::exp2(x[l]);
+QKNORM_BLAS_INLINE f64x4 expbv(f64x4 x) {
+  f64x4 y;
+  for (int l = 0; l < 4; ++l) y[l] = std::exp(x[l]);
   return y;
 }
 
@@ -121,25 +125,61 @@ QKNORM_BLAS_INLINE T row_extreme_impl(const T* s, int64_t m) {
   return best;
 }
 
+// Index of a maximum (kMax) or minimum of s[0..m), m >= 1: the smallest
+// index among the lanes' winners, so the result depends only on the data.
+template <bool kMax, class T>
+QKNORM_BLAS_INLINE int64_t row_arg_extreme_impl(const T* s, int64_t m) {
+  using V = typename Lanes<T>::V;
+  using I = typename Lanes<T>::I;
+  constexpr int N = Lanes<T>::kN;
+  auto wins = [](auto x, auto y) {  // x strictly better than y
+    if constexpr (kMax)
+      return x > y;
+    else
+      return x < y;
+  };
+  int64_t best = 0;
+  int64_t j = 0;
+  if (m >= N) {
+    I lane;
+    for (int l = 0; l < N; ++l) lane[l] = l;
+    V a = load(s);
+    I ai = lane;
+    for (j = N; j + N <= m; j += N) {
+      const V x = load(s + j);
+      const auto w = wins(x, a);
+      a = w ? x : a;
+      ai = w ? lane + static_cast<typename Lanes<T>::IE>(j) : ai;
+    }
+    best = ai[0];
+    for (int l = 1; l < N; ++l)
+      if (wins(a[l], s[best]) || (a[l] == s[best] && ai[l] < best))
+        best = ai[l];
+  }
+  for (; j < m; ++j)
+    if (wins(s[j], s[best])) best = j;
+  return best;
+}
+
 // Two accumulators hide the add latency; the order is fixed by the source.
 template <class T>
-QKNORM_BLAS_INLINE T exp2_affine_row_impl(T* s, int64_t m, int64_t ncols,
-                                          T alpha, T shift) {
+QKNORM_BLAS_INLINE T exp_affine_row_impl(T* s, int64_t m, int64_t ncols,
+                                         T alpha, T shift) {
   using V = typename Lanes<T>::V;
   constexpr int N = Lanes<T>::kN;
   const V al = splat(alpha), sh = splat(shift);
   V acc0 = splat(T(0)), acc1 = splat(T(0));
   int64_t j = 0;
   for (; j + 2 * N <= m; j += 2 * N) {
-    const V e0 = exp2v(load(s + j) * al - sh);
-    const V e1 = exp2v(load(s + j + N) * al - sh);
+    const V e0 = expbv(load(s + j) * al - sh);
+    const V e1 = expbv(load(s + j + N) * al - sh);
     store(s + j, e0);
     store(s + j + N, e1);
     acc0 += e0;
     acc1 += e1;
   }
   for (; j + N <= m; j += N) {
-    const V e0 = exp2v(load(s + j) * al - sh);
+    const V e0 = expbv(load(s + j) * al - sh);
     store(s + j, e0);
     acc0 += e0;
   }
@@ -147,7 +187,7 @@ QKNORM_BLAS_INLINE T exp2_affine_row_impl(T* s, int64_t m, int64_t ncols,
     // Tail through the same vector code on a zero-padded copy.
     V x = splat(T(0));
     for (int64_t l = 0; l < m - j; ++l) x[l] = s[j + l];
-    const V e = exp2v(x * al - sh);
+    const V e = expbv(x * al - sh);
     const auto keep = iota<T>() < splat(static_cast<T>(m - j));
     const V e0 = keep ? e : splat(T(0));
     for (int64_t l = 0; l < m - j; ++l) s[j + l] = e0[l];
@@ -159,8 +199,7 @@ QKNORM_BLAS_INLINE T exp2_affine_row_impl(T* s, int64_t m, int64_t ncols,
 
 template <class T>
 QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
-                                               int64_t ncols, T alpha2,
-                                               T lse2_hi, T lse2_lo, T delta) {
+                                               int64_t ncols, T alpha2) {
   using V = typename Lanes<T>::V;
   constexpr int N = Lanes<T>::kN;
   if (m == 1) {  // softmax of one logit: P = 1 and dS = 0 exactly
@@ -169,8 +208,10 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
     for (int64_t j = 0; j < ncols; ++j) dp[j] = 0;
     return 0;
   }
-  const V a2 = splat(alpha2), lh = splat(lse2_hi), ll = splat(lse2_lo),
-          de = splat(delta);
+  // The key r of the largest logit: shift and dP reference.
+  const int64_t r = alpha2 >= 0 ? row_arg_extreme_impl<true>(c, m)
+                                : row_arg_extreme_impl<false>(c, m);
+  const V a2 = splat(alpha2), sh = splat(alpha2 * c[r]), dr = splat(dp[r]);
   const int64_t body = m / N * N;
   const auto keep = iota<T>() < splat(static_cast<T>(m - body));
   auto tail = [&](const T* x) {
@@ -178,34 +219,42 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
     for (int64_t l = 0; l < m - body; ++l) v[l] = x[body + l];
     return v;
   };
-  // Pass 1: the row sum of the recomputed numerators (about 1).
-  V acc0 = splat(T(0)), acc1 = splat(T(0));
-  int64_t j = 0;
-  for (; j + 2 * N <= m; j += 2 * N) {
-    acc0 += exp2v((load(c + j) * a2 - lh) - ll);
-    acc1 += exp2v((load(c + j + N) * a2 - lh) - ll);
+  // Pass 1: sigma = sum_j e_j (>= 1, e_r = 1) and sum_j e_j (dp_j - dp_r).
+  V se = splat(T(0)), sd = splat(T(0));
+  for (int64_t j = 0; j < body; j += N) {
+    const V e = expbv(load(c + j) * a2 - sh);
+    se += e;
+    sd += e * (load(dp + j) - dr);
   }
-  for (; j + N <= m; j += N) acc0 += exp2v((load(c + j) * a2 - lh) - ll);
   if (body < m) {
-    const V e = exp2v((tail(c) * a2 - lh) - ll);
-    acc1 += keep ? e : splat(T(0));
+    const V e0 = expbv(tail(c) * a2 - sh);
+    const V e = keep ? e0 : splat(T(0));
+    se += e;
+    sd += e * (tail(dp) - dr);
   }
-  const T inv = T(1) / hsum<T>(acc0 + acc1);
-  const V vinv = splat(inv);
-  // Pass 2 (the row is in L1 now): P, dS and the dg share.
+  const T sigma = hsum<T>(se);
+  const V vinv = splat(T(1) / sigma);
+  const T de_s = hsum<T>(sd) / sigma;  // delta - dp_r
+  // p_r = 1 / sigma. A dominant key (p_r > 1/2) takes the reference form;
+  // otherwise dp_j - delta directly (one rounding fewer per element).
+  const bool ref = sigma < T(2);
+  const V de = splat(ref ? de_s : dp[r] + de_s), d0 = splat(ref ? dp[r] : T(0));
+  // Pass 2 (the row is in L1 now): P, dS and the dg share. For the direct
+  // form d0 = 0 and (dp_j - 0) - delta is dp_j - delta exactly.
   V acc = splat(T(0));
-  for (j = 0; j < body; j += N) {
+  int64_t j = 0;
+  for (; j < body; j += N) {
     const V cj = load(c + j);
-    const V p = exp2v((cj * a2 - lh) - ll) * vinv;
-    const V ds = p * (load(dp + j) - de);
+    const V p = expbv(cj * a2 - sh) * vinv;
+    const V ds = p * ((load(dp + j) - d0) - de);
     store(c + j, p);
     store(dp + j, ds);
     acc += ds * cj;
   }
   if (body < m) {
     const V cj = tail(c), dpj = tail(dp);
-    const V p = keep ? exp2v((cj * a2 - lh) - ll) * vinv : splat(T(0));
-    const V ds = p * (dpj - de);
+    const V p = keep ? expbv(cj * a2 - sh) * vinv : splat(T(0));
+    const V ds = p * ((dpj - d0) - de);
     for (int64_t l = 0; l < m - body; ++l)
       c[body + l] = p[l], dp[body + l] = ds[l];
     acc += ds * cj;
@@ -221,8 +270,7 @@ QKNORM_BLAS_INLINE void divide_row_impl(T* x, int64_t n, T a) {
 
 }  // namespace
 
-QKNORM_BLAS_CLONES float exp2_f32(float x) { return exp2v(splat(x))[0]; }
-double exp2_f64(double x) { return std::exp2(x); }
+QKNORM_BLAS_CLONES float exp2_f32(float x) { return expbv(splat(x))[0]; }
 
 QKNORM_BLAS_CLONES float row_max(const float* s, int64_t m) {
   return row_extreme_impl<true>(s, m);
@@ -236,27 +284,21 @@ QKNORM_BLAS_CLONES float row_min(const float* s, int64_t m) {
 QKNORM_BLAS_CLONES double row_min(const double* s, int64_t m) {
   return row_extreme_impl<false>(s, m);
 }
-QKNORM_BLAS_CLONES float exp2_affine_row(float* s, int64_t m, int64_t ncols,
-                                         float alpha, float shift) {
-  return exp2_affine_row_impl(s, m, ncols, alpha, shift);
+QKNORM_BLAS_CLONES float exp_affine_row(float* s, int64_t m, int64_t ncols,
+                                        float alpha, float shift) {
+  return exp_affine_row_impl(s, m, ncols, alpha, shift);
 }
-QKNORM_BLAS_CLONES double exp2_affine_row(double* s, int64_t m, int64_t ncols,
-                                          double alpha, double shift) {
-  return exp2_affine_row_impl(s, m, ncols, alpha, shift);
+QKNORM_BLAS_CLONES double exp_affine_row(double* s, int64_t m, int64_t ncols,
+                                         double alpha, double shift) {
+  return exp_affine_row_impl(s, m, ncols, alpha, shift);
 }
 QKNORM_BLAS_CLONES float softmax_backward_row(float* c, float* dp, int64_t m,
-                                              int64_t ncols, float alpha2,
-                                              float lse2_hi, float lse2_lo,
-                                              float delta) {
-  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, lse2_hi, lse2_lo,
-                                   delta);
+                                              int64_t ncols, float alpha2) {
+  return softmax_backward_row_impl(c, dp, m, ncols, alpha2);
 }
 QKNORM_BLAS_CLONES double softmax_backward_row(double* c, double* dp, int64_t m,
-                                               int64_t ncols, double alpha2,
-                                               double lse2_hi, double lse2_lo,
-                                               double delta) {
-  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, lse2_hi, lse2_lo,
-                                   delta);
+                                               int64_t ncols, double alpha2) {
+  return softmax_backward_row_impl(c, dp, m, ncols, alpha2);
 }
 QKNORM_BLAS_CLONES void divide_row(float* x, int64_t n, float a) {
   divide_row_impl(x, n, a);

@@ -1,7 +1,7 @@
 // Row kernels of the BLAS path: everything between the GEMMs (softmax, its
 // backward, row scaling). Each is a plain loop over one contiguous row, written
 // with GCC/Clang vector extensions so that the summation order is fixed by the
-// source (16 float / 8 double lanes, lanes added in index order at the end)
+// source (8 float / 4 double lanes, lanes added in index order at the end)
 // and does not depend on the compiler's vectorizer or on the thread count.
 // Each kernel is compiled three times (target_clones: x86-64-v4 = AVX-512,
 // x86-64-v3 = AVX2+FMA, and the baseline); the loader picks one per process.
@@ -16,8 +16,12 @@
 // (kExp2MaxUlp). 2^n is built from its bits (exact); n = -127 gives the bit
 // pattern 0, so inputs below -126.5 return 0 (subnormals are flushed): the
 // absolute error there is < 2^-126, far below every tolerance of the suite.
-// exp2 (f64): std::exp2 (glibc, < 1 ulp) lane by lane; f64 is the accuracy
-// entry, not the performance one.
+// Base of the exponential: 2 for float (the kernels' "exp" is exp2_f32, and
+// attention.cc folds log2(e) into the logit scale), e for double (std::exp,
+// glibc, < 1 ulp, lane by lane: f64 is the accuracy entry, not the
+// performance one). In base e the logit's own value enters the exponential
+// without a change of units: a logit 0 minus the lse is exactly -lse, as in
+// the naive loops, where base 2 would round (lse * log2 e) once more.
 #ifndef QKNORM_BLAS_PATH_ROW_KERNELS_H_
 #define QKNORM_BLAS_PATH_ROW_KERNELS_H_
 
@@ -26,9 +30,8 @@
 namespace qknorm::blas {
 
 // 2^x for one value with exactly the arithmetic the vector kernels use on
-// each lane (for tests and scalar tails).
+// each lane (for tests).
 float exp2_f32(float x);
-double exp2_f64(double x);
 
 // max of s[0..m), m >= 1.
 float row_max(const float* s, int64_t m);
@@ -38,36 +41,46 @@ double row_max(const double* s, int64_t m);
 float row_min(const float* s, int64_t m);
 double row_min(const double* s, int64_t m);
 
-// Forward softmax numerator, in place: s[j] = exp2(s[j] * alpha - shift)
+// In what follows exp is the type's base (2 for float, e for double).
+// Forward softmax numerator, in place: s[j] = exp(s[j] * alpha - shift)
 // (one FMA where the clone has it) for j < m, s[j] = 0 for m <= j < ncols.
 // Returns sum_{j<m} s[j] (after the update). Requires 1 <= m <= ncols.
-float exp2_affine_row(float* s, int64_t m, int64_t ncols, float alpha,
-                      float shift);
-double exp2_affine_row(double* s, int64_t m, int64_t ncols, double alpha,
-                       double shift);
+float exp_affine_row(float* s, int64_t m, int64_t ncols, float alpha,
+                     float shift);
+double exp_affine_row(double* s, int64_t m, int64_t ncols, double alpha,
+                      double shift);
 
-// Backward softmax of one query row, fused:
-//   e_j  = exp2((c_j * alpha2 - lse2_hi) - lse2_lo),  sigma = sum_{j<m} e_j
-//   p_j  = e_j * (1 / sigma)
-//   ds_j = p_j * (dp_j - delta)
-// for j < m; p_j = ds_j = 0 for m <= j < ncols. lse2 = lse * log2(e) is
-// passed as an unevaluated sum hi + lo, so that converting the natural-log
-// lse to log2 units costs no rounding. The stored lse only SHIFTS the
-// exponent: P is renormalized by its recomputed row sum (sigma = 1 up to the
-// lse's own rounding), so P is the softmax of the recomputed logits. Without
-// that, the f32 lse's rounding, up to half an ulp of |g| + log m (8 u at
-// g = 12), would enter every P_ij as a relative error and dominate dV. The
-// row is read twice (sum, then P and dS); the second pass hits L1.
+// Backward softmax of one query row, fused. With r the key of the row's
+// largest logit alpha2 * c_r (exp in the type's base):
+//   e_j = exp(c_j * alpha2 - alpha2 * c_r),  sigma = sum_{j<m} e_j,
+//   p_j = e_j / sigma,  delta' = sum_{j<m} p_j (dp_j - dp_r),
+//   ds_j = p_j ((dp_j - dp_r) - delta')
+// for j < m; p_j = ds_j = 0 for m <= j < ncols. Mathematically ds_j =
+// p_j (dp_j - delta) with delta = sum_k p_k dp_k = rowsum(dO * O); the form
+// above is chosen for accuracy:
+// - Shift: e_j is bit for bit the forward's numerator (same shift, same
+//   FMA), so P is the softmax the forward applied. The saved lse could serve
+//   as the shift (as in FlashAttention), but it is a rounded number of
+//   magnitude |g| + log m, whose half ulp then enters every key far from it.
+// - delta from P and dP themselves (not from the stored, rounded O), so the
+//   rows of dS sum to 0 up to roundoff; O and lse are not read at all.
+// - Reference dp_r: when one key dominates (p_r -> 1, as QKNorm's large g
+//   and zero or tiny-norm rows produce), dp_r - delta = sum_k p_k (dp_r -
+//   dp_k) is ~ (1 - p_r) |dp| while dp_r and delta are ~ |dp|: subtracting
+//   them loses a factor 1 / (1 - p_r) (2e5 at g = 12.32) of relative
+//   accuracy. Measured on the sweep before this change: dk of zero k rows 9%
+//   off against the naive loops' 1.2%. Relative to dp_r, the dominant term
+//   contributes exactly 0 to delta' and the cancellation is gone. The form is
+//   used when p_r > 1/2 (sigma < 2); for a spread row, ds_j = p_j (dp_j -
+//   (dp_r + delta')) saves the extra rounding of dp_j - dp_r.
+// The row is read twice (sums, then P and dS); the second pass hits L1.
 // m = 1 gives p = 1 and ds = 0 exactly (the softmax of one logit is
-// constant), as the oracle does.
-// c is overwritten with p, dp with ds. Returns sum_{j<m} ds_j * c_j (this
-// row's share of dg). m may be 0.
+// constant), as the oracle does. c is overwritten with p, dp with ds.
+// Returns sum_{j<m} ds_j * c_j (this row's share of dg). m may be 0.
 float softmax_backward_row(float* c, float* dp, int64_t m, int64_t ncols,
-                           float alpha2, float lse2_hi, float lse2_lo,
-                           float delta);
+                           float alpha2);
 double softmax_backward_row(double* c, double* dp, int64_t m, int64_t ncols,
-                            double alpha2, double lse2_hi, double lse2_lo,
-                            double delta);
+                            double alpha2);
 
 // x[0..n) /= a (one correctly rounded division per element, as O = acc / sum
 // in the naive loops; the row is D wide, so the divisions cost nothing).

@@ -56,7 +56,7 @@ TEST(Exp2AffineRow, MatchesScalarFormulaForEveryTail) {
     std::vector<float> s(static_cast<size_t>(ncols), 7.0f);
     for (int64_t j = 0; j < m; ++j) s[j] = -0.37f * static_cast<float>(j % 23);
     const std::vector<float> in = s;
-    const float sum = exp2_affine_row(s.data(), m, ncols, 1.0f, 0.25f);
+    const float sum = exp_affine_row(s.data(), m, ncols, 1.0f, 0.25f);
     double expect_sum = 0;
     for (int64_t j = 0; j < m; ++j) {
       EXPECT_EQ(s[j], exp2_f32(in[j] - 0.25f)) << "m=" << m << " j=" << j;
@@ -84,9 +84,7 @@ TEST(RowMax, EveryLength) {
 // lse = -inf the forward stores for it (never exp(+inf)).
 TEST(SoftmaxBackwardRow, FullyMaskedRowIsZero) {
   std::vector<float> c(20, 0.5f), dp(20, 3.0f);
-  const float dg =
-      softmax_backward_row(c.data(), dp.data(), 0, 20, 1.0f,
-                           -std::numeric_limits<float>::infinity(), 0.0f, 0.0f);
+  const float dg = softmax_backward_row(c.data(), dp.data(), 0, 20, 1.0f);
   EXPECT_EQ(dg, 0.0f);
   for (int j = 0; j < 20; ++j) {
     EXPECT_EQ(c[j], 0.0f);
@@ -101,23 +99,27 @@ TEST(SoftmaxBackwardRow, MatchesFormula) {
       c[j] = std::cos(0.3 * static_cast<double>(j)),
       dp[j] = std::sin(static_cast<double>(j));
     const std::vector<double> c0 = c, dp0 = dp;
-    const double a2 = 1.7, l2 = 2.5, delta = 0.125;
-    const double dg =
-        softmax_backward_row(c.data(), dp.data(), m, m + 3, a2, l2, 0.0, delta);
+    const double a2 = 1.7, l2 = 0;  // the shift cancels in P
+    const double dg = softmax_backward_row(c.data(), dp.data(), m, m + 3, a2);
     // P is renormalized by its recomputed row sum (row_kernels.h).
-    long double sigma = 0;
-    for (int64_t j = 0; j < m; ++j)
-      sigma += std::exp2(static_cast<long double>(c0[j]) * a2 - l2);
+    // double's base is e.
+    long double sigma = 0, sd = 0;
+    for (int64_t j = 0; j < m; ++j) {
+      const long double e = std::exp(static_cast<long double>(c0[j]) * a2 - l2);
+      sigma += e;
+      sd += e * dp0[j];
+    }
+    const long double delta = sd / sigma;  // sum_j p_j dp_j
     long double dg_exp = 0;
     for (int64_t j = 0; j < m; ++j) {
       const long double p =
-          std::exp2(static_cast<long double>(c0[j]) * a2 - l2) / sigma;
+          std::exp(static_cast<long double>(c0[j]) * a2 - l2) / sigma;
       const long double ds = p * (dp0[j] - delta);
       dg_exp += ds * c0[j];
-      // f64: each e_j has exp2's < 1 ulp plus the argument's rounding
-      // (|argument| <= 5: 5 ln2 u relative), sigma an m-term sum, then the
-      // reciprocal and the product: (2 (5 ln2 + 1) + m + 2) u < (m + 12) u.
-      EXPECT_NEAR(c[j], static_cast<double>(p), (m + 12) * 0x1p-53 * p);
+      // f64: each e_j has exp's < 1 ulp plus the argument's rounding
+      // (|argument| <= 5: 5 u relative), sigma an m-term sum, then the
+      // reciprocal and the product: (2 (5 + 1) + m + 2) u = (m + 14) u.
+      EXPECT_NEAR(c[j], static_cast<double>(p), (m + 14) * 0x1p-53 * p);
     }
     for (int64_t j = m; j < m + 3; ++j) {
       EXPECT_EQ(c[j], 0.0);
@@ -134,9 +136,7 @@ TEST(SoftmaxBackwardRow, MatchesFormula) {
 // gradient is exactly 0 there, so rounding noise would fail the rule).
 TEST(SoftmaxBackwardRow, SingleKeyIsExact) {
   std::vector<float> c = {0.3f, 9.0f, 9.0f}, dp = {2.0f, 9.0f, 9.0f};
-  EXPECT_EQ(
-      softmax_backward_row(c.data(), dp.data(), 1, 3, 17.7f, 5.3f, 1e-7f, 2.0f),
-      0.0f);
+  EXPECT_EQ(softmax_backward_row(c.data(), dp.data(), 1, 3, 17.7f), 0.0f);
   EXPECT_EQ(c, (std::vector<float>{1.0f, 0.0f, 0.0f}));
   EXPECT_EQ(dp, (std::vector<float>{0.0f, 0.0f, 0.0f}));
 }
