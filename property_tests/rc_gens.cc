@@ -117,6 +117,8 @@ AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o) {
     // Heavy tails times a large scale make the logits ill-conditioned
     // (near-ties at |S| ~ 1e3); the rule needs well-conditioned inputs.
     if (s.dist == Distribution::kHeavyTailed) s.sdpa_scale = 1.0;
+    if (!o.saturating_sdpa)
+      s.sdpa_scale = std::min(s.sdpa_scale, kSdpaMaxBackwardScale);
   }
   s.seed = *rc::gen::arbitrary<uint64_t>();
   s.row_pad = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, 3}});
