@@ -18,7 +18,7 @@
 #   (the peer is optional: without torch its columns read "-").
 #   --peer-omp-active: leave torch's OpenMP wait policy at its default (the
 #   peer runs with OMP_WAIT_POLICY=PASSIVE otherwise; see bench/README.md).
-#   --min-time S: seconds per repetition (default 0.1).
+#   --min-time S: seconds per repetition (default 0.05).
 #   --head: build and measure a clean export of the committed HEAD
 #   (git archive into build/bench/head-src) instead of the working tree, so
 #   that others' uncommitted edits in a shared checkout cannot break or
@@ -27,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-mode=full rounds=3 reps=2 torch=1 install_torch=0 min_time=0.1 head=0
+mode=full rounds=3 reps=2 torch=1 install_torch=0 min_time=0.05 head=0
 omp_wait=PASSIVE
 extra=()
 while [ $# -gt 0 ]; do

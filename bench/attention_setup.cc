@@ -108,8 +108,6 @@ void AttentionRun::prepare_forward(AttentionBuffers& buf, bool causal,
 
 void AttentionRun::prepare_backward(AttentionBuffers& buf, bool causal,
                                     int threads) {
-  // Backward consumes this entry's own o and lse for this mask.
-  prepare_forward(buf, causal, threads);
   checked_attention_backward(*entry_, buf.problem(causal), buf.backward_args(),
                              ws_.get(), ExecConfig{threads});
 }

@@ -66,8 +66,8 @@ class AttentionRun {
   const Backend& entry() const { return *entry_; }
   Workspace* workspace() { return ws_.get(); }
 
-  // Untimed: validate and warm the workspace with one forward (and, for
-  // backward, produce this entry's own o and lse, then one warm backward).
+  // Untimed: validate and warm the workspace with one call. Backward reads
+  // o and lse from `buf`: a forward of the same mask must have written them.
   void prepare_forward(AttentionBuffers& buf, bool causal, int threads);
   void prepare_backward(AttentionBuffers& buf, bool causal, int threads);
   // The timed calls: straight to the virtual kernels, no validation.
