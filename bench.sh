@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark (issue 8): builds bench/ in Release in its own build dir
-# (build/bench/release), runs every f32 simd and blas registry entry beside
+# (build-bench/release), runs every f32 simd and blas registry entry beside
 # the anchors (cblas_sgemm on the same GEMMs, the FMA peak, the torch peer),
 # prints the side-by-side table and the goal verdicts, and writes
 # out/bench/bench.csv and out/bench/bench.json. See bench/README.md.
@@ -20,7 +20,7 @@
 #   peer runs with OMP_WAIT_POLICY=PASSIVE otherwise; see bench/README.md).
 #   --min-time S: seconds per repetition (default 0.05).
 #   --head: build and measure a clean export of the committed HEAD
-#   (git archive into build/bench/head-src) instead of the working tree, so
+#   (git archive into build-bench/head-src) instead of the working tree, so
 #   that others' uncommitted edits in a shared checkout cannot break or
 #   change the run; the table names the commit either way.
 #   Anything after "--" goes to qknorm-bench (e.g. -- --qk_entries='blas:*').
@@ -54,7 +54,7 @@ PY=/usr/bin/python3
 SRC=. TAG=
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "$head" = 1 ]; then
-  SRC=build/bench/head-src TAG=head-
+  SRC=build-bench/head-src TAG=head-
   rm -rf "$SRC" && mkdir -p "$SRC"
   git archive HEAD | tar -x -C "$SRC"
 else
@@ -71,7 +71,7 @@ if [ "$mode" = callgrind ]; then
   # Valgrind 3.19 cannot execute AVX-512: this build compiles no AVX3 targets
   # (HWY_DISABLED_TARGETS = HWY_AVX3 | HWY_AVX3_DL = 384), and OpenBLAS
   # picks its kernels from valgrind's CPUID (Haswell here).
-  BUILD=build/bench/${TAG}callgrind
+  BUILD=build-bench/${TAG}callgrind
   cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CXX_FLAGS=-DHWY_DISABLED_TARGETS=384 >/dev/null
   cmake --build "$BUILD" --target qknorm-callgrind -j"$(nproc)"
@@ -86,7 +86,7 @@ if [ "$mode" = callgrind ]; then
     --shape "B1 H2 n256 d64, qknorm g=12.32, OPENBLAS_NUM_THREADS=1"
 fi
 
-BUILD=build/bench/${TAG}release
+BUILD=build-bench/${TAG}release
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DQKNORM_BUILD_BENCH=ON -DQKNORM_ENABLE_SIMD=ON -DQKNORM_ENABLE_BLAS=ON >/dev/null
 cmake --build "$BUILD" --target qknorm-bench -j"$(nproc)"
