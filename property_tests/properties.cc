@@ -802,22 +802,15 @@ void head_batch_independence(const Backend& b) {
       sel[i] = static_cast<int64_t>(i) / (rows * width) != t;
     return sel;
   };
-  std::string d;
-  const char* f = "";
-  if (d.empty())
-    f = "o", d = bitwise_diff(r1.o, r2.o, others(p.q_len, p.head_dim));
-  if (d.empty())
-    f = "lse", d = bitwise_diff(r1.lse, r2.lse, others(p.q_len, 1));
-  if (d.empty())
-    f = "dq", d = bitwise_diff(r1.dq, r2.dq, others(p.q_len, p.head_dim));
-  if (d.empty())
-    f = "dk", d = bitwise_diff(r1.dk, r2.dk, others(p.kv_len, p.head_dim));
-  if (d.empty())
-    f = "dv", d = bitwise_diff(r1.dv, r2.dv, others(p.kv_len, p.head_dim));
+  const std::string d = first_bitwise_diff(
+      {{"o", &r1.o, &r2.o, others(p.q_len, p.head_dim)},
+       {"lse", &r1.lse, &r2.lse, others(p.q_len, 1)},
+       {"dq", &r1.dq, &r2.dq, others(p.q_len, p.head_dim)},
+       {"dk", &r1.dk, &r2.dk, others(p.kv_len, p.head_dim)},
+       {"dv", &r1.dv, &r2.dv, others(p.kv_len, p.head_dim)}});
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": inputs of (b,h) slice " +
-            std::to_string(t) + " changed, " + f +
-            " of another slice moved: " + d);
+            std::to_string(t) + " changed, another slice moved: " + d);
 }
 
 // Causal mask: changing keys/values j >= t changes nothing, bitwise, in the
@@ -851,18 +844,14 @@ void causal_future(const Backend& b) {
     }
     return sel;
   };
-  std::string d;
-  const char* f = "";
-  if (d.empty()) f = "o", d = bitwise_diff(r1.o, r2.o, past_rows(p.head_dim));
-  if (d.empty()) f = "lse", d = bitwise_diff(r1.lse, r2.lse, past_rows(1));
-  if (d.empty())
-    f = "dq", d = bitwise_diff(r1.dq, r2.dq, past_rows(p.head_dim));
+  const std::string d =
+      first_bitwise_diff({{"o", &r1.o, &r2.o, past_rows(p.head_dim)},
+                          {"lse", &r1.lse, &r2.lse, past_rows(1)},
+                          {"dq", &r1.dq, &r2.dq, past_rows(p.head_dim)}});
   if (!d.empty())
-    RC_FAIL(entry_and_case(b, spec.describe()) + ": causal: keys/values j >= " +
-            std::to_string(t) + " changed, " + f +
-            " of a query that cannot see "
-            "them moved: " +
-            d);
+    RC_FAIL(entry_and_case(b, spec.describe()) +
+            ": causal: keys/values j >= " + std::to_string(t) +
+            " changed, a query that cannot see them moved: " + d);
 }
 
 // Padding: changing padded keys/values (j >= key_lengths[b]) changes
@@ -893,27 +882,27 @@ void padding_invisible(const Backend& b) {
         static_cast<int64_t>(x) / (p.head_dim * p.kv_len * p.heads);
     vis[x] = j < len[static_cast<size_t>(bb)];
   }
-  std::string d;
-  const char* f = "";
-  if (d.empty()) f = "o", d = bitwise_diff(r1.o, r2.o);
-  if (d.empty()) f = "lse", d = bitwise_diff(r1.lse, r2.lse);
-  if (d.empty()) f = "dq", d = bitwise_diff(r1.dq, r2.dq);
-  if (d.empty()) f = "dg", d = bitwise_diff({r1.dg}, {r2.dg});
-  if (d.empty()) f = "dk (visible keys)", d = bitwise_diff(r1.dk, r2.dk, vis);
-  if (d.empty()) f = "dv (visible keys)", d = bitwise_diff(r1.dv, r2.dv, vis);
+  const std::vector<double> g1{r1.dg}, g2{r2.dg};
+  std::string d =
+      first_bitwise_diff({{"o", &r1.o, &r2.o},
+                          {"lse", &r1.lse, &r2.lse},
+                          {"dq", &r1.dq, &r2.dq},
+                          {"dg", &g1, &g2},
+                          {"dk (visible keys)", &r1.dk, &r2.dk, vis},
+                          {"dv (visible keys)", &r1.dv, &r2.dv, vis}});
   for (size_t x = 0; x < vis.size() && d.empty(); ++x) {
     if (vis[x]) continue;
     for (const AttentionResult* r : {&r1, &r2})
       if (r->dk[x] != 0 || r->dv[x] != 0) {
-        f = "dk/dv of a padded key";
-        d = where4(p, p.kv_len, x) + " = " + std::to_string(r->dk[x]) + " / " +
-            std::to_string(r->dv[x]) + ", must be exactly 0";
+        d = "dk/dv of the padded key " + where4(p, p.kv_len, x) + " = " +
+            std::to_string(r->dk[x]) + " / " + std::to_string(r->dv[x]) +
+            ", must be exactly 0";
         break;
       }
   }
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
-            ": padded keys/values changed, " + f + ": " + d);
+            ": padded keys/values changed: " + d);
 }
 
 // ---------------------------------------------------------------------------
@@ -932,17 +921,16 @@ void determinism(const Backend& b) {
   for (const auto& [what, r] : {std::pair<const char*, const AttentionResult*>{
                                     "rerun (threads=1)", &r2},
                                 {"threads=2", &r3}}) {
-    std::string d;
-    const char* f = "";
-    if (d.empty()) f = "o", d = bitwise_diff(r1.o, r->o);
-    if (d.empty()) f = "lse", d = bitwise_diff(r1.lse, r->lse);
-    if (d.empty()) f = "dq", d = bitwise_diff(r1.dq, r->dq);
-    if (d.empty()) f = "dk", d = bitwise_diff(r1.dk, r->dk);
-    if (d.empty()) f = "dv", d = bitwise_diff(r1.dv, r->dv);
-    if (d.empty()) f = "dg", d = bitwise_diff({r1.dg}, {r->dg});
+    const std::vector<double> g1{r1.dg}, g2{r->dg};
+    const std::string d = first_bitwise_diff({{"o", &r1.o, &r->o},
+                                              {"lse", &r1.lse, &r->lse},
+                                              {"dq", &r1.dq, &r->dq},
+                                              {"dk", &r1.dk, &r->dk},
+                                              {"dv", &r1.dv, &r->dv},
+                                              {"dg", &g1, &g2}});
     if (!d.empty())
       RC_FAIL(entry_and_case(b, spec.describe()) + ": " + what +
-              " differs from the first run (threads=1) in " + f + ": " + d);
+              " differs from the first run (threads=1): " + d);
   }
   const ScaleNormSpec sspec = draw_scalenorm_spec(s);
   const ScaleNormCase sc = build_case(sspec, s);

@@ -81,6 +81,14 @@ std::string bitwise_diff(const std::vector<double>& a,
   return "";
 }
 
+std::string first_bitwise_diff(const std::vector<BitwiseField>& fields) {
+  for (const BitwiseField& f : fields) {
+    const std::string d = bitwise_diff(*f.a, *f.b, f.selected);
+    if (!d.empty()) return std::string(f.name) + " " + d;
+  }
+  return "";
+}
+
 int soak_multiplier() {
   const char* s = std::getenv("QKNORM_SOAK");
   if (s == nullptr || *s == '\0' || std::strcmp(s, "0") == 0) return 1;

@@ -44,6 +44,16 @@ std::string bitwise_diff(const std::vector<double>& a,
                          const std::vector<double>& b,
                          const std::vector<bool>& selected = {});
 
+// One output of two runs, restricted to `selected` (all if empty).
+struct BitwiseField {
+  const char* name;
+  const std::vector<double>* a;
+  const std::vector<double>* b;
+  std::vector<bool> selected = {};
+};
+// "<name> <bitwise_diff>" of the first field whose runs differ, "" if none.
+std::string first_bitwise_diff(const std::vector<BitwiseField>& fields);
+
 // Index helpers for dense [B, H, rows, D] tensors.
 inline int64_t idx4(const AttentionProblem& p, int64_t rows, int64_t b,
                     int64_t h, int64_t r, int64_t d) {
