@@ -279,7 +279,12 @@ class Kernel {
           if (logits(p, h, b, i, s.data()) > 0) {
             const T delta = dot(doi, ob + i * D, D);
             for (int64_t j = 0; j < Nk; ++j) {
-              if (!visible(p, b, i, j)) continue;
+              if (!visible(p, b, i, j)) {
+                if (!on(Bug::kBackwardIgnoresMask)) continue;
+                // The bug: P recomputed over every key in the backward.
+                s[j] =
+                    h.scale * dot(h.qh.data() + i * D, h.kh.data() + j * D, D);
+              }
               const T pij = std::exp(s[j] - lse[bh * Nq + i]);
               for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
               const T dsij = pij * (dot(doi, h.vh.data() + j * D, D) - delta);
@@ -489,6 +494,9 @@ const std::vector<MutantInfo>& mutant_list() {
        "eps stored in f16 (1e-12 -> 0): zero rows give 0/0", Precision::kF16},
       {Bug::kScaleNormClampByNorm, "scalenorm_clamp_by_norm",
        "ScaleNorm backward divides by ||x|| instead of eps in the clamp region",
+       Precision::kF32},
+      {Bug::kBackwardIgnoresMask, "backward_ignores_mask",
+       "backward recomputes P over every key: masked keys get gradient",
        Precision::kF32},
       {Bug::kNormalizesV, "normalizes_v", "v rows normalized like q and k",
        Precision::kBF16},

@@ -34,6 +34,7 @@ enum class Bug {
   kF16EpsUnderflow,       // eps rounded to f16 (1e-12 -> 0): 0/0 on zero rows
   kScaleNormClampByNorm,  // ScaleNorm backward divides by ||x|| < eps
   kNormalizesV,           // v rows normalized too
+  kBackwardIgnoresMask,   // mask applied in the forward only
 };
 
 struct MutantInfo {
