@@ -90,9 +90,8 @@ void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
                               : f == "dk" ? "dK"
                               : f == "dv" ? "dV"
                                           : f;
-    Column c{label + (scalar ? ": abs rel ulp" : ": abs rel ulp p50/p99/max"),
-             {},
-             false};
+    Column c{
+        label + (scalar ? " abs rel ulp" : " abs rel ulp50/99/max"), {}, false};
     for (const EntryRow* r : rows)
       c.cells.push_back(r->available ? cell(find_field(*r, f), scalar) : "-");
     cols.push_back(c);
@@ -147,16 +146,29 @@ nlohmann::json finite_or_string(double x) {
 
 }  // namespace
 
+namespace {
+// "3.4e+07" -> "3.4e7", "2.4e-02" -> "2.4e-2": the table is wide enough.
+std::string short_exponent(std::string s) {
+  const size_t e = s.find('e');
+  if (e == std::string::npos) return s;
+  std::string mant = s.substr(0, e), exp = s.substr(e + 1);
+  const bool neg = !exp.empty() && exp[0] == '-';
+  if (!exp.empty() && (exp[0] == '+' || exp[0] == '-')) exp.erase(0, 1);
+  exp.erase(0, std::min(exp.find_first_not_of('0'), exp.size() - 1));
+  return mant + "e" + (neg ? "-" : "") + exp;
+}
+}  // namespace
+
 std::string sci(double v) {
   if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
-  return fmt::format("{:.1e}", v);
+  return short_exponent(fmt::format("{:.1e}", v));
 }
 
 std::string ulps(double v) {
   if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
   if (v < 10) return fmt::format("{:.2g}", v);
   if (v < 1000) return fmt::format("{:.0f}", v);
-  return fmt::format("{:.0e}", v);
+  return short_exponent(fmt::format("{:.0e}", v));
 }
 
 void finalize(Report* report) {
@@ -194,12 +206,13 @@ void print_table(std::ostream& out, const Report& rep) {
   for (size_t i = 0; i < rep.cases.size(); ++i)
     out << fmt::format("  [{}] {}\n", i, rep.cases[i]);
   out << fmt::format(
-      "rule: err <= {:g} x err(naive same-precision) + {:g} u_storage "
-      "max|field| "
-      "(\"x naive\" = err / naive err);\n"
-      "      reference rows are the naive baselines: held to the derived bound "
-      "of "
-      "validation/baseline_bounds.h instead.\n"
+      "rule (validation/harness.h): err <= {:g} x err(naive same-precision) + "
+      "atol, "
+      "atol = {:g} ((u_storage + 2 A u_compute) max|field| + ulp(0)), A = "
+      "|g|;\n"
+      "      \"x naive\" = err / naive err. reference rows ARE the naive "
+      "baselines: "
+      "held to the derived bound of validation/baseline_bounds.h instead.\n"
       "errors vs the long-double oracle, maxima over cases; ULP in the storage "
       "format; "
       "err/lim = worst err / its limit (> 1 fails).\n\n",
@@ -234,8 +247,13 @@ std::string to_json(const Report& rep) {
                   {"hwy_targets", rep.machine.hwy_targets},
                   {"openblas_core", rep.machine.openblas_core},
                   {"openblas_threads", rep.machine.openblas_threads}};
-  j["rule"] = {{"naive_factor", validation::kNaiveFactor},
-               {"atol_units", validation::kAtolUnits}};
+  j["rule"] = {
+      {"naive_factor", validation::kNaiveFactor},
+      {"atol_units", validation::kAtolUnits},
+      {"text",
+       "err <= naive_factor * err(naive) + atol, atol = atol_units * "
+       "((u_storage + 2 A u_compute) * max|field| + ulp(0)); reference "
+       "rows: derived bound (validation/baseline_bounds.h)"}};
   j["cases"] = rep.cases;
   nlohmann::json rows = nlohmann::json::array();
   for (const EntryRow& r : rep.rows) {
