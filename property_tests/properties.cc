@@ -8,7 +8,9 @@
 //  - transforms the oracle maps exactly (power-of-two scalings,
 //    permutations): the sum of the rule's budgets of the two cases, each
 //    run being within its budget of the same oracle values (support.h);
-//  - bitwise properties (masks, independence, determinism): no tolerance;
+//  - bitwise properties: no tolerance; determinism compares every bit, the
+//    mask and independence properties treat +0 and -0 as one value (an
+//    exact 0 * x term of a masked key may flip an underflowed zero's sign);
 //  - probability / logit / entropy bounds: kNaiveFactor times the a-priori
 //    relative error gamma_fwd of the probabilities (bounds.h) at the entry's
 //    compute roundoff: an entry may be kNaiveFactor worse than the naive
@@ -802,12 +804,13 @@ void head_batch_independence(const Backend& b) {
       sel[i] = static_cast<int64_t>(i) / (rows * width) != t;
     return sel;
   };
-  const std::string d = first_bitwise_diff(
-      {{"o", &r1.o, &r2.o, others(p.q_len, p.head_dim)},
-       {"lse", &r1.lse, &r2.lse, others(p.q_len, 1)},
-       {"dq", &r1.dq, &r2.dq, others(p.q_len, p.head_dim)},
-       {"dk", &r1.dk, &r2.dk, others(p.kv_len, p.head_dim)},
-       {"dv", &r1.dv, &r2.dv, others(p.kv_len, p.head_dim)}});
+  const std::string d =
+      first_bitwise_diff({{"o", &r1.o, &r2.o, others(p.q_len, p.head_dim)},
+                          {"lse", &r1.lse, &r2.lse, others(p.q_len, 1)},
+                          {"dq", &r1.dq, &r2.dq, others(p.q_len, p.head_dim)},
+                          {"dk", &r1.dk, &r2.dk, others(p.kv_len, p.head_dim)},
+                          {"dv", &r1.dv, &r2.dv, others(p.kv_len, p.head_dim)}},
+                         /*zero_sign=*/false);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": inputs of (b,h) slice " +
             std::to_string(t) + " changed, another slice moved: " + d);
@@ -847,7 +850,8 @@ void causal_future(const Backend& b) {
   const std::string d =
       first_bitwise_diff({{"o", &r1.o, &r2.o, past_rows(p.head_dim)},
                           {"lse", &r1.lse, &r2.lse, past_rows(1)},
-                          {"dq", &r1.dq, &r2.dq, past_rows(p.head_dim)}});
+                          {"dq", &r1.dq, &r2.dq, past_rows(p.head_dim)}},
+                         /*zero_sign=*/false);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": causal: keys/values j >= " + std::to_string(t) +
@@ -889,7 +893,8 @@ void padding_invisible(const Backend& b) {
                           {"dq", &r1.dq, &r2.dq},
                           {"dg", &g1, &g2},
                           {"dk (visible keys)", &r1.dk, &r2.dk, vis},
-                          {"dv (visible keys)", &r1.dv, &r2.dv, vis}});
+                          {"dv (visible keys)", &r1.dv, &r2.dv, vis}},
+                         /*zero_sign=*/false);
   for (size_t x = 0; x < vis.size() && d.empty(); ++x) {
     if (vis[x]) continue;
     for (const AttentionResult* r : {&r1, &r2})

@@ -67,10 +67,11 @@ bool hook_probabilities(const Backend& b, const AttentionCase& c,
 
 std::string bitwise_diff(const std::vector<double>& a,
                          const std::vector<double>& b,
-                         const std::vector<bool>& selected) {
+                         const std::vector<bool>& selected, bool zero_sign) {
   if (a.size() != b.size()) return "sizes differ";
   for (size_t i = 0; i < a.size(); ++i) {
     if (!selected.empty() && !selected[i]) continue;
+    if (!zero_sign && a[i] == 0 && b[i] == 0) continue;
     if (std::memcmp(&a[i], &b[i], sizeof(double)) != 0) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "index %zu: %.17g vs %.17g", i, a[i],
@@ -81,9 +82,10 @@ std::string bitwise_diff(const std::vector<double>& a,
   return "";
 }
 
-std::string first_bitwise_diff(const std::vector<BitwiseField>& fields) {
+std::string first_bitwise_diff(const std::vector<BitwiseField>& fields,
+                               bool zero_sign) {
   for (const BitwiseField& f : fields) {
-    const std::string d = bitwise_diff(*f.a, *f.b, f.selected);
+    const std::string d = bitwise_diff(*f.a, *f.b, f.selected, zero_sign);
     if (!d.empty()) return std::string(f.name) + " " + d;
   }
   return "";

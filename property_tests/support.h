@@ -40,9 +40,14 @@ bool hook_probabilities(const Backend& b, const validation::AttentionCase& c,
 
 // Bitwise equality of two decoded outputs restricted to `selected` indices
 // (all if empty). On a mismatch returns a description (index, both values).
+// zero_sign = false treats +0 and -0 as the same value (every other value
+// must match bit for bit): a kernel that adds a masked key's exact 0 * x
+// term instead of skipping it can flip the sign of an underflowed zero, which
+// no consumer can observe except through 1/x.
 std::string bitwise_diff(const std::vector<double>& a,
                          const std::vector<double>& b,
-                         const std::vector<bool>& selected = {});
+                         const std::vector<bool>& selected = {},
+                         bool zero_sign = true);
 
 // One output of two runs, restricted to `selected` (all if empty).
 struct BitwiseField {
@@ -52,7 +57,8 @@ struct BitwiseField {
   std::vector<bool> selected = {};
 };
 // "<name> <bitwise_diff>" of the first field whose runs differ, "" if none.
-std::string first_bitwise_diff(const std::vector<BitwiseField>& fields);
+std::string first_bitwise_diff(const std::vector<BitwiseField>& fields,
+                               bool zero_sign = true);
 
 // Index helpers for dense [B, H, rows, D] tensors.
 inline int64_t idx4(const AttentionProblem& p, int64_t rows, int64_t b,
