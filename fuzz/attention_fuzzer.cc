@@ -117,6 +117,17 @@ bool qk_range_ok(const AttentionProblem& p, Precision prec) {
   return p.variant != Variant::kQKNorm || compute_range_ok(p.g, p.eps, prec);
 }
 
+// Smallest max(||row||, eps) of a dense [rows, D] array, in long double.
+LD min_row_norm(const std::vector<double>& x, int64_t D, double eps) {
+  LD m = std::numeric_limits<LD>::infinity();
+  for (size_t r = 0; r < x.size(); r += static_cast<size_t>(D)) {
+    LD s = 0;
+    for (int64_t d = 0; d < D; ++d) s += static_cast<LD>(x[r + d]) * x[r + d];
+    m = std::min(m, std::max<LD>(std::sqrt(s), eps));
+  }
+  return m;
+}
+
 // Largest row norm of a dense [rows, D] array, in long double (no overflow).
 LD max_row_norm(const std::vector<double>& x, int64_t D) {
   LD m = 0;
@@ -136,8 +147,10 @@ LD max_row_norm(const std::vector<double>& x, int64_t D) {
 //     bounds the q.k dot product before scaling, times sqrt(D));
 //   softmax numerator sum_j e_j v_j <= Nk max|v|;
 //   dP_ij = dO_i . v_j and delta_i <= D max|dO| max|v| =: P1;
-//   dS <= 2 P1, dQ_hat / dK_hat <= A' N 2 P1 with A' = |g| or the sdpa scale
-//     times max||k|| (resp. ||q||); dg <= B H Nq Nk 2 P1.
+//   dS <= 2 P1, dQ_hat / dK_hat <= A' N 2 P1 with A' = |g| / min(1, min
+//     max(||x||, eps)) (qknorm: the normalization backward divides by it) or
+//     the sdpa scale times max||k|| (resp. ||q||); dg <= B H Nq Nk 2 P1;
+// and, for gradients, no q or k row sits on the clamp kink (near_clamp_kink).
 bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
                bool forward_only) {
   const AttentionProblem& p = c.problem;
@@ -148,6 +161,10 @@ bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
       (!representable(orc.dq, s) || !representable(orc.dk, s) ||
        !representable(orc.dv, s) || !representable(orc.dg, cf)))
     return false;
+  if (!forward_only && p.variant == Variant::kQKNorm &&
+      (near_clamp_kink(c.q, p.head_dim, p.eps, s) ||
+       near_clamp_kink(c.k, p.head_dim, p.eps, s)))
+    return false;
   const LD lim = max_finite(cf) / kHeadroom;
   const LD D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
   const LD N = std::max(Nq, Nk);
@@ -155,7 +172,13 @@ bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
   LD amp, grad_scale;
   if (p.variant == Variant::kQKNorm) {
     amp = std::fabs(p.g);
-    grad_scale = amp;
+    // The normalization backward divides dQ_hat by max(||q_i||, eps), and
+    // its rounding noise (u |dQ_hat|, from du - u (u . du)) with it: the
+    // noise must stay representable too (found by the fuzzer: g = 9e18,
+    // ||q|| ~ 1e-300, a true dq of 1e307 computed as inf).
+    const LD den = std::min(min_row_norm(c.q, p.head_dim, p.eps),
+                            min_row_norm(c.k, p.head_dim, p.eps));
+    grad_scale = amp / std::min<LD>(den, 1);
   } else {
     const LD qn = max_row_norm(c.q, p.head_dim);
     const LD kn = max_row_norm(c.k, p.head_dim);

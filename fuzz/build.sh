@@ -21,7 +21,6 @@ LIB_FUZZING_ENGINE=${LIB_FUZZING_ENGINE:-"-fsanitize=fuzzer"}
 OUT=${OUT:-$src/build-fuzz/out}
 build=${QKNORM_FUZZ_BUILD_DIR:-${WORK:+$WORK/qknorm-fuzz}}
 build=${build:-$src/build-fuzz/clang}
-targets=(attention_fuzzer scalenorm_fuzzer)
 
 mkdir -p "$OUT" "$build"
 # CMAKE_BUILD_TYPE "Fuzz" adds no flags of its own: $CXXFLAGS decide the
@@ -32,7 +31,8 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Fuzz \
   -DCMAKE_C_FLAGS="$CFLAGS" -DCMAKE_CXX_FLAGS="$CXXFLAGS" \
   -DQKNORM_BUILD_FUZZ=ON -DQKNORM_FUZZ_ENGINE="$LIB_FUZZING_ENGINE" \
   -DQKNORM_BUILD_BENCH=OFF ${QKNORM_FUZZ_CMAKE_ARGS:-}
-cmake --build "$build" -j "${JOBS:-2}" --target "${targets[@]}"
+cmake --build "$build" -j "${JOBS:-2}" --target qknorm_fuzzers
+mapfile -t targets <"$build/fuzz/targets.txt"
 
 for t in "${targets[@]}"; do
   cp "$build/fuzz/$t" "$OUT/$t"
@@ -41,4 +41,5 @@ for t in "${targets[@]}"; do
     (cd "$src/fuzz/corpus/$t" && zip -q -r "$OUT/${t}_seed_corpus.zip" .)
   fi
 done
+printf '%s\n' "${targets[@]}" >"$OUT/qknorm_fuzz_targets.txt"
 echo "fuzz/build.sh: built ${targets[*]} into $OUT"

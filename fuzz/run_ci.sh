@@ -21,15 +21,22 @@ seconds=${1:-${FUZZ_SECONDS:-60}}
 jobs=${FUZZ_JOBS:-1}
 work=${FUZZ_WORK_DIR:-$root/build-fuzz/ci}
 export OUT=${OUT:-$root/build-fuzz/out}
-targets=(${FUZZ_TARGETS:-attention_fuzzer scalenorm_fuzzer})
-
+mkdir -p "$(dirname "$work")"
 if [[ "${FUZZ_SKIP_BUILD:-0}" != 1 ]]; then
-  echo "== fuzz: building ${targets[*]} (fuzz/build.sh)"
+  echo "== fuzz: building the fuzz targets (fuzz/build.sh)"
   if ! "$root/fuzz/build.sh" >"$work.build.log" 2>&1; then
     tail -n 30 "$work.build.log"
     echo "== fuzz: FAILED (build); log: $work.build.log"
     exit 1
   fi
+fi
+if [[ -n "${FUZZ_TARGETS:-}" ]]; then
+  read -r -a targets <<<"$FUZZ_TARGETS"
+elif [[ -f "$OUT/qknorm_fuzz_targets.txt" ]]; then
+  mapfile -t targets <"$OUT/qknorm_fuzz_targets.txt"
+else
+  echo "== fuzz: FAILED: no $OUT/qknorm_fuzz_targets.txt (run fuzz/build.sh)"
+  exit 1
 fi
 
 mkdir -p "$work"

@@ -43,13 +43,14 @@ bool problem_valid(const ScaleNormProblem& p) {
 
 // Domain: y, dx fit the storage format, dg the compute format, and the
 // intermediates g dy (<= |g| max|dy|) and the dg terms (<= rows D max|dy|)
-// fit the compute format with kHeadroom.
+// fit the compute format with kHeadroom; no row sits on the clamp kink.
 bool in_domain(const ScaleNormCase& c, const OracleScaleNorm& orc,
                Precision s) {
   const Precision cf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
   if (!representable(orc.y, s) || !representable(orc.dx, s) ||
       !representable(orc.dg, cf))
     return false;
+  if (near_clamp_kink(c.x, c.problem.dim, c.problem.eps, s)) return false;
   LD dymax = 0;
   for (double v : c.dy) dymax = std::max<LD>(dymax, std::fabs(v));
   const LD lim = max_finite(cf) / kHeadroom;

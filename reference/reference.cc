@@ -30,21 +30,35 @@ T scaled_norm(const T* x, int64_t n, T* amax) {
   return std::sqrt(s);
 }
 
-// True iff dividing by ||x|| itself loses x's scale: ||x|| overflows T, or
-// it is above the clamp but subnormal (rounded to a few significant bits).
-// Such rows divide by max|x| and then by ||x / max|x||| instead.
+// A finite row's norm can fall outside T's normal range: above T's max
+// (e.g. four elements of T's max) or into the subnormals, where it keeps a
+// few significant bits and may even compare wrongly with eps (both found by
+// the fuzzer, issue 7). Rows with max|x| < 2^digits * min_normal are scaled
+// by 2^(2 digits) first, exactly (a power of two), norm, eps and all; rows
+// whose norm overflows divide by max|x| and then by ||x / max|x|||.
 template <class T>
-bool extreme_norm(T nrm, T eps) {
-  return std::isinf(nrm) || (nrm > eps && nrm < std::numeric_limits<T>::min());
+T tiny_row_scale(const T* x, int64_t n) {
+  using L = std::numeric_limits<T>;
+  T amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const bool tiny = amax > 0 && amax < std::ldexp(L::min(), L::digits);
+  return tiny ? std::ldexp(T(1), 2 * L::digits) : T(1);
 }
 
-// u = x / max(||x||, eps) into `u`; returns ||x|| (+inf if it overflows T).
-// For an extreme_norm, u = (x / max|x|) / ||x / max|x||| (never x / inf = 0,
-// never x / a subnormal norm).
+// u = x / max(||x||, eps) into `u`; returns ||x|| (+inf if it overflows T;
+// approximate if it is subnormal: the backward recomputes what it needs).
 template <class T>
 T unit_normalize(const T* x, int64_t n, T eps, T* u) {
+  const T sc = tiny_row_scale(x, n);
+  if (sc != 1) {
+    for (int64_t i = 0; i < n; ++i) u[i] = x[i] * sc;
+    const T nrm = nrm2(u, n), eps_sc = eps * sc;
+    const T den = nrm > eps_sc ? nrm : eps_sc;
+    for (int64_t i = 0; i < n; ++i) u[i] /= den;
+    return nrm / sc;
+  }
   T nrm = nrm2(x, n);
-  if (extreme_norm(nrm, eps)) {
+  if (std::isinf(nrm)) {
     T amax;
     const T s = scaled_norm(x, n, &amax);
     for (int64_t i = 0; i < n; ++i) u[i] = x[i] / amax / s;
@@ -102,14 +116,20 @@ int64_t logits_row(const AttentionProblem& p, const HeadOperands<T>& h,
 template <class T>
 void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
                              T* du) {
-  if (extreme_norm(nrm, eps)) {  // divide in two steps, as unit_normalize
-    T amax;
-    const T s = scaled_norm(x, n, &amax);
-    T c = dot(u, du, n);
-    for (int64_t i = 0; i < n; ++i) du[i] = (du[i] - u[i] * c) / amax / s;
-  } else if (nrm > eps) {
-    T c = dot(u, du, n);
-    for (int64_t i = 0; i < n; ++i) du[i] = (du[i] - u[i] * c) / nrm;
+  // The cases of unit_normalize. A tiny row: ||x|| = ||x sc|| / sc, and
+  // (du - u c) * sc cannot overflow unless the result does (||x sc|| < 1).
+  const T sc = tiny_row_scale(x, n);
+  T amax = 0, s = 0;
+  if (sc != 1 || std::isinf(nrm)) s = scaled_norm(x, n, &amax);
+  const bool above = sc != 1 ? amax * sc * s > eps * sc : nrm > eps;
+  if (above) {
+    const T c = dot(u, du, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const T r = du[i] - u[i] * c;
+      du[i] = sc != 1          ? r * sc / (amax * sc * s)
+              : std::isinf(nrm) ? r / amax / s
+                                : r / nrm;
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) du[i] = du[i] / eps;
   }
