@@ -55,8 +55,20 @@ SRC=. TAG=
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "$head" = 1 ]; then
   SRC=build-bench/head-src TAG=head-
-  rm -rf "$SRC" && mkdir -p "$SRC"
-  git archive HEAD | tar -x -C "$SRC"
+  # Export to a staging dir, then copy only the files that changed, so that
+  # unchanged sources keep their mtimes and the build stays incremental.
+  stage=build-bench/head-stage
+  rm -rf "$stage" && mkdir -p "$stage" "$SRC"
+  git archive HEAD | tar -x -C "$stage"
+  (cd "$stage" && find . -type f) | while read -r f; do
+    if ! cmp -s "$stage/$f" "$SRC/$f"; then
+      mkdir -p "$(dirname "$SRC/$f")" && cp "$stage/$f" "$SRC/$f"  # mtime now: rebuilt
+    fi
+  done
+  (cd "$SRC" && find . -type f) | while read -r f; do
+    [ -e "$stage/$f" ] || rm -f "$SRC/$f"
+  done
+  rm -rf "$stage"
 else
   git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
 fi
