@@ -255,6 +255,7 @@ def cmd_bench(args):
                              fam_order.get(r["family"], 5), r["entry"]))
 
     print_table(rows, peak_core, context, tinfo)
+    print_side_by_side(rows)
     goals = evaluate_goals(rows)
     print_goals(goals)
 
@@ -323,6 +324,52 @@ def print_table(rows, peak_core, context, tinfo):
             fmt(r.get("x_gemm"), ".2f"), fmt(r.get("x_peer"), ".2f"),
             "-" if frac is None else "%.0f%%" % (100 * frac),
             fmt(r.get("cpu_gflops"), ".1f")))
+
+
+def print_side_by_side(rows):
+    """One line per config: sgemm, every full-grid entry and the peer."""
+    full = []
+    for r in rows:
+        if r["family"] in ("simd", "blas") and r["entry"] not in full and \
+                len({x["n"] for x in rows if x["entry"] == r["entry"]}) > 1:
+            full.append(r["entry"])
+    full.sort(key=lambda e: (not e.startswith("simd:"), e))
+    cols = full + ["torch"]
+    cell = {}
+    for r in rows:
+        if not r.get("error") and (r["entry"] in cols or
+                                   r["family"] == "anchor"):
+            cell[(r["entry"], r["dir"], r["d"], r["n"], r["mask"],
+                  r["threads"])] = r
+    print("\nSide by side: GFLOP/s (xGEMM / xpeer); sgemm = QK^T+PV rate")
+    hdr = "%-4s %-17s %2s %7s" % ("dir", "shape", "T", "sgemm") + "".join(
+        " %19s" % c for c in cols)
+    print(hdr)
+    print("-" * len(hdr))
+    keys = sorted({(r["dir"], r["d"], r["n"], r["mask"], r["threads"])
+                   for r in rows if r["family"] != "anchor"},
+                  key=lambda k: ({"fwd": 0, "bwd": 1}.get(k[0], 2), k[1],
+                                 k[2], k[3] != "none", k[4]))
+    for k in keys:
+        dr, d, n, mask, t = k
+        if not any((c,) + k in cell for c in full):
+            continue
+        g = cell.get(("sgemm(qk+pv)", "gemm", d, n, "none", t))
+        line = "%-4s %-17s %2d %7s" % (dr, "d%d n%d %s" % (d, n, mask), t,
+                                       fmt(g["gflops"] if g else None,
+                                           ".1f"))
+        for c in cols:
+            r = cell.get((c,) + k)
+            if not r:
+                line += " %19s" % "-"
+            elif c == "torch":
+                line += " %19s" % ("%.1f (%s)" % (r["gflops"], fmt(
+                    r.get("x_gemm"), ".2f")))
+            else:
+                line += " %19s" % ("%.1f (%s/%s)" % (
+                    r["gflops"], fmt(r.get("x_gemm"), ".2f"),
+                    fmt(r.get("x_peer"), ".2f")))
+        print(line)
 
 
 def evaluate_goals(rows):
