@@ -119,6 +119,27 @@ CaseResult from_report(const validation::AgreementReport& rep,
 
 namespace {
 
+// A baseline's own report: its stats against the oracle, reported as both
+// "entry" and "naive" (it is its own naive baseline), and its derived limits.
+// One run and one oracle evaluation, where check_* would run the entry twice
+// (as entry and as naive) and the bound would need a second oracle.
+validation::FieldVerdict self_verdict(const std::string& field,
+                                      const std::vector<double>& actual,
+                                      const std::vector<long double>& oracle,
+                                      Precision fmt) {
+  validation::FieldVerdict v;
+  v.field = field;
+  v.entry = v.naive = validation::compare(actual, oracle, fmt);
+  v.pass = true;
+  return v;
+}
+
+// The format each field is stored in (the 16-bit modes keep lse and dg in
+// their f32 compute precision), as in validation::check_attention.
+Precision wide_fmt(Precision s) {
+  return s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+}
+
 // The attention and ScaleNorm flavours of the validation calls, so that one
 // judge() serves both.
 struct AttentionOps {
@@ -130,9 +151,27 @@ struct AttentionOps {
     return validation::check_attention(b, c, e);
   }
   template <class Case>
-  static auto bounds(const Case& rc, Precision prec) {
-    return validation::baseline_bounds(rc, validation::oracle_attention(rc),
-                                       prec);
+  static validation::AgreementReport self_check(const Backend& b,
+                                                const Case& rc,
+                                                const ExecConfig& e,
+                                                std::vector<double>* limits) {
+    const Precision s = b.precision();
+    const validation::AttentionResult r = validation::run_attention(b, rc, e);
+    const validation::OracleAttention orc = validation::oracle_attention(rc);
+    validation::AgreementReport rep;
+    rep.entry_name = rep.naive_name = b.name();
+    rep.case_desc = rc.describe();
+    rep.fields = {self_verdict("o", r.o, orc.o, s),
+                  self_verdict("lse", r.lse, orc.lse, wide_fmt(s)),
+                  self_verdict("dq", r.dq, orc.dq, s),
+                  self_verdict("dk", r.dk, orc.dk, s),
+                  self_verdict("dv", r.dv, orc.dv, s),
+                  self_verdict("dg", {r.dg}, {orc.dg}, wide_fmt(s))};
+    const validation::ReferenceBounds bounds =
+        validation::baseline_bounds(rc, orc, s);
+    for (const auto& f : rep.fields)
+      limits->push_back(validation::bound_of(bounds, f.field));
+    return rep;
   }
 };
 struct ScaleNormOps {
@@ -144,9 +183,24 @@ struct ScaleNormOps {
     return validation::check_scalenorm(b, c, e);
   }
   template <class Case>
-  static auto bounds(const Case& rc, Precision prec) {
-    return validation::baseline_bounds(rc, validation::oracle_scalenorm(rc),
-                                       prec);
+  static validation::AgreementReport self_check(const Backend& b,
+                                                const Case& rc,
+                                                const ExecConfig& e,
+                                                std::vector<double>* limits) {
+    const Precision s = b.precision();
+    const validation::ScaleNormResult r = validation::run_scalenorm(b, rc, e);
+    const validation::OracleScaleNorm orc = validation::oracle_scalenorm(rc);
+    validation::AgreementReport rep;
+    rep.entry_name = rep.naive_name = b.name();
+    rep.case_desc = rc.describe();
+    rep.fields = {self_verdict("y", r.y, orc.y, s),
+                  self_verdict("dx", r.dx, orc.dx, s),
+                  self_verdict("dg", {r.dg}, {orc.dg}, wide_fmt(s))};
+    const validation::ScaleNormBounds bounds =
+        validation::baseline_bounds(rc, orc, s);
+    for (const auto& f : rep.fields)
+      limits->push_back(validation::bound_of(bounds, f.field));
+    return rep;
   }
 };
 
@@ -158,12 +212,11 @@ CaseResult judge(const Backend& entry, const Spec& spec,
     // The case is drawn within what the entry's format represents (matters
     // for the wide-magnitude distribution only).
     const auto c = Ops::make(spec, prec);
-    const validation::AgreementReport rep = Ops::check(entry, c, exec);
-    if (!is_reference(entry)) return from_report(rep, nullptr);
-    const auto b = Ops::bounds(validation::round_inputs(c, prec), prec);
+    if (!is_reference(entry))
+      return from_report(Ops::check(entry, c, exec), nullptr);
     std::vector<double> limits;
-    for (const auto& f : rep.fields)
-      limits.push_back(validation::bound_of(b, f.field));
+    const validation::AgreementReport rep = Ops::self_check(
+        entry, validation::round_inputs(c, prec), exec, &limits);
     return from_report(rep, &limits);
   } catch (const std::exception& e) {
     CaseResult r;
