@@ -28,6 +28,12 @@ ST_DTYPES = {torch.float64: "F64", torch.float32: "F32",
 
 
 def qknorm_attention(q, k, v, g, eps, causal):
+    storage = q.dtype
+    if storage == torch.float16:
+        # torch's CPU kernels lack float16 clamp_min / softmax: compute in
+        # float32 on the float16 values (storage mode, as our 16-bit entries
+        # do); autograd still returns float16 gradients.
+        q, k, v, g = (t.float() for t in (q, k, v, g))
     qh = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
     kh = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
     s = g * (qh @ kh.transpose(-1, -2))
@@ -36,7 +42,7 @@ def qknorm_attention(q, k, v, g, eps, causal):
         i = torch.arange(nq).unsqueeze(1)
         j = torch.arange(nk).unsqueeze(0)
         s = s.masked_fill(j > i + nk - nq, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+    return (torch.softmax(s, dim=-1) @ v).to(storage)
 
 
 def raw_bytes(t):
