@@ -4,7 +4,8 @@
 //   gemm: the bare cblas_sgemm calls of an attention forward, per head
 //         S = Q K^T (n x n x d) and O = P V (n x d x n), on dense buffers;
 //   fwd:  blas:f32 attention_forward (qknorm, g = 12.32, no mask);
-//   bwd:  blas:f32 attention_backward.
+//   bwd:  blas:f32 attention_backward;
+//   sdpa: blas:f32 forward of the sdpa variant (no normalization), same shapes.
 // FLOPs: forward 4 n^2 d per head, backward 10 n^2 d (issue 3). Best of
 // `reps` runs after one warm-up call (workspace grown).
 //   usage: blas_timing [threads=1] [reps=5] [n...]
@@ -28,14 +29,22 @@ double now() {
       .count();
 }
 
-template <class F>
-double best_of(int reps, F&& f) {
-  f();
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = now();
-    f();
-    best = std::min(best, now() - t0);
+// Best time of each function over `reps` rounds, the functions interleaved
+// within a round (so that a load change on the shared machine hits the GEMM
+// baseline and the entry alike), after one warm-up round.
+template <class... F>
+std::vector<double> best_of(int reps, F&&... f) {
+  std::vector<double> best(sizeof...(F), 1e30);
+  for (int r = -1; r < reps; ++r) {
+    size_t i = 0;
+    auto one = [&](auto& g) {
+      const double t0 = now();
+      g();
+      const double t = now() - t0;
+      if (r >= 0) best[i] = std::min(best[i], t);
+      ++i;
+    };
+    (one(f), ...);
   }
   return best;
 }
@@ -55,8 +64,9 @@ int main(int argc, char** argv) {
   blas::set_blas_threads(cfg);
   std::printf("corename=%s threads=%d\n", blas::blas_corename(),
               blas::blas_num_threads());
-  std::printf("%6s %10s %10s %10s %8s %10s %8s\n", "n", "gemm_GF/s", "fwd_GF/s",
-              "bwd_GF/s", "fwd/gemm", "bwd_gemm", "bwd/gemm");
+  std::printf("%6s %10s %10s %10s %8s %10s %8s %9s\n", "n", "gemm_GF/s",
+              "fwd_GF/s", "bwd_GF/s", "fwd/gemm", "bwd_gemm", "bwd/gemm",
+              "sdpa/gemm");
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   for (int64_t n : ns) {
@@ -94,7 +104,7 @@ int main(int argc, char** argv) {
     be = reg.find("blas:f32");
     auto ws = be->make_workspace();
     const int ni = static_cast<int>(n), di = static_cast<int>(D);
-    const double t_gemm = best_of(reps, [&] {
+    auto gemm_fwd = [&] {
       for (int64_t h = 0; h < H; ++h) {
         const float* qh = q.data() + h * n * D;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ni, ni, di, 1.0f,
@@ -103,9 +113,9 @@ int main(int argc, char** argv) {
                     s.data(), ni, v.data() + h * n * D, di, 0.0f,
                     o.data() + h * n * D, di);
       }
-    });
+    };
     // The five GEMMs of a backward: C, dP, dV, dQ, dK (2 n^2 d each).
-    const double t_bgemm = best_of(reps, [&] {
+    auto gemm_bwd = [&] {
       for (int64_t h = 0; h < H; ++h) {
         const float* qh = q.data() + h * n * D;
         float* dqh = dq.data() + h * n * D;
@@ -122,17 +132,23 @@ int main(int argc, char** argv) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ni, di, ni, 1.0f,
                     s.data(), ni, qh, di, 0.0f, dk.data() + h * n * D, di);
       }
-    });
-    const double t_fwd =
-        best_of(reps, [&] { be->attention_forward(p, fa, ws.get(), cfg); });
-    be->attention_forward(p, fa, ws.get(), cfg);
-    const double t_bwd =
-        best_of(reps, [&] { be->attention_backward(p, ba, ws.get(), cfg); });
+    };
+    // The bare GEMMs run with OpenBLAS threads = cfg.threads; the entry runs
+    // its own pool with OpenBLAS single-threaded (pool.h).
+    auto fwd = [&] { be->attention_forward(p, fa, ws.get(), cfg); };
+    AttentionProblem ps = p;  // the same shapes without the normalization
+    ps.variant = Variant::kSDPA;
+    auto fwd_sdpa = [&] { be->attention_forward(ps, fa, ws.get(), cfg); };
+    auto bwd = [&] { be->attention_backward(p, ba, ws.get(), cfg); };
+    fwd();
+    const std::vector<double> t =
+        best_of(reps, gemm_fwd, fwd, gemm_bwd, bwd, fwd_sdpa);
+    const double t_gemm = t[0], t_fwd = t[1], t_bgemm = t[2], t_bwd = t[3];
     const double f = 4.0 * n * n * D * H, fb = 10.0 * n * n * D * H;
-    std::printf("%6lld %10.1f %10.1f %10.1f %8.3f %10.1f %8.3f\n",
+    std::printf("%6lld %10.1f %10.1f %10.1f %8.3f %10.1f %8.3f %9.3f\n",
                 static_cast<long long>(n), f / t_gemm * 1e-9, f / t_fwd * 1e-9,
                 fb / t_bwd * 1e-9, t_gemm / t_fwd, fb / t_bgemm * 1e-9,
-                t_bgemm / t_bwd);
+                t_bgemm / t_bwd, t_gemm / t[4]);
   }
   return 0;
 }
