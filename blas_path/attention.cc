@@ -110,10 +110,8 @@ Operands<T> head_operands(const AttentionProblem& p, const T* q, int64_t rsq,
   T* kh = ws.kh.get(static_cast<size_t>(p.kv_len * D));
   double* qn = ws.qn.get(static_cast<size_t>(p.q_len));
   double* kn = ws.kn.get(static_cast<size_t>(p.kv_len));
-  for (int64_t i = 0; i < p.q_len; ++i)
-    qn[i] = normalize_row(q + i * rsq, D, p.eps, 1.0, qh + i * D);
-  for (int64_t j = 0; j < nk_used; ++j)
-    kn[j] = normalize_row(k + j * rsk, D, p.eps, 1.0, kh + j * D);
+  normalize_rows(q, p.q_len, rsq, D, p.eps, qh, qn);
+  normalize_rows(k, nk_used, rsk, D, p.eps, kh, kn);
   return {qh, D, kh, D, qn, kn};
 }
 

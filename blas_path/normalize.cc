@@ -111,7 +111,26 @@ QKNORM_BLAS_INLINE void normalize_backward_impl(const T* u, double nrm,
   }
 }
 
+template <class T>
+QKNORM_BLAS_INLINE void normalize_rows_impl(const T* x, int64_t rows,
+                                            int64_t stride, int64_t n,
+                                            double eps, T* u, double* norms) {
+  for (int64_t r = 0; r < rows; ++r)
+    norms[r] = normalize_impl(x + r * stride, n, eps, 1.0, u + r * n);
+}
+
 }  // namespace
+
+QKNORM_BLAS_CLONES void normalize_rows(const float* x, int64_t rows,
+                                       int64_t stride, int64_t n, double eps,
+                                       float* u, double* norms) {
+  normalize_rows_impl(x, rows, stride, n, eps, u, norms);
+}
+QKNORM_BLAS_CLONES void normalize_rows(const double* x, int64_t rows,
+                                       int64_t stride, int64_t n, double eps,
+                                       double* u, double* norms) {
+  normalize_rows_impl(x, rows, stride, n, eps, u, norms);
+}
 
 QKNORM_BLAS_CLONES double row_norm(const float* x, int64_t n) {
   return norm_impl(x, n);

@@ -40,6 +40,15 @@ double normalize_row(const float* x, int64_t n, double eps, double scale,
 double normalize_row(const double* x, int64_t n, double eps, double scale,
                      double* u);
 
+// normalize_row(x + r * stride, n, eps, 1, u + r * n) for r < rows, norms[r]
+// = ||x_r||: one call per head, so that consecutive rows' sqrt/divide
+// latency chains overlap (measured: per-row calls cost ~10% of the forward
+// at n = 128).
+void normalize_rows(const float* x, int64_t rows, int64_t stride, int64_t n,
+                    double eps, float* u, double* norms);
+void normalize_rows(const double* x, int64_t rows, int64_t stride, int64_t n,
+                    double eps, double* u, double* norms);
+
 // Unit-normalization backward: given u = x / max(nrm, eps) and du,
 //   dx = (du - u (u . du)) / nrm   if nrm > eps,   dx = du / eps otherwise,
 // times `scale`, rounded to T. dx may alias du.

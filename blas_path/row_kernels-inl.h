@@ -52,12 +52,16 @@ QKNORM_BLAS_INLINE typename Lanes<T>::V iota() {
   for (int l = 0; l < Lanes<T>::kN; ++l) v[l] = static_cast<T>(l);
   return v;
 }
-// Lanes added in index order: the result does not depend on the ISA.
+// Horizontal sum; the order is fixed by the source, not by the ISA.
 template <class T>
 QKNORM_BLAS_INLINE T hsum(typename Lanes<T>::V v) {
-  T s = v[0];
-  for (int l = 1; l < Lanes<T>::kN; ++l) s += v[l];
-  return s;
+  // Pairwise tree in a fixed order (lane l + half onto lane l): log2(kN)
+  // dependent adds instead of kN - 1, which matters for rows of ~100 keys.
+  T t[Lanes<T>::kN];
+  for (int l = 0; l < Lanes<T>::kN; ++l) t[l] = v[l];
+  for (int half = Lanes<T>::kN / 2; half > 0; half /= 2)
+    for (int l = 0; l < half; ++l) t[l] += t[l + half];
+  return t[0];
 }
 
 // Taylor coefficients ln2^k / k!, k = 0..7 (rounded to float).

@@ -1,7 +1,7 @@
 // Row kernels of the BLAS path: everything between the GEMMs (softmax, its
 // backward, row scaling). Each is a plain loop over one contiguous row, written
 // with GCC/Clang vector extensions so that the summation order is fixed by the
-// source (8 float / 4 double lanes, lanes added in index order at the end)
+// source (lanes summed by a fixed pairwise tree at the end)
 // and does not depend on the compiler's vectorizer or on the thread count.
 // Each kernel is compiled three times (target_clones: x86-64-v4 = AVX-512,
 // x86-64-v3 = AVX2+FMA, and the baseline); the loader picks one per process.
