@@ -25,7 +25,9 @@
 //                          registry order get the full grid; later targets
 //                          get the sanity grid (default 2)
 //   --qk_sanity=GLOBS      extra entries measured on the sanity grid only:
-//                          smallest n, one thread (default "reference:f32")
+//                          smallest n and d, one thread (default
+//                          "reference:f32,blas:f64,simd:*:bf16,simd:*:f16":
+//                          every other precision and target gets a row)
 //   --qk_n=LIST --qk_d=LIST --qk_threads=LIST --qk_masks=LIST --qk_dirs=LIST
 //                          the grid (defaults 128,512,2048 / 64,128 / 1,2 /
 //                          none,causal / fwd,bwd)
@@ -54,7 +56,7 @@ namespace {
 
 struct Options {
   std::string entries = "simd:*:f32,blas:f32";
-  std::string sanity = "reference:f32";
+  std::string sanity = "reference:f32,blas:f64,simd:*:bf16,simd:*:f16";
   int full_targets = 2;
   std::vector<int64_t> ns = {128, 512, 2048}, ds = {64, 128};
   std::vector<int64_t> threads = {1, 2};
@@ -232,8 +234,11 @@ void register_attention(const Backend* e, const Options& o, bool sanity) {
   const std::vector<int64_t> ns =
       sanity ? std::vector<int64_t>{*std::min_element(o.ns.begin(), o.ns.end())}
              : o.ns;
+  const std::vector<int64_t> ds =
+      sanity ? std::vector<int64_t>{*std::min_element(o.ds.begin(), o.ds.end())}
+             : o.ds;
   const std::vector<int64_t> ts = sanity ? std::vector<int64_t>{1} : o.threads;
-  for (int64_t d : o.ds) {
+  for (int64_t d : ds) {
     for (int64_t n : ns) {
       for (const std::string& mask : o.masks) {
         for (const std::string& dir : o.dirs) {
