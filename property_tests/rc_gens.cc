@@ -7,6 +7,11 @@
 #include <utility>
 #include <vector>
 
+namespace qknorm::validation {
+void showValue(Distribution d, std::ostream& os) { os << name(d); }
+void showValue(Structure s, std::ostream& os) { os << name(s); }
+}  // namespace qknorm::validation
+
 namespace qknorm::property {
 namespace {
 

@@ -10,6 +10,7 @@
 #define QKNORM_PROPERTY_TESTS_RC_GENS_H_
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 
 #include "qknorm/attention.h"
@@ -17,6 +18,13 @@
 #include "qknorm/scalenorm.h"
 #include "validation/generators.h"
 #include "validation/harness.h"
+
+namespace qknorm::validation {
+// rapidcheck prints drawn values through ADL showValue: the distribution and
+// structure names instead of "<???>" in a counterexample.
+void showValue(Distribution d, std::ostream& os);
+void showValue(Structure s, std::ostream& os);
+}  // namespace qknorm::validation
 
 namespace qknorm::property {
 
