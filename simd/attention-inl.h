@@ -259,9 +259,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         }
         kmax = std::max(kmax, kv);
         // m is the running max of the logits S = RN(c * scale); P = exp(S -
-        // m), so the largest P of a tile is exactly 1 and a row with one
-        // visible key gets l = 1, lse = S and O = V exactly (as does the
-        // naive reference). (A fixed shift m = |g|, valid
+        // m), so the key holding the max gets P = exp(0) = 1 exactly and a
+        // row with one visible key gets l = 1, lse = S and O = V exactly (as
+        // does the naive reference). (A fixed shift m = |g|, valid
         // for QKNorm since |S| <= |g|, would save this pass, but for a row
         // with one visible key it makes P = exp(S - |g|) carry exp's 1-ulp
         // error into lse, so dS = 0 and dV = dO stop being exact; measured
