@@ -312,25 +312,95 @@ OracleAttention oracle_attention(const AttentionCase& c) {
   // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the
   // fuzzer, issue 7: v = 7e4 everywhere, sum |dS| = 0, correct kernels 1e-2
   // apart). dg_scale is that pre-cancellation magnitude (>= sum |dS|).
-  if (p.variant == Variant::kQKNorm) {
+  //
+  // dq, dk and dv are sums of the same kind of terms, and they too can cancel
+  // to ~0 (head_dim 1, where the projection removes everything; symmetric
+  // rows; saturated rows): their scales are the magnitudes of their terms
+  // before cancellation, max over elements of
+  //   |dv_jd|:  sum_i P_ij |dO_id|
+  //   |du_id|:  s sum_j T_ij |k_hat_jd|, T_ij = P_ij (|dP_ij| + |delta_i|),
+  //             s = |g| (qknorm) or 1/sqrt(D) (sdpa); |du_jd| for keys with
+  //             T^T and q_hat;
+  //   |dx_d|:   (|du_d| + |u_d| sum_e |u_e| |du_e|) / max(||x||, eps) through
+  //             the normalization backward (qknorm).
+  {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
+    const bool qk = p.variant == Variant::kQKNorm;
     std::vector<LD> probs(ds.size());
-    reference::attention_probabilities<LD>(p, q.data(), k.data(),
-                                           probs.data());
+    reference::attention_probabilities<LD>(p, q.data(), k.data(), probs.data());
     auto dot = [D](const LD* a, const LD* b) {
       LD t = 0;
       for (int64_t d = 0; d < D; ++d) t += a[d] * b[d];
       return t;
     };
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+    // Unit rows (qknorm) or the raw rows (sdpa), and max(||x||, eps).
+    auto unit_rows = [&](const std::vector<LD>& x, std::vector<LD>* u,
+                         std::vector<LD>* den) {
+      const int64_t rows = static_cast<int64_t>(x.size()) / D;
+      u->assign(x.begin(), x.end());
+      den->assign(static_cast<size_t>(rows), 1);
+      if (!qk) return;
+      for (int64_t r0 = 0; r0 < rows; ++r0) {
+        const LD n = reference::nrm2<LD>(x.data() + r0 * D, D);
+        (*den)[static_cast<size_t>(r0)] = std::max(n, static_cast<LD>(p.eps));
+        for (int64_t d = 0; d < D; ++d)
+          (*u)[static_cast<size_t>(r0 * D + d)] /=
+              (*den)[static_cast<size_t>(r0)];
+      }
+    };
+    std::vector<LD> qh, kh, qden, kden;
+    unit_rows(q, &qh, &qden);
+    unit_rows(k, &kh, &kden);
+    const LD s = qk ? std::fabs(static_cast<LD>(p.g))
+                    : 1 / std::sqrt(static_cast<LD>(D));
+    // |dx| magnitude of one row from its |du| magnitude.
+    auto norm_backward_mag = [&](const LD* u, LD den, std::vector<LD>* du) {
+      if (!qk) return;
+      LD c = 0;
+      for (int64_t d = 0; d < D; ++d) c += std::fabs(u[d]) * (*du)[d];
+      for (int64_t d = 0; d < D; ++d)
+        (*du)[d] = ((*du)[d] + std::fabs(u[d]) * c) / den;
+    };
+    LD dq_scale = 0, dk_scale = 0, dv_scale = 0;
+    std::vector<LD> t(static_cast<size_t>(Nk)), mag(static_cast<size_t>(D));
+    std::vector<LD> dk_mag, dv_mag;
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+      dk_mag.assign(static_cast<size_t>(Nk * D), 0);
+      dv_mag.assign(static_cast<size_t>(Nk * D), 0);
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
         const LD delta = std::fabs(dot(doi, r.o.data() + (bh * Nq + i) * D));
-        for (int64_t j = 0; j < Nk; ++j)
-          r.dg_scale += probs[static_cast<size_t>((bh * Nq + i) * Nk + j)] *
-                        (std::fabs(dot(doi, v.data() + (bh * Nk + j) * D)) +
-                         delta);
+        std::fill(mag.begin(), mag.end(), 0);
+        for (int64_t j = 0; j < Nk; ++j) {
+          const LD pij = probs[static_cast<size_t>((bh * Nq + i) * Nk + j)];
+          const LD tij =
+              pij * (std::fabs(dot(doi, v.data() + (bh * Nk + j) * D)) + delta);
+          if (qk) r.dg_scale += tij;
+          const LD* khj = kh.data() + (bh * Nk + j) * D;
+          const LD* qhi = qh.data() + (bh * Nq + i) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            mag[static_cast<size_t>(d)] += s * tij * std::fabs(khj[d]);
+            dk_mag[static_cast<size_t>(j * D + d)] +=
+                s * tij * std::fabs(qhi[d]);
+            dv_mag[static_cast<size_t>(j * D + d)] += pij * std::fabs(doi[d]);
+          }
+        }
+        norm_backward_mag(qh.data() + (bh * Nq + i) * D,
+                          qden[static_cast<size_t>(bh * Nq + i)], &mag);
+        for (LD m : mag) dq_scale = std::max(dq_scale, m);
       }
+      for (int64_t j = 0; j < Nk; ++j) {
+        std::vector<LD> row(dk_mag.begin() + j * D,
+                            dk_mag.begin() + (j + 1) * D);
+        norm_backward_mag(kh.data() + (bh * Nk + j) * D,
+                          kden[static_cast<size_t>(bh * Nk + j)], &row);
+        for (LD m : row) dk_scale = std::max(dk_scale, m);
+      }
+      for (LD m : dv_mag) dv_scale = std::max(dv_scale, m);
+    }
+    r.dq_scale = dq_scale;
+    r.dk_scale = dk_scale;
+    r.dv_scale = dv_scale;
   }
   return r;
 }
@@ -434,9 +504,20 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
   rep.fields.push_back(
       verdict("lse", er.lse, nr.lse, orc.lse, lse_fmt, uc, -1, A));
   if (!forward_only) {
-    rep.fields.push_back(verdict("dq", er.dq, nr.dq, orc.dq, s, unit));
-    rep.fields.push_back(verdict("dk", er.dk, nr.dk, orc.dk, s, unit));
-    rep.fields.push_back(verdict("dv", er.dv, nr.dv, orc.dv, s, unit));
+    // Gradients: the magnitudes of their terms before cancellation
+    // (OracleAttention), never below max|oracle|.
+    auto grad_scale = [](long double mag, const std::vector<LD>& x) {
+      LD m = mag;
+      for (LD e : x)
+        if (std::isfinite(e)) m = std::max(m, std::fabs(e));
+      return static_cast<double>(m);
+    };
+    rep.fields.push_back(verdict("dq", er.dq, nr.dq, orc.dq, s, unit,
+                                 grad_scale(orc.dq_scale, orc.dq)));
+    rep.fields.push_back(verdict("dk", er.dk, nr.dk, orc.dk, s, unit,
+                                 grad_scale(orc.dk_scale, orc.dk)));
+    rep.fields.push_back(verdict("dv", er.dv, nr.dv, orc.dv, s, unit,
+                                 grad_scale(orc.dv_scale, orc.dv)));
     // dg is returned at the compute precision.
     rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, lse_fmt,
                                  uc * (1 + 2 * A),

@@ -9,7 +9,8 @@
 //   inputs, outputs rounded to storage) and
 //     atol = kAtolUnits * ((u_s + 2 A u_c) * scale(field) + ulp_fmt(0)),
 //   u_s the unit roundoff of the storage format, u_c that of the compute
-//   format, scale(field) the max |oracle| of that field (dg: dg_scale, the
+//   format, scale(field) the max |oracle| of that field for O (for dq, dk,
+//   dv: the magnitude of their terms before cancellation; dg: dg_scale, the
 //   magnitude of its terms before cancellation), A the logit amplitude (|g|
 //   for qknorm; the bound max||q|| max||k|| / sqrt(D) on |S| for sdpa), and
 //   ulp_fmt(0) the field format's smallest subnormal (its absolute
@@ -127,6 +128,9 @@ AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
 struct OracleAttention {
   std::vector<long double> o, lse, dq, dk, dv;
   long double dg = 0, dg_scale = 0;
+  // Pre-cancellation magnitudes of the gradient sums (max over elements);
+  // see oracle_attention().
+  long double dq_scale = 0, dk_scale = 0, dv_scale = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
