@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -195,7 +196,11 @@ bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
 }
 
 std::string entry_ctx(const Backend& e, const AttentionCase& c) {
-  return "entry " + e.name() + " on " + c.describe();
+  char mags[160];
+  std::snprintf(mags, sizeof mags,
+                "\n  max|q|=%.3g max|k|=%.3g max|v|=%.3g max|dO|=%.3g",
+                max_abs(c.q), max_abs(c.k), max_abs(c.v), max_abs(c.d_o));
+  return "entry " + e.name() + " on " + c.describe() + mags;
 }
 
 // Dense buffers of a case in the entry's storage precision.
