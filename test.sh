@@ -1,11 +1,53 @@
 #!/usr/bin/env bash
-# The whole test suite: install missing packages, build (Release), run every
-# ctest test. Set QKNORM_SOAK=1 for the long property-test soak (see
-# property_tests/README.md).
-set -euo pipefail
+# The whole test suite: install missing packages, build (Release), then
+#   1. every ctest test (foundation, simd, blas, property, mutants, cli,
+#      fuzz-corpus replay);
+#   2. the suite's quick label again under ASan + UBSan (scripts/sanitize.sh);
+#   3. each libFuzzer target for a bounded time (fuzz/run_ci.sh, 60 s each).
+# Every stage runs; the script fails if any stage failed.
+# QKNORM_SOAK=<n> multiplies the property cases (property_tests/README.md);
+# QKNORM_TEST_STAGES="ctest" (or any subset of "ctest sanitize fuzz") limits
+# the stages; FUZZ_SECONDS sets the fuzz budget per target.
+set -uo pipefail
 cd "$(dirname "$0")"
-scripts/ensure_deps.sh
+scripts/ensure_deps.sh || exit 1
+stages=${QKNORM_TEST_STAGES:-ctest sanitize fuzz}
 BUILD=${QKNORM_BUILD_DIR:-build/release}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j"$(nproc)"
-ctest --test-dir "$BUILD" -j"$(nproc)" --output-on-failure --timeout 1500
+declare -A status
+overall=0
+
+if [[ " $stages " == *" ctest "* ]]; then
+  echo "== stage ctest: configure + build $BUILD"
+  if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+     cmake --build "$BUILD" -j"$(nproc)"; then
+    ctest --test-dir "$BUILD" -j"$(nproc)" --output-on-failure --timeout 1500
+    status[ctest]=$?
+  else
+    status[ctest]=1
+  fi
+fi
+if [[ " $stages " == *" sanitize "* ]]; then
+  echo "== stage sanitize: ASan + UBSan, ctest -L quick"
+  scripts/sanitize.sh
+  status[sanitize]=$?
+fi
+if [[ " $stages " == *" fuzz "* ]]; then
+  echo "== stage fuzz: libFuzzer targets, ${FUZZ_SECONDS:-60} s each"
+  fuzz/run_ci.sh
+  status[fuzz]=$?
+fi
+
+passed=0
+failed=0
+for s in "${!status[@]}"; do
+  if [[ ${status[$s]} -eq 0 ]]; then
+    echo "stage $s: passed"
+    passed=$((passed + 1))
+  else
+    echo "stage $s: FAILED (exit ${status[$s]})"
+    failed=$((failed + 1))
+    overall=1
+  fi
+done
+echo "stages: $passed passed, $failed failed"
+exit $overall
