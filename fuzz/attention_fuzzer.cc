@@ -118,17 +118,6 @@ bool qk_range_ok(const AttentionProblem& p, Precision prec) {
   return p.variant != Variant::kQKNorm || compute_range_ok(p.g, p.eps, prec);
 }
 
-// Smallest max(||row||, eps) of a dense [rows, D] array, in long double.
-LD min_row_norm(const std::vector<double>& x, int64_t D, double eps) {
-  LD m = std::numeric_limits<LD>::infinity();
-  for (size_t r = 0; r < x.size(); r += static_cast<size_t>(D)) {
-    LD s = 0;
-    for (int64_t d = 0; d < D; ++d) s += static_cast<LD>(x[r + d]) * x[r + d];
-    m = std::min(m, std::max<LD>(std::sqrt(s), eps));
-  }
-  return m;
-}
-
 // Largest row norm of a dense [rows, D] array, in long double (no overflow).
 LD max_row_norm(const std::vector<double>& x, int64_t D) {
   LD m = 0;
@@ -385,7 +374,7 @@ void differential(ByteReader& r) {
       rep = validation::check_attention(*e, pp.rc, {}, d.forward_only);
     });
     if (!rep.pass)
-      fail("entry disagrees with the oracle", rep.failure_message());
+      fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     if (e == &validation::naive_for(e->precision()))
       check_baseline(
           rep, validation::baseline_bounds(pp.rc, pp.oracle, e->precision()),
@@ -498,7 +487,8 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   const OracleAttention orc = validation::oracle_attention(c);
   if (!in_domain(c, orc, s, true) || o.overlapping()) return;
   AgreementReport rep = validation::check_attention(e, c, {}, true);
-  if (!rep.pass) fail("entry disagrees with the oracle", rep.failure_message());
+  if (!rep.pass)
+    fail("entry disagrees with the oracle", rep.failure_message() + ctx);
   const auto ov = validation::compare(o.load(), orc.o, s);
   const auto lv = validation::compare(
       lse, orc.lse, s == Precision::kF64 ? Precision::kF64 : Precision::kF32);

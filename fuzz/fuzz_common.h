@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <exception>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,19 @@ inline double sum_abs(const std::vector<double>& x) {
   double s = 0;
   for (double v : x) s += std::fabs(v);
   return s;
+}
+
+// Smallest max(||row||, eps) of a dense [rows, D] array, in long double.
+inline long double min_row_norm(const std::vector<double>& x, int64_t D,
+                                double eps) {
+  long double m = std::numeric_limits<long double>::infinity();
+  for (size_t r = 0; r < x.size(); r += static_cast<size_t>(D)) {
+    long double s = 0;
+    for (int64_t d = 0; d < D; ++d)
+      s += static_cast<long double>(x[r + d]) * x[r + d];
+    m = std::min(m, std::max<long double>(std::sqrt(s), eps));
+  }
+  return m;
 }
 
 // a + b, saturated at INT64_MAX (strides decoded from huge dims).

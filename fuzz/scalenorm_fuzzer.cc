@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -54,13 +55,40 @@ bool in_domain(const ScaleNormCase& c, const OracleScaleNorm& orc,
   LD dymax = 0;
   for (double v : c.dy) dymax = std::max<LD>(dymax, std::fabs(v));
   const LD lim = max_finite(cf) / kHeadroom;
+  // dx = (g / n) (dy - u (u . dy)): the terms before cancellation, and the
+  // rounding noise of the difference, scale with |g| ||dy|| / max(n, eps),
+  // which must be representable (found by the fuzzer: x = (2^-149, 2^-149),
+  // dy = (1, 1), a true dx of 0 computed as -inf by a f32 kernel).
+  LD dy_norm = 0;
+  for (size_t r = 0; r < c.dy.size(); r += static_cast<size_t>(c.problem.dim)) {
+    LD t = 0;
+    for (int64_t d = 0; d < c.problem.dim; ++d)
+      t += static_cast<LD>(c.dy[r + d]) * c.dy[r + d];
+    dy_norm = std::max(dy_norm, std::sqrt(t));
+  }
+  if (!(std::fabs(static_cast<LD>(c.problem.g)) * dy_norm /
+            min_row_norm(c.x, c.problem.dim, c.problem.eps) <=
+        lim))
+    return false;
   return std::fabs(static_cast<LD>(c.problem.g)) * c.problem.dim * dymax <=
              lim &&
          static_cast<LD>(c.problem.rows) * c.problem.dim * dymax <= lim;
 }
 
 std::string entry_ctx(const Backend& e, const ScaleNormCase& c) {
-  return "entry " + e.name() + " on " + c.describe();
+  std::string m = "entry " + e.name() + " on " + c.describe();
+  // Small cases print their values (findings are minimized, so most are).
+  if (c.x.size() <= 16) {
+    for (const auto* t : {&c.x, &c.dy}) {
+      m += t == &c.x ? "\n  x:" : "\n  dy:";
+      for (double v : *t) {
+        char b[32];
+        std::snprintf(b, sizeof b, " %.9g", v);
+        m += b;
+      }
+    }
+  }
+  return m;
 }
 
 // ||y_r|| <= |g|: u has norm 1 (or < 1 in the clamp region). The computed
@@ -126,7 +154,7 @@ void differential(ByteReader& r) {
       res = validation::run_scalenorm(*e, rc);
     });
     if (!rep.pass)
-      fail("entry disagrees with the oracle", rep.failure_message());
+      fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     if (e == &validation::naive_for(e->precision()))
       check_baseline(rep, validation::baseline_bounds(rc, orc, e->precision()),
                      {{"y", underflow_slack(e->precision(), rc.problem.dim,
@@ -226,7 +254,7 @@ void layout(ByteReader& r) {
     if (!in_domain(c, orc, s) || y.overlapping() || dx.overlapping()) continue;
     const AgreementReport rep = validation::check_scalenorm(*e, c);
     if (!rep.pass)
-      fail("entry disagrees with the oracle", rep.failure_message());
+      fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     const auto ey = validation::compare(y.load(), orc.y, s);
     const auto edx = validation::compare(dx.load(), orc.dx, s);
     if (ey.nonfinite_mismatch || ey.max_abs > rep.fields[0].bound ||
