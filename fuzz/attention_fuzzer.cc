@@ -181,7 +181,12 @@ bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
   const size_t n = forward_only ? 2 : 5;
   for (size_t i = 0; i < n; ++i)
     if (!(checks[i] <= lim)) return false;
-  return true;
+  // The rounding noise of those gradient terms, (D + N + 8) u_c times their
+  // size, lands in the stored gradient: it must fit the storage format too
+  // (found by the fuzzer: f16, a zero q row, du / eps with du = f32 noise
+  // gave inf where the oracle's dq is 0).
+  const LD noise = (D + N + 8) * compute_roundoff(s) * checks[3];
+  return forward_only || noise <= max_finite(s) / kHeadroom;
 }
 
 std::string entry_ctx(const Backend& e, const AttentionCase& c) {

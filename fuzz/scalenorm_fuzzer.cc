@@ -66,10 +66,11 @@ bool in_domain(const ScaleNormCase& c, const OracleScaleNorm& orc,
       t += static_cast<LD>(c.dy[r + d]) * c.dy[r + d];
     dy_norm = std::max(dy_norm, std::sqrt(t));
   }
-  if (!(std::fabs(static_cast<LD>(c.problem.g)) * dy_norm /
-            min_row_norm(c.x, c.problem.dim, c.problem.eps) <=
-        lim))
-    return false;
+  const LD term = std::fabs(static_cast<LD>(c.problem.g)) * dy_norm /
+                  min_row_norm(c.x, c.problem.dim, c.problem.eps);
+  // ... and its noise, (dim + 8) u_c * term, must fit the storage format.
+  const LD noise = (c.problem.dim + 8) * compute_roundoff(s) * term;
+  if (!(term <= lim) || !(noise <= max_finite(s) / kHeadroom)) return false;
   return std::fabs(static_cast<LD>(c.problem.g)) * c.problem.dim * dymax <=
              lim &&
          static_cast<LD>(c.problem.rows) * c.problem.dim * dymax <= lim;
