@@ -28,7 +28,8 @@ std::string num(double x) {
 
 void check_dim(const char* what, int64_t v) {
   if (v < 1)
-    throw Error(what, {}, "dimension must be >= 1 (got " + std::to_string(v) + ")");
+    throw Error(what, {},
+                "dimension must be >= 1 (got " + std::to_string(v) + ")");
 }
 
 const char* kind_of(double x) {
@@ -44,7 +45,8 @@ void check_eps(double eps) {
 // Element count of [B,H,rows,D] with the byte size checked too.
 void check_count(const char* what, int64_t B, int64_t H, int64_t rows,
                  int64_t D) {
-  int64_t n = mul_checked(mul_checked(mul_checked(B, H, what), rows, what), D, what);
+  int64_t n =
+      mul_checked(mul_checked(mul_checked(B, H, what), rows, what), D, what);
   if (n > kMax / 8) throw Error(what, {}, "byte size overflows");
 }
 
@@ -53,13 +55,15 @@ void check_lse(const AttentionProblem& p, int64_t size, const void* data,
   int64_t need = p.batch * p.heads * p.q_len;
   if (data == nullptr) throw Error(name, {}, "null pointer");
   if (size != need)
-    throw Error(name, {}, "size must be B*H*q_len = " + std::to_string(need) +
-                              " (got " + std::to_string(size) + ")");
+    throw Error(name, {},
+                "size must be B*H*q_len = " + std::to_string(need) + " (got " +
+                    std::to_string(size) + ")");
   if (!must_be_finite_or_neg_inf) return;
   const double* l = static_cast<const double*>(data);
   for (int64_t i = 0; i < need; ++i) {
     if (std::isnan(l[i]) || l[i] == std::numeric_limits<double>::infinity()) {
-      int64_t n = i % p.q_len, h = (i / p.q_len) % p.heads, b = i / (p.q_len * p.heads);
+      int64_t n = i % p.q_len, h = (i / p.q_len) % p.heads,
+              b = i / (p.q_len * p.heads);
       throw Error(name, {b, h, n},
                   std::string("element is ") + kind_of(l[i]) +
                       " (finite, or -inf for a fully masked row, required)");
@@ -96,7 +100,8 @@ void validate_problem(const AttentionProblem& p) {
   check_count("k", p.batch, p.heads, p.kv_len, p.head_dim);
   if (p.variant == Variant::kQKNorm) {
     check_eps(p.eps);
-    if (!std::isfinite(p.g)) throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
+    if (!std::isfinite(p.g))
+      throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
   }
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
@@ -106,10 +111,10 @@ void validate_problem(const AttentionProblem& p) {
                       " (got " + std::to_string(kl.size()) + ")");
     for (size_t b = 0; b < kl.size(); ++b) {
       if (kl[b] < 0 || kl[b] > p.kv_len)
-        throw Error("mask.key_lengths", {static_cast<int64_t>(b)},
-                    "padding length must be in [0, kv_len=" +
-                        std::to_string(p.kv_len) + "] (got " +
-                        std::to_string(kl[b]) + ")");
+        throw Error(
+            "mask.key_lengths", {static_cast<int64_t>(b)},
+            "padding length must be in [0, kv_len=" + std::to_string(p.kv_len) +
+                "] (got " + std::to_string(kl[b]) + ")");
     }
   }
 }
@@ -119,7 +124,8 @@ void validate_problem(const ScaleNormProblem& p) {
   check_dim("dim", p.dim);
   check_count("x", 1, 1, p.rows, p.dim);
   check_eps(p.eps);
-  if (!std::isfinite(p.g)) throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
+  if (!std::isfinite(p.g))
+    throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
 }
 
 void validate_tensor(const char* name, const void* data, int64_t size,
@@ -129,9 +135,9 @@ void validate_tensor(const char* name, const void* data, int64_t size,
   if (l.batch_stride < 0 || l.head_stride < 0 || l.row_stride < 0)
     throw Error(name, {}, "strides must be >= 0");
   if (l.row_stride < D)
-    throw Error(name, {}, "row_stride " + std::to_string(l.row_stride) +
-                              " < head_dim " + std::to_string(D) +
-                              " (rows would overlap)");
+    throw Error(name, {},
+                "row_stride " + std::to_string(l.row_stride) + " < head_dim " +
+                    std::to_string(D) + " (rows would overlap)");
   int64_t last = 0;
   bool ovf = false;
   int64_t t;
@@ -155,8 +161,8 @@ void validate_finite(const char* name, const void* data, const Layout4& l,
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t n = 0; n < rows; ++n) {
-        size_t base = static_cast<size_t>(b * l.batch_stride + h * l.head_stride +
-                                          n * l.row_stride);
+        size_t base = static_cast<size_t>(b * l.batch_stride +
+                                          h * l.head_stride + n * l.row_stride);
         for (int64_t d = 0; d < D; ++d) {
           double x = decode(prec, data, base + static_cast<size_t>(d));
           if (!std::isfinite(x))
@@ -216,9 +222,12 @@ void validate_scalenorm_forward(const ScaleNormProblem& p,
                                 const ScaleNormForwardArgs& a, Precision prec) {
   validate_problem(p);
   check_compute_range(p.g, p.eps, prec);
-  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1, p.rows, p.dim);
-  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim, prec);
-  validate_tensor("y", a.y.data, a.y.size, layout2(a.y.row_stride), 1, 1, p.rows, p.dim);
+  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1,
+                  p.rows, p.dim);
+  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim,
+                  prec);
+  validate_tensor("y", a.y.data, a.y.size, layout2(a.y.row_stride), 1, 1,
+                  p.rows, p.dim);
 }
 
 void validate_scalenorm_backward(const ScaleNormProblem& p,
@@ -226,11 +235,16 @@ void validate_scalenorm_backward(const ScaleNormProblem& p,
                                  Precision prec) {
   validate_problem(p);
   check_compute_range(p.g, p.eps, prec);
-  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1, p.rows, p.dim);
-  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim, prec);
-  validate_tensor("dy", a.dy.data, a.dy.size, layout2(a.dy.row_stride), 1, 1, p.rows, p.dim);
-  validate_finite("dy", a.dy.data, layout2(a.dy.row_stride), 1, 1, p.rows, p.dim, prec);
-  validate_tensor("dx", a.dx.data, a.dx.size, layout2(a.dx.row_stride), 1, 1, p.rows, p.dim);
+  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1,
+                  p.rows, p.dim);
+  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim,
+                  prec);
+  validate_tensor("dy", a.dy.data, a.dy.size, layout2(a.dy.row_stride), 1, 1,
+                  p.rows, p.dim);
+  validate_finite("dy", a.dy.data, layout2(a.dy.row_stride), 1, 1, p.rows,
+                  p.dim, prec);
+  validate_tensor("dx", a.dx.data, a.dx.size, layout2(a.dx.row_stride), 1, 1,
+                  p.rows, p.dim);
   if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
 }
 

@@ -206,7 +206,8 @@ void attention_probabilities(const AttentionProblem& p, const T* q, const T* k,
           if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
         T sum = 0;
         for (int64_t j = 0; j < Nk; ++j)
-          if (visible(p.mask, b, i, j, Nq, Nk)) sum += (pr[j] = std::exp(s[j] - mx));
+          if (visible(p.mask, b, i, j, Nq, Nk))
+            sum += (pr[j] = std::exp(s[j] - mx));
         for (int64_t j = 0; j < Nk; ++j) pr[j] /= sum;
       }
     }
@@ -312,8 +313,8 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
   template void attention_backward<T>(const AttentionProblem&, const T*,      \
                                       const T*, const T*, const T*, const T*, \
                                       const T*, T*, T*, T*, T*, T*);          \
-  template void attention_probabilities<T>(const AttentionProblem&,           \
-                                           const T*, const T*, T*);           \
+  template void attention_probabilities<T>(const AttentionProblem&, const T*, \
+                                           const T*, T*);                     \
   template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);  \
   template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,      \
                                       const T*, T*, T*);
