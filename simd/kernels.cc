@@ -117,6 +117,20 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace qknorm::simd {
 
+// The per-target function table, built here, outside every target's
+// attribute region: calling a per-target GetKernels() would run code GCC
+// compiled for that target (it stores the table with AVX-512 moves for
+// AVX3), i.e. SIGILL on a CPU without it before available() is ever asked.
+// Taking the addresses executes nothing; GetKernels() above instantiates
+// the templates inside each target's region.
+#define QKNORM_SIMD_KERNELS(NS)                                               \
+  TargetKernels {                                                             \
+    &NS::AttentionForwardEntry, &NS::AttentionBackwardEntry,                  \
+        &NS::ScaleNormForwardEntry, &NS::ScaleNormBackwardEntry,              \
+        &NS::ToStorage<Precision::kBF16>, &NS::FromStorage<Precision::kBF16>, \
+        &NS::ToStorage<Precision::kF16>, &NS::FromStorage<Precision::kF16>    \
+  }
+
 const std::vector<CompiledTarget>& compiled_targets() {
   static const std::vector<CompiledTarget>* targets = [] {
     auto* v = new std::vector<CompiledTarget>;
@@ -126,25 +140,25 @@ const std::vector<CompiledTarget>& compiled_targets() {
     (void)add;
     // Best first, as hwy/targets.h orders them (lower bit = better).
 #if HWY_TARGETS & HWY_AVX3_DL
-    add(HWY_AVX3_DL, N_AVX3_DL::GetKernels());
+    add(HWY_AVX3_DL, QKNORM_SIMD_KERNELS(N_AVX3_DL));
 #endif
 #if HWY_TARGETS & HWY_AVX3
-    add(HWY_AVX3, N_AVX3::GetKernels());
+    add(HWY_AVX3, QKNORM_SIMD_KERNELS(N_AVX3));
 #endif
 #if HWY_TARGETS & HWY_AVX2
-    add(HWY_AVX2, N_AVX2::GetKernels());
+    add(HWY_AVX2, QKNORM_SIMD_KERNELS(N_AVX2));
 #endif
 #if HWY_TARGETS & HWY_SSE4
-    add(HWY_SSE4, N_SSE4::GetKernels());
+    add(HWY_SSE4, QKNORM_SIMD_KERNELS(N_SSE4));
 #endif
 #if HWY_TARGETS & HWY_SSSE3
-    add(HWY_SSSE3, N_SSSE3::GetKernels());
+    add(HWY_SSSE3, QKNORM_SIMD_KERNELS(N_SSSE3));
 #endif
 #if HWY_TARGETS & HWY_EMU128
-    add(HWY_EMU128, N_EMU128::GetKernels());
+    add(HWY_EMU128, QKNORM_SIMD_KERNELS(N_EMU128));
 #endif
 #if HWY_TARGETS & HWY_SCALAR
-    add(HWY_SCALAR, N_SCALAR::GetKernels());
+    add(HWY_SCALAR, QKNORM_SIMD_KERNELS(N_SCALAR));
 #endif
     return v;
   }();
