@@ -140,6 +140,9 @@ void fail(const std::string& what, const std::string& detail) {
 int64_t required_size(const Layout4& l, int64_t B, int64_t H, int64_t rows,
                       int64_t D) {
   if (l.batch_stride < 0 || l.head_stride < 0 || l.row_stride < 0) return -1;
+  // Raw-layout mode decodes dims from the bytes: B - 1 below would overflow
+  // for B = INT64_MIN (found by the CI fuzz run, UBSan).
+  if (B < 1 || H < 1 || rows < 1 || D < 1) return -1;
   int64_t last = D, t;
   bool ovf = __builtin_mul_overflow(B - 1, l.batch_stride, &t);
   ovf |= __builtin_add_overflow(last, t, &last);
