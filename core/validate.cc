@@ -81,7 +81,8 @@ void check_compute_range(double g, double eps, Precision prec) {
   if (!(static_cast<float>(eps) > 0 && eps <= kF32Max))
     throw Error("eps", {},
                 "must be > 0 and finite in f32, the compute precision of " +
-                    std::string(name(prec)) + " entries (got " + num(eps) + ")");
+                    std::string(name(prec)) + " entries (got " + num(eps) +
+                    ")");
   if (!(std::fabs(g) <= kF32Max))
     throw Error("g", {},
                 "outside the f32 range, the compute precision of " +

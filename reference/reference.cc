@@ -126,7 +126,7 @@ void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
     const T c = dot(u, du, n);
     for (int64_t i = 0; i < n; ++i) {
       const T r = du[i] - u[i] * c;
-      du[i] = sc != 1          ? r * sc / (amax * sc * s)
+      du[i] = sc != 1           ? r * sc / (amax * sc * s)
               : std::isinf(nrm) ? r / amax / s
                                 : r / nrm;
     }
