@@ -185,7 +185,15 @@ bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
   // size, lands in the stored gradient: it must fit the storage format too
   // (found by the fuzzer: f16, a zero q row, du / eps with du = f32 noise
   // gave inf where the oracle's dq is 0).
-  const LD noise = (D + N + 8) * compute_roundoff(s) * checks[3];
+  // The backward also reads the stored O: delta_i = dO_i . O_i carries O's
+  // storage error, u_s |O| + ulp_s(0) per element (|O| <= max|v|), times
+  // D max|dO|, and the same amplification grad_scale N 2 (found by the
+  // fuzzer: f16, a zero q row, O = 2.98e-8 rounded to 0 in f16, so delta
+  // lost 2.2e-8 and dq = g dS k_hat / eps gave 1.4e5 = inf in f16 where the
+  // oracle's dq is exactly 0: a storage limit, not a kernel defect).
+  const LD o_store = D * domax * (unit_roundoff(s) * vmax + ulp(s, 0.0));
+  const LD noise = (D + N + 8) * compute_roundoff(s) * checks[3] +
+                   grad_scale * N * 2 * o_store;
   return forward_only || noise <= max_finite(s) / kHeadroom;
 }
 
