@@ -25,9 +25,21 @@ namespace {
 // verified every one before any work starts (workers must not throw).
 blasint to_blas(int64_t x, const char*) { return static_cast<blasint>(x); }
 
-void check_range(int64_t x, const char* what) {
+void check_range(int64_t x, const char* tensor, const char* what) {
   if (x > INT_MAX)
-    throw Error("blas", {x}, std::string(what) + " exceeds OpenBLAS int range");
+    throw Error(tensor, {},
+                std::string(what) + " " + std::to_string(x) +
+                    " exceeds OpenBLAS's 32-bit int range (blas entries " +
+                    "only; the reference and simd entries take it)");
+}
+
+// The leading dimension a tensor of `rows` rows of D elements gets in the
+// GEMMs: its row stride, except for a single row, whose stride addresses
+// nothing and may be anything validate.h accepts (up to INT64_MAX; found by
+// the fuzzer: q_len = 1 with a stride of 1.1e12 raised the range error
+// above). D is then a valid leading dimension.
+int64_t blas_ld(const Layout4& l, int64_t rows, int64_t D) {
+  return rows > 1 ? l.row_stride : D;
 }
 
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
@@ -96,8 +108,8 @@ struct Operands {
   int64_t lda;
   const T* b;
   int64_t ldb;
-  const double* qn = nullptr;
-  const double* kn = nullptr;
+  const RowNorm* qn = nullptr;
+  const RowNorm* kn = nullptr;
 };
 
 template <class T>
@@ -108,8 +120,8 @@ Operands<T> head_operands(const AttentionProblem& p, const T* q, int64_t rsq,
   const int64_t D = p.head_dim;
   T* qh = ws.qh.get(static_cast<size_t>(p.q_len * D));
   T* kh = ws.kh.get(static_cast<size_t>(p.kv_len * D));
-  double* qn = ws.qn.get(static_cast<size_t>(p.q_len));
-  double* kn = ws.kn.get(static_cast<size_t>(p.kv_len));
+  RowNorm* qn = ws.qn.get(static_cast<size_t>(p.q_len));
+  RowNorm* kn = ws.kn.get(static_cast<size_t>(p.kv_len));
   normalize_rows(q, p.q_len, rsq, D, p.eps, qh, qn);
   normalize_rows(k, nk_used, rsk, D, p.eps, kh, kn);
   return {qh, D, kh, D, qn, kn};
@@ -125,8 +137,8 @@ void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   const int64_t nk_used = vis(Nq - 1);  // max_i m_i
   const T* q = head_ptr<T>(a.q, b, h);
   const T* k = head_ptr<T>(a.k, b, h);
-  const Operands<T> op = head_operands(p, q, a.q.layout.row_stride, k,
-                                       a.k.layout.row_stride, nk_used, ws);
+  const Operands<T> op = head_operands(p, q, blas_ld(a.q.layout, Nq, D), k,
+                                       blas_ld(a.k.layout, Nk, D), nk_used, ws);
   const T alpha = logit_alpha<T>(p);
   // The GEMM computes C = A B^T (alpha = 1); the exp pass evaluates
   // exp2(alpha C - shift) with one FMA, the expression the backward
@@ -145,7 +157,8 @@ void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   double* rowsum = ws.row0.get(static_cast<size_t>(bq));
   const T* v = probs ? nullptr : head_ptr<T>(a.v, b, h);
   T* o = probs ? nullptr : head_ptr<T>(a.o, b, h);
-  const int64_t rsv = a.v.layout.row_stride, rso = a.o.layout.row_stride;
+  const int64_t rsv = blas_ld(a.v.layout, Nk, D),
+                rso = blas_ld(a.o.layout, Nq, D);
   double* lse = probs ? nullptr : a.lse + (b * p.heads + h) * Nq;
 
   for (int64_t i0 = 0; i0 < Nq; i0 += bq) {
@@ -209,13 +222,15 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
   T* dq = head_ptr<T>(a.dq, b, h);
   T* dk = head_ptr<T>(a.dk, b, h);
   T* dv = head_ptr<T>(a.dv, b, h);
-  const int64_t rsv = a.v.layout.row_stride, rsdo = a.d_o.layout.row_stride,
-                rsdq = a.dq.layout.row_stride, rsdk = a.dk.layout.row_stride,
-                rsdv = a.dv.layout.row_stride;
+  const int64_t rsv = blas_ld(a.v.layout, Nk, D),
+                rsdo = blas_ld(a.d_o.layout, Nq, D),
+                rsdq = blas_ld(a.dq.layout, Nq, D),
+                rsdk = blas_ld(a.dk.layout, Nk, D),
+                rsdv = blas_ld(a.dv.layout, Nk, D);
   // The saved lse is not read (row_kernels.h, softmax_backward_row).
 
-  const Operands<T> op = head_operands(p, q, a.q.layout.row_stride, k,
-                                       a.k.layout.row_stride, nk_used, ws);
+  const Operands<T> op = head_operands(p, q, blas_ld(a.q.layout, Nq, D), k,
+                                       blas_ld(a.k.layout, Nk, D), nk_used, ws);
   const double scale_d = qk ? p.g : 1.0 / std::sqrt(static_cast<double>(D));
   const T scale = static_cast<T>(scale_d);
   const T alpha2 = logit_alpha<T>(p);  // the forward's, bit for bit
@@ -307,12 +322,14 @@ size_t workspace_bytes(const AttentionProblem& p, size_t elem_bytes,
   const auto ld = static_cast<size_t>(block_ld(p.kv_len));
   const bool qk = p.variant == Variant::kQKNorm;
   size_t elems = bq * ld, doubles = bq;  // forward block, row statistics
-  if (qk) elems += (Nq + Nk) * D, doubles += Nq + Nk;  // q_hat, k_hat, norms
+  size_t norms = 0;
+  if (qk) elems += (Nq + Nk) * D, norms = Nq + Nk;  // q_hat, k_hat, norms
   if (backward) {
     elems += bq * ld;                  // second block buffer
     if (qk) elems += Nk * D + bq * D;  // dk_hat, dq_hat block
   }
-  const size_t per_slot = elems * elem_bytes + doubles * sizeof(double);
+  const size_t per_slot =
+      elems * elem_bytes + doubles * sizeof(double) + norms * sizeof(RowNorm);
   return slots * per_slot +
          (backward ? static_cast<size_t>(p.batch * p.heads) * sizeof(double)
                    : 0);
@@ -329,12 +346,24 @@ void set_blas_threads(const ExecConfig& cfg) {
 
 namespace {
 
-// Every leading dimension and size the GEMMs get must fit OpenBLAS's int.
+// Every size and leading dimension the GEMMs get must fit OpenBLAS's int
+// (blas_ld: a single row's stride never reaches OpenBLAS). Each entry is
+// {tensor name, layout, rows, whether a GEMM reads its layout}: for qknorm,
+// q, k, dq and dk go through the normalization (row pointers in int64) and
+// only their normalized copies in the workspace meet OpenBLAS.
+struct LdCheck {
+  const char* name;
+  const Layout4& layout;
+  int64_t rows;
+  bool sdpa_only = false;
+};
 void check_blas_range(const AttentionProblem& p,
-                      std::initializer_list<int64_t> row_strides) {
-  check_range(p.q_len, "q_len");
-  check_range(block_ld(p.kv_len), "kv_len");
-  for (int64_t rs : row_strides) check_range(rs, "row stride");
+                      std::initializer_list<LdCheck> tensors) {
+  check_range(p.q_len, "q", "q_len");
+  check_range(block_ld(p.kv_len), "k", "kv_len (rounded up to 16)");
+  for (const LdCheck& t : tensors)
+    if (!t.sdpa_only || p.variant == Variant::kSDPA)
+      check_range(blas_ld(t.layout, t.rows, p.head_dim), t.name, "row stride");
 }
 
 // Sizes slot s's scratch for p before the parallel region, so that no worker
@@ -388,8 +417,10 @@ int item_threads(const AttentionProblem& p, const ExecConfig& cfg) {
 template <class T>
 void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                        BlasWorkspace<T>& ws, const ExecConfig& cfg) {
-  check_blas_range(p, {a.q.layout.row_stride, a.k.layout.row_stride,
-                       a.v.layout.row_stride, a.o.layout.row_stride});
+  check_blas_range(p, {{"q", a.q.layout, p.q_len, true},
+                       {"k", a.k.layout, p.kv_len, true},
+                       {"v", a.v.layout, p.kv_len},
+                       {"o", a.o.layout, p.q_len}});
   for_each_head(p, ws, item_threads(p, cfg), false,
                 [&](int64_t b, int64_t h, Scratch<T>& s, int64_t) {
                   forward_head(p, a, b, h, nullptr, s);
@@ -399,7 +430,8 @@ void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
                              double* probs, BlasWorkspace<T>& ws) {
-  check_blas_range(p, {a.q.layout.row_stride, a.k.layout.row_stride});
+  check_blas_range(
+      p, {{"q", a.q.layout, p.q_len, true}, {"k", a.k.layout, p.kv_len, true}});
   const int64_t per_head = p.q_len * p.kv_len;
   for_each_head(p, ws, 1, false,
                 [&](int64_t b, int64_t h, Scratch<T>& s, int64_t i) {
@@ -410,10 +442,14 @@ void attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
 template <class T>
 void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                         BlasWorkspace<T>& ws, const ExecConfig& cfg) {
-  check_blas_range(p, {a.q.layout.row_stride, a.k.layout.row_stride,
-                       a.v.layout.row_stride, a.o.layout.row_stride,
-                       a.d_o.layout.row_stride, a.dq.layout.row_stride,
-                       a.dk.layout.row_stride, a.dv.layout.row_stride});
+  check_blas_range(p, {{"q", a.q.layout, p.q_len, true},
+                       {"k", a.k.layout, p.kv_len, true},
+                       {"v", a.v.layout, p.kv_len},
+                       {"o", a.o.layout, p.q_len},
+                       {"dO", a.d_o.layout, p.q_len},
+                       {"dq", a.dq.layout, p.q_len, true},
+                       {"dk", a.dk.layout, p.kv_len, true},
+                       {"dv", a.dv.layout, p.kv_len}});
   double* dg = ws.dg_items.get(static_cast<size_t>(p.batch * p.heads));
   for_each_head(p, ws, item_threads(p, cfg), true,
                 [&](int64_t b, int64_t h, Scratch<T>& s, int64_t i) {
@@ -449,7 +485,7 @@ void scalenorm_backward(const ScaleNormProblem& p,
   for (int64_t r = 0; r < p.rows; ++r) {
     const T* xr = x + r * a.x.row_stride;
     const T* dyr = dy + r * a.dy.row_stride;
-    const double nrm = normalize_row(xr, p.dim, p.eps, 1.0, u);
+    const RowNorm nrm = normalize_row(xr, p.dim, p.eps, 1.0, u);
     dg += dot_double(dyr, u, p.dim);
     normalize_backward_row(u, nrm, p.eps, p.g, dyr, p.dim,
                            dx + r * a.dx.row_stride);

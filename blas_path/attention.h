@@ -40,7 +40,8 @@
 // Workspace (grow-only, per thread slot, T elements unless stated):
 //   both:   query_block * ld(Nk) per block buffer: 1 (forward), 2 (backward),
 //           ld(Nk) = Nk rounded up to a multiple of 16; query_block doubles
-//   qknorm: (Nq + Nk) D (q_hat, k_hat) and (Nq + Nk) doubles (norms);
+//   qknorm: (Nq + Nk) D (q_hat, k_hat) and (Nq + Nk) RowNorms (norms as
+//           mantissa and exponent, 16 bytes each, normalize.h);
 //           backward also Nk D (dk_hat accumulator) + query_block D (dq_hat)
 //   times min(threads, B H) slots, plus B H doubles (per-head dg) for the
 //   backward; workspace_bytes() is the exact total (tested).
@@ -58,6 +59,7 @@
 #include <memory>
 #include <vector>
 
+#include "blas_path/normalize.h"
 #include "blas_path/pool.h"
 #include "qknorm/attention.h"
 #include "qknorm/backend.h"
@@ -89,7 +91,8 @@ class Buffer {
 template <class T>
 struct Scratch {
   Buffer<T> qh, kh, dkh, dqh, blk0, blk1;
-  Buffer<double> qn, kn, row0;
+  Buffer<RowNorm> qn, kn;
+  Buffer<double> row0;
   size_t bytes() const {
     return qh.bytes() + kh.bytes() + dkh.bytes() + dqh.bytes() + blk0.bytes() +
            blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes();

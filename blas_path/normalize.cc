@@ -1,17 +1,24 @@
 // See normalize.h. Compiled with -ffp-contract=off.
 #include "blas_path/normalize.h"
 
+#include <cfloat>
 #include <cmath>
 #include <type_traits>
 
 #include "blas_path/clones.h"
 
 namespace qknorm::blas {
+
+bool RowNorm::above(double eps) const {
+  if (mant == 0) return false;
+  int ee = 0;
+  const double em = std::frexp(eps, &ee);
+  return exp > ee || (exp == ee && mant > em);
+}
+
 namespace {
 
 constexpr int kAcc = 8;  // interleaved accumulators
-// Below this denominator 1 / den could overflow: divide instead.
-constexpr double kMinReciprocalDen = 0x1p-1000;
 
 QKNORM_BLAS_INLINE double sum_lanes(const double* acc) {
   double s = acc[0];
@@ -49,72 +56,133 @@ QKNORM_BLAS_INLINE double sumsq_impl(const T* x, int64_t n, double s1,
   return sum_lanes(acc);
 }
 
-QKNORM_BLAS_INLINE double norm_impl(const float* x, int64_t n) {
-  return std::sqrt(sumsq_impl(x, n, 1.0, 1.0));
+// m * 2^e from a positive double s and an extra exponent e.
+QKNORM_BLAS_INLINE RowNorm split(double s, int e) {
+  if (s == 0) return {};
+  int k = 0;
+  const double m = std::frexp(s, &k);
+  return {m, e + k};
 }
 
-QKNORM_BLAS_INLINE double norm_impl(const double* x, int64_t n) {
+QKNORM_BLAS_INLINE RowNorm norm_impl(const float* x, int64_t n) {
+  return split(std::sqrt(sumsq_impl(x, n, 1.0, 1.0)), 0);
+}
+
+// 2^-e as two factors, each representable for every e in [-1074, 1025]; a
+// product x * s1 * s2 is exact unless it falls below DBL_MIN.
+struct InvPow2 {
+  double s1, s2;
+  explicit InvPow2(int e)
+      : s1(std::ldexp(1.0, -e / 2)), s2(std::ldexp(1.0, -e - (-e / 2))) {}
+};
+
+QKNORM_BLAS_INLINE RowNorm norm_impl(const double* x, int64_t n) {
   double amax = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double a = std::fabs(x[i]);
     amax = a > amax ? a : amax;
   }
-  if (amax == 0) return 0;
+  if (amax == 0) return {};
   int e = 0;
   std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1)
-  // 2^-e split in two factors, each representable for every e in
-  // [-1073, 1024]; the products are exact unless they fall below DBL_MIN,
-  // i.e. for elements < 2^-1022 * amax, whose squares do not matter.
-  const double s1 = std::ldexp(1.0, -e / 2);
-  const double s2 = std::ldexp(1.0, -e - (-e / 2));
-  return std::ldexp(std::sqrt(sumsq_impl(x, n, s1, s2)), e);
+  // Elements < 2^-1022 * amax lose bits in the scaling; their squares do
+  // not matter.
+  const InvPow2 s(e);
+  return split(std::sqrt(sumsq_impl(x, n, s.s1, s.s2)), e);
+}
+
+// A double with exponent e (mantissa in [0.5, 1)) is normal and finite.
+constexpr bool normal_exp(int e) { return e >= -1021 && e <= 1024; }
+
+// A factor f = scale / den that is exact up to one rounding: normal and
+// finite (or 0 because scale is 0).
+QKNORM_BLAS_INLINE bool normal_factor(double f, double scale) {
+  const double af = std::fabs(f);
+  return scale == 0 || (af >= DBL_MIN && af <= DBL_MAX);
+}
+
+// den = max(||x||, eps) as m * 2^e.
+QKNORM_BLAS_INLINE RowNorm clamp_den(RowNorm nrm, double eps) {
+  return nrm.above(eps) ? nrm : split(eps, 0);
 }
 
 template <class T>
-QKNORM_BLAS_INLINE double normalize_impl(const T* x, int64_t n, double eps,
-                                         double scale, T* u) {
-  const double nrm = norm_impl(x, n);
-  const double den = nrm > eps ? nrm : eps;
-  if (std::is_same_v<T, float> && den >= kMinReciprocalDen) {
+QKNORM_BLAS_INLINE RowNorm normalize_impl(const T* x, int64_t n, double eps,
+                                          double scale, T* u) {
+  const RowNorm nrm = norm_impl(x, n);
+  const RowNorm den = clamp_den(nrm, eps);
+  if (!normal_exp(den.exp)) {
+    // den beyond DBL_MAX or subnormal: (2^-e x) / m, exact scaling (|x_i|
+    // <= den, so 2^-e x_i <= 1 never overflows), then the division.
+    const InvPow2 s(den.exp);
+    for (int64_t i = 0; i < n; ++i)
+      u[i] = static_cast<T>((static_cast<double>(x[i]) * s.s1) * s.s2 /
+                            den.mant * scale);
+    return nrm;
+  }
+  const double d = den.value();
+  const double f = scale / d;
+  if (std::is_same_v<T, float> && normal_factor(f, scale)) {
     // f32 storage: x * (scale / den) in double is within 2^-52 relative of
     // the exact quotient, so rounding it to f32 gives the correctly rounded
     // f32 quotient except in double-rounding ties (and +-1 exactly for a row
     // of one element); a multiply instead of a division per element keeps
     // the normalization off the profile at n = 128 (callgrind: the division
-    // loop was the largest non-GEMM cost).
-    const double f = scale / den;
+    // loop was the largest non-GEMM cost). A factor that overflows or is
+    // subnormal (a subnormal eps, an extreme g) takes the divisions below.
     for (int64_t i = 0; i < n; ++i)
       u[i] = static_cast<T>(static_cast<double>(x[i]) * f);
   } else if (scale == 1) {
     for (int64_t i = 0; i < n; ++i)
-      u[i] = static_cast<T>(static_cast<double>(x[i]) / den);
+      u[i] = static_cast<T>(static_cast<double>(x[i]) / d);
   } else {
     for (int64_t i = 0; i < n; ++i)
-      u[i] = static_cast<T>(static_cast<double>(x[i]) / den * scale);
+      u[i] = static_cast<T>(static_cast<double>(x[i]) / d * scale);
   }
   return nrm;
 }
 
+// dx_i = t_i * scale / den for t_i = get(i), rounded to T.
+template <class T, class F>
+QKNORM_BLAS_INLINE void scale_by_quotient(double scale, RowNorm den, int64_t n,
+                                          T* dx, F get) {
+  // scale / den = (sm / dm) * 2^(se - de): the mantissa ratio is in
+  // (0.5, 2), rounded once.
+  int se = 0;
+  const double sm = std::frexp(scale, &se);
+  const double ratio = sm / den.mant;
+  const int e = se - den.exp;
+  const double f = std::ldexp(ratio, e);
+  if (normal_factor(f, scale)) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = static_cast<T>(get(i) * f);
+    return;
+  }
+  // The factor itself is subnormal or overflows: apply the power of two
+  // after the product (t_i halved first so that t_i * ratio cannot overflow
+  // where the result does not).
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = static_cast<T>(std::ldexp((get(i) * 0.5) * ratio, e + 1));
+}
+
 template <class T>
-QKNORM_BLAS_INLINE void normalize_backward_impl(const T* u, double nrm,
+QKNORM_BLAS_INLINE void normalize_backward_impl(const T* u, RowNorm nrm,
                                                 double eps, double scale,
                                                 const T* du, int64_t n, T* dx) {
-  if (nrm > eps) {
+  if (nrm.above(eps)) {
     const double c = dot_impl(u, du, n);
-    const double f = scale / nrm;
-    for (int64_t i = 0; i < n; ++i)
-      dx[i] = static_cast<T>(
-          (static_cast<double>(du[i]) - static_cast<double>(u[i]) * c) * f);
+    scale_by_quotient(scale, nrm, n, dx, [&](int64_t i) {
+      return static_cast<double>(du[i]) - static_cast<double>(u[i]) * c;
+    });
   } else {
-    for (int64_t i = 0; i < n; ++i)
-      dx[i] = static_cast<T>(static_cast<double>(du[i]) / eps * scale);
+    scale_by_quotient(scale, split(eps, 0), n, dx,
+                      [&](int64_t i) { return static_cast<double>(du[i]); });
   }
 }
 
 template <class T>
 QKNORM_BLAS_INLINE void normalize_rows_impl(const T* x, int64_t rows,
                                             int64_t stride, int64_t n,
-                                            double eps, T* u, double* norms) {
+                                            double eps, T* u, RowNorm* norms) {
   for (int64_t r = 0; r < rows; ++r)
     norms[r] = normalize_impl(x + r * stride, n, eps, 1.0, u + r * n);
 }
@@ -123,36 +191,36 @@ QKNORM_BLAS_INLINE void normalize_rows_impl(const T* x, int64_t rows,
 
 QKNORM_BLAS_CLONES void normalize_rows(const float* x, int64_t rows,
                                        int64_t stride, int64_t n, double eps,
-                                       float* u, double* norms) {
+                                       float* u, RowNorm* norms) {
   normalize_rows_impl(x, rows, stride, n, eps, u, norms);
 }
 QKNORM_BLAS_CLONES void normalize_rows(const double* x, int64_t rows,
                                        int64_t stride, int64_t n, double eps,
-                                       double* u, double* norms) {
+                                       double* u, RowNorm* norms) {
   normalize_rows_impl(x, rows, stride, n, eps, u, norms);
 }
 
-QKNORM_BLAS_CLONES double row_norm(const float* x, int64_t n) {
+QKNORM_BLAS_CLONES RowNorm row_norm(const float* x, int64_t n) {
   return norm_impl(x, n);
 }
-QKNORM_BLAS_CLONES double row_norm(const double* x, int64_t n) {
+QKNORM_BLAS_CLONES RowNorm row_norm(const double* x, int64_t n) {
   return norm_impl(x, n);
 }
-QKNORM_BLAS_CLONES double normalize_row(const float* x, int64_t n, double eps,
-                                        double scale, float* u) {
+QKNORM_BLAS_CLONES RowNorm normalize_row(const float* x, int64_t n, double eps,
+                                         double scale, float* u) {
   return normalize_impl(x, n, eps, scale, u);
 }
-QKNORM_BLAS_CLONES double normalize_row(const double* x, int64_t n, double eps,
-                                        double scale, double* u) {
+QKNORM_BLAS_CLONES RowNorm normalize_row(const double* x, int64_t n, double eps,
+                                         double scale, double* u) {
   return normalize_impl(x, n, eps, scale, u);
 }
-QKNORM_BLAS_CLONES void normalize_backward_row(const float* u, double nrm,
+QKNORM_BLAS_CLONES void normalize_backward_row(const float* u, RowNorm nrm,
                                                double eps, double scale,
                                                const float* du, int64_t n,
                                                float* dx) {
   normalize_backward_impl(u, nrm, eps, scale, du, n, dx);
 }
-QKNORM_BLAS_CLONES void normalize_backward_row(const double* u, double nrm,
+QKNORM_BLAS_CLONES void normalize_backward_row(const double* u, RowNorm nrm,
                                                double eps, double scale,
                                                const double* du, int64_t n,
                                                double* dx) {

@@ -11,6 +11,11 @@
 // - f64 rows: the squares could over/underflow, so the row is first scaled by
 //   2^-e, e = exponent of max|x| (two exact power-of-two multiplies, so that
 //   2^-e itself never needs to be representable), as nrm2 with max-abs scaling.
+// The norm is returned as m * 2^e (RowNorm), never rounded to one double: an
+// f64 row's norm can exceed DBL_MAX (up to sqrt(n) DBL_MAX for rows at the
+// largest finite value) or be subnormal (rows of subnormals with a subnormal
+// eps), and as one double it would be inf or lose bits (found by the fuzzer:
+// rows near DBL_MAX gave u = x / inf = 0; fuzz/corpus/*/crash-blas-f64-*).
 // Sums use 8 interleaved accumulators added in index order at the end: the
 // loops vectorize and the order is fixed by the source (built with
 // -ffp-contract=off, so every clone rounds identically).
@@ -20,42 +25,59 @@
 // double, rounded to f32: the same f32 result up to double-rounding ties,
 // still +-1 exactly for one element, and a multiply per element instead of
 // a division (measured: the division loop was the largest non-GEMM cost at
-// n = 128). A denominator below 2^-1000 (subnormal eps), whose reciprocal
-// could overflow, is always divided by. Zero rows (||x|| <= eps): u = x / eps,
-// backward dx = du / eps, as include/qknorm/attention.h specifies.
+// n = 128). Zero rows (||x|| <= eps): u = x / eps, backward dx = du / eps, as
+// include/qknorm/attention.h specifies.
+// Extreme rows: when den = max(||x||, eps) is not a normal double (norm
+// beyond DBL_MAX, or subnormal), the forward divides 2^-e x (exact scaling)
+// by den's mantissa; when scale / den is not a normal double (a subnormal g
+// over a row norm of 32, or a huge g over a tiny norm), the backward
+// multiplies by the mantissa ratio and applies the power of two per element
+// (found by the fuzzer: g = 1.05e-321, ||x|| = 32 gave a subnormal factor,
+// dx 4% off). Both are per-row decisions; ordinary rows keep the fast loops.
 #ifndef QKNORM_BLAS_PATH_NORMALIZE_H_
 #define QKNORM_BLAS_PATH_NORMALIZE_H_
 
+#include <cmath>
 #include <cstdint>
 
 namespace qknorm::blas {
 
+// ||x||_2 = mant * 2^exp with mant in [0.5, 1), or mant = 0 for a zero row.
+struct RowNorm {
+  double mant = 0;
+  int exp = 0;
+  // The norm as one double (inf beyond DBL_MAX, rounded when subnormal).
+  double value() const { return std::ldexp(mant, exp); }
+  // ||x|| > eps, decided exactly (eps > 0 finite).
+  bool above(double eps) const;
+};
+
 // ||x||_2 of x[0..n), computed as described above.
-double row_norm(const float* x, int64_t n);
-double row_norm(const double* x, int64_t n);
+RowNorm row_norm(const float* x, int64_t n);
+RowNorm row_norm(const double* x, int64_t n);
 
 // u = scale * x / max(||x||, eps), rounded to T; returns ||x||.
-double normalize_row(const float* x, int64_t n, double eps, double scale,
-                     float* u);
-double normalize_row(const double* x, int64_t n, double eps, double scale,
-                     double* u);
+RowNorm normalize_row(const float* x, int64_t n, double eps, double scale,
+                      float* u);
+RowNorm normalize_row(const double* x, int64_t n, double eps, double scale,
+                      double* u);
 
 // normalize_row(x + r * stride, n, eps, 1, u + r * n) for r < rows, norms[r]
 // = ||x_r||: one call per head, so that consecutive rows' sqrt/divide
 // latency chains overlap (measured: per-row calls cost ~10% of the forward
 // at n = 128).
 void normalize_rows(const float* x, int64_t rows, int64_t stride, int64_t n,
-                    double eps, float* u, double* norms);
+                    double eps, float* u, RowNorm* norms);
 void normalize_rows(const double* x, int64_t rows, int64_t stride, int64_t n,
-                    double eps, double* u, double* norms);
+                    double eps, double* u, RowNorm* norms);
 
 // Unit-normalization backward: given u = x / max(nrm, eps) and du,
 //   dx = (du - u (u . du)) / nrm   if nrm > eps,   dx = du / eps otherwise,
 // times `scale`, rounded to T. dx may alias du.
-void normalize_backward_row(const float* u, double nrm, double eps,
+void normalize_backward_row(const float* u, RowNorm nrm, double eps,
                             double scale, const float* du, int64_t n,
                             float* dx);
-void normalize_backward_row(const double* u, double nrm, double eps,
+void normalize_backward_row(const double* u, RowNorm nrm, double eps,
                             double scale, const double* du, int64_t n,
                             double* dx);
 

@@ -13,7 +13,7 @@
 #   QKNORM_ASAN_BUILD_TYPE CMAKE_BUILD_TYPE          (default: RelWithDebInfo)
 #   JOBS                   parallel build/test jobs  (default: 2)
 #   CC, CXX                compilers, as CMake reads them (default: the system GCC)
-# Example, while simd/ and blas_path/ are not buildable:
+# Example, leaving backends out of a local run:
 #   scripts/sanitize.sh -DQKNORM_ENABLE_SIMD=OFF -DQKNORM_ENABLE_BLAS=OFF
 set -euo pipefail
 

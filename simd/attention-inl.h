@@ -158,6 +158,26 @@ HWY_INLINE VF MaskColumns(VF v, size_t j, size_t kv, VF fill) {
   return hn::IfThenElse(hn::FirstN(df, kv - j), v, fill);
 }
 
+// The logit S = RN(scale * c) clamped to [-FLT_MAX, FLT_MAX]; a NaN c (an
+// sdpa dot product whose f32 terms overflowed with both signs) gives
+// -FLT_MAX. Why: a logit that overflows f32 is +-inf, the running max is then
+// inf, and S - m = inf - inf = NaN reaches hn::Exp, which converts it to int:
+// UB on EMU128 (UBSan, fuzz finding crash-simd-emu128-nan-logit), garbage
+// elsewhere. Clamped, every S - m is finite or -inf (Exp gives 0) and every
+// output is finite. Such inputs are outside the f32 entries' representable
+// domain (their values are not judged), but must stay defined. Max(x, lo)
+// is lo for a NaN x on every attainable target: x86 maxps returns its second
+// operand, EMU128 and SCALAR the non-NaN one (tested on every target in
+// simd/tests/attention_test.cc,
+// OverflowingLogitsStayFinite). Costs a Max and a Min per
+// logit evaluation.
+HWY_INLINE VF Logit(VF c, VF vscale) {
+  const DF df;
+  const VF lo = hn::Set(df, -std::numeric_limits<float>::max());
+  const VF hi = hn::Set(df, std::numeric_limits<float>::max());
+  return hn::Min(hn::Max(hn::Mul(c, vscale), lo), hi);
+}
+
 // Loads row n of a [rows, D] storage view into dst (padded, f32); if
 // `normalize`, unit-normalizes it and returns its NormInfo.
 template <Precision P>
@@ -268,8 +288,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // ~10-15% forward speed, not worth that.)
         VF vmax = neg_inf;
         for (size_t j = 0; j < Kb; j += N) {
-          const VF x = MaskColumns(hn::Mul(hn::LoadU(df, sr + j), vscale), j,
-                                   kv, neg_inf);
+          const VF x =
+              MaskColumns(Logit(hn::LoadU(df, sr + j), vscale), j, kv, neg_inf);
           vmax = hn::Max(vmax, x);
         }
         const float m_new =
@@ -281,8 +301,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         VF vsum = hn::Zero(df);
         for (size_t j = 0; j < Kb; j += N) {
           const VF e = MaskColumns(
-              hn::Exp(df, hn::Sub(hn::Mul(hn::LoadU(df, sr + j), vscale), vm)),
-              j, kv, hn::Zero(df));
+              hn::Exp(df, hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm)), j,
+              kv, hn::Zero(df));
           hn::StoreU(e, df, sr + j);
           vsum = hn::Add(vsum, e);
         }
@@ -334,7 +354,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
           const VF e =
-              hn::Exp(df, hn::Sub(hn::Mul(hn::LoadU(df, sr + j), vscale), vm));
+              hn::Exp(df, hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm));
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
@@ -466,7 +486,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           const VF vd = hn::Set(df, delta[bh * Nq + i]);
           for (size_t j = 0; j < Kb; j += N) {
             const VF c = hn::LoadU(df, sr + j);
-            const VF x = hn::Sub(hn::Sub(hn::Mul(c, vscale), vhi), vlo);
+            const VF x = hn::Sub(hn::Sub(Logit(c, vscale), vhi), vlo);
             const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
             const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
             vdg = hn::MulAdd(ds, c, vdg);

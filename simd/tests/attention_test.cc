@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -78,6 +80,43 @@ TEST_P(SimdAttentionSweep, EdgeCases) {
     const AgreementReport rep =
         validation::check_attention(entry, ac, ExecConfig{2});
     EXPECT_TRUE(rep.pass) << e.what << ": " << rep.failure_message();
+  }
+}
+
+// Logits beyond the f32 range (sdpa, |q|, |k| ~ 2e19: q.k = 8e38 > FLT_MAX)
+// are clamped to +-FLT_MAX (attention-inl.h, Logit; fuzz finding
+// crash-simd-emu128-nan-logit). Key 0's logit overflows to +inf, key 1's to
+// -inf, key 2's is 2.8e19: P = (1, 0, 0) exactly, so O = v_0 exactly and
+// lse = FLT_MAX (the true 5.7e38 is not an f32 logit), and the backward is
+// finite. A fourth key (2e19, -2e19) has q.k = 4e38 - 4e38: NaN without FMA
+// (inf - inf), +inf with FMA, so only finiteness is required of it. f16
+// storage cannot hold an f32-overflowing logit (max 65504): skipped.
+TEST_P(SimdAttentionSweep, OverflowingLogitsStayFinite) {
+  const Backend& entry = *GetParam();
+  if (entry.precision() == Precision::kF16) GTEST_SKIP() << "f16 range";
+  constexpr double kBig = 2e19;
+  for (bool with_nan_key : {false, true}) {
+    AttentionCase c;
+    c.problem.variant = Variant::kSDPA;
+    c.problem.q_len = 1;
+    c.problem.kv_len = with_nan_key ? 4 : 3;
+    c.problem.head_dim = 2;
+    c.q = {kBig, kBig};
+    c.k = {kBig, kBig, -kBig, -kBig, 1, 1};
+    c.v = {1, 2, 3, 4, 5, 6};
+    if (with_nan_key) {
+      c.k.insert(c.k.end(), {kBig, -kBig});
+      c.v.insert(c.v.end(), {7, 8});
+    }
+    c.d_o = {0.5, -0.25};
+    const validation::AttentionResult r = validation::run_attention(entry, c);
+    for (const auto* f : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv})
+      for (double x : *f) EXPECT_TRUE(std::isfinite(x)) << x;
+    EXPECT_TRUE(std::isfinite(r.dg));
+    if (!with_nan_key) {
+      EXPECT_EQ(r.o, (std::vector<double>{1, 2}));
+      EXPECT_EQ(r.lse[0], static_cast<double>(FLT_MAX));
+    }
   }
 }
 

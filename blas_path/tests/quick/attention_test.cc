@@ -11,10 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "blas_path/register.h"
 #include "blas_path/tests/test_util.h"
+#include "qknorm/error.h"
 #include "qknorm/precision.h"
 
 // Counts C++ allocations while armed (the workspace test). OpenBLAS's own
@@ -378,6 +380,66 @@ TEST(BlasProbabilities, MatchesReferenceAndNonSaturation) {
           }
         }
     }
+}
+
+// Row strides beyond OpenBLAS's int (fuzz finding
+// crash-blas-single-row-huge-stride): a tensor of one row never passes its
+// stride to OpenBLAS, so q_len = kv_len = 1 with strides of 2^40 gives the
+// dense run's bits; with two rows the stride would reach the GEMM and the
+// call raises qknorm::Error naming the tensor before touching any element
+// (the buffers are not dereferenced, so a 2^40-element view is safe here).
+TEST(BlasAttention, RowStrideBeyondIntRange) {
+  constexpr int64_t kHuge = int64_t{1} << 40;
+  for (Variant var : {Variant::kQKNorm, Variant::kSDPA}) {
+    AttentionProblem p;
+    p.variant = var;
+    p.head_dim = 5;
+    const std::vector<float> q = {1, 2, 3, 4, 5}, k = {-1, 0.5f, 2, 0, 1},
+                             v = {3, 1, 4, 1, 5};
+    std::vector<float> o_dense(5), o_huge(5);
+    double lse_dense = 0, lse_huge = 0;
+    BlasWorkspace<float> ws;
+    auto run = [&](int64_t rs, float* o, double* lse) {
+      const Layout4 l{rs, rs, rs};
+      ForwardArgs a;
+      a.q = {q.data(), 5, l};
+      a.k = {k.data(), 5, l};
+      a.v = {v.data(), 5, l};
+      a.o = {o, 5, l};
+      a.lse = lse;
+      a.lse_size = 1;
+      attention_forward<float>(p, a, ws, ExecConfig{});
+    };
+    run(5, o_dense.data(), &lse_dense);
+    run(kHuge, o_huge.data(), &lse_huge);
+    EXPECT_EQ(o_dense, o_huge);
+    EXPECT_EQ(lse_dense, lse_huge);
+  }
+  AttentionProblem p;
+  p.variant = Variant::kSDPA;
+  p.q_len = p.kv_len = 2;
+  p.head_dim = 3;
+  const std::vector<float> dense(6, 1.0f);
+  std::vector<float> o(6);
+  std::vector<double> lse(2);
+  ForwardArgs a;
+  const Layout4 d{6, 6, 3};
+  a.q = {dense.data(), 6, d};
+  a.k = {dense.data(), 6, d};
+  a.v = {dense.data(), kHuge + 3, Layout4{kHuge, kHuge, kHuge}};
+  a.o = {o.data(), 6, d};
+  a.lse = lse.data();
+  a.lse_size = 2;
+  BlasWorkspace<float> ws;
+  try {
+    attention_forward<float>(p, a, ws, ExecConfig{});
+    ADD_FAILURE() << "no qknorm::Error for a v row stride of 2^40";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.tensor(), "v") << e.what();
+    EXPECT_NE(std::string(e.what()).find("row stride 1099511627776"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A null or foreign workspace falls back to a temporary one.

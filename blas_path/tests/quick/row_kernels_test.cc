@@ -146,25 +146,28 @@ TEST(SoftmaxBackwardRow, SingleKeyIsExact) {
 TEST(RowNorm, NoOverflowOrUnderflow) {
   const float big = 1e30f;
   std::vector<float> f(64, big);
-  EXPECT_NEAR(row_norm(f.data(), 64), 8.0 * big, 8.0 * big * 1e-15);
+  EXPECT_NEAR(row_norm(f.data(), 64).value(), 8.0 * big, 8.0 * big * 1e-15);
   std::vector<float> tiny(9, std::numeric_limits<float>::denorm_min());
-  EXPECT_NEAR(row_norm(tiny.data(), 9), 3.0 * tiny[0], 3.0 * tiny[0] * 1e-15);
+  EXPECT_NEAR(row_norm(tiny.data(), 9).value(), 3.0 * tiny[0],
+              3.0 * tiny[0] * 1e-15);
   for (double mag : {1e300, 1e-300, DBL_MAX / 16, 4.9e-324}) {
     std::vector<double> d(16, mag);
     // 4 * mag exactly; the scaled sum adds a few roundings.
-    EXPECT_NEAR(row_norm(d.data(), 16), 4 * mag, 4 * mag * 1e-15) << mag;
+    EXPECT_NEAR(row_norm(d.data(), 16).value(), 4 * mag, 4 * mag * 1e-15)
+        << mag;
   }
   std::vector<double> z(5, 0.0);
-  EXPECT_EQ(row_norm(z.data(), 5), 0.0);
+  EXPECT_EQ(row_norm(z.data(), 5).value(), 0.0);
 }
 
 // A zero row is divided by eps (u = 0) and its gradient is du / eps.
 TEST(NormalizeRow, ZeroRowAndTinyEps) {
   std::vector<float> x(7, 0.0f), u(7, -1.0f), du(7, 2.0f), dx(7);
   const double eps = 1e-12;
-  EXPECT_EQ(normalize_row(x.data(), 7, eps, 1.0, u.data()), 0.0);
+  EXPECT_EQ(normalize_row(x.data(), 7, eps, 1.0, u.data()).value(), 0.0);
   for (float v : u) EXPECT_EQ(v, 0.0f);
-  normalize_backward_row(u.data(), 0.0, eps, 1.0, du.data(), 7, dx.data());
+  normalize_backward_row(u.data(), RowNorm{}, eps, 1.0, du.data(), 7,
+                         dx.data());
   for (float v : dx) EXPECT_EQ(v, static_cast<float>(2.0 / eps));
   // A subnormal eps: 1/eps overflows double, the division path keeps u
   // finite (0 for the zero row, +-1 for a row of one subnormal).
@@ -174,6 +177,58 @@ TEST(NormalizeRow, ZeroRowAndTinyEps) {
   xd = {4.9e-324, 0.0};
   normalize_row(xd.data(), 2, 1e-320, 1.0, ud.data());
   EXPECT_TRUE(std::isfinite(ud[0]));
+}
+
+// Rows whose norm is not a normal double (fuzz finding
+// crash-blas-f64-huge-rows): at DBL_MAX the norm is 2 DBL_MAX for four
+// elements, u must still be x / ||x|| = +-1/2 (exactly: power-of-two
+// scaling, then a division by the mantissa 1/2 * 2 = 1), and a subnormal
+// norm above a subnormal eps must not be rounded before the division.
+TEST(NormalizeRow, NormBeyondDblMaxAndSubnormal) {
+  std::vector<double> x = {DBL_MAX, -DBL_MAX, DBL_MAX, DBL_MAX}, u(4);
+  const RowNorm n = normalize_row(x.data(), 4, 1e-12, 1.0, u.data());
+  EXPECT_TRUE(std::isinf(n.value()));
+  EXPECT_EQ(n.exp, 1025);  // 2 DBL_MAX = (1 - 2^-53) 2^1025
+  EXPECT_EQ(u, (std::vector<double>{0.5, -0.5, 0.5, 0.5}));
+  // (3, 4) * 2^-1074: norm 5 * 2^-1074, u = (0.6, 0.8) to the last bit.
+  x = {3 * 0x1p-1074, 4 * 0x1p-1074};
+  normalize_row(x.data(), 2, 0x1p-1074, 1.0, u.data());
+  EXPECT_EQ(u[0], 0.6);
+  EXPECT_EQ(u[1], 0.8);
+}
+
+// Backward factors scale / ||x|| that are not normal doubles (fuzz finding
+// crash-blas-f64-subnormal-g-dx): g = 2^-1070 over ||x|| = 5 is subnormal as
+// one factor (2 significant bits); applied after the product, dx keeps full
+// precision. Expected values in long double (64-bit significand): the
+// kernel rounds (du - u c) and the mantissa ratio once each, so 4 u_f64 is
+// a bound with room.
+TEST(NormalizeBackwardRow, NonNormalFactor) {
+  constexpr double kTol = 4 * 0x1p-53;
+  const std::vector<double> u = {0.6, 0.8}, du = {3e300, -1e300};
+  std::vector<double> dx(2);
+  const double g = 0x1p-1070;
+  const RowNorm nrm{0.625, 3};  // 5
+  normalize_backward_row(u.data(), nrm, 1e-12, g, du.data(), 2, dx.data());
+  const long double c = 0.6L * 3e300L + 0.8L * -1e300L;
+  for (int i = 0; i < 2; ++i) {
+    const long double want =
+        (du[i] - u[i] * c) * (static_cast<long double>(g) / 5);
+    EXPECT_NEAR(dx[i], static_cast<double>(want),
+                kTol * std::fabs(static_cast<double>(want)))
+        << i;
+  }
+  // A huge g over a tiny norm: the factor g / ||x|| = 1e300 / (5 2^-1000)
+  // overflows, dx_0 = (du_0 - u_0 c) g / ||x|| = 0.64 * 1e300 / 5 does not.
+  const std::vector<double> du2 = {0x1p-1000, 0.0};
+  const RowNorm tiny{0.625, -997};  // 5 * 2^-1000
+  normalize_backward_row(u.data(), tiny, 0x1p-1070, 1e300, du2.data(), 2,
+                         dx.data());
+  const long double c2 = 0.6L * 0x1p-1000L;
+  const long double want0 =
+      (0x1p-1000L - 0.6L * c2) * 1e300L / (5 * 0x1p-1000L);
+  EXPECT_NEAR(dx[0], static_cast<double>(want0),
+              kTol * std::fabs(static_cast<double>(want0)));
 }
 
 }  // namespace
