@@ -202,7 +202,22 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   std::snprintf(mags, sizeof mags,
                 "\n  max|q|=%.3g max|k|=%.3g max|v|=%.3g max|dO|=%.3g",
                 max_abs(c.q), max_abs(c.k), max_abs(c.v), max_abs(c.d_o));
-  return "entry " + e.name() + " on " + c.describe() + mags;
+  std::string m = "entry " + e.name() + " on " + c.describe() + mags;
+  // Small cases print their values (minimized findings mostly are), enough
+  // to rebuild the case without the fuzzer's byte format.
+  if (c.q.size() + c.k.size() + c.v.size() + c.d_o.size() <= 128) {
+    const char* names[] = {"q", "k", "v", "dO"};
+    const std::vector<double>* ts[] = {&c.q, &c.k, &c.v, &c.d_o};
+    for (int t = 0; t < 4; ++t) {
+      m += std::string("\n  ") + names[t] + ":";
+      for (double x : *ts[t]) {
+        char b[32];
+        std::snprintf(b, sizeof b, " %.9g", x);
+        m += b;
+      }
+    }
+  }
+  return m;
 }
 
 // Dense buffers of a case in the entry's storage precision.

@@ -318,11 +318,29 @@ OracleAttention oracle_attention(const AttentionCase& c) {
   // rows; saturated rows): their scales are the magnitudes of their terms
   // before cancellation, max over elements of
   //   |dv_jd|:  sum_i P_ij |dO_id|
-  //   |du_id|:  s sum_j T_ij |k_hat_jd|, T_ij = P_ij (|dP_ij| + |delta_i|),
+  //   |du_id|:  s sum_j T_ij |k_hat_jd|, T_ij = P_ij (|dO_i|.|v_j| + Del_i),
+  //             Del_i = sum_k P_ik |dO_i|.|v_k|,
   //             s = |g| (qknorm) or 1/sqrt(D) (sdpa); |du_jd| for keys with
   //             T^T and q_hat;
   //   |dx_d|:   (|du_d| + |u_d| sum_e |u_e| |du_e|) / max(||x||, eps) through
   //             the normalization backward (qknorm).
+  // |x|.|y| = sum_d |x_d||y_d| is the magnitude a dot product's rounding
+  // error scales with (Higham, Accuracy and Stability, 3.1), not |x . y|:
+  // dP_ij = dO_i . v_j and delta_i = sum_k P_ik dP_ik = dO_i . O_i can both
+  // cancel (found by the fuzzer, issue 7: sdpa, q = 0, P uniform over 7
+  // keys, delta = 0.036 from terms of ~3; a correct blas:f64 dq was 17 ulp
+  // of |dq| off where the old scale, built on |dP| and |delta|, allowed 4).
+  // Del_i bounds both ways of computing delta (|dO_i|.|O_i| <= Del_i).
+  //
+  // The backward also reads the stored O (delta = dO . O), and each entry
+  // stores its own: below the normal range the storage format resolves O
+  // only to ulp_s(0), absolutely, so two correct entries' O differ by that
+  // much whatever their relative accuracy. Its effect on a gradient is the
+  // sensitivity *_o_sens times ulp_s(0) (verdict), with
+  //   dS_ij per unit of O error: P_ij sum_d |dO_id|
+  // carried through the same sums as T_ij (found by the fuzzer, issue 7:
+  // f32, zero q rows, O ~ 1e-42 stored with 1.4e-45 resolution, dq = g dS
+  // k_hat / eps with eps = 2.9e-36: a correct simd dq 4% off, the naive 0.6%).
   {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
     const bool qk = p.variant == Variant::kQKNorm;
@@ -361,46 +379,71 @@ OracleAttention oracle_attention(const AttentionCase& c) {
       for (int64_t d = 0; d < D; ++d)
         (*du)[d] = ((*du)[d] + std::fabs(u[d]) * c) / den;
     };
-    LD dq_scale = 0, dk_scale = 0, dv_scale = 0;
-    std::vector<LD> t(static_cast<size_t>(Nk)), mag(static_cast<size_t>(D));
-    std::vector<LD> dk_mag, dv_mag;
+    auto absdot = [D](const LD* a, const LD* b) {
+      LD t = 0;
+      for (int64_t d = 0; d < D; ++d) t += std::fabs(a[d]) * std::fabs(b[d]);
+      return t;
+    };
+    LD dq_scale = 0, dk_scale = 0, dv_scale = 0, dq_os = 0, dk_os = 0;
+    std::vector<LD> mag(static_cast<size_t>(D)), mag_o(static_cast<size_t>(D));
+    std::vector<LD> dk_mag, dk_mag_o, dv_mag, row;
+    // Max over the elements of one row's |dx| magnitudes.
+    auto row_max = [&](const LD* u, LD den, std::vector<LD>* m) {
+      norm_backward_mag(u, den, m);
+      LD x = 0;
+      for (LD e : *m) x = std::max(x, e);
+      return x;
+    };
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
       dk_mag.assign(static_cast<size_t>(Nk * D), 0);
+      dk_mag_o.assign(static_cast<size_t>(Nk * D), 0);
       dv_mag.assign(static_cast<size_t>(Nk * D), 0);
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
-        const LD delta = std::fabs(dot(doi, r.o.data() + (bh * Nq + i) * D));
+        const LD* pi = probs.data() + (bh * Nq + i) * Nk;
+        LD del = 0, do_l1 = 0;
+        for (int64_t k = 0; k < Nk; ++k)
+          del += pi[k] * absdot(doi, v.data() + (bh * Nk + k) * D);
+        for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
         std::fill(mag.begin(), mag.end(), 0);
+        std::fill(mag_o.begin(), mag_o.end(), 0);
         for (int64_t j = 0; j < Nk; ++j) {
-          const LD pij = probs[static_cast<size_t>((bh * Nq + i) * Nk + j)];
+          const LD pij = pi[j];
           const LD tij =
-              pij * (std::fabs(dot(doi, v.data() + (bh * Nk + j) * D)) + delta);
-          if (qk) r.dg_scale += tij;
+              pij * (absdot(doi, v.data() + (bh * Nk + j) * D) + del);
+          const LD oij = pij * do_l1;
+          if (qk) r.dg_scale += tij, r.dg_o_sens += oij;
           const LD* khj = kh.data() + (bh * Nk + j) * D;
           const LD* qhi = qh.data() + (bh * Nq + i) * D;
           for (int64_t d = 0; d < D; ++d) {
+            const auto jd = static_cast<size_t>(j * D + d);
             mag[static_cast<size_t>(d)] += s * tij * std::fabs(khj[d]);
-            dk_mag[static_cast<size_t>(j * D + d)] +=
-                s * tij * std::fabs(qhi[d]);
-            dv_mag[static_cast<size_t>(j * D + d)] += pij * std::fabs(doi[d]);
+            mag_o[static_cast<size_t>(d)] += s * oij * std::fabs(khj[d]);
+            dk_mag[jd] += s * tij * std::fabs(qhi[d]);
+            dk_mag_o[jd] += s * oij * std::fabs(qhi[d]);
+            dv_mag[jd] += pij * std::fabs(doi[d]);
           }
         }
-        norm_backward_mag(qh.data() + (bh * Nq + i) * D,
-                          qden[static_cast<size_t>(bh * Nq + i)], &mag);
-        for (LD m : mag) dq_scale = std::max(dq_scale, m);
+        const LD* qhi = qh.data() + (bh * Nq + i) * D;
+        const LD qd = qden[static_cast<size_t>(bh * Nq + i)];
+        dq_scale = std::max(dq_scale, row_max(qhi, qd, &mag));
+        dq_os = std::max(dq_os, row_max(qhi, qd, &mag_o));
       }
       for (int64_t j = 0; j < Nk; ++j) {
-        std::vector<LD> row(dk_mag.begin() + j * D,
-                            dk_mag.begin() + (j + 1) * D);
-        norm_backward_mag(kh.data() + (bh * Nk + j) * D,
-                          kden[static_cast<size_t>(bh * Nk + j)], &row);
-        for (LD m : row) dk_scale = std::max(dk_scale, m);
+        const LD* khj = kh.data() + (bh * Nk + j) * D;
+        const LD kd = kden[static_cast<size_t>(bh * Nk + j)];
+        row.assign(dk_mag.begin() + j * D, dk_mag.begin() + (j + 1) * D);
+        dk_scale = std::max(dk_scale, row_max(khj, kd, &row));
+        row.assign(dk_mag_o.begin() + j * D, dk_mag_o.begin() + (j + 1) * D);
+        dk_os = std::max(dk_os, row_max(khj, kd, &row));
       }
       for (LD m : dv_mag) dv_scale = std::max(dv_scale, m);
     }
     r.dq_scale = dq_scale;
     r.dk_scale = dk_scale;
     r.dv_scale = dv_scale;
+    r.dq_o_sens = dq_os;
+    r.dk_o_sens = dk_os;
   }
   return r;
 }
@@ -439,7 +482,8 @@ namespace {
 FieldVerdict verdict(const std::string& field, const std::vector<double>& entry,
                      const std::vector<double>& naive,
                      const std::vector<LD>& oracle, Precision fmt, double unit,
-                     double scale_override = -1, double additive_scale = 0) {
+                     double scale_override = -1, double additive_scale = 0,
+                     double extra_abs = 0) {
   FieldVerdict v;
   v.field = field;
   v.entry = compare(entry, oracle, fmt);
@@ -449,7 +493,10 @@ FieldVerdict verdict(const std::string& field, const std::vector<double>& entry,
   // resolves results only absolutely, to ulp(fmt, 0) (found by the fuzzer,
   // issue 7: a true dq of 3e-57 that a correct f32 kernel returns as the
   // smallest subnormal, 1.4e-45, while the naive run flushed it to 0).
-  v.atol = kAtolUnits * (unit * (scale + additive_scale) + ulp(fmt, 0));
+  // extra_abs: the stored O's absolute resolution carried into a gradient
+  // (OracleAttention::*_o_sens).
+  v.atol =
+      kAtolUnits * (unit * (scale + additive_scale) + ulp(fmt, 0) + extra_abs);
   v.bound = kNaiveFactor * v.naive.max_abs + v.atol;
   v.pass = !v.entry.nonfinite_mismatch && v.entry.max_abs <= v.bound;
   return v;
@@ -512,16 +559,21 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
         if (std::isfinite(e)) m = std::max(m, std::fabs(e));
       return static_cast<double>(m);
     };
+    // The stored O's spacing at 0, carried by the sensitivities.
+    const double o_res = ulp(s, 0);
     rep.fields.push_back(verdict("dq", er.dq, nr.dq, orc.dq, s, unit,
-                                 grad_scale(orc.dq_scale, orc.dq)));
+                                 grad_scale(orc.dq_scale, orc.dq), 0,
+                                 o_res * static_cast<double>(orc.dq_o_sens)));
     rep.fields.push_back(verdict("dk", er.dk, nr.dk, orc.dk, s, unit,
-                                 grad_scale(orc.dk_scale, orc.dk)));
+                                 grad_scale(orc.dk_scale, orc.dk), 0,
+                                 o_res * static_cast<double>(orc.dk_o_sens)));
     rep.fields.push_back(verdict("dv", er.dv, nr.dv, orc.dv, s, unit,
                                  grad_scale(orc.dv_scale, orc.dv)));
     // dg is returned at the compute precision.
     rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, lse_fmt,
                                  uc * (1 + 2 * A),
-                                 static_cast<double>(orc.dg_scale)));
+                                 static_cast<double>(orc.dg_scale), 0,
+                                 o_res * static_cast<double>(orc.dg_o_sens)));
   }
   for (auto& f : rep.fields) f.amplitude = A;
   for (const auto& f : rep.fields) rep.pass = rep.pass && f.pass;

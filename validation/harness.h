@@ -14,7 +14,10 @@
 //   magnitude of its terms before cancellation), A the logit amplitude (|g|
 //   for qknorm; the bound max||q|| max||k|| / sqrt(D) on |S| for sdpa), and
 //   ulp_fmt(0) the field format's smallest subnormal (its absolute
-//   resolution below the normal range).
+//   resolution below the normal range). dq, dk and dg add
+//   kAtolUnits * ulp_s(0) * (their sensitivity to the stored O, which the
+//   backward reads and which two correct entries round differently below
+//   the normal range; OracleAttention).
 // Why these terms:
 // - u_s * scale: rounding a correct result to storage costs up to 1/2 ulp,
 //   and the naive baseline may round to the other side: 1 u_s * scale
@@ -121,7 +124,7 @@ AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
                                       Workspace* ws = nullptr);
 
 // The oracle: reference<long double> on the case's inputs as given.
-// dg_scale: sum P_ij (|dP_ij| + |delta_i|) (resp. sum |dy . u| terms), the
+// dg_scale: sum P_ij (|dO_i|.|v_j| + Del_i) (resp. sum |dy . u| terms), the
 // magnitude of the terms dg sums before they cancel (|C_ij| <= 1; it bounds
 // sum |dS_ij|), used as dg's scale in the tolerance rule: dg is one scalar
 // that can cancel to near 0, so max|dg| would be no scale at all.
@@ -131,6 +134,10 @@ struct OracleAttention {
   // Pre-cancellation magnitudes of the gradient sums (max over elements);
   // see oracle_attention().
   long double dq_scale = 0, dk_scale = 0, dv_scale = 0;
+  // Sensitivities of dq, dk (max over elements) and dg to an absolute error
+  // of one unit in every element of the stored O the backward reads; times
+  // ulp_s(0) they join the gradients' atol (oracle_attention()).
+  long double dq_o_sens = 0, dk_o_sens = 0, dg_o_sens = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
