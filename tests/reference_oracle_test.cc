@@ -132,3 +132,33 @@ TEST(ReferenceVsOracle, ScaleNormWithinDerivedBound) {
 
 }  // namespace
 }  // namespace qknorm
+
+namespace qknorm {
+namespace {
+
+// The tolerance rule's gradient scales (harness.h) on a case where delta
+// cancels exactly: sdpa, D = 1, q = 0 (so P = (1/2, 1/2)), k = (1, 1),
+// v = (1, -1), dO = 1. Then dP = (1, -1), delta = 0, Del = sum_k P_k |dO||v_k|
+// = 1, T_j = P_j (|dO||v_j| + Del) = 1 and the dq magnitude is
+// s sum_j T_j |k_j| = 2 (s = 1/sqrt(1)); the old |dP| + |delta| model gave
+// 1. The sensitivity to the stored O is s sum_j P_j |dO|_1 |k_j| = 1; dk's
+// is 0 (q = 0). Every value is exact in long double.
+TEST(OracleScales, DeltaCancellationAndStoredOSensitivity) {
+  validation::AttentionCase c;
+  c.problem.variant = Variant::kSDPA;
+  c.problem.q_len = 1;
+  c.problem.kv_len = 2;
+  c.problem.head_dim = 1;
+  c.q = {0};
+  c.k = {1, 1};
+  c.v = {1, -1};
+  c.d_o = {1};
+  const validation::OracleAttention orc = validation::oracle_attention(c);
+  EXPECT_EQ(orc.dq[0], 0.0L);
+  EXPECT_EQ(orc.dq_scale, 2.0L);
+  EXPECT_EQ(orc.dq_o_sens, 1.0L);
+  EXPECT_EQ(orc.dk_o_sens, 0.0L);
+}
+
+}  // namespace
+}  // namespace qknorm
