@@ -17,7 +17,9 @@
 //   resolution below the normal range). dq, dk and dg add
 //   kAtolUnits * ulp_s(0) * (their sensitivity to the stored O, which the
 //   backward reads and which two correct entries round differently below
-//   the normal range; OracleAttention).
+//   the normal range; OracleAttention). ScaleNorm's dx adds
+//   kAtolUnits * ulp_c(0) * max_r (dim + 1) |g| / max(||x_r||, eps): the
+//   compute format's absolute resolution in u . dy, times the factor g / n.
 // Why these terms:
 // - u_s * scale: rounding a correct result to storage costs up to 1/2 ulp,
 //   and the naive baseline may round to the other side: 1 u_s * scale
