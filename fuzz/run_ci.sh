@@ -65,10 +65,17 @@ for t in "${targets[@]}"; do
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
       "$bin" "${args[@]}" "$corpus" "$root/fuzz/corpus/$t" >"$log" 2>&1)
   rc=$?
-  # With -jobs, each worker logs to fuzz-<n>.log in the working directory.
-  if [[ $jobs -gt 1 ]]; then cat "$work/$t"/fuzz-*.log >>"$log" 2>/dev/null; rm -f "$work/$t"/fuzz-*.log; fi
-  execs=$(grep -E 'stat::number_of_executed_units' "$log" | awk '{s += $2} END {print s + 0}')
-  rate=$(grep -E 'stat::average_exec_per_sec' "$log" | awk '{s += $2} END {print s + 0}')
+  # With -jobs, each worker logs to fuzz-<n>.log in the working directory,
+  # and the parent echoes those logs into its own: the statistics are read
+  # from the worker logs alone (reading both counted every job twice).
+  stats=$log
+  if [[ $jobs -gt 1 ]]; then
+    stats=$work/$t/workers.log
+    cat "$work/$t"/fuzz-*.log >"$stats" 2>/dev/null
+    rm -f "$work/$t"/fuzz-*.log
+  fi
+  execs=$(grep -E 'stat::number_of_executed_units' "$stats" | awk '{s += $2} END {print s + 0}')
+  rate=$(grep -E 'stat::average_exec_per_sec' "$stats" | awk '{s += $2} END {print s + 0}')
   found=$(find "$artifacts" -type f | wc -l)
   if [[ $rc -ne 0 || $found -ne 0 ]]; then
     status=1
