@@ -158,6 +158,12 @@ TEST(OracleScales, DeltaCancellationAndStoredOSensitivity) {
   EXPECT_EQ(orc.dq_scale, 2.0L);
   EXPECT_EQ(orc.dq_o_sens, 1.0L);
   EXPECT_EQ(orc.dk_o_sens, 0.0L);
+  // Subnormal compute intermediates, per ulp_c(0): dS_j counts
+  // P_j (2D + 1) + 1 = 2.5, du = s sum_j 2.5 |k_j| = 5, plus Nk + D + 2 = 5
+  // for du's sums and the normalization backward: 10 (no normalization for
+  // sdpa). dk: q = 0, so only Nq + D + 2 = 4.
+  EXPECT_EQ(orc.dq_uf_sens, 10.0L);
+  EXPECT_EQ(orc.dk_uf_sens, 4.0L);
 }
 
 }  // namespace

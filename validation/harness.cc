@@ -341,6 +341,17 @@ OracleAttention oracle_attention(const AttentionCase& c) {
   // carried through the same sums as T_ij (found by the fuzzer, issue 7:
   // f32, zero q rows, O ~ 1e-42 stored with 1.4e-45 resolution, dq = g dS
   // k_hat / eps with eps = 2.9e-36: a correct simd dq 4% off, the naive 0.6%).
+  //
+  // Likewise the compute format resolves its own intermediates only to
+  // ulp_c(0) below the normal range: dP_ij and delta_i (D products and sums
+  // each, <= D ulp_c(0)), dS_ij = P_ij (dP_ij - delta_i) (<= P_ij (2D + 1)
+  // + 1), du = s sum_j dS_ij k_hat_j (+ Nk for its own sums) and the
+  // normalization backward's u . du (+ D + 2). *_uf_sens is that count per
+  // ulp_c(0), carried through the normalization backward (found by the
+  // fuzzer, issue 7: f32, zero q rows, eps = 2.9e-36, dO ~ 4.6e-40: dP is a
+  // subnormal with a few bits, a correct blas:f32 dq returned 0 for -3.9e-9,
+  // the naive -5.7e-9). Outside subnormal intermediates both terms are far
+  // below u * scale.
   {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
     const bool qk = p.variant == Variant::kQKNorm;
@@ -385,6 +396,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
       return t;
     };
     LD dq_scale = 0, dk_scale = 0, dv_scale = 0, dq_os = 0, dk_os = 0;
+    LD dq_uf = 0, dk_uf = 0;
+    std::vector<LD> mag_u(static_cast<size_t>(D)), dk_mag_u;
     std::vector<LD> mag(static_cast<size_t>(D)), mag_o(static_cast<size_t>(D));
     std::vector<LD> dk_mag, dk_mag_o, dv_mag, row;
     // Max over the elements of one row's |dx| magnitudes.
@@ -397,6 +410,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
       dk_mag.assign(static_cast<size_t>(Nk * D), 0);
       dk_mag_o.assign(static_cast<size_t>(Nk * D), 0);
+      dk_mag_u.assign(static_cast<size_t>(Nk * D), 0);
       dv_mag.assign(static_cast<size_t>(Nk * D), 0);
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
@@ -407,18 +421,26 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
         std::fill(mag.begin(), mag.end(), 0);
         std::fill(mag_o.begin(), mag_o.end(), 0);
+        std::fill(mag_u.begin(), mag_u.end(), 0);
         for (int64_t j = 0; j < Nk; ++j) {
           const LD pij = pi[j];
           const LD tij =
               pij * (absdot(doi, v.data() + (bh * Nk + j) * D) + del);
           const LD oij = pij * do_l1;
-          if (qk) r.dg_scale += tij, r.dg_o_sens += oij;
+          const LD uij = pij * (2 * D + 1) + 1;  // dS_ij, per ulp_c(0)
+          if (qk) {
+            r.dg_scale += tij;
+            r.dg_o_sens += oij;
+            r.dg_uf_sens += uij + 1;  // + the product dS_ij C_ij and its sum
+          }
           const LD* khj = kh.data() + (bh * Nk + j) * D;
           const LD* qhi = qh.data() + (bh * Nq + i) * D;
           for (int64_t d = 0; d < D; ++d) {
             const auto jd = static_cast<size_t>(j * D + d);
             mag[static_cast<size_t>(d)] += s * tij * std::fabs(khj[d]);
             mag_o[static_cast<size_t>(d)] += s * oij * std::fabs(khj[d]);
+            mag_u[static_cast<size_t>(d)] += s * uij * std::fabs(khj[d]);
+            dk_mag_u[jd] += s * uij * std::fabs(qhi[d]);
             dk_mag[jd] += s * tij * std::fabs(qhi[d]);
             dk_mag_o[jd] += s * oij * std::fabs(qhi[d]);
             dv_mag[jd] += pij * std::fabs(doi[d]);
@@ -428,6 +450,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         const LD qd = qden[static_cast<size_t>(bh * Nq + i)];
         dq_scale = std::max(dq_scale, row_max(qhi, qd, &mag));
         dq_os = std::max(dq_os, row_max(qhi, qd, &mag_o));
+        for (LD& m : mag_u) m += static_cast<LD>(Nk + D + 2);
+        dq_uf = std::max(dq_uf, row_max(qhi, qd, &mag_u));
       }
       for (int64_t j = 0; j < Nk; ++j) {
         const LD* khj = kh.data() + (bh * Nk + j) * D;
@@ -436,6 +460,9 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         dk_scale = std::max(dk_scale, row_max(khj, kd, &row));
         row.assign(dk_mag_o.begin() + j * D, dk_mag_o.begin() + (j + 1) * D);
         dk_os = std::max(dk_os, row_max(khj, kd, &row));
+        row.assign(dk_mag_u.begin() + j * D, dk_mag_u.begin() + (j + 1) * D);
+        for (LD& m : row) m += static_cast<LD>(Nq + D + 2);
+        dk_uf = std::max(dk_uf, row_max(khj, kd, &row));
       }
       for (LD m : dv_mag) dv_scale = std::max(dv_scale, m);
     }
@@ -444,6 +471,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     r.dv_scale = dv_scale;
     r.dq_o_sens = dq_os;
     r.dk_o_sens = dk_os;
+    r.dq_uf_sens = dq_uf;
+    r.dk_uf_sens = dk_uf;
   }
   return r;
 }
@@ -559,21 +588,26 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
         if (std::isfinite(e)) m = std::max(m, std::fabs(e));
       return static_cast<double>(m);
     };
-    // The stored O's spacing at 0, carried by the sensitivities.
-    const double o_res = ulp(s, 0);
+    // The stored O's and the compute format's spacings at 0, carried by
+    // the sensitivities.
+    const double o_res = ulp(s, 0), c_res = ulp(lse_fmt, 0);
+    auto abs_term = [&](LD o_sens, LD uf_sens) {
+      return o_res * static_cast<double>(o_sens) +
+             c_res * static_cast<double>(uf_sens);
+    };
     rep.fields.push_back(verdict("dq", er.dq, nr.dq, orc.dq, s, unit,
                                  grad_scale(orc.dq_scale, orc.dq), 0,
-                                 o_res * static_cast<double>(orc.dq_o_sens)));
+                                 abs_term(orc.dq_o_sens, orc.dq_uf_sens)));
     rep.fields.push_back(verdict("dk", er.dk, nr.dk, orc.dk, s, unit,
                                  grad_scale(orc.dk_scale, orc.dk), 0,
-                                 o_res * static_cast<double>(orc.dk_o_sens)));
+                                 abs_term(orc.dk_o_sens, orc.dk_uf_sens)));
     rep.fields.push_back(verdict("dv", er.dv, nr.dv, orc.dv, s, unit,
                                  grad_scale(orc.dv_scale, orc.dv)));
     // dg is returned at the compute precision.
     rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, lse_fmt,
                                  uc * (1 + 2 * A),
                                  static_cast<double>(orc.dg_scale), 0,
-                                 o_res * static_cast<double>(orc.dg_o_sens)));
+                                 abs_term(orc.dg_o_sens, orc.dg_uf_sens)));
   }
   for (auto& f : rep.fields) f.amplitude = A;
   for (const auto& f : rep.fields) rep.pass = rep.pass && f.pass;

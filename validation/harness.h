@@ -17,7 +17,9 @@
 //   resolution below the normal range). dq, dk and dg add
 //   kAtolUnits * ulp_s(0) * (their sensitivity to the stored O, which the
 //   backward reads and which two correct entries round differently below
-//   the normal range; OracleAttention). ScaleNorm's dx adds
+//   the normal range) and kAtolUnits * ulp_c(0) * (their sensitivity to
+//   the compute format's subnormal intermediates; OracleAttention).
+//   ScaleNorm's dx adds
 //   kAtolUnits * ulp_c(0) * max_r (dim + 1) |g| / max(||x_r||, eps): the
 //   compute format's absolute resolution in u . dy, times the factor g / n.
 // Why these terms:
@@ -140,6 +142,9 @@ struct OracleAttention {
   // of one unit in every element of the stored O the backward reads; times
   // ulp_s(0) they join the gradients' atol (oracle_attention()).
   long double dq_o_sens = 0, dk_o_sens = 0, dg_o_sens = 0;
+  // The same for the compute format's absolute resolution below its normal
+  // range (dP, delta, dS, du formed as subnormals), per ulp_c(0).
+  long double dq_uf_sens = 0, dk_uf_sens = 0, dg_uf_sens = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
