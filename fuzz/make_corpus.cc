@@ -7,6 +7,7 @@
 //   fuzz_make_corpus --check DIR      exits 1 unless every seed exists in DIR
 //                                     byte for byte (files not generated
 //                                     here, e.g. crash reproducers, are kept)
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -400,12 +401,10 @@ bool parked(const Seed& s) {
   // Empty: every seed passes on every entry (the last four, g_near_f32_max,
   // huge_f64_qk, scalenorm huge_f64 and sdpa_huge_logits, were fixed with
   // the crash-blas-* / crash-simd-* reproducers, fuzz/README.md).
-  static const char* const kParked[] = {
-      nullptr,
-  };
-  for (const char* p : kParked)
-    if (p != nullptr && s.target + "/" + s.name == p) return true;
-  return false;
+  // "<target>/<seed>" entries.
+  static const std::vector<std::string> kParked = {};
+  return std::find(kParked.begin(), kParked.end(), s.target + "/" + s.name) !=
+         kParked.end();
 }
 
 std::vector<uint8_t> read_file(const std::filesystem::path& p, bool* ok) {

@@ -357,11 +357,6 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     const bool qk = p.variant == Variant::kQKNorm;
     std::vector<LD> probs(ds.size());
     reference::attention_probabilities<LD>(p, q.data(), k.data(), probs.data());
-    auto dot = [D](const LD* a, const LD* b) {
-      LD t = 0;
-      for (int64_t d = 0; d < D; ++d) t += a[d] * b[d];
-      return t;
-    };
     // Unit rows (qknorm) or the raw rows (sdpa), and max(||x||, eps).
     auto unit_rows = [&](const std::vector<LD>& x, std::vector<LD>* u,
                          std::vector<LD>* den) {
@@ -395,84 +390,81 @@ OracleAttention oracle_attention(const AttentionCase& c) {
       for (int64_t d = 0; d < D; ++d) t += std::fabs(a[d]) * std::fabs(b[d]);
       return t;
     };
-    LD dq_scale = 0, dk_scale = 0, dv_scale = 0, dq_os = 0, dk_os = 0;
-    LD dq_uf = 0, dk_uf = 0;
-    std::vector<LD> mag_u(static_cast<size_t>(D)), dk_mag_u;
-    std::vector<LD> mag(static_cast<size_t>(D)), mag_o(static_cast<size_t>(D));
-    std::vector<LD> dk_mag, dk_mag_o, dv_mag, row;
-    // Max over the elements of one row's |dx| magnitudes.
-    auto row_max = [&](const LD* u, LD den, std::vector<LD>* m) {
+    // Three channels carried through the same sums: 0 the rounding scale
+    // (weight T_ij), 1 the stored-O sensitivity (P_ij sum_d |dO_id|), 2 the
+    // subnormal-intermediate count of dS_ij (P_ij (2D + 1) + 1); channel 2
+    // adds its own sums' count to du before the normalization backward.
+    constexpr int kCh = 3;
+    const LD dq_add[kCh] = {0, 0, static_cast<LD>(Nk + D + 2)};
+    const LD dk_add[kCh] = {0, 0, static_cast<LD>(Nq + D + 2)};
+    LD dq_out[kCh] = {}, dk_out[kCh] = {}, dv_scale = 0;
+    std::vector<LD> mag[kCh], dk_mag[kCh], dv_mag, row,
+        av(static_cast<size_t>(Nk));
+    // Max over the elements of one row's |dx| magnitudes, m + add first.
+    auto row_max = [&](const LD* u, LD den, LD add, std::vector<LD>* m) {
+      for (LD& e : *m) e += add;
       norm_backward_mag(u, den, m);
       LD x = 0;
       for (LD e : *m) x = std::max(x, e);
       return x;
     };
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
-      dk_mag.assign(static_cast<size_t>(Nk * D), 0);
-      dk_mag_o.assign(static_cast<size_t>(Nk * D), 0);
-      dk_mag_u.assign(static_cast<size_t>(Nk * D), 0);
+      for (auto& m : dk_mag) m.assign(static_cast<size_t>(Nk * D), 0);
       dv_mag.assign(static_cast<size_t>(Nk * D), 0);
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
         const LD* pi = probs.data() + (bh * Nq + i) * Nk;
+        const LD* qhi = qh.data() + (bh * Nq + i) * D;
         LD del = 0, do_l1 = 0;
-        for (int64_t k = 0; k < Nk; ++k)
-          del += pi[k] * absdot(doi, v.data() + (bh * Nk + k) * D);
+        for (int64_t k = 0; k < Nk; ++k) {
+          av[static_cast<size_t>(k)] =
+              absdot(doi, v.data() + (bh * Nk + k) * D);
+          del += pi[k] * av[static_cast<size_t>(k)];
+        }
         for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
-        std::fill(mag.begin(), mag.end(), 0);
-        std::fill(mag_o.begin(), mag_o.end(), 0);
-        std::fill(mag_u.begin(), mag_u.end(), 0);
+        for (auto& m : mag) m.assign(static_cast<size_t>(D), 0);
         for (int64_t j = 0; j < Nk; ++j) {
           const LD pij = pi[j];
-          const LD tij =
-              pij * (absdot(doi, v.data() + (bh * Nk + j) * D) + del);
-          const LD oij = pij * do_l1;
-          const LD uij = pij * (2 * D + 1) + 1;  // dS_ij, per ulp_c(0)
+          const LD w[kCh] = {pij * (av[static_cast<size_t>(j)] + del),
+                             pij * do_l1, pij * (2 * D + 1) + 1};
           if (qk) {
-            r.dg_scale += tij;
-            r.dg_o_sens += oij;
-            r.dg_uf_sens += uij + 1;  // + the product dS_ij C_ij and its sum
+            r.dg_scale += w[0];
+            r.dg_o_sens += w[1];
+            r.dg_uf_sens += w[2] + 1;  // + the product dS_ij C_ij and its sum
           }
           const LD* khj = kh.data() + (bh * Nk + j) * D;
-          const LD* qhi = qh.data() + (bh * Nq + i) * D;
           for (int64_t d = 0; d < D; ++d) {
             const auto jd = static_cast<size_t>(j * D + d);
-            mag[static_cast<size_t>(d)] += s * tij * std::fabs(khj[d]);
-            mag_o[static_cast<size_t>(d)] += s * oij * std::fabs(khj[d]);
-            mag_u[static_cast<size_t>(d)] += s * uij * std::fabs(khj[d]);
-            dk_mag_u[jd] += s * uij * std::fabs(qhi[d]);
-            dk_mag[jd] += s * tij * std::fabs(qhi[d]);
-            dk_mag_o[jd] += s * oij * std::fabs(qhi[d]);
+            for (int ch = 0; ch < kCh; ++ch) {
+              mag[ch][static_cast<size_t>(d)] += s * w[ch] * std::fabs(khj[d]);
+              dk_mag[ch][jd] += s * w[ch] * std::fabs(qhi[d]);
+            }
             dv_mag[jd] += pij * std::fabs(doi[d]);
           }
         }
-        const LD* qhi = qh.data() + (bh * Nq + i) * D;
         const LD qd = qden[static_cast<size_t>(bh * Nq + i)];
-        dq_scale = std::max(dq_scale, row_max(qhi, qd, &mag));
-        dq_os = std::max(dq_os, row_max(qhi, qd, &mag_o));
-        for (LD& m : mag_u) m += static_cast<LD>(Nk + D + 2);
-        dq_uf = std::max(dq_uf, row_max(qhi, qd, &mag_u));
+        for (int ch = 0; ch < kCh; ++ch)
+          dq_out[ch] =
+              std::max(dq_out[ch], row_max(qhi, qd, dq_add[ch], &mag[ch]));
       }
       for (int64_t j = 0; j < Nk; ++j) {
         const LD* khj = kh.data() + (bh * Nk + j) * D;
         const LD kd = kden[static_cast<size_t>(bh * Nk + j)];
-        row.assign(dk_mag.begin() + j * D, dk_mag.begin() + (j + 1) * D);
-        dk_scale = std::max(dk_scale, row_max(khj, kd, &row));
-        row.assign(dk_mag_o.begin() + j * D, dk_mag_o.begin() + (j + 1) * D);
-        dk_os = std::max(dk_os, row_max(khj, kd, &row));
-        row.assign(dk_mag_u.begin() + j * D, dk_mag_u.begin() + (j + 1) * D);
-        for (LD& m : row) m += static_cast<LD>(Nq + D + 2);
-        dk_uf = std::max(dk_uf, row_max(khj, kd, &row));
+        for (int ch = 0; ch < kCh; ++ch) {
+          row.assign(dk_mag[ch].begin() + j * D,
+                     dk_mag[ch].begin() + (j + 1) * D);
+          dk_out[ch] = std::max(dk_out[ch], row_max(khj, kd, dk_add[ch], &row));
+        }
       }
       for (LD m : dv_mag) dv_scale = std::max(dv_scale, m);
     }
-    r.dq_scale = dq_scale;
-    r.dk_scale = dk_scale;
+    r.dq_scale = dq_out[0];
+    r.dk_scale = dk_out[0];
     r.dv_scale = dv_scale;
-    r.dq_o_sens = dq_os;
-    r.dk_o_sens = dk_os;
-    r.dq_uf_sens = dq_uf;
-    r.dk_uf_sens = dk_uf;
+    r.dq_o_sens = dq_out[1];
+    r.dk_o_sens = dk_out[1];
+    r.dq_uf_sens = dq_out[2];
+    r.dk_uf_sens = dk_out[2];
   }
   return r;
 }
