@@ -1,7 +1,14 @@
 // Row kernel bodies of row_kernels.cc, included once per vector width
 // (QKNORM_BLAS_VBYTES = 32 or 64) into its own namespace; no include guard.
 // Everything here is force-inlined into the exported functions, which fix
-// the instruction set (row_kernels.cc).
+// the instruction set (row_kernels.cc). No lambda may take or return a
+// vector: a lambda is a function of its own, without the target attribute of
+// the function it sits in, so when the compiler does not inline it (Clang at
+// -O0, or with ASan/UBSan at -O1) a 64-byte vector crosses a call between an
+// AVX-512 caller and a callee compiled for the baseline, each with its own
+// ABI for it, and the upper lanes arrive as garbage (issue 14: blas:f32
+// NaN gradients in the Clang fuzz build on AVX-512 machines; wrong P for
+// every row whose length leaves a tail of more than 4 lanes).
 // NOLINT(build/header_guard)
 
 #ifndef QKNORM_BLAS_VBYTES
@@ -64,6 +71,14 @@ QKNORM_BLAS_INLINE T hsum(typename Lanes<T>::V v) {
   return t[0];
 }
 
+// x[0..n) in the low lanes, zeros above (0 <= n < the lane count).
+template <class T>
+QKNORM_BLAS_INLINE typename Lanes<T>::V load_tail(const T* x, int64_t n) {
+  typename Lanes<T>::V v = splat(T(0));
+  for (int64_t l = 0; l < n; ++l) v[l] = x[l];
+  return v;
+}
+
 // Taylor coefficients ln2^k / k!, k = 0..7 (rounded to float).
 constexpr float kC0 = 1.0f, kC1 = 0.6931471805599453f,
                 kC2 = 0.2402265069591007f, kC3 = 0.055504108664821576f,
@@ -88,10 +103,12 @@ QKNORM_BLAS_INLINE f32x8 expbv(f32x8 x) {
   p = p * r + kC1;
   p = p * r + kC0;
   // Integer part n from t's low mantissa bits; 2^n from its exponent bits.
+  // __builtin_bit_cast, not std::bit_cast: the latter is a function of its
+  // own (not inlined at -O0) taking and returning a vector (see the top).
   const i32x8 ni =
-      std::bit_cast<i32x8>(t) - std::bit_cast<int32_t>(kRoundMagic);
+      __builtin_bit_cast(i32x8, t) - __builtin_bit_cast(int32_t, kRoundMagic);
   const i32x8 bits = (ni + 127) << 23;
-  return p * std::bit_cast<f32x8>(bits);
+  return p * __builtin_bit_cast(f32x8, bits);
 }
 QKNORM_BLAS_INLINE f64x4 expbv(f64x4 x) {
   f64x4 y;
@@ -99,25 +116,36 @@ QKNORM_BLAS_INLINE f64x4 expbv(f64x4 x) {
   return y;
 }
 
+// x if it wins over y (kMax: the larger), lane by lane for vectors.
+template <bool kMax, class X>
+QKNORM_BLAS_INLINE X pick(X x, X y) {
+  if constexpr (kMax)
+    return x > y ? x : y;
+  else
+    return x < y ? x : y;
+}
+// x strictly better than y (kMax: larger), lane by lane for vectors.
+template <bool kMax, class X>
+QKNORM_BLAS_INLINE auto wins(X x, X y) {
+  if constexpr (kMax)
+    return x > y;
+  else
+    return x < y;
+}
+
 // max (kMax) or min of s[0..m), m >= 1.
 template <bool kMax, class T>
 QKNORM_BLAS_INLINE T row_extreme_impl(const T* s, int64_t m) {
   using V = typename Lanes<T>::V;
   constexpr int N = Lanes<T>::kN;
-  auto pick = [](auto x, auto y) {  // x if it wins over y
-    if constexpr (kMax)
-      return x > y ? x : y;
-    else
-      return x < y ? x : y;
-  };
   T best = s[0];
   int64_t j = 0;
   if (m >= N) {
     V a = load(s);
-    for (j = N; j + N <= m; j += N) a = pick(load(s + j), a);
-    for (int l = 0; l < N; ++l) best = pick(a[l], best);
+    for (j = N; j + N <= m; j += N) a = pick<kMax>(load(s + j), a);
+    for (int l = 0; l < N; ++l) best = pick<kMax, T>(a[l], best);
   }
-  for (; j < m; ++j) best = pick(s[j], best);
+  for (; j < m; ++j) best = pick<kMax>(s[j], best);
   return best;
 }
 
@@ -128,12 +156,6 @@ QKNORM_BLAS_INLINE int64_t row_arg_extreme_impl(const T* s, int64_t m) {
   using V = typename Lanes<T>::V;
   using I = typename Lanes<T>::I;
   constexpr int N = Lanes<T>::kN;
-  auto wins = [](auto x, auto y) {  // x strictly better than y
-    if constexpr (kMax)
-      return x > y;
-    else
-      return x < y;
-  };
   int64_t best = 0;
   int64_t j = 0;
   if (m >= N) {
@@ -143,17 +165,17 @@ QKNORM_BLAS_INLINE int64_t row_arg_extreme_impl(const T* s, int64_t m) {
     I ai = lane;
     for (j = N; j + N <= m; j += N) {
       const V x = load(s + j);
-      const auto w = wins(x, a);
+      const auto w = wins<kMax>(x, a);
       a = w ? x : a;
       ai = w ? lane + static_cast<typename Lanes<T>::IE>(j) : ai;
     }
     best = ai[0];
     for (int l = 1; l < N; ++l)
-      if (wins(a[l], s[best]) || (a[l] == s[best] && ai[l] < best))
+      if (wins<kMax, T>(a[l], s[best]) || (a[l] == s[best] && ai[l] < best))
         best = ai[l];
   }
   for (; j < m; ++j)
-    if (wins(s[j], s[best])) best = j;
+    if (wins<kMax>(s[j], s[best])) best = j;
   return best;
 }
 
@@ -210,11 +232,6 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
   const V a2 = splat(alpha2), sh = splat(alpha2 * c[r]), dr = splat(dp[r]);
   const int64_t body = m / N * N;
   const auto keep = iota<T>() < splat(static_cast<T>(m - body));
-  auto tail = [&](const T* x) {
-    V v = splat(T(0));
-    for (int64_t l = 0; l < m - body; ++l) v[l] = x[body + l];
-    return v;
-  };
   // Pass 1: sigma = sum_j e_j (>= 1, e_r = 1) and sum_j e_j (dp_j - dp_r).
   V se = splat(T(0)), sd = splat(T(0));
   for (int64_t j = 0; j < body; j += N) {
@@ -223,10 +240,10 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
     sd += e * (load(dp + j) - dr);
   }
   if (body < m) {
-    const V e0 = expbv(tail(c) * a2 - sh);
+    const V e0 = expbv(load_tail(c + body, m - body) * a2 - sh);
     const V e = keep ? e0 : splat(T(0));
     se += e;
-    sd += e * (tail(dp) - dr);
+    sd += e * (load_tail(dp + body, m - body) - dr);
   }
   const T sigma = hsum<T>(se);
   const V vinv = splat(T(1) / sigma);
@@ -248,7 +265,8 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
     acc += ds * cj;
   }
   if (body < m) {
-    const V cj = tail(c), dpj = tail(dp);
+    const V cj = load_tail(c + body, m - body),
+            dpj = load_tail(dp + body, m - body);
     const V p = keep ? expbv(cj * a2 - sh) * vinv : splat(T(0));
     const V ds = p * ((dpj - d0) - de);
     for (int64_t l = 0; l < m - body; ++l)

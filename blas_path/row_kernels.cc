@@ -76,6 +76,7 @@ QKNORM_BLAS_FLOAT_KERNEL(float, softmax_backward_row, softmax_backward_row_impl,
                           float alpha2),
                          (c, dp, m, ncols, alpha2))
 #undef QKNORM_BLAS_FLOAT_KERNEL
+bool v4_supported() { return has_v4(); }
 }  // namespace detail
 
 float row_max(const float* s, int64_t m) {

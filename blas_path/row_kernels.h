@@ -87,6 +87,26 @@ double softmax_backward_row(double* c, double* dp, int64_t m, int64_t ncols,
 void divide_row(float* x, int64_t n, float a);
 void divide_row(double* x, int64_t n, double a);
 
+// The float kernels of each vector width, for tests: the functions above
+// dispatch to w64 (AVX-512, 16 lanes) where v4_supported(), else to w32 (8
+// lanes). Tests run both where the CPU allows, so a defect of the width the
+// dispatcher does not pick on the test machine is still seen.
+namespace detail {
+bool v4_supported();
+float row_max_w32(const float* s, int64_t m);
+float row_min_w32(const float* s, int64_t m);
+float exp_affine_row_w32(float* s, int64_t m, int64_t ncols, float alpha,
+                         float shift);
+float softmax_backward_row_w32(float* c, float* dp, int64_t m, int64_t ncols,
+                               float alpha2);
+float row_max_w64(const float* s, int64_t m);
+float row_min_w64(const float* s, int64_t m);
+float exp_affine_row_w64(float* s, int64_t m, int64_t ncols, float alpha,
+                         float shift);
+float softmax_backward_row_w64(float* c, float* dp, int64_t m, int64_t ncols,
+                               float alpha2);
+}  // namespace detail
+
 }  // namespace qknorm::blas
 
 #endif  // QKNORM_BLAS_PATH_ROW_KERNELS_H_

@@ -1,24 +1,52 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with Clang (fuzz/build.sh: ASan + UBSan,
-# -fno-sanitize-recover=all) and runs each for a bounded time, starting from
-# its checked-in seed corpus. Fails (exit 1) on any finding: a crash, a
-# sanitizer report, a failed check (abort), a leak, a timeout or an
-# out-of-memory. Prints executions per target and where reproducers went.
+# -fno-sanitize-recover=all) and runs each one. Fails (exit 1) on any
+# finding: a crash, a sanitizer report, a failed check (abort), a leak, a
+# timeout or an out-of-memory. Prints executions per target and where
+# reproducers went.
 #
-# Usage: fuzz/run_ci.sh [seconds_per_target]     (default 60, or $FUZZ_SECONDS)
+# Two modes:
+# - CI (default; the test.sh fuzz stage). The verdict depends on the code and
+#   the machine only, never on luck or on the machine's speed:
+#     1. replay: every file of fuzz/corpus/<target>/ is run once;
+#     2. fixed exploration: libFuzzer with -seed=$FUZZ_SEED (default 1) and
+#        -runs=<the target's count in ci_runs below>, one process, starting
+#        from the checked-in corpus and an empty working corpus (wiped first:
+#        nothing of an earlier run leaks in).
+#   Two runs of the same commit on the same machine execute the same inputs
+#   and give the same verdict and counts (checked: fuzz/README.md).
+# - Campaign (FUZZ_SECONDS set): time-boxed random exploration,
+#   -max_total_time=$FUZZ_SECONDS per target, FUZZ_JOBS workers, keeping the
+#   working corpus between runs (the long local campaign, fuzz/README.md).
+#
+# Usage: fuzz/run_ci.sh                         (CI mode)
+#        FUZZ_SECONDS=3600 FUZZ_JOBS=2 fuzz/run_ci.sh   (campaign)
 # Environment:
-#   FUZZ_SECONDS      time budget per target
-#   FUZZ_JOBS         parallel fuzzing processes per target (default 1)
+#   FUZZ_SECONDS      campaign time budget per target (unset: CI mode)
+#   FUZZ_SEED         CI mode's libFuzzer -seed (default 1)
+#   FUZZ_RUNS_SCALE   CI mode: multiply every target's -runs (default 1)
+#   FUZZ_JOBS         campaign: parallel fuzzing processes per target
 #   FUZZ_TARGETS      space-separated subset (default: every target)
 #   FUZZ_WORK_DIR     corpus/artifact directory (default <repo>/build-fuzz/ci)
 #   QKNORM_FUZZ_CMAKE_ARGS, QKNORM_FUZZ_BUILD_DIR, OUT, CC, CXX: see build.sh
 #   FUZZ_SKIP_BUILD=1 reuse the binaries already in $OUT
-# Long local campaign (README.md): FUZZ_SECONDS=3600 FUZZ_JOBS=2 fuzz/run_ci.sh
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-seconds=${1:-${FUZZ_SECONDS:-60}}
+seconds=${FUZZ_SECONDS:-}
+seed=${FUZZ_SEED:-1}
+scale=${FUZZ_RUNS_SCALE:-1}
 jobs=${FUZZ_JOBS:-1}
+if [[ -z "$seconds" ]]; then jobs=1; fi  # CI mode: one process, one order
+# CI mode's executions per target, sized so that each target takes about a
+# minute on our 2-core machines (rates measured by the campaign of
+# fuzz/README.md: attention ~50/s before its speed-up, scalenorm ~140/s,
+# tensor_io ~15000/s). A target missing here gets 10000.
+declare -A ci_runs=(
+  [attention_fuzzer]=3000
+  [scalenorm_fuzzer]=8000
+  [tensor_io_fuzzer]=800000
+)
 work=${FUZZ_WORK_DIR:-$root/build-fuzz/ci}
 export OUT=${OUT:-$root/build-fuzz/out}
 mkdir -p "$(dirname "$work")"
@@ -52,19 +80,46 @@ for t in "${targets[@]}"; do
   corpus=$work/$t/corpus
   artifacts=$work/$t/artifacts/
   rm -rf "$artifacts"
+  [[ -z "$seconds" ]] && rm -rf "$corpus"  # CI mode: a fresh working corpus
   mkdir -p "$corpus" "$artifacts"
   log=$work/$t/fuzz.log
-  echo "== fuzz: $t for ${seconds}s (jobs=$jobs)"
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
   # -timeout: one input running > 10 s is a finding (sizes are bounded, a
   # normal input takes milliseconds); -rss_limit_mb: the default 2 GiB.
-  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048
-        -print_final_stats=1 -artifact_prefix="$artifacts")
-  if [[ $jobs -gt 1 ]]; then args+=(-jobs="$jobs" -workers="$jobs"); fi
-  (cd "$work/$t" &&
-    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
-    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-      "$bin" "${args[@]}" "$corpus" "$root/fuzz/corpus/$t" >"$log" 2>&1)
+  common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+          -artifact_prefix="$artifacts")
+  seeds=()
+  if [[ -z "$seconds" ]]; then
+    # 1. Replay: each checked-in input once (libFuzzer runs file arguments
+    #    one by one and stops at the first failure).
+    mapfile -t seeds < <(find "$root/fuzz/corpus/$t" -type f | LC_ALL=C sort)
+    echo "== fuzz: $t: replay ${#seeds[@]} corpus files"
+    replay_rc=0
+    if [[ ${#seeds[@]} -gt 0 ]]; then
+      (cd "$work/$t" && "$bin" "${common[@]}" "${seeds[@]}" >"$work/$t/replay.log" 2>&1)
+      replay_rc=$?
+    fi
+    if [[ $replay_rc -ne 0 ]]; then
+      status=1
+      failed_on=$(grep '^Running: ' "$work/$t/replay.log" | tail -n 1 | cut -d' ' -f2)
+      summary+=("$t: REPLAY FAILED (exit $replay_rc) on ${failed_on:-?}")
+      grep -m1 -A6 -E 'qknorm fuzz:|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error' "$work/$t/replay.log" | head -n 12
+      echo "   full log: $work/$t/replay.log"
+      continue
+    fi
+    runs=$(( ${ci_runs[$t]:-10000} * scale ))
+    echo "== fuzz: $t: -seed=$seed -runs=$runs"
+    args=("${common[@]}" -seed="$seed" -runs="$runs")
+  else
+    echo "== fuzz: $t for ${seconds}s (jobs=$jobs)"
+    args=("${common[@]}" -max_total_time="$seconds")
+    if [[ $jobs -gt 1 ]]; then args+=(-jobs="$jobs" -workers="$jobs"); fi
+  fi
+  start=$(date +%s)
+  (cd "$work/$t" && "$bin" "${args[@]}" "$corpus" "$root/fuzz/corpus/$t" >"$log" 2>&1)
   rc=$?
+  elapsed=$(( $(date +%s) - start ))
   # With -jobs, each worker logs to fuzz-<n>.log in the working directory,
   # and the parent echoes those logs into its own: the statistics are read
   # from the worker logs alone (reading both counted every job twice).
@@ -83,7 +138,7 @@ for t in "${targets[@]}"; do
     grep -m1 -A6 -E 'qknorm fuzz:|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error' "$log" | head -n 12
     echo "   full log: $log"
   else
-    summary+=("$t: OK, $execs execs in ${seconds}s (${rate} exec/s), corpus $(ls "$corpus" | wc -l) files")
+    summary+=("$t: OK, ${#seeds[@]} replayed, $execs execs in ${elapsed}s (${rate} exec/s), corpus $(ls "$corpus" | wc -l) files")
   fi
 done
 

@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 #include "blas_path/normalize.h"
@@ -139,6 +141,188 @@ TEST(SoftmaxBackwardRow, SingleKeyIsExact) {
   EXPECT_EQ(softmax_backward_row(c.data(), dp.data(), 1, 3, 17.7f), 0.0f);
   EXPECT_EQ(c, (std::vector<float>{1.0f, 0.0f, 0.0f}));
   EXPECT_EQ(dp, (std::vector<float>{0.0f, 0.0f, 0.0f}));
+}
+
+// ---- Both vector widths of the float kernels --------------------------------
+// The dispatcher picks one width per CPU; these run w32 everywhere and w64
+// where the CPU has AVX-512, so a defect of either width is seen on an
+// AVX-512 machine. Issue 14: in Clang builds at -O0, or with ASan/UBSan at
+// -O1, the w64 kernels received garbage upper lanes from vector-valued
+// lambdas (row_kernels-inl.h): P wrong by 8% for every row length whose tail
+// exceeds 4 lanes, and NaN gradients for a dominant logit of 1.4e17 with
+// dO = 0. Each test below fails there without the fix; the GCC Release build
+// never showed it (the lambdas were inlined).
+struct FloatWidth {
+  const char* name;
+  float (*row_max)(const float*, int64_t);
+  float (*row_min)(const float*, int64_t);
+  float (*exp_affine_row)(float*, int64_t, int64_t, float, float);
+  float (*softmax_backward_row)(float*, float*, int64_t, int64_t, float);
+};
+std::vector<FloatWidth> float_widths() {
+  std::vector<FloatWidth> w = {{"w32", detail::row_max_w32, detail::row_min_w32,
+                                detail::exp_affine_row_w32,
+                                detail::softmax_backward_row_w32}};
+  if (detail::v4_supported())
+    w.push_back({"w64", detail::row_max_w64, detail::row_min_w64,
+                 detail::exp_affine_row_w64, detail::softmax_backward_row_w64});
+  return w;
+}
+
+// f32 unit roundoff.
+constexpr double kU32 = 0x1p-24;
+
+// Relative error bound of one f32 probability p_j from softmax_backward_row,
+// first order in u, for arguments a2 (c_j - c_r) of magnitude <= max_arg:
+// the argument rounds twice (2 max_arg u absolute, times ln 2 relative in
+// exp2), exp2_f32 adds kExp2MaxUlp, sigma is an m-term sum of terms <= 1
+// (m u), the reciprocal and the product one u each; 8 u more leave room for
+// the second order.
+double p_rel_bound(int64_t m, double max_arg) {
+  return (2 * max_arg * std::numbers::ln2 + kExp2MaxUlp + 2 +
+          static_cast<double>(m) + 8) *
+         kU32;
+}
+// Absolute bound of ds_j = p_j (dp_j - delta) with |dp| <= 1: p's relative
+// error times |dp_j - delta| <= 2, plus p_j times the error of (dp_j - d0) -
+// de: one rounding of a value <= 2 (2u), the m-term sum sd of terms e_j
+// (dp_j - dp_r) <= 2 e_j (2 m u sigma, the e_j's own errors 2 p_rel sigma),
+// divided by sigma (2u), one subtraction of values <= 4 (4u):
+// p_j (4 p_rel + (2m + 8) u).
+double ds_abs_bound(int64_t m, double max_arg, double p) {
+  return (4 * p_rel_bound(m, max_arg) +
+          (2 * static_cast<double>(m) + 8) * kU32) *
+         p;
+}
+
+TEST(FloatWidths, RowMaxMinEveryLength) {
+  for (const FloatWidth& w : float_widths())
+    for (int64_t m = 1; m <= 70; ++m) {
+      std::vector<float> s(static_cast<size_t>(m));
+      for (int64_t j = 0; j < m; ++j)
+        s[j] = static_cast<float>(std::sin(1.7 * static_cast<double>(j)));
+      EXPECT_EQ(w.row_max(s.data(), m), *std::max_element(s.begin(), s.end()))
+          << w.name << " m=" << m;
+      EXPECT_EQ(w.row_min(s.data(), m), *std::min_element(s.begin(), s.end()))
+          << w.name << " m=" << m;
+    }
+}
+
+// Each element is exp2_f32 of the same two roundings (bitwise), padding 0.
+TEST(FloatWidths, ExpAffineRowMatchesScalarFormula) {
+  const float alpha = 1.3f, shift = 0.75f;
+  for (const FloatWidth& w : float_widths())
+    for (int64_t m = 1; m <= 70; ++m) {
+      const int64_t ncols = m + 5;
+      std::vector<float> s(static_cast<size_t>(ncols), 7.0f);
+      for (int64_t j = 0; j < m; ++j)
+        s[j] = static_cast<float>(std::cos(0.7 * static_cast<double>(j)));
+      const std::vector<float> in = s;
+      w.exp_affine_row(s.data(), m, ncols, alpha, shift);
+      for (int64_t j = 0; j < m; ++j) {
+        const float arg = in[j] * alpha;  // two roundings, as the kernel
+        EXPECT_EQ(s[j], exp2_f32(arg - shift))
+            << w.name << " m=" << m << " j=" << j;
+      }
+      for (int64_t j = m; j < ncols; ++j) EXPECT_EQ(s[j], 0.0f);
+    }
+}
+
+// The f32 backward row against the formula in long double (base 2) for
+// every length 1..70 (16-lane body, tails of every size), spread rows (the
+// direct form) and rows with one dominant key (the reference form).
+TEST(FloatWidths, SoftmaxBackwardRowMatchesFormula) {
+  const float a2 = 1.7f;
+  for (const FloatWidth& w : float_widths())
+    for (bool dominant : {false, true})
+      for (int64_t m = 1; m <= 70; ++m) {
+        const int64_t ncols = m + 3;
+        std::vector<float> c(static_cast<size_t>(ncols), 9.0f), dp(c);
+        for (int64_t j = 0; j < m; ++j) {
+          const double x = static_cast<double>(j);
+          c[j] = static_cast<float>(std::cos(0.3 * x));  // |c| <= 1
+          dp[j] = static_cast<float>(std::sin(x));
+        }
+        // A key 12 above the rest: every other e_j <= 2^(-11 a2) < 2.5e-6,
+        // so sigma < 2 for every m <= 70 and the reference form is taken.
+        if (dominant) c[static_cast<size_t>(m / 2)] = 12.0f;
+        const double max_arg = a2 * (dominant ? 13.0 : 2.0);
+        const std::vector<float> c0 = c, dp0 = dp;
+        const float dg =
+            w.softmax_backward_row(c.data(), dp.data(), m, ncols, a2);
+        long double cmax = c0[0];
+        for (int64_t j = 0; j < m; ++j)
+          cmax = std::max<long double>(cmax, c0[j]);
+        long double sigma = 0, sd = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          const long double e = std::exp2((c0[j] - cmax) * a2);
+          sigma += e;
+          sd += e * dp0[j];
+        }
+        const long double delta = sd / sigma;
+        long double dg_exp = 0, dg_abs = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          const long double p = std::exp2((c0[j] - cmax) * a2) / sigma;
+          const long double ds = m == 1 ? 0 : p * (dp0[j] - delta);
+          dg_exp += ds * c0[j];
+          dg_abs += ds_abs_bound(m, max_arg, static_cast<double>(p));
+          EXPECT_NEAR(c[j], static_cast<double>(p),
+                      p_rel_bound(m, max_arg) * static_cast<double>(p))
+              << w.name << " m=" << m << " j=" << j;
+          EXPECT_NEAR(dp[j], static_cast<double>(ds),
+                      ds_abs_bound(m, max_arg, static_cast<double>(p)))
+              << w.name << " m=" << m << " j=" << j;
+        }
+        for (int64_t j = m; j < ncols; ++j) {
+          EXPECT_EQ(c[j], 0.0f);
+          EXPECT_EQ(dp[j], 0.0f);
+        }
+        // dg: the row's terms ds_j c_j (|c| <= 12) each within 12 ds_abs_bound
+        // (the product's rounding included), plus the m-term sum's m u.
+        EXPECT_NEAR(dg, static_cast<double>(dg_exp),
+                    static_cast<double>(12 * dg_abs) +
+                        static_cast<double>(m) * kU32 *
+                            static_cast<double>(std::fabs(dg_exp)))
+            << w.name << " m=" << m;
+      }
+}
+
+// The issue-14 row (fuzz reproducer
+// crash-blas-f32-sdpa-zero-do-nan): an sdpa row of 11 keys with logits up
+// to 1.4e17 and down to -1.7e35 and dP = 0 (dO = 0). P is one-hot on the
+// dominant key (every other argument is below -127: exactly 0) and dS is
+// exactly 0, for the row in every position of a 16- or 8-lane tail.
+TEST(FloatWidths, DominantHugeLogitWithZeroDpIsExact) {
+  const float a2 = static_cast<float>(1.4426950408889634);  // log2(e), sdpa D=1
+  const std::vector<float> row = {
+      1, 1, 1, 1, 1, 1, -0.25f, 0, -1.66153499e35f, -0.5f, 1.43552238e17f};
+  for (const FloatWidth& w : float_widths())
+    for (int64_t m = 2; m <= 40; ++m) {
+      std::vector<float> c(static_cast<size_t>(m + 5), 0.5f), dp(c.size(), 0);
+      for (int64_t j = 0; j < m; ++j) c[j] = row[static_cast<size_t>(j) % 11];
+      const int64_t r = m >= 11 ? 10 : -1;  // the 1.4e17 key, if present
+      const float dg =
+          w.softmax_backward_row(c.data(), dp.data(), m, m + 5, a2);
+      EXPECT_EQ(dg, 0.0f) << w.name << " m=" << m;
+      float psum = 0;
+      for (int64_t j = 0; j < m + 5; ++j) {
+        EXPECT_EQ(dp[j], 0.0f) << w.name << " m=" << m << " j=" << j;
+        EXPECT_TRUE(std::isfinite(c[j])) << w.name << " m=" << m << " j=" << j;
+        if (r >= 0 && j < m && row[static_cast<size_t>(j) % 11] != row[10]) {
+          EXPECT_EQ(c[j], 0.0f) << w.name << " m=" << m << " j=" << j;
+        }
+        psum += c[j];
+      }
+      // With the dominant key, P is 1 / sigma with sigma = 1 + exact zeros:
+      // exactly 1. Without it (m < 11) the keys of 1 share P: within the
+      // bound of each p (arguments <= 1.25 a2).
+      if (r < 0) {
+        EXPECT_NEAR(psum, 1.0f, p_rel_bound(m, 1.25 * a2))
+            << w.name << " m=" << m;
+        continue;
+      }
+      EXPECT_EQ(psum, 1.0f) << w.name << " m=" << m;
+    }
 }
 
 // Norms without overflow: f32 rows of 1e30 (f32 sum of squares overflows at
