@@ -99,11 +99,15 @@ struct AttnLayout {
       for (uint8_t b : s) w.u8(b);
       w.u8(static_cast<uint8_t>(delta[t]));
     }
-    const int64_t nq = B * H * Nq * D, nk = B * H * Nk * D;
+    // Only small shapes carry values (the dims of other seeds reach
+    // INT64_MAX: their products are formed only once the shape is known to
+    // be small; UBSan finding of the Clang sanitizer build).
     if (B <= 2 && H <= 2 && Nq <= 16 && Nk <= 16 && D <= 16 && B > 0 && H > 0 &&
-        Nq > 0 && Nk > 0 && D > 0)
+        Nq > 0 && Nk > 0 && D > 0) {
+      const int64_t nq = B * H * Nq * D, nk = B * H * Nk * D;
       for (int t = 0; t < 3; ++t)
         for (int64_t i = 0; i < (t == 0 ? nq : nk); ++i) w.scalar(values(t, i));
+    }
     return w.bytes();
   }
 };

@@ -10,6 +10,16 @@
 
 #include "validation/rng.h"
 
+// The compiler's _Float16 is the independent f16 rounding these tests
+// compare with. GCC 12 has it on x86-64; Clang 14 does not (from Clang 15),
+// so the Clang sanitizer build (scripts/sanitize.sh) leaves those checks out
+// and keeps the exhaustive round trip against our own decoder.
+#if defined(__FLT16_MAX__)
+#define QKNORM_HAVE_FLOAT16 1
+#else
+#define QKNORM_HAVE_FLOAT16 0
+#endif
+
 namespace qknorm {
 namespace {
 
@@ -56,8 +66,10 @@ TEST(Precision, F16RoundTripsEveryPattern) {
       EXPECT_TRUE(std::isnan(f32_from_f16(f16_from_f32(f)))) << h;
       continue;
     }
+#if QKNORM_HAVE_FLOAT16
     EXPECT_EQ(static_cast<float>(static_cast<_Float16>(f)), f)
         << h;  // decode is exact
+#endif
     EXPECT_EQ(f16_from_f32(f), h) << "pattern " << h;
   }
 }
@@ -81,6 +93,7 @@ TEST(Precision, Bf16MatchesNearestCandidate) {
   }
 }
 
+#if QKNORM_HAVE_FLOAT16
 TEST(Precision, F16MatchesCompilerConversion) {
   validation::Rng rng(7);
   auto check = [](float x) {
@@ -102,6 +115,7 @@ TEST(Precision, F16MatchesCompilerConversion) {
         f_of((b & 0xffffe000u) | 0x1000u));  // exact f16 normal halfway points
   }
 }
+#endif  // QKNORM_HAVE_FLOAT16
 
 TEST(Precision, SpecialValues) {
   EXPECT_EQ(bf16_from_f32(INFINITY), 0x7f80);

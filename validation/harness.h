@@ -11,7 +11,9 @@
 //   u_s the unit roundoff of the storage format, u_c that of the compute
 //   format, scale(field) the max |oracle| of that field for O (for dq, dk,
 //   dv: the magnitude of their terms before cancellation; dg: dg_scale, the
-//   magnitude of its terms before cancellation), A the logit amplitude (|g|
+//   magnitude of its terms before cancellation, with the unit u_s + u_c
+//   (1 + 2A) in place of u_s + 2 A u_c: dg is a compute-format scalar, and
+//   u_s is the stored O the backward reads), A the logit amplitude (|g|
 //   for qknorm; the bound max||q|| max||k|| / sqrt(D) on |S| for sdpa), and
 //   ulp_fmt(0) the field format's smallest subnormal (its absolute
 //   resolution below the normal range). dq, dk and dg add
@@ -185,6 +187,24 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c,
                                 bool forward_only = false);
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c,
                                 const ExecConfig& cfg = {});
+
+// The rule applied to results already computed (check_* = run + judge_*):
+// `c` is the case as the entries saw it (round_inputs(case, s)), `oracle`
+// its oracle, `entry` and `naive` the results of the judged entry and of
+// naive_for(s) on it. Callers that judge many entries of one precision on
+// one case (the fuzzers) compute the oracle and the naive result once.
+AgreementReport judge_attention(const AttentionCase& c, Precision s,
+                                const OracleAttention& oracle,
+                                const AttentionResult& entry,
+                                const AttentionResult& naive, bool forward_only,
+                                const std::string& entry_name,
+                                const std::string& naive_name);
+AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
+                                const OracleScaleNorm& oracle,
+                                const ScaleNormResult& entry,
+                                const ScaleNormResult& naive,
+                                const std::string& entry_name,
+                                const std::string& naive_name);
 
 }  // namespace qknorm::validation
 
