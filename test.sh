@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite: install missing packages, build (Release), then
-#   1. every ctest test (foundation, simd, blas, property, mutants, cli,
-#      fuzz-corpus replay);
-#   2. the suite's quick label again under ASan + UBSan (scripts/sanitize.sh);
-#   3. each libFuzzer target for a bounded time (fuzz/run_ci.sh, 60 s each).
+#   1. every ctest test (foundation, simd, blas and the blas suite under every
+#      OpenBLAS core the CPU executes, property, mutants, cli, fuzz-corpus
+#      replay), GCC 12;
+#   2. the suite's quick label again, built with Clang 14 under ASan + UBSan
+#      (scripts/sanitize.sh);
+#   3. each libFuzzer target: its corpus replayed, then a fixed -seed and
+#      -runs (fuzz/run_ci.sh), so the verdict never depends on luck.
 # Every stage runs; the script fails if any stage failed.
 # QKNORM_SOAK=<n> multiplies the property cases (property_tests/README.md);
 # QKNORM_TEST_STAGES="ctest" (or any subset of "ctest sanitize fuzz") limits
-# the stages; FUZZ_SECONDS sets the fuzz budget per target.
+# the stages; FUZZ_SECONDS=<n> turns stage 3 into time-boxed random
+# exploration (the long campaign, fuzz/README.md).
 set -uo pipefail
 cd "$(dirname "$0")"
 scripts/ensure_deps.sh || exit 1
@@ -27,12 +31,12 @@ if [[ " $stages " == *" ctest "* ]]; then
   fi
 fi
 if [[ " $stages " == *" sanitize "* ]]; then
-  echo "== stage sanitize: ASan + UBSan, ctest -L quick"
+  echo "== stage sanitize: Clang 14, ASan + UBSan, ctest -L quick"
   scripts/sanitize.sh
   status[sanitize]=$?
 fi
 if [[ " $stages " == *" fuzz "* ]]; then
-  echo "== stage fuzz: libFuzzer targets, ${FUZZ_SECONDS:-60} s each"
+  echo "== stage fuzz: libFuzzer targets (${FUZZ_SECONDS:+$FUZZ_SECONDS s each}${FUZZ_SECONDS:-corpus replay, fixed seed and runs})"
   # Every registry entry (reference, simd on every attainable target with
   # Clang's EMU128 fallback, blas) is in the fuzz build.
   fuzz/run_ci.sh

@@ -1,6 +1,7 @@
 #include "cli/machine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -34,6 +35,13 @@ MachineInfo machine_info(const Registry& registry) {
   }
   const char* core = openblas_get_corename();
   m.openblas_core = core != nullptr ? core : "unknown";
+  // The core decides the blas entries' GEMM arithmetic: say whether the
+  // user forced it (OPENBLAS_CORETYPE) or OpenBLAS picked it for this CPU.
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  m.openblas_core += forced != nullptr && *forced != '\0'
+                         ? std::string(" (forced: OPENBLAS_CORETYPE=") +
+                               forced + ")"
+                         : std::string(" (picked for this CPU)");
   m.openblas_threads = openblas_get_num_threads();
   return m;
 }

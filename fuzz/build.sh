@@ -36,6 +36,10 @@ mapfile -t targets <"$build/fuzz/targets.txt"
 
 for t in "${targets[@]}"; do
   cp "$build/fuzz/$t" "$OUT/$t"
+  # libFuzzer flags of a target, the OSS-Fuzz way ($OUT/<target>.options,
+  # which OSS-Fuzz and ClusterFuzzLite read; run_ci.sh reads it too).
+  rm -f "$OUT/$t.options"
+  if [[ -f "$src/fuzz/$t.options" ]]; then cp "$src/fuzz/$t.options" "$OUT/"; fi
   if command -v zip >/dev/null; then
     rm -f "$OUT/${t}_seed_corpus.zip"
     (cd "$src/fuzz/corpus/$t" && zip -q -r "$OUT/${t}_seed_corpus.zip" .)

@@ -39,14 +39,22 @@ scale=${FUZZ_RUNS_SCALE:-1}
 jobs=${FUZZ_JOBS:-1}
 if [[ -z "$seconds" ]]; then jobs=1; fi  # CI mode: one process, one order
 # CI mode's executions per target, sized so that each target takes about a
-# minute on our 2-core machines (rates measured by the campaign of
-# fuzz/README.md: attention ~50/s before its speed-up, scalenorm ~140/s,
-# tensor_io ~15000/s). A target missing here gets 10000.
+# minute on our 2-core machines (issue 14, Zen 4, one process: attention
+# ~117/s, scalenorm ~180-210/s, tensor_io ~15,500/s; a slower CPU takes
+# longer, it never changes what runs). A target missing here gets 10000.
 declare -A ci_runs=(
-  [attention_fuzzer]=3000
-  [scalenorm_fuzzer]=8000
+  [attention_fuzzer]=6000
+  [scalenorm_fuzzer]=10000
   [tensor_io_fuzzer]=800000
 )
+# The [libfuzzer] section of $OUT/<target>.options (written by build.sh from
+# fuzz/<target>.options) as -flag=value arguments, as OSS-Fuzz passes them.
+target_options() {
+  local f=$OUT/$1.options
+  [[ -f "$f" ]] || return 0
+  awk '/^\[/{s=($0=="[libfuzzer]")} s && /=/ && !/^[ \t]*#/ {
+         gsub(/[ \t]/, ""); split($0, kv, "="); print "-" kv[1] "=" kv[2]}' "$f"
+}
 work=${FUZZ_WORK_DIR:-$root/build-fuzz/ci}
 export OUT=${OUT:-$root/build-fuzz/out}
 mkdir -p "$(dirname "$work")"
@@ -68,6 +76,12 @@ else
 fi
 
 mkdir -p "$work"
+# CI mode runs without address-space randomization where the kernel allows
+# it (setarch -R), so heap and stack addresses repeat between runs.
+norandmaps=()
+if [[ -z "$seconds" ]] && setarch "$(uname -m)" -R true 2>/dev/null; then
+  norandmaps=(setarch "$(uname -m)" -R)
+fi
 status=0
 summary=()
 for t in "${targets[@]}"; do
@@ -89,6 +103,8 @@ for t in "${targets[@]}"; do
   # normal input takes milliseconds); -rss_limit_mb: the default 2 GiB.
   common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1
           -artifact_prefix="$artifacts")
+  mapfile -t opts < <(target_options "$t")
+  common+=("${opts[@]}")
   seeds=()
   if [[ -z "$seconds" ]]; then
     # 1. Replay: each checked-in input once (libFuzzer runs file arguments
@@ -110,14 +126,21 @@ for t in "${targets[@]}"; do
     fi
     runs=$(( ${ci_runs[$t]:-10000} * scale ))
     echo "== fuzz: $t: -seed=$seed -runs=$runs"
-    args=("${common[@]}" -seed="$seed" -runs="$runs")
+    # -reload=0: nothing else writes the working corpus, and the reload is
+    # timed (once a second); -purge_allocator_interval=-1: the purge is timed
+    # too, and moves later heap addresses. Heap addresses reach libFuzzer's
+    # comparison dictionary (pointer compares), so norandmaps (below) and
+    # these two make the path more repeatable; the counts and the verdict do
+    # not depend on them (fuzz/README.md).
+    args=("${common[@]}" -seed="$seed" -runs="$runs" -reload=0
+          -purge_allocator_interval=-1)
   else
     echo "== fuzz: $t for ${seconds}s (jobs=$jobs)"
     args=("${common[@]}" -max_total_time="$seconds")
     if [[ $jobs -gt 1 ]]; then args+=(-jobs="$jobs" -workers="$jobs"); fi
   fi
   start=$(date +%s)
-  (cd "$work/$t" && "$bin" "${args[@]}" "$corpus" "$root/fuzz/corpus/$t" >"$log" 2>&1)
+  (cd "$work/$t" && "${norandmaps[@]}" "$bin" "${args[@]}" "$corpus" "$root/fuzz/corpus/$t" >"$log" 2>&1)
   rc=$?
   elapsed=$(( $(date +%s) - start ))
   # With -jobs, each worker logs to fuzz-<n>.log in the working directory,
@@ -138,7 +161,8 @@ for t in "${targets[@]}"; do
     grep -m1 -A6 -E 'qknorm fuzz:|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error' "$log" | head -n 12
     echo "   full log: $log"
   else
-    summary+=("$t: OK, ${#seeds[@]} replayed, $execs execs in ${elapsed}s (${rate} exec/s), corpus $(ls "$corpus" | wc -l) files")
+    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$stats" | tail -n 1)
+    summary+=("$t: OK, ${#seeds[@]} replayed, $execs execs in ${elapsed}s (${rate} exec/s), ${cov:-cov ?}, corpus $(ls "$corpus" | wc -l) files")
   fi
 done
 

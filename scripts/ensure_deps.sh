@@ -15,7 +15,9 @@ PACKAGES=(
   nlohmann-json3-dev                 # nlohmann-json: --json reports
   libfmt-dev                         # fmt: report formatting
   gnuplot-nox                        # gnuplot: sweep plots (PNG)
-  clang-14 libclang-rt-14-dev        # Clang 14 + libFuzzer/sanitizer runtimes
+  clang clang-14 libclang-rt-14-dev  # Clang 14 (clang, clang++) + libFuzzer/
+                                     # sanitizer runtimes: fuzz and sanitizer
+                                     # stages
   "$@"
 )
 
