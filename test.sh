@@ -6,7 +6,7 @@
 #   2. the suite's quick label again, built with Clang 14 under ASan + UBSan
 #      (scripts/sanitize.sh);
 #   3. each libFuzzer target: its corpus replayed, then a fixed -seed and
-#      -runs (fuzz/run_ci.sh), so the verdict never depends on luck.
+#      -runs (fuzz/run_ci.sh; same counts every run, fuzz/README.md).
 # Every stage runs; the script fails if any stage failed.
 # QKNORM_SOAK=<n> multiplies the property cases (property_tests/README.md);
 # QKNORM_TEST_STAGES="ctest" (or any subset of "ctest sanitize fuzz") limits
@@ -36,7 +36,11 @@ if [[ " $stages " == *" sanitize "* ]]; then
   status[sanitize]=$?
 fi
 if [[ " $stages " == *" fuzz "* ]]; then
-  echo "== stage fuzz: libFuzzer targets (${FUZZ_SECONDS:+$FUZZ_SECONDS s each}${FUZZ_SECONDS:-corpus replay, fixed seed and runs})"
+  if [[ -n "${FUZZ_SECONDS:-}" ]]; then
+    echo "== stage fuzz: libFuzzer targets, ${FUZZ_SECONDS} s each (campaign)"
+  else
+    echo "== stage fuzz: libFuzzer targets, corpus replay, fixed seed and runs"
+  fi
   # Every registry entry (reference, simd on every attainable target with
   # Clang's EMU128 fallback, blas) is in the fuzz build.
   fuzz/run_ci.sh

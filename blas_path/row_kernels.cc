@@ -1,5 +1,6 @@
-// See row_kernels.h. Compiled with -ffp-contract=fast (CMakeLists.txt): in the
-// AVX2+FMA clone a*b+c becomes one FMA, in the baseline clone two roundings.
+// See row_kernels.h. Compiled with -ffp-contract=off (CMakeLists.txt): a*b+c
+// is two roundings in every clone and build, so the vector kernels match
+// their scalar formulas bit for bit (tests/quick/row_kernels_test.cc).
 #include "blas_path/row_kernels.h"
 
 #include <bit>

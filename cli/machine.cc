@@ -35,13 +35,10 @@ MachineInfo machine_info(const Registry& registry) {
   }
   const char* core = openblas_get_corename();
   m.openblas_core = core != nullptr ? core : "unknown";
-  // The core decides the blas entries' GEMM arithmetic: say whether the
-  // user forced it (OPENBLAS_CORETYPE) or OpenBLAS picked it for this CPU.
+  // The core decides the blas entries' GEMM arithmetic: the report says
+  // whether the user forced it (OPENBLAS_CORETYPE) or OpenBLAS picked it.
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  m.openblas_core += forced != nullptr && *forced != '\0'
-                         ? std::string(" (forced: OPENBLAS_CORETYPE=") +
-                               forced + ")"
-                         : std::string(" (picked for this CPU)");
+  if (forced != nullptr) m.openblas_coretype = forced;
   m.openblas_threads = openblas_get_num_threads();
   return m;
 }

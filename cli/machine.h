@@ -16,6 +16,9 @@ struct MachineInfo {
   // order (the targets this build compiled and this CPU runs).
   std::vector<std::string> hwy_targets;
   std::string openblas_core;  // openblas_get_corename()
+  // OPENBLAS_CORETYPE as set in the environment (empty: OpenBLAS picked the
+  // core for this CPU).
+  std::string openblas_coretype;
   int openblas_threads = 0;   // openblas_get_num_threads()
 };
 

@@ -196,10 +196,13 @@ void print_table(std::ostream& out, const Report& rep) {
       rep.seeded ? "seed " + std::to_string(rep.seed)
                  : std::string("inputs from files"));
   out << fmt::format(
-      "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {}, {} "
-      "threads; "
-      "entry threads: {}\n",
-      m.cpu, m.cores, targets, m.openblas_core, m.openblas_threads,
+      "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {} ({}), "
+      "{} threads; entry threads: {}\n",
+      m.cpu, m.cores, targets, m.openblas_core,
+      m.openblas_coretype.empty()
+          ? std::string("picked for this CPU")
+          : "forced: OPENBLAS_CORETYPE=" + m.openblas_coretype,
+      m.openblas_threads,
       rep.threads == 0 ? std::string("all cores")
                        : std::to_string(rep.threads));
   out << "cases:\n";
@@ -246,6 +249,7 @@ std::string to_json(const Report& rep) {
                   {"cores", rep.machine.cores},
                   {"hwy_targets", rep.machine.hwy_targets},
                   {"openblas_core", rep.machine.openblas_core},
+                  {"openblas_coretype_env", rep.machine.openblas_coretype},
                   {"openblas_threads", rep.machine.openblas_threads}};
   j["rule"] = {
       {"naive_factor", validation::kNaiveFactor},

@@ -12,7 +12,10 @@
 #                          (default: quick; the full suite is slow under ASan)
 #   QKNORM_ASAN_BUILD_TYPE CMAKE_BUILD_TYPE          (default: RelWithDebInfo)
 #   JOBS                   parallel build/test jobs  (default: 2)
-#   CC, CXX                compilers (default: clang, clang++ = Clang 14)
+#   QKNORM_SANITIZE_CC, QKNORM_SANITIZE_CXX
+#                          compilers (default: clang-14, clang++-14; CC and
+#                          CXX from the environment are not read, so an
+#                          inherited CC=gcc cannot turn this into a GCC stage)
 # Why Clang: the ctest stage builds with GCC 12 (Release), so this stage
 # builds everything with the other compiler of the project. Clang-only
 # defects exist: issue 14's blas:f32 NaN gradients came from Clang's code for
@@ -34,7 +37,7 @@ jobs=${JOBS:-2}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_invalid_pointer_pairs=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-export CC=${CC:-clang} CXX=${CXX:-clang++}
+export CC=${QKNORM_SANITIZE_CC:-clang-14} CXX=${QKNORM_SANITIZE_CXX:-clang++-14}
 
 start=$(date +%s)
 log=$build/sanitize.log

@@ -11,16 +11,17 @@
 //   u_s the unit roundoff of the storage format, u_c that of the compute
 //   format, scale(field) the max |oracle| of that field for O (for dq, dk,
 //   dv: the magnitude of their terms before cancellation; dg: dg_scale, the
-//   magnitude of its terms before cancellation, with the unit u_s + u_c
-//   (1 + 2A) in place of u_s + 2 A u_c: dg is a compute-format scalar, and
-//   u_s is the stored O the backward reads), A the logit amplitude (|g|
+//   magnitude of its terms before cancellation, with the unit u_c (1 + 2A):
+//   dg is a compute-format scalar), A the logit amplitude (|g|
 //   for qknorm; the bound max||q|| max||k|| / sqrt(D) on |S| for sdpa), and
 //   ulp_fmt(0) the field format's smallest subnormal (its absolute
 //   resolution below the normal range). dq, dk and dg add
 //   kAtolUnits * ulp_s(0) * (their sensitivity to the stored O, which the
 //   backward reads and which two correct entries round differently below
 //   the normal range) and kAtolUnits * ulp_c(0) * (their sensitivity to
-//   the compute format's subnormal intermediates; OracleAttention).
+//   the compute format's subnormal intermediates; OracleAttention); dg adds
+//   kAtolUnits * u_s * dg_o_rel_sens, the stored O's relative rounding
+//   carried into delta and dg.
 //   ScaleNorm's dx adds
 //   kAtolUnits * ulp_c(0) * max_r (dim + 1) |g| / max(||x_r||, eps): the
 //   compute format's absolute resolution in u . dy, times the factor g / n.
@@ -147,6 +148,10 @@ struct OracleAttention {
   // The same for the compute format's absolute resolution below its normal
   // range (dP, delta, dS, du formed as subnormals), per ulp_c(0).
   long double dq_uf_sens = 0, dk_uf_sens = 0, dg_uf_sens = 0;
+  // sum_ij P_ij |dO_i|.|O_i| (qknorm): dg's sensitivity to a relative error
+  // of one unit in every element of the stored O; times u_s it joins dg's
+  // atol (issue 14).
+  long double dg_o_rel_sens = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;

@@ -28,7 +28,11 @@ case "$core" in
     exit 2
     ;;
 esac
-flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
+if [[ -z "${flags// /}" ]]; then
+  echo "SKIP: no x86 'flags' line in /proc/cpuinfo (core $core is x86-64)"
+  exit 77
+fi
 for f in $need; do
   if [[ "$flags" != *" $f "* ]]; then
     echo "SKIP: this CPU lacks $f, which OpenBLAS core $core needs"
