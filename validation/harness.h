@@ -91,7 +91,8 @@ struct ScaleNormCase {
 
 // Draws q, k, v, dO for `problem` from `dist` with Rng(seed). `range`
 // limits kWideMagnitude's row scales to what that storage format represents
-// (rows stay below max_finite / (8 sqrt(D)) and above min_normal * 2^12).
+// (row scales stay below max_finite / (32 sqrt(D)) and above
+// min_normal * 2^12).
 AttentionCase make_attention_case(const AttentionProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range = Precision::kF64);
