@@ -19,7 +19,7 @@ struct MachineInfo {
   // OPENBLAS_CORETYPE as set in the environment (empty: OpenBLAS picked the
   // core for this CPU).
   std::string openblas_coretype;
-  int openblas_threads = 0;   // openblas_get_num_threads()
+  int openblas_threads = 0;  // openblas_get_num_threads()
 };
 
 MachineInfo machine_info(const Registry& registry);
