@@ -31,8 +31,9 @@ std::string mask_desc(const Mask& m) {
 
 // Fills `rows` rows of length D drawn from dist; `scale_rows` applies the
 // per-row magnitude spread (q and k only) and zero rows.
+// `v_operand` marks v (kMixedScaleV scales its rows).
 void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
-          Precision range, std::vector<double>* out) {
+          Precision range, std::vector<double>* out, bool v_operand = false) {
   out->resize(static_cast<size_t>(rows * D));
   // Exponent range of kWideMagnitude row scales, clamped to the format:
   // 8 sqrt(D) below max_finite leaves room for the row's norm (Gaussian
@@ -48,6 +49,11 @@ void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
     double row_scale = 1;
     if (qk_operand && dist == Distribution::kWideMagnitude)
       row_scale = std::pow(10.0, rng.uniform(lo, hi));
+    if (qk_operand && dist == Distribution::kOutlierRows &&
+        rng.uniform() < 0.125)
+      row_scale = std::pow(10.0, std::min(rng.uniform(3, 5), hi));
+    if (v_operand && dist == Distribution::kMixedScaleV)
+      row_scale = std::pow(10.0, rng.uniform(std::max(-3.0, lo), std::min(3.0, hi)));
     const bool zero =
         qk_operand && dist == Distribution::kZeroRows && rng.uniform() < 0.25;
     for (int64_t d = 0; d < D; ++d) {
@@ -127,6 +133,10 @@ const char* name(Distribution d) {
       return "wide";
     case Distribution::kZeroRows:
       return "zerorows";
+    case Distribution::kOutlierRows:
+      return "outliers";
+    case Distribution::kMixedScaleV:
+      return "mixedv";
   }
   return "?";
 }
@@ -135,7 +145,8 @@ bool parse_distribution(const std::string& s, Distribution* out) {
   for (Distribution d :
        {Distribution::kGaussian, Distribution::kUniform,
         Distribution::kHeavyTailed, Distribution::kWideMagnitude,
-        Distribution::kZeroRows}) {
+        Distribution::kZeroRows, Distribution::kOutlierRows,
+        Distribution::kMixedScaleV}) {
     if (s == name(d)) {
       *out = d;
       return true;
@@ -178,7 +189,7 @@ AttentionCase make_attention_case(const AttentionProblem& problem,
   const int64_t BH = problem.batch * problem.heads, D = problem.head_dim;
   fill(rng, dist, BH * problem.q_len, D, true, range, &c.q);
   fill(rng, dist, BH * problem.kv_len, D, true, range, &c.k);
-  fill(rng, dist, BH * problem.kv_len, D, false, range, &c.v);
+  fill(rng, dist, BH * problem.kv_len, D, false, range, &c.v, true);
   fill(rng, dist, BH * problem.q_len, D, false, range, &c.d_o);
   return c;
 }

@@ -63,6 +63,11 @@ enum class Distribution {
   kWideMagnitude,  // N(0,1) rows, each scaled by 10^U[-30, 30] clamped to
                    // what the storage format represents
   kZeroRows,       // Gaussian with about a quarter of q and k rows exactly zero
+                   // (padding tokens)
+  kOutlierRows,    // Gaussian with about one q and k row in eight scaled by
+                   // 10^U[3, 5] (clamped to the storage format like
+                   // kWideMagnitude): outlier tokens
+  kMixedScaleV,    // Gaussian q, k, dO; each v row scaled by 10^U[-3, 3]
 };
 const char* name(Distribution d);
 bool parse_distribution(const std::string& s, Distribution* out);
