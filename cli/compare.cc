@@ -50,61 +50,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// A registry-shaped stand-in for the user's framework: its "kernel" returns
-// the dumped tensors. Fields the files do not hold are filled by the naive
-// baseline (so the harness has something to compare) and dropped from the
-// verdict afterwards. lse is never dumped: always the naive's, never judged.
-class FileBackend final : public Backend {
- public:
-  FileBackend(Precision p, const std::map<std::string, const HostTensor*>& outs)
-      : Backend("compare", "-", p),
-        outs_(outs),
-        naive_(validation::naive_for(p)) {}
-
-  void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
-                         Workspace*, const ExecConfig& cfg) const override {
-    naive_.attention_forward(p, a, nullptr, cfg);
-    put("O", a.o, p.batch, p.heads, p.q_len, p.head_dim);
-  }
-  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
-                          Workspace*, const ExecConfig& cfg) const override {
-    naive_.attention_backward(p, a, nullptr, cfg);
-    put("dQ", a.dq, p.batch, p.heads, p.q_len, p.head_dim);
-    put("dK", a.dk, p.batch, p.heads, p.kv_len, p.head_dim);
-    put("dV", a.dv, p.batch, p.heads, p.kv_len, p.head_dim);
-    if (const auto it = outs_.find("dg"); it != outs_.end())
-      *a.dg = it->second->values[0];
-  }
-  void scalenorm_forward(const ScaleNormProblem&, const ScaleNormForwardArgs&,
-                         Workspace*, const ExecConfig&) const override {
-    throw Error("compare", {}, "ScaleNorm is not compared");
-  }
-  void scalenorm_backward(const ScaleNormProblem&, const ScaleNormBackwardArgs&,
-                          Workspace*, const ExecConfig&) const override {
-    throw Error("compare", {}, "ScaleNorm is not compared");
-  }
-
- private:
-  void put(const std::string& name, const MutTensor4& t, int64_t B, int64_t H,
-           int64_t rows, int64_t D) const {
-    const auto it = outs_.find(name);
-    if (it == outs_.end()) return;
-    const std::vector<double>& v = it->second->values;
-    size_t idx = 0;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t n = 0; n < rows; ++n)
-          for (int64_t d = 0; d < D; ++d)
-            encode(precision(), v[idx++], t.data,
-                   static_cast<size_t>(b * t.layout.batch_stride +
-                                       h * t.layout.head_stride +
-                                       n * t.layout.row_stride + d));
-  }
-
-  std::map<std::string, const HostTensor*> outs_;
-  const Backend& naive_;
-};
-
 const HostTensor& need(const std::map<std::string, HostTensor>& m,
                        const std::string& name, const std::string& flag) {
   const auto it = m.find(name);
@@ -135,6 +80,14 @@ double scalar(const HostTensor& t, const std::string& what) {
   if (t.values.size() != 1)
     throw Error(what, {}, "must hold one value (shape " + t.shape_text() + ")");
   return t.values[0];
+}
+
+// A NaN or inf in an input tensor (dense [B,H,rows,D] values) throws
+// Error(name, [b,h,n,d], "element is NaN (finite input required)").
+void require_finite(const char* name, const std::vector<double>& v,
+                    const std::vector<int64_t>& s4) {
+  validate_finite(name, v.data(), contiguous_layout(s4[1], s4[2], s4[3]), s4[0],
+                  s4[1], s4[2], s4[3], Precision::kF64);
 }
 
 }  // namespace
@@ -250,12 +203,14 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
   if (!s.masks.empty()) apply_mask(s.masks[0], &p);
   validate_problem(p);
 
-  std::map<std::string, const HostTensor*> given = {{"O", &o}};
   validation::AttentionCase c;
   c.problem = p;
   c.q = q.values;
   c.k = k.values;
   c.v = v.values;
+  validation::AttentionResult given;
+  given.o = o.values;
+  std::vector<validation::Field> only = {validation::Field::kO};
   bool backward = false;
   for (const std::string gname : {"dQ", "dK", "dV", "dg"}) {
     const auto it = outs.find(gname);
@@ -263,18 +218,28 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
     backward = true;
     const HostTensor& t = it->second;
     if (gname == "dg") {
-      scalar(t, "dg");
-    } else {
-      if (t.dtype != prec)
-        throw Error(gname, {},
-                    std::string("dtype ") + std::string(name(t.dtype)) +
-                        " differs from q's " + std::string(name(prec)));
-      if (as4(t, gname) != (gname == "dQ" ? sq : sk))
-        throw Error(gname, {},
-                    "shape " + t.shape_text() + " does not match " +
-                        (gname == "dQ" ? q : k).shape_text());
+      given.dg = scalar(t, "dg");
+      only.push_back(validation::Field::kDg);
+      continue;
     }
-    given[gname] = &t;
+    if (t.dtype != prec)
+      throw Error(gname, {},
+                  std::string("dtype ") + std::string(name(t.dtype)) +
+                      " differs from q's " + std::string(name(prec)));
+    if (as4(t, gname) != (gname == "dQ" ? sq : sk))
+      throw Error(gname, {},
+                  "shape " + t.shape_text() + " does not match " +
+                      (gname == "dQ" ? q : k).shape_text());
+    if (gname == "dQ") {
+      given.dq = t.values;
+      only.push_back(validation::Field::kDq);
+    } else if (gname == "dK") {
+      given.dk = t.values;
+      only.push_back(validation::Field::kDk);
+    } else {
+      given.dv = t.values;
+      only.push_back(validation::Field::kDv);
+    }
   }
   if (backward) {
     const HostTensor& d_o = need(in, "dO", "--inputs");
@@ -291,46 +256,37 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
     // Forward only: the oracle still runs its backward, on a zero dO.
     c.d_o.assign(c.q.size(), 0.0);
   }
+  // Inputs must be finite: the problem is undefined otherwise. Outputs are
+  // not checked here: a NaN or inf in O, dQ, dK, dV or dg is the verdict's to
+  // classify (validation/tolerance.h: a correctly rounded overflow passes,
+  // anything else FAILs with its diagnosis).
+  require_finite("q", c.q, sq);
+  require_finite("k", c.k, sk);
+  require_finite("v", c.v, sk);
+  if (backward) require_finite("dO", c.d_o, sq);
   // The case came from files: its distribution and seed mean nothing.
   *case_desc = c.describe();
   case_desc->erase(std::min(case_desc->find(" dist="), case_desc->size()));
   *case_desc += " (tensors from files)";
-  const FileBackend fb(prec, given);
-  const validation::AgreementReport rep =
-      validation::check_attention(fb, c, {}, !backward);
-  CaseResult cr = from_report(rep, nullptr);
-  cr.desc = *case_desc;
-  // Keep only the fields the files gave (lse is never dumped).
-  const std::map<std::string, std::string> field_of = {
-      {"o", "O"}, {"dq", "dQ"}, {"dk", "dK"}, {"dv", "dV"}, {"dg", "dg"}};
-  std::vector<FieldResult> kept;
-  for (const FieldResult& f : cr.fields) {
-    const auto it = field_of.find(f.field);
-    if (it != field_of.end() && given.count(it->second)) kept.push_back(f);
-  }
-  cr.fields = kept;
-  cr.pass = std::all_of(kept.begin(), kept.end(),
-                        [](const FieldResult& f) { return f.pass; });
-  if (!cr.pass) {
-    cr.failure = "compared outputs vs oracle (naive " + rep.naive_name +
-                 ") on " + *case_desc + "\n";
-    for (const FieldResult& f : kept)
-      if (!f.pass)
-        cr.failure += fmt::format(
-            "  field {}: err={:.6e} > bound={:.6e} (naive err {:.6e})\n    "
-            "{}\n",
-            f.field, f.entry.max_abs, f.limit, f.naive.max_abs,
-            validation::describe(f.entry));
-  } else {
-    cr.failure.clear();
-  }
+  // The inputs are the files' values, already in `prec`: no rounding. The
+  // naive same-precision baseline runs on them for the report's statistics
+  // and its own margin only; it is no part of the verdict.
+  const Backend& naive = validation::naive_for(prec);
+  const validation::AttentionResult naive_result =
+      backward ? validation::run_attention(naive, c)
+               : validation::run_attention_forward(naive, c);
+  const std::string entry_name = "files:" + std::string(name(prec));
+  validation::AgreementReport rep = validation::judge_attention(
+      c, prec, validation::oracle_attention(c), given, &naive_result, !backward,
+      entry_name, naive.name(), &only);
+  rep.case_desc = *case_desc;
+  CaseResult cr = from_report(rep);
   EntryRow row;
   row.kind = "attention";
-  row.name = "files:" + std::string(name(prec));
+  row.name = entry_name;
   row.family = "compare";
   row.target = "-";
   row.precision = std::string(name(prec));
-  row.rule = "naive";
   row.cases.push_back(cr);
   summarize(&row);
   return row;

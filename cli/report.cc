@@ -22,9 +22,22 @@ std::string verdict(const EntryRow& r) {
 }
 
 std::string ratio_text(const EntryRow& r) {
-  if (r.rule == "derived") return "self";
+  if (r.family == "reference") return "self";
   if (!std::isfinite(r.ratio)) return "inf";
   return fmt::format("{:.2f}", r.ratio);
+}
+
+std::string margin_text(double m) {
+  if (!std::isfinite(m)) return "inf";
+  return fmt::format("{:.3f}", m);
+}
+
+// "dQ c3[1,4,17,5] 0.1234 vs 0.1235 +- 2.1e-7": the worst element of a row.
+std::string worst_text(const WorstElement& w) {
+  if (w.case_index < 0) return "-";
+  if (w.field == "error") return fmt::format("c{} threw", w.case_index);
+  return fmt::format("{} c{}{} exp {:.6g} got {:.6g} bound {}", w.field,
+                     w.case_index, w.where, w.expected, w.actual, sci(w.bound));
 }
 
 // "abs rel p50/p99/max"; scalar fields (dg) print one ULP figure.
@@ -96,20 +109,21 @@ void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
       c.cells.push_back(r->available ? cell(find_field(*r, f), scalar) : "-");
     cols.push_back(c);
   }
-  Column ratio{"x naive", {}, false}, head{"err/lim", {}, false},
+  Column ratio{"x naive", {}, false}, head{"margin", {}, false},
+      worst{"worst element (field case[index] expected actual bound)", {},
+            true},
       gf{"fwd GF/s", {}, false}, v{"verdict", {}, true};
   for (const EntryRow* r : rows) {
     ratio.cells.push_back(r->available ? ratio_text(*r) : "-");
-    head.cells.push_back(!r->available ? "-"
-                         : std::isfinite(r->headroom)
-                             ? fmt::format("{:.3f}", r->headroom)
-                             : "inf");
+    head.cells.push_back(!r->available ? "-" : margin_text(r->worst.margin));
+    worst.cells.push_back(r->available ? worst_text(r->worst) : "-");
     gf.cells.push_back(
         r->available && r->gflops > 0 ? fmt::format("{:.2f}", r->gflops) : "-");
     v.cells.push_back(verdict(*r));
   }
   cols.push_back(ratio);
   cols.push_back(head);
+  cols.push_back(worst);
   // Timed runs only (not compare, not --no-timing).
   const bool timed =
       std::any_of(rows.begin(), rows.end(),
@@ -142,6 +156,16 @@ nlohmann::json stats_json(const validation::ErrorStats& s) {
 nlohmann::json finite_or_string(double x) {
   if (std::isfinite(x)) return x;
   return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+}
+
+nlohmann::json worst_json(const WorstElement& w) {
+  return {{"margin", finite_or_string(w.margin)},
+          {"case", w.case_index},
+          {"field", w.field},
+          {"index", w.where},
+          {"expected", finite_or_string(w.expected)},
+          {"actual", finite_or_string(w.actual)},
+          {"bound", finite_or_string(w.bound)}};
 }
 
 }  // namespace
@@ -209,20 +233,20 @@ void print_table(std::ostream& out, const Report& rep) {
   for (size_t i = 0; i < rep.cases.size(); ++i)
     out << fmt::format("  [{}] {}\n", i, rep.cases[i]);
   out << fmt::format(
-      "rule (validation/harness.h): err <= {:g} x err(naive same-precision) + "
-      "atol, "
-      "atol = {:g} ((u_storage + 2 A u_compute) max|field| + ulp(0)), A = "
-      "|g|;\n"
-      "      \"x naive\" = err / naive err. reference rows ARE the naive "
-      "baselines: "
-      "held to the derived bound of validation/baseline_bounds.h instead.\n"
-      "errors vs the long-double oracle, maxima over cases; ULP in the storage "
-      "format; "
-      "err/lim = worst err / its limit (> 1 fails).\n\n",
-      validation::kNaiveFactor, validation::kAtolUnits);
-  print_kind(out, rep, "attention", {"o", "dq", "dk", "dv", "dg"}, true);
+      "rule (validation/tolerance.h), per element: |x - oracle| <= "
+      "u_c (sum_units(n) + {:g} |A|) M + ulp_fmt(|oracle|)/2 (+ stored-O and "
+      "subnormal terms), M = the element's magnitude before cancellation, "
+      "sum_units(n) = {:g} sqrt(n) + {:g};\n"
+      "      margin = the worst element's |error| / its bound (> 1 fails), "
+      "over every field and case; the element is shown as field "
+      "c<case>[b,h,n,d].\n"
+      "      \"x naive\" = max err / naive max err (statistics only). "
+      "ULP figures and everything else: --json.\n\n",
+      2 * validation::kDotUnits, validation::kSumLambda,
+      validation::kOpUnits);
+  print_kind(out, rep, "attention", {}, true);
   out << "\n";
-  print_kind(out, rep, "scalenorm", {"y", "dx", "dg"}, false);
+  print_kind(out, rep, "scalenorm", {}, false);
   int shown = 0;
   constexpr int kMaxFailuresShown = 20;  // the JSON report has all of them
   for (const EntryRow& r : rep.rows)
@@ -252,12 +276,15 @@ std::string to_json(const Report& rep) {
                   {"openblas_coretype_env", rep.machine.openblas_coretype},
                   {"openblas_threads", rep.machine.openblas_threads}};
   j["rule"] = {
-      {"naive_factor", validation::kNaiveFactor},
-      {"atol_units", validation::kAtolUnits},
+      {"sum_lambda", validation::kSumLambda},
+      {"op_units", validation::kOpUnits},
+      {"dot_units", validation::kDotUnits},
+      {"ill_conditioned", validation::kIllConditioned},
       {"text",
-       "err <= naive_factor * err(naive) + atol, atol = atol_units * "
-       "((u_storage + 2 A u_compute) * max|field| + ulp(0)); reference "
-       "rows: derived bound (validation/baseline_bounds.h)"}};
+       "componentwise (validation/tolerance.h): |x_e - oracle_e| <= delta_e "
+       "+ ulp_fmt(|oracle_e| + delta_e) / 2, delta_e = u_c (sum_lambda "
+       "sqrt(n_e) + op_units + 2 dot_units |A|) M_e + u_s R_e + ulp_s(0) "
+       "So_e + ulp_c(0) Sc_e"}};
   j["cases"] = rep.cases;
   nlohmann::json rows = nlohmann::json::array();
   for (const EntryRow& r : rep.rows) {
@@ -270,22 +297,39 @@ std::string to_json(const Report& rep) {
                          {"available", r.available},
                          {"pass", r.pass},
                          {"ratio_to_naive", finite_or_string(r.ratio)},
-                         {"headroom", finite_or_string(r.headroom)},
+                         {"margin", finite_or_string(r.worst.margin)},
+                         {"worst", worst_json(r.worst)},
                          {"forward_gflops", r.gflops}};
     for (const FieldSummary& f : r.fields)
-      jr["fields"][f.field] = {{"worst", stats_json(f.worst)},
-                               {"ratio_to_naive", finite_or_string(f.ratio)},
-                               {"headroom", finite_or_string(f.headroom)},
-                               {"pass", f.pass}};
+      jr["fields"][f.field] = {
+          {"worst", stats_json(f.worst)},
+          {"ratio_to_naive", finite_or_string(f.ratio)},
+          {"margin", finite_or_string(f.worst_element.margin)},
+          {"worst_element", worst_json(f.worst_element)},
+          {"failures", f.failures},
+          {"not_representable", f.not_representable},
+          {"pass", f.pass}};
     nlohmann::json cases = nlohmann::json::array();
     for (const CaseResult& c : r.cases) {
       nlohmann::json jc = {{"case", c.desc}, {"pass", c.pass}};
       if (!c.error.empty()) jc["error"] = c.error;
       for (const FieldResult& f : c.fields)
-        jc["fields"][f.field] = {{"entry", stats_json(f.entry)},
-                                 {"naive", stats_json(f.naive)},
-                                 {"limit", finite_or_string(f.limit)},
-                                 {"pass", f.pass}};
+        jc["fields"][f.field] = {
+            {"entry", stats_json(f.entry)},
+            {"naive", f.has_naive ? stats_json(f.naive) : nlohmann::json()},
+            {"margin", finite_or_string(f.margin)},
+            {"naive_margin", f.has_naive ? finite_or_string(f.naive_margin)
+                                         : nlohmann::json()},
+            {"worst", {{"index", f.where},
+                       {"expected", finite_or_string(f.expected)},
+                       {"actual", finite_or_string(f.actual)},
+                       {"bound", finite_or_string(f.bound)}}},
+            {"elements", f.count},
+            {"failures", f.failures},
+            {"not_representable", f.not_representable},
+            {"ill_conditioned", f.ill_conditioned},
+            {"diagnosis", f.diagnosis},
+            {"pass", f.pass}};
       cases.push_back(jc);
     }
     jr["cases"] = cases;
@@ -298,7 +342,7 @@ std::string to_json(const Report& rep) {
 void write_csv(std::ostream& out, const Report& rep) {
   out << "kind,entry,family,target,precision,rule,field,max_abs,max_rel,ulp_"
          "p50,"
-         "ulp_p99,ulp_max,ratio_to_naive,headroom,pass,forward_gflops,seed\n";
+         "ulp_p99,ulp_max,ratio_to_naive,margin,pass,forward_gflops,seed\n";
   for (const EntryRow& r : rep.rows) {
     if (!r.available) continue;
     for (const FieldSummary& f : r.fields) {
@@ -308,7 +352,8 @@ void write_csv(std::ostream& out, const Report& rep) {
           "6g},{},{:.4g},{}\n",
           r.kind, r.name, r.family, r.target, r.precision, r.rule, f.field,
           s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99, s.ulp_max, f.ratio,
-          f.headroom, f.pass ? "PASS" : "FAIL", r.gflops, rep.seed);
+          f.worst_element.margin, f.pass ? "PASS" : "FAIL", r.gflops,
+          rep.seed);
     }
   }
 }

@@ -8,7 +8,6 @@
 #include <memory>
 
 #include "qknorm/error.h"
-#include "validation/baseline_bounds.h"
 
 namespace qknorm::cli {
 namespace {
@@ -34,10 +33,6 @@ double ratio_of(double err, double base) {
   return err > 0 ? std::numeric_limits<double>::infinity() : 1.0;
 }
 
-double headroom_of(double err, double limit) {
-  if (limit > 0) return err / limit;
-  return err > 0 ? std::numeric_limits<double>::infinity() : 0.0;
-}
 
 }  // namespace
 
@@ -79,148 +74,48 @@ Suite default_suite(uint64_t seed) {
   return s;
 }
 
-CaseResult from_report(const validation::AgreementReport& rep,
-                       const std::vector<double>* derived) {
+CaseResult from_report(const validation::AgreementReport& rep) {
   CaseResult r;
   r.desc = rep.case_desc;
-  r.pass = true;
-  std::string msg;
-  for (size_t i = 0; i < rep.fields.size(); ++i) {
-    const validation::FieldVerdict& f = rep.fields[i];
+  r.pass = rep.pass;
+  for (const validation::FieldVerdict& f : rep.fields) {
     FieldResult fr;
     fr.field = f.field;
     fr.entry = f.entry;
     fr.naive = f.naive;
-    if (derived != nullptr) {
-      fr.limit = (*derived)[i];
-      fr.pass = !f.entry.nonfinite_mismatch && f.entry.max_abs <= fr.limit;
-      if (!fr.pass) {
-        char buf[160];
-        std::snprintf(buf, sizeof buf,
-                      "  field %s: err=%.6e > derived bound=%.6e\n    entry: ",
-                      f.field.c_str(), f.entry.max_abs, fr.limit);
-        msg += buf + validation::describe(f.entry) + "\n";
-      }
-    } else {
-      fr.limit = f.bound;
-      fr.pass = f.pass;
-    }
-    r.pass = r.pass && fr.pass;
+    fr.has_naive = f.has_naive;
+    fr.count = f.count;
+    fr.failures = f.failures;
+    fr.not_representable = f.not_representable;
+    fr.ill_conditioned = f.ill_conditioned;
+    fr.margin = f.margin;
+    fr.naive_margin = f.naive_margin;
+    fr.where = f.worst_where;
+    fr.expected = f.worst_expected;
+    fr.actual = f.worst_actual;
+    fr.bound = f.worst_bound;
+    fr.diagnosis = f.diagnosis;
+    fr.pass = f.pass;
     r.fields.push_back(fr);
   }
-  if (!r.pass) {
-    r.failure = derived == nullptr
-                    ? rep.failure_message()
-                    : "entry " + rep.entry_name + " vs oracle on " +
-                          rep.case_desc + "\n" + msg;
-  }
+  if (!r.pass) r.failure = rep.failure_message();
   return r;
 }
 
 namespace {
 
-// A baseline's own report: its stats against the oracle, reported as both
-// "entry" and "naive" (it is its own naive baseline), and its derived limits.
-// One run and one oracle evaluation, where check_* would run the entry twice
-// (as entry and as naive) and the bound would need a second oracle.
-validation::FieldVerdict self_verdict(const std::string& field,
-                                      const std::vector<double>& actual,
-                                      const std::vector<long double>& oracle,
-                                      Precision fmt) {
-  validation::FieldVerdict v;
-  v.field = field;
-  v.entry = v.naive = validation::compare(actual, oracle, fmt);
-  v.pass = true;
-  return v;
-}
-
-// The format each field is stored in (the 16-bit modes keep lse and dg in
-// their f32 compute precision), as in validation::check_attention.
-Precision wide_fmt(Precision s) {
-  return s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
-}
-
-// The attention and ScaleNorm flavours of the validation calls, so that one
-// judge() serves both.
-struct AttentionOps {
-  static auto make(const AttentionSpec& s, Precision range) {
-    return validation::make_attention_case(s.problem, s.dist, s.seed, range);
-  }
-  template <class Case>
-  static auto check(const Backend& b, const Case& c, const ExecConfig& e) {
-    return validation::check_attention(b, c, e);
-  }
-  template <class Case>
-  static validation::AgreementReport self_check(const Backend& b,
-                                                const Case& rc,
-                                                const ExecConfig& e,
-                                                std::vector<double>* limits) {
-    const Precision s = b.precision();
-    const validation::AttentionResult r = validation::run_attention(b, rc, e);
-    const validation::OracleAttention orc = validation::oracle_attention(rc);
-    validation::AgreementReport rep;
-    rep.entry_name = rep.naive_name = b.name();
-    rep.case_desc = rc.describe();
-    rep.fields = {self_verdict("o", r.o, orc.o, s),
-                  self_verdict("lse", r.lse, orc.lse, wide_fmt(s)),
-                  self_verdict("dq", r.dq, orc.dq, s),
-                  self_verdict("dk", r.dk, orc.dk, s),
-                  self_verdict("dv", r.dv, orc.dv, s),
-                  self_verdict("dg", {r.dg}, {orc.dg}, wide_fmt(s))};
-    const validation::ReferenceBounds bounds =
-        validation::baseline_bounds(rc, orc, s);
-    for (const auto& f : rep.fields)
-      limits->push_back(validation::bound_of(bounds, f.field));
-    return rep;
-  }
-};
-struct ScaleNormOps {
-  static auto make(const ScaleNormSpec& s, Precision range) {
-    return validation::make_scalenorm_case(s.problem, s.dist, s.seed, range);
-  }
-  template <class Case>
-  static auto check(const Backend& b, const Case& c, const ExecConfig& e) {
-    return validation::check_scalenorm(b, c, e);
-  }
-  template <class Case>
-  static validation::AgreementReport self_check(const Backend& b,
-                                                const Case& rc,
-                                                const ExecConfig& e,
-                                                std::vector<double>* limits) {
-    const Precision s = b.precision();
-    const validation::ScaleNormResult r = validation::run_scalenorm(b, rc, e);
-    const validation::OracleScaleNorm orc = validation::oracle_scalenorm(rc);
-    validation::AgreementReport rep;
-    rep.entry_name = rep.naive_name = b.name();
-    rep.case_desc = rc.describe();
-    rep.fields = {self_verdict("y", r.y, orc.y, s),
-                  self_verdict("dx", r.dx, orc.dx, s),
-                  self_verdict("dg", {r.dg}, {orc.dg}, wide_fmt(s))};
-    const validation::ScaleNormBounds bounds =
-        validation::baseline_bounds(rc, orc, s);
-    for (const auto& f : rep.fields)
-      limits->push_back(validation::bound_of(bounds, f.field));
-    return rep;
-  }
-};
-
-template <class Ops, class Spec>
-CaseResult judge(const Backend& entry, const Spec& spec,
-                 const ExecConfig& exec) {
+template <class Spec, class Make, class Check>
+CaseResult judge(const Backend& entry, const Spec& spec, Make make,
+                 Check check) {
   try {
     const Precision prec = entry.precision();
     // The case is drawn within what the entry's format represents (matters
-    // for the wide-magnitude distribution only).
-    const auto c = Ops::make(spec, prec);
-    if (!is_reference(entry))
-      return from_report(Ops::check(entry, c, exec), nullptr);
-    std::vector<double> limits;
-    const validation::AgreementReport rep = Ops::self_check(
-        entry, validation::round_inputs(c, prec), exec, &limits);
-    return from_report(rep, &limits);
+    // for the wide-magnitude distribution only). The naive baseline runs
+    // beside every entry but itself.
+    return from_report(check(make(spec, prec), !is_reference(entry)));
   } catch (const std::exception& e) {
     CaseResult r;
-    r.desc = Ops::make(spec, Precision::kF64).describe();
+    r.desc = make(spec, Precision::kF64).describe();
     r.error = e.what();
     r.failure = "entry " + entry.name() + " on " + r.desc + ": " + e.what();
     return r;
@@ -231,30 +126,51 @@ CaseResult judge(const Backend& entry, const Spec& spec,
 
 CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
                            const ExecConfig& exec) {
-  return judge<AttentionOps>(entry, spec, exec);
+  return judge(
+      entry, spec,
+      [](const AttentionSpec& s, Precision range) {
+        return validation::make_attention_case(s.problem, s.dist, s.seed,
+                                               range);
+      },
+      [&](const validation::AttentionCase& c, bool naive) {
+        return validation::check_attention(entry, c, exec, false, naive);
+      });
 }
 
 CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
                            const ExecConfig& exec) {
-  return judge<ScaleNormOps>(entry, spec, exec);
+  return judge(
+      entry, spec,
+      [](const ScaleNormSpec& s, Precision range) {
+        return validation::make_scalenorm_case(s.problem, s.dist, s.seed,
+                                               range);
+      },
+      [&](const validation::ScaleNormCase& c, bool naive) {
+        return validation::check_scalenorm(entry, c, exec, naive);
+      });
 }
 
 void summarize(EntryRow* row) {
   row->fields.clear();
   row->pass = true;
   row->ratio = 0;
-  row->headroom = 0;
-  for (const CaseResult& c : row->cases) {
+  row->worst = WorstElement{};
+  for (size_t ci = 0; ci < row->cases.size(); ++ci) {
+    const CaseResult& c = row->cases[ci];
     row->pass = row->pass && c.pass;
-    if (!c.error.empty())
-      row->headroom = std::numeric_limits<double>::infinity();
+    if (!c.error.empty()) {
+      row->worst.margin = std::numeric_limits<double>::infinity();
+      row->worst.case_index = static_cast<int>(ci);
+      row->worst.field = "error";
+    }
     for (const FieldResult& f : c.fields) {
       auto it = std::find_if(
           row->fields.begin(), row->fields.end(),
           [&](const FieldSummary& s) { return s.field == f.field; });
       if (it == row->fields.end()) {
-        row->fields.push_back(FieldSummary{f.field, {}, 0, 0, true});
+        row->fields.push_back(FieldSummary{});
         it = row->fields.end() - 1;
+        it->field = f.field;
       }
       validation::ErrorStats& w = it->worst;
       if (f.entry.max_abs > w.max_abs || w.count == 0) {
@@ -271,13 +187,20 @@ void summarize(EntryRow* row) {
       w.ulp_max = std::max(w.ulp_max, f.entry.ulp_max);
       w.scale = std::max(w.scale, f.entry.scale);
       w.nonfinite_mismatch = w.nonfinite_mismatch || f.entry.nonfinite_mismatch;
-      it->ratio =
-          std::max(it->ratio, ratio_of(f.entry.max_abs, f.naive.max_abs));
-      it->headroom =
-          std::max(it->headroom, headroom_of(f.entry.max_abs, f.limit));
+      if (f.has_naive)
+        it->ratio =
+            std::max(it->ratio, ratio_of(f.entry.max_abs, f.naive.max_abs));
+      it->failures += f.failures;
+      it->not_representable += f.not_representable;
+      WorstElement here{f.margin,   static_cast<int>(ci), f.field, f.where,
+                        f.expected, f.actual,             f.bound};
+      if (it->worst_element.case_index < 0 ||
+          !(f.margin <= it->worst_element.margin))
+        it->worst_element = here;
+      if (row->worst.case_index < 0 || !(f.margin <= row->worst.margin))
+        row->worst = here;
       it->pass = it->pass && f.pass;
       row->ratio = std::max(row->ratio, it->ratio);
-      row->headroom = std::max(row->headroom, it->headroom);
     }
   }
 }
@@ -345,7 +268,6 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
       row.family = b->family();
       row.target = b->target();
       row.precision = std::string(name(b->precision()));
-      row.rule = is_reference(*b) ? "derived" : "naive";
       row.available = b->available();
       if (!row.available) {
         done += static_cast<int>(attn ? suite.attention.size()

@@ -1,15 +1,12 @@
 // The validation suite qknorm-check runs: which cases, how every registry
 // entry is judged on them, and the per-entry summary rows of the report.
 //
-// Judgement:
-// - Every entry except the reference family: the suite's tolerance rule
-//   (validation/harness.h: err <= 2 * err(naive same-precision) + atol) on
-//   o, lse, dq, dk, dv, dg, on every case.
-// - reference:<prec> IS the naive baseline of its precision (ratio 1 by
-//   definition), so the rule says nothing about it. Its error against the
-//   oracle is held to the a-priori bound of validation/baseline_bounds.h
-//   instead (reference_bounds() at f64/f32, plus the storage-rounding terms
-//   at bf16/f16).
+// Judgement: every entry, the reference family included, by the
+// componentwise verdict (validation/tolerance.h) on o, lse, dq, dk, dv, dg
+// (ScaleNorm y, dx, dg), on every case. The naive same-precision baseline
+// reference:<prec> is run beside each other entry for the report's ratio and
+// its own margin (a naive margin above 1 would mean the rule is unsound
+// there); it is no part of the entry's bound.
 #ifndef QKNORM_CLI_SUITE_H_
 #define QKNORM_CLI_SUITE_H_
 
@@ -49,11 +46,16 @@ struct Suite {
 // Case i gets seed `seed + i`.
 Suite default_suite(uint64_t seed);
 
-// One field ("o", "dq", ...) of one case.
+// One field ("o", "dq", ...) of one case: the verdict's figures.
 struct FieldResult {
   std::string field;
-  validation::ErrorStats entry, naive;  // against the oracle
-  double limit = 0;                     // the bound the entry's err is held to
+  validation::ErrorStats entry, naive;  // against the oracle (statistics)
+  bool has_naive = false;
+  int64_t count = 0, failures = 0, not_representable = 0, ill_conditioned = 0;
+  double margin = 0, naive_margin = 0;  // worst err_e / bound_e
+  std::string where;                    // "[b,h,n,d]" of the worst element
+  double expected = 0, actual = 0, bound = 0;
+  std::string diagnosis;  // the first failing element's, if any
   bool pass = false;
 };
 
@@ -65,22 +67,32 @@ struct CaseResult {
   std::string failure;  // failure message (rule's) if !pass
 };
 
+// The element of largest margin: which case, field and index.
+struct WorstElement {
+  double margin = 0;  // err / bound (> 1 fails)
+  int case_index = -1;
+  std::string field, where;
+  double expected = 0, actual = 0, bound = 0;
+};
+
 // A field summarized over every case of an entry.
 struct FieldSummary {
   std::string field;
   validation::ErrorStats worst;  // each statistic maximized over cases
   double ratio = 0;              // max over cases of err / err(naive)
-  double headroom = 0;           // max over cases of err / limit (> 1 fails)
+  WorstElement worst_element;
+  int64_t failures = 0, not_representable = 0;
   bool pass = true;
 };
 
 struct EntryRow {
   std::string kind;  // "attention" or "scalenorm"
   std::string name, family, target, precision;
-  std::string rule;  // "naive" (2x naive + atol) or "derived"
+  std::string rule = "componentwise";
   std::vector<FieldSummary> fields;
   std::vector<CaseResult> cases;
-  double ratio = 0, headroom = 0;
+  double ratio = 0;
+  WorstElement worst;  // over every field and case
   double gflops = 0;  // forward, 4 * Nq * Nk * D per head (0: not timed)
   bool available = true;
   bool pass = true;
@@ -102,10 +114,8 @@ CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
                            const ExecConfig& exec);
 CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
                            const ExecConfig& exec);
-// Judgement from a finished agreement report (the rule) and, for reference
-// entries, the derived bound on the rounded case.
-CaseResult from_report(const validation::AgreementReport& rep,
-                       const std::vector<double>* derived_limits);
+// The case result of a finished verdict.
+CaseResult from_report(const validation::AgreementReport& rep);
 
 // Folds case results into the per-field summary of a row.
 void summarize(EntryRow* row);

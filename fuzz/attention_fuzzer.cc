@@ -418,7 +418,7 @@ void differential(ByteReader& r) {
     expect_outcome(false, ctx, [&] {
       rep = validation::judge_attention(
           pp.rc, e->precision(), pp.oracle, run(*e, pp.rc, d.forward_only),
-          pp.naive, d.forward_only, e->name(), nb.name());
+          &pp.naive, d.forward_only, e->name(), nb.name());
     });
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
@@ -534,21 +534,20 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   const OracleAttention orc = validation::oracle_attention(c);
   if (!in_domain(c, orc, s, true) || o.overlapping()) return;
   const Backend& nb = validation::naive_for(s);
+  const AttentionResult nr = run(nb, c, true);
   AgreementReport rep = validation::judge_attention(
-      c, s, orc, run(e, c, true), run(nb, c, true), true, e.name(), nb.name());
+      c, s, orc, run(e, c, true), &nr, true, e.name(), nb.name());
   if (!rep.pass)
     fail("entry disagrees with the oracle", rep.failure_message() + ctx);
-  const auto ov = validation::compare(o.load(), orc.o, s);
-  const auto lv = validation::compare(
-      lse, orc.lse, s == Precision::kF64 ? Precision::kF64 : Precision::kF32);
-  const auto& fo = rep.fields[0];
-  const auto& fl = rep.fields[1];
-  if (ov.nonfinite_mismatch || ov.max_abs > fo.bound || lv.nonfinite_mismatch ||
-      lv.max_abs > fl.bound)
+  // The strided result, judged by the same verdict.
+  AttentionResult strided;
+  strided.o = o.load();
+  strided.lse = lse;
+  const AgreementReport srep = validation::judge_attention(
+      c, s, orc, strided, &nr, true, e.name() + " (strided)", nb.name());
+  if (!srep.pass)
     fail("strided result outside the tolerance bound",
-         ctx + "\n  o: " + validation::describe(ov) + " bound " +
-             std::to_string(fo.bound) + "\n  lse: " + validation::describe(lv) +
-             " bound " + std::to_string(fl.bound));
+         srep.failure_message() + ctx);
 }
 
 void layout(ByteReader& r) {

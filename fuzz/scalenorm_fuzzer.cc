@@ -178,7 +178,7 @@ void differential(ByteReader& r) {
     validation::ScaleNormResult res;
     expect_outcome(false, ctx, [&] {
       res = validation::run_scalenorm(*e, rc);
-      rep = validation::judge_scalenorm(rc, e->precision(), orc, res, pp.naive,
+      rep = validation::judge_scalenorm(rc, e->precision(), orc, res, &pp.naive,
                                         e->name(), nb.name());
     });
     if (!rep.pass)
@@ -283,13 +283,15 @@ void layout(ByteReader& r) {
     const AgreementReport rep = validation::check_scalenorm(*e, c);
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
-    const auto ey = validation::compare(y.load(), orc.y, s);
-    const auto edx = validation::compare(dx.load(), orc.dx, s);
-    if (ey.nonfinite_mismatch || ey.max_abs > rep.fields[0].bound ||
-        edx.nonfinite_mismatch || edx.max_abs > rep.fields[1].bound)
+    validation::ScaleNormResult strided;
+    strided.y = y.load();
+    strided.dx = dx.load();
+    strided.dg = dg;
+    const AgreementReport srep = validation::judge_scalenorm(
+        c, s, orc, strided, nullptr, e->name() + " (strided)", "");
+    if (!srep.pass)
       fail("strided result outside the tolerance bound",
-           ctx + "\n  y: " + validation::describe(ey) +
-               "\n  dx: " + validation::describe(edx));
+           srep.failure_message() + ctx);
   }
 }
 

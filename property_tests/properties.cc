@@ -11,9 +11,9 @@
 //  - bitwise properties: no tolerance; determinism compares every bit, the
 //    mask and independence properties treat +0 and -0 as one value (an
 //    exact 0 * x term of a masked key may flip an underflowed zero's sign);
-//  - probability / logit / entropy bounds: kNaiveFactor times the a-priori
+//  - probability / logit / entropy bounds: kTwoRuns times the a-priori
 //    relative error gamma_fwd of the probabilities (bounds.h) at the entry's
-//    compute roundoff: an entry may be kNaiveFactor worse than the naive
+//    compute roundoff: an entry may be kTwoRuns worse than the naive
 //    baseline, whose error gamma_fwd bounds.
 #include "property_tests/properties.h"
 
@@ -40,7 +40,6 @@ namespace {
 using LD = long double;
 using validation::AttentionCase;
 using validation::AttentionResult;
-using validation::kNaiveFactor;
 using validation::ScaleNormCase;
 using validation::ScaleNormResult;
 
@@ -129,7 +128,7 @@ double row_norm(const std::vector<double>& t, int64_t D, int64_t r) {
 // on c (see the file comment).
 double prob_gamma(const AttentionCase& c, Precision s) {
   const auto oracle = validation::oracle_attention(c);
-  return kNaiveFactor *
+  return kTwoRuns *
          validation::reference_bounds(c, oracle, compute_roundoff(s)).gamma_fwd;
 }
 
@@ -137,7 +136,7 @@ double prob_gamma(const AttentionCase& c, Precision s) {
 // of its f32 result. Truncation (Highway 1.0.3's bf16 DemoteTo) moves values
 // by up to 2 ulp against 1 ulp/2: within the rule's atol (4u), so agreement
 // alone does not see it. An element is decidable when the whole interval
-// oracle +- delta rounds to one storage value, delta = kNaiveFactor times the
+// oracle +- delta rounds to one storage value, delta = kTwoRuns times the
 // a-priori f32 error bound of the field; every decidable element must then
 // equal that value exactly.
 std::string rounding_diff(const char* field, Precision s,
@@ -192,7 +191,7 @@ void attention_agreement(const Backend& b) {
     const auto r = validation::run_attention_forward(b, c);
     const auto oracle = validation::oracle_attention(c);
     const double delta =
-        kNaiveFactor *
+        kTwoRuns *
         validation::reference_bounds(c, oracle, compute_roundoff(s)).o;
     const std::string d = rounding_diff("o", s, r.o, oracle.o, delta);
     if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
@@ -209,7 +208,7 @@ void scalenorm_agreement(const Backend& b) {
     const auto r = validation::run_scalenorm(b, c);
     const auto oracle = validation::oracle_scalenorm(c);
     const double delta =
-        kNaiveFactor *
+        kTwoRuns *
         validation::scalenorm_bounds(c, oracle, compute_roundoff(s)).y;
     const std::string d = rounding_diff("y", s, r.y, oracle.y, delta);
     if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);

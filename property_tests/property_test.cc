@@ -123,7 +123,7 @@ TEST_P(EntryProperty, NegativeControlSdpaSaturates) {
     // gamma of the bound at |g| = kGMax (the qknorm problem's, see
     // properties.cc).
     const double gamma =
-        validation::kNaiveFactor *
+        kTwoRuns *
         validation::reference_bounds(qk, validation::oracle_attention(qk),
                                      compute_roundoff(b.precision()))
             .gamma_fwd;

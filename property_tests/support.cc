@@ -2,6 +2,7 @@
 
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,23 +18,35 @@ using validation::AttentionCase;
 using validation::ScaleNormCase;
 
 namespace {
-Budgets from_report(const validation::AgreementReport& rep) {
+Budgets from_tables(const std::vector<validation::ToleranceTable>& tables) {
   Budgets b;
-  for (const auto& f : rep.fields) b.bound[f.field] = f.bound;
+  for (const auto& t : tables) {
+    std::vector<double>& v = b.bound[validation::name(t.field)];
+    v.resize(t.expected.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = validation::element_bound(t, i);
+  }
   return b;
 }
 }  // namespace
 
-// The naive baseline run as the "entry" of check_*: its verdict carries the
-// rule's bound for this case and precision (the bound does not involve the
-// entry's own result).
+double Budgets::operator[](const std::string& f) const {
+  double m = 0;
+  for (double x : bound.at(f)) m = std::max(m, x);
+  return m;
+}
+
+// The verdict's tables for this case (inputs rounded to prec, as every entry
+// of that precision sees them).
 Budgets attention_budgets(Precision prec, const AttentionCase& c) {
-  return from_report(
-      validation::check_attention(validation::naive_for(prec), c));
+  const AttentionCase rc = validation::round_inputs(c, prec);
+  return from_tables(validation::attention_tolerances(
+      rc, prec, validation::oracle_attention(rc), false));
 }
 Budgets scalenorm_budgets(Precision prec, const ScaleNormCase& c) {
-  return from_report(
-      validation::check_scalenorm(validation::naive_for(prec), c));
+  const ScaleNormCase rc = validation::round_inputs(c, prec);
+  return from_tables(validation::scalenorm_tolerances(
+      rc, prec, validation::oracle_scalenorm(rc)));
 }
 
 Precision compute_precision(Precision p) {

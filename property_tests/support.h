@@ -16,19 +16,22 @@
 
 namespace qknorm::property {
 
-// Per-field budget of the tolerance rule (harness.h) for one case:
-//   budget(field) = kNaiveFactor * err(naive same-precision) + atol,
-// the largest deviation from the oracle the rule lets ONE run of an entry of
-// that precision have. It does not depend on the entry, only on the case and
-// the precision. Transform properties compare two runs of the same entry on
+// Per-element budget of the verdict (validation/tolerance.h) for one case:
+// bound_e, the largest deviation from the oracle the rule lets ONE run of an
+// entry of that precision have at element e. It does not depend on the
+// entry, only on the case and the precision. Transform properties compare two runs of the same entry on
 // inputs the oracle maps exactly onto each other, so the two runs may differ
 // by the sum of the two cases' budgets (triangle inequality through the
 // oracle). Where the bound is an a-priori gamma, two runs get kTwoRuns of it.
 inline constexpr double kTwoRuns = 2.0;
 
 struct Budgets {
-  std::map<std::string, double> bound;  // "o", "lse", "dq", "dk", "dv", "dg"
-  double operator[](const std::string& f) const { return bound.at(f); }
+  // "o", "lse", "dq", "dk", "dv", "dg" (ScaleNorm "y", "dx", "dg"): bound_e.
+  std::map<std::string, std::vector<double>> bound;
+  // Element i's budget.
+  double at(const std::string& f, size_t i) const { return bound.at(f).at(i); }
+  // The field's largest budget (for properties that sum over elements).
+  double operator[](const std::string& f) const;
 };
 Budgets attention_budgets(Precision prec, const validation::AttentionCase& c);
 Budgets scalenorm_budgets(Precision prec, const validation::ScaleNormCase& c);

@@ -411,27 +411,43 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     // (weight T_ij), 1 the stored-O sensitivity (P_ij sum_d |dO_id|), 2 the
     // subnormal-intermediate count of dS_ij (P_ij (2D + 1) + 1); channel 2
     // adds its own sums' count to du before the normalization backward.
-    constexpr int kCh = 3;
-    const LD dq_add[kCh] = {0, 0, static_cast<LD>(Nk + D + 2)};
-    const LD dk_add[kCh] = {0, 0, static_cast<LD>(Nq + D + 2)};
+    constexpr int kCh = 4;
+    const LD dq_add[kCh] = {0, 0, static_cast<LD>(Nk + D + 2), 0};
+    const LD dk_add[kCh] = {0, 0, static_cast<LD>(Nq + D + 2), 0};
     LD dq_out[kCh] = {}, dk_out[kCh] = {}, dv_scale = 0;
-    std::vector<LD> mag[kCh], dk_mag[kCh], dv_mag, row,
-        av(static_cast<size_t>(Nk));
-    // Max over the elements of one row's |dx| magnitudes, m + add first.
-    auto row_max = [&](const LD* u, LD den, LD add, std::vector<LD>* m) {
+    std::vector<LD> mag[kCh], dk_mag[kCh], row, av(static_cast<size_t>(Nk));
+    // Per element: channel 0 -> *_mag, 1 -> *_o_sens_e, 2 -> *_uf_sens_e,
+    // 3 -> *_o_rel_e (see OracleAttention).
+    std::vector<LD>* dq_dst[kCh] = {&r.dq_mag, &r.dq_o_sens_e, &r.dq_uf_sens_e,
+                                    &r.dq_o_rel_e};
+    std::vector<LD>* dk_dst[kCh] = {&r.dk_mag, &r.dk_o_sens_e, &r.dk_uf_sens_e,
+                                    &r.dk_o_rel_e};
+    for (int ch = 0; ch < kCh; ++ch) {
+      dq_dst[ch]->assign(q.size(), 0);
+      dk_dst[ch]->assign(k.size(), 0);
+    }
+    r.o_mag.assign(q.size(), 0);
+    r.dv_mag.assign(v.size(), 0);
+    // One row's |dx| magnitudes from m + add, stored at dst; returns the max.
+    auto row_max = [&](const LD* u, LD den, LD add, std::vector<LD>* m,
+                       LD* dst) {
       for (LD& e : *m) e += add;
       norm_backward_mag(u, den, m);
       LD x = 0;
-      for (LD e : *m) x = std::max(x, e);
+      for (int64_t d = 0; d < D; ++d) {
+        dst[d] = (*m)[static_cast<size_t>(d)];
+        x = std::max(x, dst[d]);
+      }
       return x;
     };
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
       for (auto& m : dk_mag) m.assign(static_cast<size_t>(Nk * D), 0);
-      dv_mag.assign(static_cast<size_t>(Nk * D), 0);
+      LD* dv_mag = r.dv_mag.data() + bh * Nk * D;
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
         const LD* pi = probs.data() + (bh * Nq + i) * Nk;
         const LD* qhi = qh.data() + (bh * Nq + i) * D;
+        LD* omag = r.o_mag.data() + (bh * Nq + i) * D;
         LD del = 0, do_l1 = 0;
         for (int64_t k = 0; k < Nk; ++k) {
           av[static_cast<size_t>(k)] =
@@ -445,14 +461,16 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         for (int64_t j = 0; j < Nk; ++j) {
           const LD pij = pi[j];
           const LD w[kCh] = {pij * (av[static_cast<size_t>(j)] + del),
-                             pij * do_l1, pij * (2 * D + 1) + 1};
+                             pij * do_l1, pij * (2 * D + 1) + 1,
+                             pij * o_abs_dot};
           if (qk) {
             r.dg_scale += w[0];
             r.dg_o_sens += w[1];
-            r.dg_o_rel_sens += pij * o_abs_dot;
+            r.dg_o_rel_sens += w[3];
             r.dg_uf_sens += w[2] + 1;  // + the product dS_ij C_ij and its sum
           }
           const LD* khj = kh.data() + (bh * Nk + j) * D;
+          const LD* vj = v.data() + (bh * Nk + j) * D;
           for (int64_t d = 0; d < D; ++d) {
             const auto jd = static_cast<size_t>(j * D + d);
             for (int ch = 0; ch < kCh; ++ch) {
@@ -460,12 +478,14 @@ OracleAttention oracle_attention(const AttentionCase& c) {
               dk_mag[ch][jd] += s * w[ch] * std::fabs(qhi[d]);
             }
             dv_mag[jd] += pij * std::fabs(doi[d]);
+            omag[d] += pij * std::fabs(vj[d]);
           }
         }
         const LD qd = qden[static_cast<size_t>(bh * Nq + i)];
         for (int ch = 0; ch < kCh; ++ch)
-          dq_out[ch] =
-              std::max(dq_out[ch], row_max(qhi, qd, dq_add[ch], &mag[ch]));
+          dq_out[ch] = std::max(
+              dq_out[ch], row_max(qhi, qd, dq_add[ch], &mag[ch],
+                                  dq_dst[ch]->data() + (bh * Nq + i) * D));
       }
       for (int64_t j = 0; j < Nk; ++j) {
         const LD* khj = kh.data() + (bh * Nk + j) * D;
@@ -473,10 +493,13 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         for (int ch = 0; ch < kCh; ++ch) {
           row.assign(dk_mag[ch].begin() + j * D,
                      dk_mag[ch].begin() + (j + 1) * D);
-          dk_out[ch] = std::max(dk_out[ch], row_max(khj, kd, dk_add[ch], &row));
+          dk_out[ch] = std::max(
+              dk_out[ch], row_max(khj, kd, dk_add[ch], &row,
+                                  dk_dst[ch]->data() + (bh * Nk + j) * D));
         }
       }
-      for (LD m : dv_mag) dv_scale = std::max(dv_scale, m);
+      for (int64_t e = 0; e < Nk * D; ++e)
+        dv_scale = std::max(dv_scale, dv_mag[e]);
     }
     r.dq_scale = dq_out[0];
     r.dk_scale = dk_out[0];
@@ -518,31 +541,6 @@ const Backend& naive_for(Precision p) {
 }
 
 namespace {
-// Applies the rule to one field: atol = kAtolUnits * atol_units_times_scale,
-// where the caller passes (u_s + 2 A u_c) and the scale (or -1: max|oracle|).
-FieldVerdict verdict(const std::string& field, const std::vector<double>& entry,
-                     const std::vector<double>& naive,
-                     const std::vector<LD>& oracle, Precision fmt, double unit,
-                     double scale_override = -1, double additive_scale = 0,
-                     double extra_abs = 0) {
-  FieldVerdict v;
-  v.field = field;
-  v.entry = compare(entry, oracle, fmt);
-  v.naive = compare(naive, oracle, fmt);
-  const double scale = scale_override >= 0 ? scale_override : v.entry.scale;
-  // Plus the format's spacing at 0: below its smallest normal a format
-  // resolves results only absolutely, to ulp(fmt, 0) (found by the fuzzer,
-  // issue 7: a true dq of 3e-57 that a correct f32 kernel returns as the
-  // smallest subnormal, 1.4e-45, while the naive run flushed it to 0).
-  // extra_abs: the stored O's absolute resolution carried into a gradient
-  // (OracleAttention::*_o_sens).
-  v.atol =
-      kAtolUnits * (unit * (scale + additive_scale) + ulp(fmt, 0) + extra_abs);
-  v.bound = kNaiveFactor * v.naive.max_abs + v.atol;
-  v.pass = !v.entry.nonfinite_mismatch && v.entry.max_abs <= v.bound;
-  return v;
-}
-
 // In long double: a row norm (or the product of two) near DBL_MAX overflows
 // double and made A = 0 * inf = NaN (found by the fuzzer, issue 7).
 long double max_row_norm(const std::vector<double>& x, int64_t D) {
@@ -568,139 +566,112 @@ double logit_amplitude(const AttentionCase& c) {
 }
 
 AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
-                                const ExecConfig& cfg, bool forward_only) {
+                                const ExecConfig& cfg, bool forward_only,
+                                bool with_naive) {
   const Precision s = entry.precision();
   const AttentionCase c = round_inputs(c0, s);
   const Backend& nb = naive_for(s);
   const AttentionResult er = forward_only ? run_attention_forward(entry, c, cfg)
                                           : run_attention(entry, c, cfg);
-  const AttentionResult nr =
-      forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
-  return judge_attention(c, s, oracle_attention(c), er, nr, forward_only,
-                         entry.name(), nb.name());
+  AttentionResult nr;
+  if (with_naive)
+    nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
+  return judge_attention(c, s, oracle_attention(c), er,
+                         with_naive ? &nr : nullptr, forward_only, entry.name(),
+                         nb.name());
 }
+
+namespace {
+void finish(AgreementReport* rep) {
+  rep->pass = true;
+  rep->margin = 0;
+  for (const auto& f : rep->fields) {
+    rep->pass = rep->pass && f.pass;
+    if (f.margin > rep->margin || rep->worst_field.empty()) {
+      rep->margin = std::max(rep->margin, f.margin);
+      rep->worst_field = f.field;
+    }
+  }
+}
+}  // namespace
 
 AgreementReport judge_attention(const AttentionCase& c, Precision s,
                                 const OracleAttention& orc,
                                 const AttentionResult& er,
-                                const AttentionResult& nr, bool forward_only,
+                                const AttentionResult* nr, bool forward_only,
                                 const std::string& entry_name,
-                                const std::string& naive_name) {
+                                const std::string& naive_name,
+                                const std::vector<Field>* only) {
   AgreementReport rep;
   rep.entry_name = entry_name;
-  rep.naive_name = naive_name;
+  rep.naive_name = nr != nullptr ? naive_name : "";
   rep.case_desc = c.describe();
-  const double us = unit_roundoff(s), uc = compute_roundoff(s);
   const double A = logit_amplitude(c);
-  const double unit = us + 2 * A * uc;  // see the rule in harness.h
-  const Precision lse_fmt =
-      s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
-  rep.fields.push_back(verdict("o", er.o, nr.o, orc.o, s, unit));
-  // lse is kept in the compute precision (f32 for the 16-bit modes) and its
-  // error is absolute in S: kAtolUnits * u_c * (max|lse| + A).
-  rep.fields.push_back(
-      verdict("lse", er.lse, nr.lse, orc.lse, lse_fmt, uc, -1, A));
-  if (!forward_only) {
-    // Gradients: the magnitudes of their terms before cancellation
-    // (OracleAttention), never below max|oracle|.
-    auto grad_scale = [](long double mag, const std::vector<LD>& x) {
-      LD m = mag;
-      for (LD e : x)
-        if (std::isfinite(e)) m = std::max(m, std::fabs(e));
-      return static_cast<double>(m);
+  for (const ToleranceTable& t :
+       attention_tolerances(c, s, orc, forward_only)) {
+    if (only != nullptr &&
+        std::find(only->begin(), only->end(), t.field) == only->end())
+      continue;
+    auto pick = [&](const AttentionResult& r) -> std::vector<double> {
+      switch (t.field) {
+        case Field::kO:
+          return r.o;
+        case Field::kLse:
+          return r.lse;
+        case Field::kDq:
+          return r.dq;
+        case Field::kDk:
+          return r.dk;
+        case Field::kDv:
+          return r.dv;
+        default:
+          return {r.dg};
+      }
     };
-    // The stored O's and the compute format's spacings at 0, carried by
-    // the sensitivities.
-    const double o_res = ulp(s, 0), c_res = ulp(lse_fmt, 0);
-    auto abs_term = [&](LD o_sens, LD uf_sens) {
-      return o_res * static_cast<double>(o_sens) +
-             c_res * static_cast<double>(uf_sens);
-    };
-    rep.fields.push_back(verdict("dq", er.dq, nr.dq, orc.dq, s, unit,
-                                 grad_scale(orc.dq_scale, orc.dq), 0,
-                                 abs_term(orc.dq_o_sens, orc.dq_uf_sens)));
-    rep.fields.push_back(verdict("dk", er.dk, nr.dk, orc.dk, s, unit,
-                                 grad_scale(orc.dk_scale, orc.dk), 0,
-                                 abs_term(orc.dk_o_sens, orc.dk_uf_sens)));
-    rep.fields.push_back(verdict("dv", er.dv, nr.dv, orc.dv, s, unit,
-                                 grad_scale(orc.dv_scale, orc.dv)));
-    // dg is returned at the compute precision: unit u_c (1 + 2A), plus the
-    // stored O the backward may read (delta_i = dO_i . O_i): rounding O to
-    // storage (|dO| <= u_s |O| per element) moves delta_i by up to u_s
-    // |dO_i|.|O_i| and dg by up to u_s sum_ij P_ij |C_ij| |dO_i|.|O_i| <=
-    // u_s dg_o_rel_sens (|C| <= 1). Found by the Clang sanitizer build
-    // (issue 14): simd:EMU128:f16, a wide-magnitude case, dg 6.5e-4 off
-    // (4.6e-3 relative; the naive 1.0e-4) against a bound of 4.2e-4 that
-    // had no term for O's storage rounding. For f32 and f64 storage the
-    // term is u_c dg_o_rel_sens <= u_c dg_scale, below the existing terms.
+    const std::vector<double> naive =
+        nr != nullptr ? pick(*nr) : std::vector<double>{};
     rep.fields.push_back(
-        verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, lse_fmt, uc * (1 + 2 * A),
-                static_cast<double>(orc.dg_scale), 0,
-                abs_term(orc.dg_o_sens, orc.dg_uf_sens) +
-                    us * static_cast<double>(orc.dg_o_rel_sens)));
+        judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
+    rep.fields.back().amplitude = A;
   }
-  for (auto& f : rep.fields) f.amplitude = A;
-  for (const auto& f : rep.fields) rep.pass = rep.pass && f.pass;
+  finish(&rep);
   return rep;
 }
 
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,
-                                const ExecConfig& cfg) {
+                                const ExecConfig& cfg, bool with_naive) {
   const Precision s = entry.precision();
   const ScaleNormCase c = round_inputs(c0, s);
   const Backend& nb = naive_for(s);
   const ScaleNormResult er = run_scalenorm(entry, c, cfg);
-  const ScaleNormResult nr = run_scalenorm(nb, c);
-  return judge_scalenorm(c, s, oracle_scalenorm(c), er, nr, entry.name(),
-                         nb.name());
+  ScaleNormResult nr;
+  if (with_naive) nr = run_scalenorm(nb, c);
+  return judge_scalenorm(c, s, oracle_scalenorm(c), er,
+                         with_naive ? &nr : nullptr, entry.name(), nb.name());
 }
 
 AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
                                 const OracleScaleNorm& orc,
                                 const ScaleNormResult& er,
-                                const ScaleNormResult& nr,
+                                const ScaleNormResult* nr,
                                 const std::string& entry_name,
                                 const std::string& naive_name) {
   AgreementReport rep;
   rep.entry_name = entry_name;
-  rep.naive_name = naive_name;
+  rep.naive_name = nr != nullptr ? naive_name : "";
   rep.case_desc = c.describe();
-  const double us = unit_roundoff(s), uc = compute_roundoff(s);
-  const Precision dg_fmt =
-      s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
-  rep.fields.push_back(verdict("y", er.y, nr.y, orc.y, s, us));
-  // dx = (g / n) (dy - u (u . dy)) cancels to ~0 when dy is parallel to x;
-  // its rounding error scales with the terms before cancellation, so dx's
-  // scale is max over rows of 2 |g| ||dy_r|| / max(||x_r||, eps) (>= max|dx|;
-  // found by the fuzzer, issue 7: a true dx of 0, the naive exactly 0 by
-  // luck, a correct SIMD kernel 2.5e-10).
-  // Below the compute format's normal range its intermediates are resolved
-  // only absolutely: c = u . dy and u_i c carry up to (dim + 1) ulp_c(0),
-  // which the factor g / n then multiplies (found by the fuzzer, issue 7:
-  // dy = (3.2e-319, 0), c = 7.2e-323 with ~4 significant bits, g / n =
-  // 3.3e10: a correct blas:f64 dx 2.6% off, the naive 0.02% by luck).
-  // dx_underflow is that sensitivity, max over rows of (dim + 1) |g| / n.
-  long double dx_scale = 0, dx_underflow = 0;
-  for (int64_t r = 0; r < c.problem.rows; ++r) {
-    std::vector<LD> xr(c.x.begin() + r * c.problem.dim,
-                       c.x.begin() + (r + 1) * c.problem.dim),
-        dyr(c.dy.begin() + r * c.problem.dim,
-            c.dy.begin() + (r + 1) * c.problem.dim);
-    const LD n = std::max<LD>(reference::nrm2<LD>(xr.data(), c.problem.dim),
-                              c.problem.eps);
-    dx_scale = std::max(dx_scale,
-                        2 * std::fabs(static_cast<LD>(c.problem.g)) *
-                            reference::nrm2<LD>(dyr.data(), c.problem.dim) / n);
-    dx_underflow =
-        std::max(dx_underflow, (c.problem.dim + 1) *
-                                   std::fabs(static_cast<LD>(c.problem.g)) / n);
+  for (const ToleranceTable& t : scalenorm_tolerances(c, s, orc)) {
+    auto pick = [&](const ScaleNormResult& r) -> std::vector<double> {
+      if (t.field == Field::kY) return r.y;
+      if (t.field == Field::kDx) return r.dx;
+      return {r.dg};
+    };
+    const std::vector<double> naive =
+        nr != nullptr ? pick(*nr) : std::vector<double>{};
+    rep.fields.push_back(
+        judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
   }
-  rep.fields.push_back(
-      verdict("dx", er.dx, nr.dx, orc.dx, s, us, static_cast<double>(dx_scale),
-              0, ulp(dg_fmt, 0) * static_cast<double>(dx_underflow)));
-  rep.fields.push_back(verdict("dg", {er.dg}, {nr.dg}, {orc.dg}, dg_fmt, uc,
-                               static_cast<double>(orc.dg_scale)));
-  for (const auto& f : rep.fields) rep.pass = rep.pass && f.pass;
+  finish(&rep);
   return rep;
 }
 
@@ -708,19 +679,25 @@ std::string AgreementReport::failure_message() const {
   std::string m;
   for (const auto& f : fields) {
     if (f.pass) continue;
-    char buf[256];
-    std::snprintf(
-        buf, sizeof buf,
-        "  field %s: err=%.6e > bound=%.6e (= %.0f * naive_err %.6e + "
-        "atol %.6e; logit amplitude A=%.6g)\n",
-        f.field.c_str(), f.entry.max_abs, f.bound, kNaiveFactor,
-        f.naive.max_abs, f.atol, f.amplitude);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "  field %s: %lld of %lld elements fail; worst %s%s: "
+                  "expected %.17g, actual %.17g, bound %.6e (margin %.3g; "
+                  "logit amplitude A=%.6g)\n    first failure: %s\n",
+                  f.field.c_str(), (long long)f.failures, (long long)f.count,
+                  f.field.c_str(), f.worst_where.c_str(), f.worst_expected,
+                  f.worst_actual, f.worst_bound, f.margin, f.amplitude,
+                  f.diagnosis.c_str());
     m += buf;
     m += "    entry: " + describe(f.entry) + "\n";
-    m += "    naive: " + describe(f.naive) + "\n";
+    if (f.has_naive) {
+      std::snprintf(buf, sizeof buf, "    naive margin %.3g: ", f.naive_margin);
+      m += buf + describe(f.naive) + "\n";
+    }
   }
   if (m.empty()) return "";
-  return "entry " + entry_name + " vs oracle (naive " + naive_name + ") on " +
+  return "entry " + entry_name + " vs oracle" +
+         (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
          case_desc + "\n" + m;
 }
 

@@ -1,45 +1,7 @@
 // Test cases, running any registry entry on them, the oracle, and the
-// suite's tolerance rule. Used by tests, property tests, the CLI and fuzzers.
-//
-// THE TOLERANCE RULE (issue 3; FlashAttention's test-suite rule):
-//   err(X) = max |X - oracle| over elements, and an entry passes a field iff
-//     err(entry) <= kNaiveFactor * err(naive same-precision) + atol,
-//   where "naive same-precision" is the registry entry reference:<prec> (the
-//   reference loops in the entry's compute precision on the same stored
-//   inputs, outputs rounded to storage) and
-//     atol = kAtolUnits * ((u_s + 2 A u_c) * scale(field) + ulp_fmt(0)),
-//   u_s the unit roundoff of the storage format, u_c that of the compute
-//   format, scale(field) the max |oracle| of that field for O (for dq, dk,
-//   dv: the magnitude of their terms before cancellation; dg: dg_scale, the
-//   magnitude of its terms before cancellation, with the unit u_c (1 + 2A):
-//   dg is a compute-format scalar), A the logit amplitude (|g|
-//   for qknorm; the bound max||q|| max||k|| / sqrt(D) on |S| for sdpa), and
-//   ulp_fmt(0) the field format's smallest subnormal (its absolute
-//   resolution below the normal range). dq, dk and dg add
-//   kAtolUnits * ulp_s(0) * (their sensitivity to the stored O, which the
-//   backward reads and which two correct entries round differently below
-//   the normal range) and kAtolUnits * ulp_c(0) * (their sensitivity to
-//   the compute format's subnormal intermediates; OracleAttention); dg adds
-//   kAtolUnits * u_s * dg_o_rel_sens, the stored O's relative rounding
-//   carried into delta and dg.
-//   ScaleNorm's dx adds
-//   kAtolUnits * ulp_c(0) * max_r (dim + 1) |g| / max(||x_r||, eps): the
-//   compute format's absolute resolution in u . dy, times the factor g / n.
-// Why these terms:
-// - u_s * scale: rounding a correct result to storage costs up to 1/2 ulp,
-//   and the naive baseline may round to the other side: 1 u_s * scale
-//   between them; kAtolUnits = 4 doubles that again for the few-roundoff
-//   differences of a reordered sum near the largest element.
-// - 2 A u_c * scale: the conditioning of softmax attention. A correct kernel
-//   computes C = q_hat . k_hat to a few u_c (|dC| <= e), so S = A C moves by
-//   A e, each P_ij by 2 A e P_ij, and O (and every gradient through P) by
-//   2 A e * scale. That error is intrinsic to the precision, not to the
-//   algorithm, and the naive run may simply have been lucky on a small
-//   tensor (seen: a D = 1, g = 25 sweep case with the naive at 1.6 u * scale
-//   and a correct GEMM kernel at 8 u * scale); it does not grow with any
-//   bug, which shows as O(1) relative error.
-// lse is absolute in S: atol(lse) = kAtolUnits * u_c * (max|lse| + A).
-// kNaiveFactor = 2 is the issue's factor and is never widened.
+// verdict: judge_attention / judge_scalenorm apply the componentwise rule of
+// validation/tolerance.h (the one place the tolerance lives) to results.
+// Used by tests, property tests, the CLI, compare and the fuzzers.
 #ifndef QKNORM_VALIDATION_HARNESS_H_
 #define QKNORM_VALIDATION_HARNESS_H_
 
@@ -50,11 +12,9 @@
 #include "qknorm/backend.h"
 #include "validation/metrics.h"
 #include "validation/rng.h"
+#include "validation/tolerance.h"
 
 namespace qknorm::validation {
-
-inline constexpr double kNaiveFactor = 2.0;
-inline constexpr double kAtolUnits = 4.0;
 
 enum class Distribution {
   kGaussian,       // N(0, 1)
@@ -158,6 +118,15 @@ struct OracleAttention {
   // of one unit in every element of the stored O; times u_s it joins dg's
   // atol (issue 14).
   long double dg_o_rel_sens = 0;
+  // Per element (issue 15; validation/tolerance.h): the magnitudes before
+  // cancellation (o_mag: sum_j P_ij |v_jd|; dv_mag: sum_i P_ij |dO_id|;
+  // dq_mag, dk_mag: the dS terms through the normalization backward), the
+  // stored-O sensitivities (absolute per ulp_s(0): *_o_sens_e; relative per
+  // u_s: *_o_rel_e) and the subnormal-intermediate counts (*_uf_sens_e).
+  // The scalars above are their maxima.
+  std::vector<long double> o_mag, dv_mag, dq_mag, dk_mag;
+  std::vector<long double> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e,
+      dk_uf_sens_e, dq_o_rel_e, dk_o_rel_e;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
@@ -166,21 +135,16 @@ struct OracleScaleNorm {
 OracleAttention oracle_attention(const AttentionCase& c);
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
 
-// The verdict of the tolerance rule for one field ("o", "dq", ..., "dg").
-struct FieldVerdict {
-  std::string field;
-  double amplitude = 0;        // A of the rule
-  ErrorStats entry, naive;     // both against the oracle
-  double atol = 0, bound = 0;  // bound = kNaiveFactor * naive.max_abs + atol
-  bool pass = false;
-};
-
 struct AgreementReport {
   std::string entry_name, naive_name, case_desc;
   std::vector<FieldVerdict> fields;
   bool pass = true;
-  // Every failing field: entry, target, precision, case (shape, seed),
-  // worst index, expected, actual, err, bound.
+  // The largest element margin err_e / bound_e over every field (> 1 fails)
+  // and the field it is in.
+  double margin = 0;
+  std::string worst_field;
+  // Every failing field: entry, case (shape, seed), the element of largest
+  // margin (index, expected, actual, bound), the first failure's diagnosis.
   std::string failure_message() const;
 };
 
@@ -190,30 +154,35 @@ const Backend& naive_for(Precision p);
 // The logit amplitude A of the rule for the (rounded) case.
 double logit_amplitude(const AttentionCase& c);
 
-// Runs `entry` and its naive baseline on round_inputs(c, entry precision),
-// compares both with the oracle, applies the rule to o, lse, dq, dk, dv, dg
-// (forward_only: o and lse).
+// Runs `entry` on round_inputs(c, entry precision) and judges it
+// (judge_attention) against the oracle; with_naive also runs and judges the
+// naive baseline, for its margin and error statistics (never for the
+// entry's verdict). forward_only: o and lse.
 AgreementReport check_attention(const Backend& entry, const AttentionCase& c,
                                 const ExecConfig& cfg = {},
-                                bool forward_only = false);
+                                bool forward_only = false,
+                                bool with_naive = true);
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c,
-                                const ExecConfig& cfg = {});
+                                const ExecConfig& cfg = {},
+                                bool with_naive = true);
 
-// The rule applied to results already computed (check_* = run + judge_*):
-// `c` is the case as the entries saw it (round_inputs(case, s)), `oracle`
-// its oracle, `entry` and `naive` the results of the judged entry and of
-// naive_for(s) on it. Callers that judge many entries of one precision on
-// one case (the fuzzers) compute the oracle and the naive result once.
+// The verdict on results already computed (check_* = run + judge_*): `c` is
+// the case as the entries saw it (round_inputs(case, s)), `oracle` its
+// oracle, `entry` the judged result and `naive` (may be null) the result of
+// naive_for(s) on it. `only` (may be null) restricts the verdict to those
+// fields (compare judges the tensors the files give). Callers that judge
+// many entries of one precision on one case compute the oracle once.
 AgreementReport judge_attention(const AttentionCase& c, Precision s,
                                 const OracleAttention& oracle,
                                 const AttentionResult& entry,
-                                const AttentionResult& naive, bool forward_only,
+                                const AttentionResult* naive, bool forward_only,
                                 const std::string& entry_name,
-                                const std::string& naive_name);
+                                const std::string& naive_name,
+                                const std::vector<Field>* only = nullptr);
 AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
                                 const OracleScaleNorm& oracle,
                                 const ScaleNormResult& entry,
-                                const ScaleNormResult& naive,
+                                const ScaleNormResult* naive,
                                 const std::string& entry_name,
                                 const std::string& naive_name);
 

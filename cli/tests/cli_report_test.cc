@@ -78,18 +78,18 @@ TEST(ReportLogic, CorrectEntriesPassAndWrongOneFails) {
   finalize(&rep);
   ASSERT_EQ(rep.rows.size(), 4u);  // attention + scalenorm for each
   EXPECT_TRUE(rep.rows[0].pass);
-  EXPECT_EQ(rep.rows[0].rule, "derived");
+  EXPECT_EQ(rep.rows[0].rule, "componentwise");
   EXPECT_EQ(rep.rows[2].name, "mutant:f32");
   EXPECT_FALSE(rep.rows[2].pass);  // attention: O is wrong
-  EXPECT_EQ(rep.rows[2].rule, "naive");
-  EXPECT_GT(rep.rows[2].headroom, 1);
+  EXPECT_GT(rep.rows[2].worst.margin, 1);
+  EXPECT_EQ(rep.rows[2].worst.field, "o");
   EXPECT_GT(rep.rows[2].ratio, 10);
   EXPECT_TRUE(rep.rows[3].pass);  // scalenorm is untouched
   EXPECT_FALSE(rep.pass);
   std::ostringstream table;
   print_table(table, rep);
   EXPECT_NE(table.str().find("FAIL"), std::string::npos);
-  EXPECT_NE(table.str().find("field o: err="), std::string::npos)
+  EXPECT_NE(table.str().find("field o: "), std::string::npos)
       << table.str();
 }
 
@@ -105,25 +105,26 @@ TEST(ReportLogic, UnavailableEntryDoesNotFailTheRun) {
   EXPECT_TRUE(rep.pass);
 }
 
-TEST(ReportLogic, DerivedLimitsDecideReferenceFields) {
+TEST(ReportLogic, CaseResultCarriesTheVerdictsWorstElement) {
   validation::AgreementReport rep;
-  rep.entry_name = rep.naive_name = "reference:f64";
+  rep.entry_name = "x:f64";
   validation::FieldVerdict f;
   f.field = "o";
-  f.entry.max_abs = f.naive.max_abs = 1e-15;
-  f.bound = 1;
-  f.pass = true;  // the rule passes trivially for a baseline against itself
+  f.margin = 3;
+  f.failures = 2;
+  f.worst_where = "[0,1,2,3]";
+  f.worst_expected = 1;
+  f.worst_actual = 1.5;
+  f.worst_bound = 0.1;
+  f.pass = false;
   rep.fields = {f};
-  const std::vector<double> tight = {1e-16}, loose = {1e-14};
-  EXPECT_FALSE(from_report(rep, &tight).pass);
-  EXPECT_NE(from_report(rep, &tight).failure.find("derived bound"),
-            std::string::npos);
-  EXPECT_TRUE(from_report(rep, &loose).pass);
-  rep.fields[0].entry.nonfinite_mismatch = true;
-  EXPECT_FALSE(from_report(rep, &loose).pass);
-  // Without derived limits the rule's verdict is taken as is.
-  rep.fields[0].pass = false;
-  EXPECT_FALSE(from_report(rep, nullptr).pass);
+  rep.pass = false;
+  const CaseResult r = from_report(rep);
+  EXPECT_FALSE(r.pass);
+  ASSERT_EQ(r.fields.size(), 1u);
+  EXPECT_EQ(r.fields[0].where, "[0,1,2,3]");
+  EXPECT_DOUBLE_EQ(r.fields[0].margin, 3);
+  EXPECT_NE(r.failure.find("2 of"), std::string::npos) << r.failure;
 }
 
 TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
@@ -133,11 +134,13 @@ TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
   fa.field = fb.field = "o";
   fa.entry.max_abs = 1e-6;
   fa.naive.max_abs = 1e-6;
-  fa.limit = 4e-6;
+  fa.margin = 0.25;
+  fa.has_naive = fb.has_naive = true;
   fa.pass = true;
   fb.entry.max_abs = 3e-6;
   fb.naive.max_abs = 1e-6;
-  fb.limit = 2e-6;
+  fb.margin = 1.5;
+  fb.where = "[0,0,1,2]";
   fb.pass = false;
   a.fields = {fa};
   a.pass = true;
@@ -148,7 +151,9 @@ TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
   ASSERT_EQ(row.fields.size(), 1u);
   EXPECT_DOUBLE_EQ(row.fields[0].worst.max_abs, 3e-6);
   EXPECT_DOUBLE_EQ(row.ratio, 3);
-  EXPECT_DOUBLE_EQ(row.headroom, 1.5);
+  EXPECT_DOUBLE_EQ(row.worst.margin, 1.5);
+  EXPECT_EQ(row.worst.case_index, 1);
+  EXPECT_EQ(row.worst.where, "[0,0,1,2]");
   EXPECT_FALSE(row.pass);
 }
 

@@ -1,0 +1,385 @@
+#include "validation/tolerance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "qknorm/error.h"
+#include "reference/reference.h"
+#include "validation/harness.h"
+
+namespace qknorm::validation {
+namespace {
+
+using LD = long double;
+
+Precision wide_fmt(Precision s) {
+  return s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+}
+
+double d(LD x) { return static_cast<double>(x); }
+
+// kappa = M / |x| (0 / 0 = 1: an exact zero made of zero terms).
+double condition(LD mag, LD x) {
+  const LD ax = std::fabs(x);
+  if (ax > 0) return d(mag / ax);
+  return mag > 0 ? std::numeric_limits<double>::infinity() : 1.0;
+}
+
+ToleranceTable table(Field f, Precision fmt, int64_t B, int64_t H,
+                     int64_t rows, int64_t cols,
+                     const std::vector<LD>& expected) {
+  ToleranceTable t;
+  t.field = f;
+  t.fmt = fmt;
+  t.B = B;
+  t.H = H;
+  t.rows = rows;
+  t.cols = cols;
+  t.expected = expected;
+  t.delta.assign(expected.size(), 0);
+  t.cond.assign(expected.size(), 1);
+  return t;
+}
+
+}  // namespace
+
+const char* name(Field f) {
+  switch (f) {
+    case Field::kO:
+      return "o";
+    case Field::kLse:
+      return "lse";
+    case Field::kDq:
+      return "dq";
+    case Field::kDk:
+      return "dk";
+    case Field::kDv:
+      return "dv";
+    case Field::kDg:
+    case Field::kScaleNormDg:
+      return "dg";
+    case Field::kY:
+      return "y";
+    case Field::kDx:
+      return "dx";
+  }
+  return "?";
+}
+
+double sum_units(double n) { return kSumLambda * std::sqrt(n) + kOpUnits; }
+
+double softmax_units(double amplitude) {
+  return 2 * kDotUnits * std::fabs(amplitude);
+}
+
+double half_spacing(Precision fmt, double x, double delta) {
+  const double m = std::fabs(x) + delta;
+  const double spacing = !std::isfinite(m) || m >= max_finite(fmt)
+                             ? ulp(fmt, max_finite(fmt))
+                             : ulp(fmt, m);
+  // Half the smallest f64 subnormal is no double: the whole spacing there.
+  return spacing / 2 > 0 ? spacing / 2 : spacing;
+}
+
+std::string ToleranceTable::index_text(int64_t i) const {
+  if (B * H * rows * cols == 1) return "[]";
+  const int64_t c = i % cols, r = (i / cols) % rows, h = (i / cols / rows) % H,
+                b = i / cols / rows / H;
+  char buf[96];
+  if (B == 1 && H == 1)
+    std::snprintf(buf, sizeof buf, "[%lld,%lld]", (long long)r, (long long)c);
+  else if (cols == 1)
+    std::snprintf(buf, sizeof buf, "[%lld,%lld,%lld]", (long long)b,
+                  (long long)h, (long long)r);
+  else
+    std::snprintf(buf, sizeof buf, "[%lld,%lld,%lld,%lld]", (long long)b,
+                  (long long)h, (long long)r, (long long)c);
+  return buf;
+}
+
+std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
+                                                 Precision s,
+                                                 const OracleAttention& orc,
+                                                 bool forward_only) {
+  const AttentionProblem& p = c.problem;
+  const int64_t B = p.batch, H = p.heads, Nq = p.q_len, Nk = p.kv_len,
+                D = p.head_dim;
+  const double us = unit_roundoff(s), uc = compute_roundoff(s);
+  const double A = logit_amplitude(c);
+  const Precision wf = wide_fmt(s);
+  const double soft = softmax_units(A);
+  const double o_res = ulp(s, 0), c_res = ulp(wf, 0);
+  std::vector<ToleranceTable> out;
+  // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning.
+  {
+    ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
+    const double units = sum_units(static_cast<double>(Nk)) + soft;
+    t.masked_row.assign(orc.o.size(), 0);
+    for (size_t e = 0; e < orc.o.size(); ++e) {
+      t.delta[e] = uc * units * d(orc.o_mag[e]);
+      t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
+      t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
+    }
+    out.push_back(std::move(t));
+  }
+  // lse_i = m_i + log(l_i), kept in the compute format: absolute in S. S
+  // moves by A kDotUnits u_c, log(l) by l's relative error (an Nk-term sum
+  // of positive terms), and |lse| costs its own rounding and the addition.
+  {
+    ToleranceTable t = table(Field::kLse, wf, B, H, Nq, 1, orc.lse);
+    t.masked_row.assign(orc.lse.size(), 0);
+    for (size_t e = 0; e < orc.lse.size(); ++e) {
+      const LD x = orc.lse[e];
+      t.masked_row[e] = std::isinf(x);
+      if (!std::isfinite(x)) continue;
+      const double mag = d(std::fabs(x)) + std::fabs(A);
+      t.delta[e] = uc * (kDotUnits * std::fabs(A) +
+                         sum_units(static_cast<double>(Nk)) + 2 * d(std::fabs(x)));
+      t.cond[e] = condition(mag, x);
+    }
+    out.push_back(std::move(t));
+  }
+  if (forward_only) return out;
+  // dQ, dK: the dS sums (Nk resp. Nq terms) through the normalization
+  // backward (a D-term dot and a division); the stored O they read enters as
+  // u_s R_e (relative) and ulp_s(0) So_e (absolute), subnormal
+  // intermediates as ulp_c(0) Sc_e.
+  auto grad = [&](Field f, const std::vector<LD>& x, int64_t rows, int64_t n,
+                  const std::vector<LD>& mag, const std::vector<LD>& o_rel,
+                  const std::vector<LD>& o_sens, const std::vector<LD>& uf) {
+    ToleranceTable t = table(f, s, B, H, rows, D, x);
+    const double units = sum_units(static_cast<double>(n + D)) + soft;
+    for (size_t e = 0; e < x.size(); ++e) {
+      t.delta[e] = uc * units * d(mag[e]) + us * d(o_rel[e]) +
+                   o_res * d(o_sens[e]) + c_res * d(uf[e]);
+      t.cond[e] = condition(mag[e], x[e]);
+    }
+    return t;
+  };
+  out.push_back(grad(Field::kDq, orc.dq, Nq, Nk, orc.dq_mag, orc.dq_o_rel_e,
+                     orc.dq_o_sens_e, orc.dq_uf_sens_e));
+  out.push_back(grad(Field::kDk, orc.dk, Nk, Nq, orc.dk_mag, orc.dk_o_rel_e,
+                     orc.dk_o_sens_e, orc.dk_uf_sens_e));
+  // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
+  // conditioning.
+  {
+    ToleranceTable t = table(Field::kDv, s, B, H, Nk, D, orc.dv);
+    const double units = sum_units(static_cast<double>(Nq)) + soft;
+    for (size_t e = 0; e < orc.dv.size(); ++e) {
+      t.delta[e] = uc * units * d(orc.dv_mag[e]);
+      t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
+    }
+    out.push_back(std::move(t));
+  }
+  // dg = sum_ij dS_ij C_ij over every batch and head, returned in the
+  // compute format: a B H Nq Nk-term sum of terms of magnitude dg_scale
+  // (each dS_ij itself a D-term dot minus delta), the softmax's
+  // conditioning, the stored O (relative u_s, absolute ulp_s(0)) and the
+  // subnormal intermediates.
+  {
+    ToleranceTable t = table(Field::kDg, wf, 1, 1, 1, 1, {orc.dg});
+    const double n = static_cast<double>(B * H * Nq * Nk);
+    t.delta[0] = uc * (sum_units(n) + sum_units(static_cast<double>(D)) + soft) *
+                     d(orc.dg_scale) +
+                 us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
+                 c_res * d(orc.dg_uf_sens);
+    t.cond[0] = condition(orc.dg_scale, orc.dg);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
+                                                 Precision s,
+                                                 const OracleScaleNorm& orc) {
+  const ScaleNormProblem& p = c.problem;
+  const int64_t R = p.rows, Dm = p.dim;
+  const double uc = compute_roundoff(s);
+  const Precision wf = wide_fmt(s);
+  const double c_res = ulp(wf, 0);
+  const LD g = std::fabs(static_cast<LD>(p.g));
+  std::vector<ToleranceTable> out;
+  ToleranceTable ty = table(Field::kY, s, 1, 1, R, Dm, orc.y);
+  ToleranceTable tx = table(Field::kDx, s, 1, 1, R, Dm, orc.dx);
+  // y = g x / n, n a Dm-term sum of squares under a sqrt: |dy| <=
+  // (sum_units(Dm) + 3) u_c |y| (no cancellation). dx = (g / n)(dy - u (u .
+  // dy)): magnitude (g / n)(|dy_e| + |u_e| sum_k |u_k| |dy_k|) with the same
+  // units plus the dot's.
+  // Below the compute format's normal range every intermediate is resolved
+  // only to ulp_c(0), absolutely, and a kernel may form the products in any
+  // order: y as (g x) / n, (g / n) x or g (x / n) carries ulp_c(0) / 2 times
+  // 1 / n, |x_e| or |g| (found by the fuzzer: f64, x / n = 4e-336 flushed
+  // to 0 and then times g = 1.5e32; f32, x / n below 2^-149 times g = 25).
+  // dx: c = u . dy and u_e c carry up to (Dm + 1) ulp_c(0), times g / n;
+  // u's own components (ulp_c(0) each) reach dx through g / n times
+  // sum |dy| + |u . dy|; the factor g / n (or g w / n) times |w_e| (or 1/n),
+  // w = dy - u (u . dy).
+  const double units = sum_units(static_cast<double>(Dm)) + 3;
+  for (int64_t r = 0; r < R; ++r) {
+    const double* xr = c.x.data() + r * Dm;
+    const double* dyr = c.dy.data() + r * Dm;
+    std::vector<LD> xl(xr, xr + Dm);
+    const LD n = std::max<LD>(reference::nrm2<LD>(xl.data(), Dm), p.eps);
+    LD ud = 0, dy_l1 = 0;
+    for (int64_t i = 0; i < Dm; ++i) {
+      ud += std::fabs(xr[i] / n * dyr[i]);
+      dy_l1 += std::fabs(static_cast<LD>(dyr[i]));
+    }
+    for (int64_t i = 0; i < Dm; ++i) {
+      const size_t e = static_cast<size_t>(r * Dm + i);
+      const LD ax = std::fabs(static_cast<LD>(xr[i]));
+      ty.delta[e] = uc * units * d(std::fabs(orc.y[e])) +
+                    c_res * d(g + ax + 1 / n);
+      const LD w = std::fabs(static_cast<LD>(dyr[i])) + ax / n * ud;
+      const LD mag = g / n * w;
+      tx.delta[e] = uc * (units + sum_units(static_cast<double>(Dm))) * d(mag) +
+                    c_res * d((Dm + 1) * g / n + g / n * (dy_l1 + ud) + w +
+                              1 / n);
+      tx.cond[e] = condition(mag, orc.dx[e]);
+    }
+  }
+  out.push_back(std::move(ty));
+  out.push_back(std::move(tx));
+  // dg = sum over rows of dy . u: R Dm terms of magnitude dg_scale.
+  ToleranceTable tg = table(Field::kScaleNormDg, wf, 1, 1, 1, 1, {orc.dg});
+  tg.delta[0] = uc * (sum_units(static_cast<double>(R * Dm)) + units) *
+                d(orc.dg_scale);
+  tg.cond[0] = condition(orc.dg_scale, orc.dg);
+  out.push_back(std::move(tg));
+  return out;
+}
+
+bool passes(ElementClass c) {
+  return c == ElementClass::kWithin || c == ElementClass::kEqualInfinity ||
+         c == ElementClass::kNotRepresentable;
+}
+
+ElementJudgement judge_element(const ToleranceTable& t, size_t i,
+                               double actual) {
+  ElementJudgement j;
+  const LD x = t.expected[i];
+  const double delta = t.delta[i];
+  if (std::isinf(x)) {
+    j.bound = 0;
+    if (actual == d(x)) {
+      j.cls = ElementClass::kEqualInfinity;
+    } else {
+      j.cls = ElementClass::kWrongNonFinite;
+      j.err = j.margin = std::numeric_limits<double>::infinity();
+    }
+    return j;
+  }
+  // The largest value a correct kernel may hold before its final rounding;
+  // if that rounds to inf in the field's format, inf is the correct answer.
+  const double reach = d(std::fabs(x)) + delta;
+  const bool overflows = std::isinf(round_to(t.fmt, reach));
+  LD target = x;
+  if (overflows) {
+    const double mf = max_finite(t.fmt);
+    if (std::isinf(actual) && std::signbit(actual) == std::signbit(d(x))) {
+      j.cls = ElementClass::kNotRepresentable;
+      return j;
+    }
+    target = std::clamp<LD>(x, -mf, mf);
+  }
+  j.bound = delta + half_spacing(t.fmt, d(target), delta);
+  if (!std::isfinite(actual)) {
+    j.cls = ElementClass::kWrongNonFinite;
+    j.err = j.margin = std::numeric_limits<double>::infinity();
+    return j;
+  }
+  j.err = d(std::fabs(static_cast<LD>(actual) - target));
+  j.margin = j.bound > 0 ? j.err / j.bound
+                         : (j.err > 0 ? std::numeric_limits<double>::infinity()
+                                      : 0.0);
+  j.cls = j.err <= j.bound ? ElementClass::kWithin : ElementClass::kOver;
+  return j;
+}
+
+double element_bound(const ToleranceTable& t, size_t i) {
+  const LD x = t.expected[i];
+  if (std::isinf(x)) return 0;
+  const double mf = max_finite(t.fmt);
+  const LD target = std::clamp<LD>(x, -mf, mf);
+  return t.delta[i] + half_spacing(t.fmt, d(target), t.delta[i]);
+}
+
+namespace {
+
+std::string diagnose(const ToleranceTable& t, size_t i, double actual,
+                     const ElementJudgement& j) {
+  char buf[320];
+  const std::string where = std::string(name(t.field)) + t.index_text(static_cast<int64_t>(i));
+  const double x = d(t.expected[i]);
+  const bool masked = !t.masked_row.empty() && t.masked_row[i];
+  if (j.cls == ElementClass::kWrongNonFinite) {
+    if (std::isnan(actual))
+      std::snprintf(buf, sizeof buf, "%s is NaN where %.17g is defined%s",
+                    where.c_str(), x,
+                    masked ? " (fully masked row: O = 0, lse = -inf)" : "");
+    else if (std::isinf(x))
+      std::snprintf(buf, sizeof buf, "%s is %.17g where %g is defined%s",
+                    where.c_str(), actual, x,
+                    masked ? " (fully masked row)" : "");
+    else
+      std::snprintf(buf, sizeof buf,
+                    "%s is %g where the finite %.17g is defined (it is "
+                    "representable in %s)%s",
+                    where.c_str(), actual, x, std::string(name(t.fmt)).c_str(),
+                    masked ? " (fully masked row: O = 0)" : "");
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "%s = %.17g, expected %.17g: |err| %.3e > bound %.3e "
+                  "(margin %.3g, kappa %.3g)",
+                  where.c_str(), actual, x, j.err, j.bound, j.margin,
+                  t.cond[i]);
+  }
+  return buf;
+}
+
+}  // namespace
+
+FieldVerdict judge_field(const ToleranceTable& t,
+                         const std::vector<double>& actual,
+                         const std::vector<double>* naive) {
+  FieldVerdict v;
+  v.id = t.field;
+  v.field = name(t.field);
+  v.count = static_cast<int64_t>(t.expected.size());
+  v.entry = compare(actual, t.expected, t.fmt);
+  if (naive != nullptr) {
+    v.has_naive = true;
+    v.naive = compare(*naive, t.expected, t.fmt);
+  }
+  v.margin = -1;
+  for (size_t i = 0; i < t.expected.size(); ++i) {
+    const double a = i < actual.size()
+                         ? actual[i]
+                         : std::numeric_limits<double>::quiet_NaN();
+    const ElementJudgement j = judge_element(t, i, a);
+    if (t.cond[i] > kIllConditioned) ++v.ill_conditioned;
+    if (j.cls == ElementClass::kNotRepresentable) ++v.not_representable;
+    if (!passes(j.cls)) {
+      if (v.failures == 0) v.diagnosis = diagnose(t, i, a, j);
+      ++v.failures;
+    }
+    if (j.margin > v.margin) {
+      v.margin = j.margin;
+      v.worst_index = static_cast<int64_t>(i);
+      v.worst_expected = d(t.expected[i]);
+      v.worst_actual = a;
+      v.worst_bound = j.bound;
+    }
+    if (naive != nullptr && i < naive->size())
+      v.naive_margin =
+          std::max(v.naive_margin, judge_element(t, i, (*naive)[i]).margin);
+  }
+  if (v.margin < 0) v.margin = 0;
+  if (v.worst_index >= 0) v.worst_where = t.index_text(v.worst_index);
+  v.pass = v.failures == 0;
+  return v;
+}
+
+}  // namespace qknorm::validation

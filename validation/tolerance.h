@@ -1,0 +1,173 @@
+// THE VERDICT (issue 15): every element judged on its own scale.
+//
+// This module is the one place where the suite's tolerance lives. Everything
+// that passes or fails a kernel (the default qknorm-check run, compare, the
+// property tests, the fuzzers, the reference self-check) calls judge_*()
+// (validation/harness.h), which applies the tables built here.
+//
+// The rule. For every element e of a field (O, lse, dQ, dK, dV, dg; ScaleNorm
+// y, dx, dg) with oracle value x_e (reference<long double> on the rounded
+// inputs), a correct kernel's computed value before its final rounding
+// differs from x_e by at most
+//   delta_e = u_c * (sum_units(n_e) + softmax_units(A)) * M_e
+//           + [gradients] u_s * R_e + ulp_s(0) * So_e + ulp_c(0) * Sc_e
+// and its stored value by at most
+//   bound_e = delta_e + ulp_fmt(|x_e| + delta_e) / 2,
+// the half-spacing of the field's format (round to nearest). The entry passes
+// iff |actual_e - x_e| <= bound_e for every element, and every non-finite
+// value is the correctly rounded one (below). Names:
+//   u_c          unit roundoff of the compute format (f32 for the 16-bit
+//                modes), u_s that of the storage format;
+//   M_e          the element's magnitude before cancellation: the sum of the
+//                absolute values of the terms that make it (|x|.|y| for a dot
+//                product, Higham 3.1), from the oracle (OracleAttention):
+//                O_id: sum_j P_ij |v_jd|; dV_jd: sum_i P_ij |dO_id|;
+//                dQ, dK: the dS terms P_ij (|dO_i|.|v_j| + Del_i) carried
+//                through g k_hat (q_hat) and the normalization backward;
+//                lse_i: |lse_i| + A;
+//   n_e          the number of terms accumulated into the element;
+//   sum_units(n) = kSumLambda * sqrt(n) + kOpUnits: the probabilistic
+//                rounding-error bound of an n-term sum (Higham & Mary 2019:
+//                lambda sqrt(n) u holds with probability >= 1 - 2
+//                exp(-lambda^2 / 2) per sum; lambda = 8: 2.5e-14) plus the few
+//                roundings around it (division by the row sum, the scale);
+//   softmax_units(A) = 2 * kDotUnits * A: a correct kernel computes the
+//                cosine C = q_hat . k_hat to kDotUnits u_c; S = A C moves by
+//                A kDotUnits u_c, each P_ij by 2 A kDotUnits u_c P_ij, and the
+//                element by that times M_e. A = |g| (qknorm) or max||q||
+//                max||k|| / sqrt(D) (sdpa);
+//   R_e          the gradient's sensitivity to a relative error u_s in the
+//                stored O that the backward reads (delta_i = dO_i . O_i):
+//                the terms P_ij |dO_i|.|O_i| carried like M_e;
+//   So_e, Sc_e   sensitivities to the absolute resolution ulp(0) of the
+//                stored O and of the compute format's subnormal
+//                intermediates (OracleAttention; zero unless subnormals).
+// Non-finite values, per element:
+//   - x_e = +-inf (lse of a fully masked row): the same infinity passes;
+//   - x_e finite but rounds to +-inf in the field's format (|x_e| + delta_e
+//     beyond its overflow threshold): the same-signed infinity passes and is
+//     counted "not representable in <fmt>"; a finite value is judged as
+//     above against x_e clamped to the largest finite;
+//   - anything else non-finite (NaN, an inf where a finite value is defined,
+//     e.g. NaN on a fully masked row whose O is defined as 0) FAILs, and the
+//     verdict says which.
+// The naive same-precision baseline (reference:<prec>) is no part of the
+// bound. When given, it is judged by the same tables and its margin is
+// reported beside the entry's: a naive margin above 1 means the rule is
+// unsound on that case (the reference self-check of qknorm-check FAILs
+// reference:<prec> then).
+//
+// Ill-conditioned elements: kappa_e = M_e / |x_e| (the element's condition
+// number as a sum). Elements with kappa_e > kIllConditioned are judged by the
+// same rule, but detection thresholds are quoted over the others (see
+// qknorm-check power).
+#ifndef QKNORM_VALIDATION_TOLERANCE_H_
+#define QKNORM_VALIDATION_TOLERANCE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qknorm/precision.h"
+#include "validation/metrics.h"
+
+namespace qknorm::validation {
+
+struct AttentionCase;
+struct ScaleNormCase;
+struct OracleAttention;
+struct OracleScaleNorm;
+
+// The named constants of the rule (derivations above and in tolerance.cc).
+inline constexpr double kSumLambda = 8.0;
+inline constexpr double kOpUnits = 4.0;
+inline constexpr double kDotUnits = 4.0;
+inline constexpr double kIllConditioned = 100.0;
+
+enum class Field { kO, kLse, kDq, kDk, kDv, kDg, kY, kDx, kScaleNormDg };
+// "o", "lse", "dq", "dk", "dv", "dg", "y", "dx", "dg".
+const char* name(Field f);
+
+// The named primitives of the rule.
+double sum_units(double n);
+double softmax_units(double amplitude);
+// ulp_fmt(|x| + delta) / 2: the storage rounding of a value within delta of x.
+double half_spacing(Precision fmt, double x, double delta);
+
+// One field's table: the oracle value, the per-element bound and the
+// element's condition number, for a tensor of shape [B, H, rows, cols]
+// (scalars: all 1).
+struct ToleranceTable {
+  Field field = Field::kO;
+  Precision fmt = Precision::kF64;  // the format the field is stored in
+  int64_t B = 1, H = 1, rows = 1, cols = 1;
+  std::vector<long double> expected;
+  std::vector<double> delta;  // compute error bound before the final rounding
+  std::vector<double> cond;   // kappa_e (inf where x_e = 0 and M_e > 0)
+  // Optional per-element note for diagnoses ("row fully masked").
+  std::vector<unsigned char> masked_row;
+  std::string index_text(int64_t i) const;  // "[b,h,n,d]"
+};
+
+// Tables for o, lse, dq, dk, dv, dg (forward_only: o, lse) of a case whose
+// inputs are already in the entry's precision s.
+std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
+                                                 Precision s,
+                                                 const OracleAttention& oracle,
+                                                 bool forward_only);
+// Tables for y, dx, dg.
+std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
+                                                 Precision s,
+                                                 const OracleScaleNorm& oracle);
+
+enum class ElementClass {
+  kWithin,            // finite and within its bound
+  kEqualInfinity,     // the oracle is +-inf and so is the value
+  kNotRepresentable,  // the oracle rounds to +-inf in fmt; the value is that
+  kOver,              // finite, beyond its bound
+  kWrongNonFinite,    // NaN or inf where another value is defined
+};
+bool passes(ElementClass c);
+
+struct ElementJudgement {
+  ElementClass cls = ElementClass::kWithin;
+  double err = 0;     // |actual - x| (inf for a wrong non-finite)
+  double bound = 0;   // delta + half spacing
+  double margin = 0;  // err / bound (inf if bound == 0 < err)
+};
+ElementJudgement judge_element(const ToleranceTable& t, size_t i,
+                               double actual);
+// The bound element i of a finite answer is held to (delta_i + the half
+// spacing at x_i, x_i clamped to the format's range); 0 where x_i = +-inf.
+double element_bound(const ToleranceTable& t, size_t i);
+
+// The componentwise verdict of one field.
+struct FieldVerdict {
+  Field id = Field::kO;
+  std::string field;  // name(id)
+  double amplitude = 0;
+  ErrorStats entry, naive;  // statistics for the report and the JSON
+  bool has_naive = false;
+  int64_t count = 0;
+  int64_t failures = 0;           // elements that fail
+  int64_t not_representable = 0;  // accepted infinities (oracle overflows)
+  int64_t ill_conditioned = 0;    // elements with kappa_e > kIllConditioned
+  // The element of largest margin err_e / bound_e (> 1 fails).
+  double margin = 0;
+  int64_t worst_index = -1;
+  std::string worst_where;  // "[b,h,n,d]"
+  double worst_expected = 0, worst_actual = 0, worst_bound = 0;
+  double naive_margin = 0;  // the naive's own largest margin
+  std::string diagnosis;    // the first failing element's diagnosis
+  bool pass = true;
+};
+
+// Judges `actual` against table `t`; `naive` (may be null) is judged too,
+// for its margin only.
+FieldVerdict judge_field(const ToleranceTable& t,
+                         const std::vector<double>& actual,
+                         const std::vector<double>* naive);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_TOLERANCE_H_
