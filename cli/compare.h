@@ -1,13 +1,26 @@
 // Compare mode: tensors dumped by another framework (.npy files or one
-// .safetensors file) checked against the oracle with the suite's metrics and
-// tolerance rule, the naive baseline run at the files' dtype.
+// .safetensors file) judged against the oracle by the suite's componentwise
+// verdict (validation/tolerance.h), exactly as a registry entry's results are.
 //
 // Tensor names (file stems for .npy, keys for .safetensors; case-insensitive,
 // or forced with NAME=PATH): inputs q, k, v [B,H,N,D] (leading dims may be
 // dropped: [H,N,D] or [N,D]), g (scalar; --g overrides), optional dO; outputs
-// O and optionally dQ, dK, dV, dg. The user's O, dQ, dK, dV, dg are judged
-// exactly as a registry entry's would be (validation/harness.h), against
-// reference:<dtype of q>; a gradient that is not given is not judged.
+// O and optionally dQ, dK, dV, dg.
+//
+// No stand-in backend: the inputs, as the files hold them (no rounding), make
+// the validation::AttentionCase; its oracle is computed once; the files'
+// outputs are the validation::AttentionResult judged by
+// validation::judge_attention, restricted to the fields the files give (O
+// always, dQ/dK/dV/dg when given, never lse). The naive baseline
+// reference:<dtype of q> runs on the same inputs for the report's statistics
+// and its own margin only; it is no part of the verdict.
+//
+// Non-finite values: in an output they are the verdict's to classify (an
+// infinity where the oracle rounds to it in the dtype passes as "not
+// representable"; NaN or inf where a finite or defined value exists, e.g.
+// NaN on a fully masked row whose O is 0, FAILs with that diagnosis: exit 1).
+// In an input they are an input error (exit 3), like a malformed file:
+// "q[b,h,n,d]: element is NaN (finite input required)", "g: must be finite".
 #ifndef QKNORM_CLI_COMPARE_H_
 #define QKNORM_CLI_COMPARE_H_
 
