@@ -10,6 +10,7 @@
 #include "cli/compare.h"
 #include "cli/machine.h"
 #include "cli/options.h"
+#include "cli/power.h"
 #include "cli/report.h"
 #include "cli/suite.h"
 #include "cli/sweep.h"
@@ -25,6 +26,7 @@ constexpr const char* kExamples = R"(Examples:
   qknorm-check --shape 1x4x128x64 --g 0 --g 25 --mask causal+pad --dist heavy
   qknorm-check sweep --over magnitude --out mag # mag.csv + mag.png, qknorm vs sdpa
   qknorm-check sweep --over seq --from 8 --to 4096 --precision f32
+  qknorm-check power --out power                # detection power of the verdict: table, power.csv + power.png
   qknorm-check compare --inputs q.npy k.npy v.npy g.npy dO.npy \
                        --outputs O.npy dQ.npy dK.npy dV.npy dg.npy
   qknorm-check compare --inputs dump.safetensors --outputs dump.safetensors
@@ -190,6 +192,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
   add_sweep_options(*sweep, sweep_opt);
   sweep->fallthrough();
 
+  PowerOptions power_opt;
+  CLI::App* power = app.add_subcommand(
+      "power",
+      "Measure the verdict's detection power: inject relative errors into "
+      "correct outputs (one element, row, head or field) and report the "
+      "smallest caught, beside torch.testing.assert_close's defaults");
+  add_power_options(*power, power_opt);
+  power->fallthrough();
+
   CompareOptions cmp_opt;
   CLI::App* compare =
       app.add_subcommand("compare",
@@ -210,6 +221,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
   }
   if (*sweep)
     return run_sweep(sweep_opt, common.suite, common.threads, out, err,
+                     progress);
+  if (*power)
+    return run_power(power_opt, common.suite, common.threads, out, err,
                      progress);
   if (*compare)
     return run_compare(cmp_opt, common.suite, common.json, out, err);

@@ -95,7 +95,14 @@ double scaled_err(const std::vector<double>& a,
   return s.scale > 0 ? s.max_abs / s.scale : s.max_abs;
 }
 
-// Runs gnuplot on `script` (argv, no shell). Returns its exit status.
+std::string plot_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (!std::isfinite(v)) return fmt::format("{:g}", kPlotCeiling);
+  return fmt::format("{:.6e}", std::max(v, kPlotFloor));
+}
+
+}  // namespace
+
 int run_gnuplot(const std::string& script) {
   const char* argv[] = {"gnuplot", script.c_str(), nullptr};
   pid_t pid;
@@ -106,14 +113,6 @@ int run_gnuplot(const std::string& script) {
   if (waitpid(pid, &status, 0) < 0) return 127;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
-
-std::string plot_value(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (!std::isfinite(v)) return fmt::format("{:g}", kPlotCeiling);
-  return fmt::format("{:.6e}", std::max(v, kPlotFloor));
-}
-
-}  // namespace
 
 void add_sweep_options(CLI::App& app, SweepOptions& o) {
   app.add_option("--over", o.over,

@@ -48,6 +48,10 @@ std::vector<SweepPoint> run_sweep_points(
     const SweepOptions& o, const SuiteOptions& s,
     const std::vector<const Backend*>& entries, int threads, bool progress);
 
+// Runs gnuplot on `script` (argv, no shell; also used by power mode).
+// Returns its exit status (127: gnuplot could not be started).
+int run_gnuplot(const std::string& script);
+
 int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
               std::ostream& out, std::ostream& err, bool progress);
 
