@@ -361,9 +361,12 @@ void aggregate(const std::vector<Trial>& trials,
   *med_eff = v[v.size() / 2].second;
 }
 
-std::string thr(double v) {
+// A threshold; `floor` (the grid's smallest value) is shown as "<=floor":
+// caught everywhere on the grid.
+std::string thr(double v, double floor = 0) {
   if (std::isnan(v)) return "-";
   if (std::isinf(v)) return "never";
+  if (v <= floor) return fmt::format("<={:.0e}", v);
   return fmt::format("{:.1e}", v);
 }
 
@@ -840,6 +843,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
       "{:>7} | {:<20} | {}",
       "prec", "dist", "fld", "gran", "qk all", "(eff)", "qk med", "target",
       "ac all", "(eff)", "ac med", "ill-cond", "false alarms qk/ac");
+  const double lo = grid.front();
   for (size_t i = 0; i < pr.rows.size(); ++i) {
     const PowerRow& r = pr.rows[i];
     if (i == 0 || r.prec != pr.rows[i - 1].prec)
@@ -850,10 +854,10 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
         "{:<4} {:<8} {:<3} {:<7} | {:>7} {:>9} {:>7} | {:<15} | {:>7} {:>9} "
         "{:>7} | {:<20} | {}/{} {}/{}\n",
         name(r.prec), validation::name(r.dist), field_label(r.field),
-        name(r.gran), thr(r.qk_all), "(" + thr(r.qk_all_eff) + ")",
-        thr(r.qk_med), target_text(r), thr(r.ac_all),
-        "(" + thr(r.ac_all_eff) + ")", thr(r.ac_med), ill_text(r), r.qk_false,
-        r.runs, r.ac_false, r.runs);
+        name(r.gran), thr(r.qk_all, lo), "(" + thr(r.qk_all_eff) + ")",
+        thr(r.qk_med, lo), target_text(r), thr(r.ac_all, lo),
+        "(" + thr(r.ac_all_eff) + ")", thr(r.ac_med, lo), ill_text(r),
+        r.qk_false, r.runs, r.ac_false, r.runs);
   }
   // Footer: targets, false alarms, the verdict cross-check, the exit status.
   int with_target = 0, met = 0;
