@@ -9,6 +9,7 @@
 
 #include "cli/compare.h"
 #include "cli/machine.h"
+#include "cli/mutants.h"
 #include "cli/options.h"
 #include "cli/power.h"
 #include "cli/report.h"
@@ -30,6 +31,7 @@ constexpr const char* kExamples = R"(Examples:
   qknorm-check compare --inputs q.npy k.npy v.npy g.npy dO.npy \
                        --outputs O.npy dQ.npy dK.npy dV.npy dg.npy
   qknorm-check compare --inputs dump.safetensors --outputs dump.safetensors
+  qknorm-check mutants                          # the suite's kill table: mutants FAIL, controls PASS
 
 Exit status: 0 every entry (or the compared output) passes, 1 something FAILs,
 2 bad option, 3 unreadable or malformed input file, 4 gnuplot failed. See cli/README.md.
@@ -209,6 +211,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
                          "the oracle with the same metrics and rule");
   add_compare_options(*compare, cmp_opt);
   compare->fallthrough();
+
+  MutantsOptions mut_opt;
+  CLI::App* mutants = app.add_subcommand(
+      "mutants",
+      "Run the suite on every deliberately broken backend and every "
+      "legitimate control (property_tests/mutants.h): kill table, exit 0 iff "
+      "every mutant FAILs and every control PASSes");
+  add_mutants_options(*mutants, mut_opt);
+  mutants->fallthrough();
   app.require_subcommand(0, 1);
 
   std::vector<const char*> argv;
@@ -227,6 +238,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
                      progress);
   if (*compare)
     return run_compare(cmp_opt, common.suite, common.json, out, err);
+  if (*mutants) return run_mutants(mut_opt, common.suite, out, err, progress);
   return run_default(common, out, err, progress);
 }
 

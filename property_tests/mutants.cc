@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -63,12 +64,60 @@ MutTensor4 as4(const MutTensor2& t) {
   return {t.data, t.size, {0, 0, t.row_stride}};
 }
 
-// Reference-style loops with one switchable bug.
+// Which reduction a sum_products() call computes: some mutants and controls
+// act on some of them only.
+enum class Sum {
+  kNorm,    // sum of squares of a scaled row (nrm2)
+  kLogit,   // q_hat . k_hat (the QK^T GEMM)
+  kRowSum,  // softmax denominator, sum_j e_j
+  kPV,      // sum_j e_j v_j (the PV GEMM)
+  kDelta,   // dO_i . O_i
+  kDP,      // dO_i . v_j (the dO V^T GEMM)
+  kDV,      // sum_i P_ij dO_i (the P^T dO GEMM)
+  kDQ,      // sum_j dS_ij k_hat_j (the dS K GEMM)
+  kDK,      // sum_i dS_ij q_hat_i (the dS^T Q GEMM)
+  kDG,      // sum_ij dS_ij C_ij
+  kProj,    // u . du (normalization backward)
+  kDot,     // ScaleNorm dy . u
+};
+
+bool is_gemm(Sum s) {
+  return s == Sum::kLogit || s == Sum::kPV || s == Sum::kDP || s == Sum::kDV ||
+         s == Sum::kDQ || s == Sum::kDK;
+}
+
+// x rounded to nearest even with `frac_bits` fraction bits (any exponent):
+// TF32 operands (10 bits) and a 12-bit rsqrt estimate (11 bits).
+template <class T>
+T round_significand(T x, int frac_bits) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e;
+  const T m = std::frexp(x, &e);  // |m| in [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(m, frac_bits + 1)),
+                    e - frac_bits - 1);
+}
+
+template <class T>
+T round_prec(Precision p, T x) {
+  return static_cast<T>(round_to(p, static_cast<double>(x)));
+}
+
+// Minimax cubic for 2^f on [0, 1] (Lawson iteration, relative error
+// <= 7.5e-5): the kCheapExp mutant's polynomial.
+constexpr double kExp2Cubic[4] = {0.99992523, 0.69583347, 0.22606720,
+                                  0.078024567};
+
+// Key and query block of the blocked mutants and the blocked control.
+constexpr int64_t kBlock = 16;
+// Key tile of the online softmax of the plain copy.
+constexpr int64_t kTile = 4;
+
+// Reference-style loops with one switchable bug, or one control variant.
 template <class T>
 class Kernel {
  public:
-  Kernel(Bug bug, bool active, int threads)
-      : bug_(bug), active_(active), threads_(threads) {}
+  Kernel(Bug bug, bool active, Control control, int threads)
+      : bug_(bug), active_(active), control_(control), threads_(threads) {}
 
   bool on(Bug b) const { return active_ && bug_ == b; }
 
@@ -92,18 +141,123 @@ class Kernel {
                : static_cast<T>(e);
   }
 
-  static T dot(const T* a, const T* b, int64_t n) {
+  // exp, or the mutant's / control's variant of it.
+  T ex(T x) const {
+    if (on(Bug::kCheapExp)) {
+      // 2^t, t = x log2(e) = n + f: 2^f by the cubic, 2^n exact.
+      const T t = x * static_cast<T>(1.4426950408889634);
+      if (!(t > -160)) return 0;  // also -inf
+      if (t > 160) return std::numeric_limits<T>::infinity();
+      const T n = std::floor(t), f = t - n;
+      const T c0 = static_cast<T>(kExp2Cubic[0]),
+              c1 = static_cast<T>(kExp2Cubic[1]),
+              c2 = static_cast<T>(kExp2Cubic[2]),
+              c3 = static_cast<T>(kExp2Cubic[3]);
+      return std::ldexp(c0 + f * (c1 + f * (c2 + f * c3)), static_cast<int>(n));
+    }
+    if (on(Bug::kF64ExpInF32))
+      return static_cast<T>(std::exp(static_cast<float>(x)));
+    const T e = std::exp(x);
+    if (control_ == Control::kExp2Ulp && e > 0 &&
+        e < std::numeric_limits<T>::max() / 4) {
+      // 2 ulp up or down, by a hash of x's bits: a deterministic exp with a
+      // 2.5 ulp error bound (glibc's own <= 1 ulp plus 2).
+      uint64_t bits = 0;
+      std::memcpy(&bits, &x, sizeof x);
+      const T dir = (bits * 0x9E3779B97F4A7C15ull) >> 63
+                        ? std::numeric_limits<T>::infinity()
+                        : T(0);
+      return std::nextafter(std::nextafter(e, dir), dir);
+    }
+    return e;
+  }
+
+  // Rounding of an accumulator after each addition: the 16-bit-register
+  // mutants, and the f32 accumulators of the 16-bit control.
+  T acc_round(Sum kind, T x) const {
+    const bool fwd_acc = kind == Sum::kPV || kind == Sum::kRowSum;
+    if (on(Bug::kPvAccumBf16) && fwd_acc)
+      return round_prec(Precision::kBF16, x);
+    if (on(Bug::kDvAccumBf16) && kind == Sum::kDV)
+      return round_prec(Precision::kBF16, x);
+    if (control_ == Control::kF32Accum && (fwd_acc || kind == Sum::kDV))
+      return static_cast<T>(static_cast<float>(x));
+    return x;
+  }
+
+  enum class Order { kForward, kReversed, kPairwise, kBlocked, kFma };
+  Order order(Sum kind) const {
+    if (on(Bug::kThreadDependentOrder) && threads_ != 1 && kind == Sum::kDK)
+      return Order::kReversed;
+    switch (control_) {
+      case Control::kReversed:
+        return Order::kReversed;
+      case Control::kPairwise:
+        return Order::kPairwise;
+      case Control::kBlocked:
+        return Order::kBlocked;
+      case Control::kFma:
+        return Order::kFma;
+      default:
+        return Order::kForward;
+    }
+  }
+
+  // sum_{i < n} a(i) * b(i) in this copy's order; every reduction of the
+  // kernel goes through here.
+  template <class A, class B>
+  T sum_products(Sum kind, int64_t n, const A& a, const B& b) const {
+    const bool tf32 = on(Bug::kTf32Matmul) && is_gemm(kind);
+    auto term = [&](int64_t i) {
+      if (tf32)
+        return round_significand(a(i), 10) * round_significand(b(i), 10);
+      return a(i) * b(i);
+    };
     T s = 0;
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+    switch (order(kind)) {
+      case Order::kForward:
+        for (int64_t i = 0; i < n; ++i) s = acc_round(kind, s + term(i));
+        return s;
+      case Order::kReversed:
+        for (int64_t i = n - 1; i >= 0; --i) s += term(i);
+        return s;
+      case Order::kPairwise:
+        return n == 0 ? T(0) : pairwise(0, n, term);
+      case Order::kBlocked:
+        for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+          T part = 0;
+          for (int64_t i = i0; i < std::min(n, i0 + kBlock); ++i)
+            part += term(i);
+          s += part;
+        }
+        return s;
+      case Order::kFma:
+        for (int64_t i = 0; i < n; ++i) s = std::fma(a(i), b(i), s);
+        return s;
+    }
     return s;
   }
 
-  static T nrm2(const T* x, int64_t n) {
+  template <class F>
+  static T pairwise(int64_t lo, int64_t hi, const F& term) {
+    if (hi - lo == 1) return term(lo);
+    if (hi - lo == 2) return term(lo) + term(lo + 1);
+    const int64_t mid = lo + (hi - lo) / 2;
+    return pairwise(lo, mid, term) + pairwise(mid, hi, term);
+  }
+
+  T dot(Sum kind, const T* a, const T* b, int64_t n) const {
+    return sum_products(
+        kind, n, [a](int64_t i) { return a[i]; },
+        [b](int64_t i) { return b[i]; });
+  }
+
+  T nrm2(const T* x, int64_t n) const {
     T amax = 0;
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
     if (amax == 0) return 0;
-    T s = 0;
-    for (int64_t i = 0; i < n; ++i) s += (x[i] / amax) * (x[i] / amax);
+    auto scaled = [x, amax](int64_t i) { return x[i] / amax; };
+    const T s = sum_products(Sum::kNorm, n, scaled, scaled);
     return amax * std::sqrt(s);
   }
 
@@ -120,10 +274,24 @@ class Kernel {
   void normalize_backward(const T* u, T nrm, T e, int64_t n, T* du,
                           bool clamp_by_norm) const {
     if (nrm > e) {
-      const T c = on(Bug::kMissingNormBackwardTerm) ? T(0) : dot(u, du, n);
+      const T c =
+          on(Bug::kMissingNormBackwardTerm) ? T(0) : dot(Sum::kProj, u, du, n);
+      // The mutant: rows whose unscaled f32 sum of squares would overflow or
+      // underflow (norm beyond 2^+-64) get 1 / ||x|| recomputed on a
+      // rescaling fallback path that uses a 12-bit reciprocal square root
+      // estimate (rsqrtps without its Newton step).
+      const T far = static_cast<T>(0x1p64);
+      if (on(Bug::kFarNormRsqrtEstimate) && (nrm > far || nrm < 1 / far)) {
+        const T inv = round_significand(1 / nrm, 11);
+        for (int64_t i = 0; i < n; ++i) du[i] = (du[i] - u[i] * c) * inv;
+        return;
+      }
       for (int64_t i = 0; i < n; ++i) du[i] = (du[i] - u[i] * c) / nrm;
     } else {
-      for (int64_t i = 0; i < n; ++i) du[i] = du[i] / (clamp_by_norm ? nrm : e);
+      const T clamp =
+          on(Bug::kClampEpsBf16Backward) ? round_prec(Precision::kBF16, e) : e;
+      for (int64_t i = 0; i < n; ++i)
+        du[i] = du[i] / (clamp_by_norm ? nrm : clamp);
     }
   }
 
@@ -149,7 +317,8 @@ class Kernel {
       if (on(Bug::kNormalizesV))
         for (int64_t j = 0; j < p.kv_len; ++j)
           normalize(v + j * D, D, e, h->vh.data() + j * D);
-      const T g = static_cast<T>(p.g);
+      const T g = on(Bug::kGBf16) ? round_prec(Precision::kBF16, T(p.g))
+                                  : static_cast<T>(p.g);
       h->scale = on(Bug::kInvSqrtD) ? T(1) / std::sqrt(static_cast<T>(D))
                  : on(Bug::kGTwice) ? g * g
                                     : g;
@@ -158,10 +327,16 @@ class Kernel {
     }
   }
 
+  T logit(const AttentionProblem& p, const Head& h, int64_t i,
+          int64_t j) const {
+    const int64_t D = p.head_dim;
+    return h.scale *
+           dot(Sum::kLogit, h.qh.data() + i * D, h.kh.data() + j * D, D);
+  }
+
   // Logits of row i into s; masked keys get -inf; returns the visible count.
   int64_t logits(const AttentionProblem& p, const Head& h, int64_t b, int64_t i,
                  T* s) const {
-    const int64_t D = p.head_dim;
     int64_t m = 0;
     for (int64_t j = 0; j < p.kv_len; ++j) {
       if (!visible(p, b, i, j)) {
@@ -171,18 +346,29 @@ class Kernel {
                    : -std::numeric_limits<T>::infinity();
         continue;
       }
-      s[j] = h.scale * dot(h.qh.data() + i * D, h.kh.data() + j * D, D);
+      s[j] = logit(p, h, i, j);
       ++m;
     }
     return m;
   }
 
+  // Key tile of the online softmax: the blocked variants use blocks of 16,
+  // the pairwise control the whole row (two passes).
+  int64_t tile(int64_t Nk) const {
+    if (control_ == Control::kBlocked || on(Bug::kTailKeyBlockDrop))
+      return kBlock;
+    if (control_ == Control::kPairwise) return std::max<int64_t>(Nk, 1);
+    return kTile;
+  }
+
   void forward(const AttentionProblem& p, const T* q, const T* k, const T* v,
                T* o, T* lse) const {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-    constexpr int64_t kTile = 4;
+    const int64_t tl = tile(Nk), ntiles = (Nk + tl - 1) / tl;
+    const bool reversed = control_ == Control::kReversed;
     Head h;
-    std::vector<T> s(static_cast<size_t>(Nk)), acc(static_cast<size_t>(D));
+    std::vector<T> s(static_cast<size_t>(Nk)), e(static_cast<size_t>(Nk)),
+        acc(static_cast<size_t>(D));
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hd = 0; hd < p.heads; ++hd) {
         const int64_t bh = b * p.heads + hd;
@@ -198,29 +384,50 @@ class Kernel {
           std::fill(acc.begin(), acc.end(), T(0));
           T mx = -std::numeric_limits<T>::infinity(), sum = 0;
           // Online softmax over key tiles (flash-attention style).
-          for (int64_t t0 = 0; t0 < Nk; t0 += kTile) {
-            const int64_t t1 = std::min(Nk, t0 + kTile);
+          for (int64_t step = 0; step < ntiles; ++step) {
+            const int64_t t0 = (reversed ? ntiles - 1 - step : step) * tl;
+            int64_t t1 = std::min(Nk, t0 + tl);
+            // The mutant: the tail loop of a partial last block (after at
+            // least one full one) stops one key short.
+            if (on(Bug::kTailKeyBlockDrop) && t1 == Nk && Nk > tl &&
+                Nk % tl != 0)
+              --t1;
             T tmx = mx;
             for (int64_t j = t0; j < t1; ++j) tmx = std::max(tmx, s[j]);
             if (on(Bug::kNoMaxSubtraction)) tmx = 0;
             if (tmx > mx || on(Bug::kNoMaxSubtraction)) {
-              const bool skip = on(Bug::kSkippedRescaleOneTile) && t0 == kTile;
+              const bool skip = on(Bug::kSkippedRescaleOneTile) && t0 == tl;
               if (!skip && sum > 0) {
-                const T r = std::exp(mx - tmx);
-                sum *= r;
-                for (T& a : acc) a *= r;
+                T r = ex(mx - tmx);
+                if (on(Bug::kRescaleBf16)) r = round_prec(Precision::kBF16, r);
+                sum = acc_round(Sum::kRowSum, sum * r);
+                for (T& a : acc) a = acc_round(Sum::kPV, a * r);
               }
               mx = tmx;
             }
-            for (int64_t j = t0; j < t1; ++j) {
-              if (!visible(p, b, i, j) && !on(Bug::kF16MaskToInf)) continue;
-              const T e = std::exp(s[j] - mx);
-              sum += e;
-              for (int64_t d = 0; d < D; ++d) acc[d] += e * h.vh[j * D + d];
-            }
+            for (int64_t j = t0; j < t1; ++j)
+              e[j] = !visible(p, b, i, j) && !on(Bug::kF16MaskToInf)
+                         ? T(0)
+                         : ex(s[j] - mx);
+            const T* et = e.data() + t0;
+            const T* vt = h.vh.data() + t0 * D;
+            sum = acc_round(Sum::kRowSum,
+                            sum + sum_products(
+                                      Sum::kRowSum, t1 - t0,
+                                      [et](int64_t j) { return et[j]; },
+                                      [](int64_t) { return T(1); }));
+            for (int64_t d = 0; d < D; ++d)
+              acc[d] = acc_round(
+                  Sum::kPV,
+                  acc[d] +
+                      sum_products(
+                          Sum::kPV, t1 - t0, [et](int64_t j) { return et[j]; },
+                          [vt, d, D](int64_t j) { return vt[j * D + d]; }));
           }
           for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
-          lse[bh * Nq + i] = mx + std::log(sum);
+          T l = mx + std::log(sum);
+          if (on(Bug::kLseBf16)) l = round_prec(Precision::kBF16, l);
+          lse[bh * Nq + i] = l;
         }
       }
   }
@@ -246,7 +453,7 @@ class Kernel {
           for (int64_t j = 0; j < Nk; ++j)
             pr[j] = (m == 0 && !on(Bug::kF16MaskToInf)) || !visible(p, b, i, j)
                         ? T(0)
-                        : std::exp(s[j] - lse[bh * Nq + i]);
+                        : ex(s[j] - lse[bh * Nq + i]);
         }
       }
   }
@@ -257,10 +464,16 @@ class Kernel {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
     const bool qk = p.variant == Variant::kQKNorm;
     Head h;
-    std::vector<T> s(static_cast<size_t>(Nk)), ds(static_cast<size_t>(Nq * Nk)),
-        dkh(static_cast<size_t>(Nk * D));
+    const size_t nqk = static_cast<size_t>(Nq * Nk);
+    std::vector<T> s(static_cast<size_t>(Nk)), pm(nqk), ds(nqk), cm(nqk);
+    // The dK mutant: a last partial query block (after a full one) is left
+    // out of dK's reduction.
+    const int64_t dk_rows =
+        on(Bug::kDkDropsTailQueryBlock) && Nq > kBlock && Nq % kBlock != 0
+            ? Nq - Nq % kBlock
+            : Nq;
+    const bool transposed = on(Bug::kTransposedDk) && Nq == Nk;
     T dg_sum = 0;
-    const bool reverse = on(Bug::kThreadDependentOrder) && threads_ != 1;
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hd = 0; hd < p.heads; ++hd) {
         const int64_t bh = b * p.heads + hd;
@@ -270,55 +483,71 @@ class Kernel {
         T* dqb = dq + bh * Nq * D;
         T* dkb = dk + bh * Nk * D;
         T* dvb = dv + bh * Nk * D;
+        // P, dS = P (dP - delta) and C of this (batch, head).
+        std::fill(pm.begin(), pm.end(), T(0));
         std::fill(ds.begin(), ds.end(), T(0));
-        std::fill(dvb, dvb + Nk * D, T(0));
+        std::fill(cm.begin(), cm.end(), T(0));
         for (int64_t i = 0; i < Nq; ++i) {
           const T* doi = dob + i * D;
-          T* dqi = dqb + i * D;
-          std::fill(dqi, dqi + D, T(0));
-          if (logits(p, h, b, i, s.data()) > 0) {
-            const T delta = dot(doi, ob + i * D, D);
-            for (int64_t j = 0; j < Nk; ++j) {
-              if (!visible(p, b, i, j)) {
-                if (!on(Bug::kBackwardIgnoresMask)) continue;
-                // The bug: P recomputed over every key in the backward.
-                s[j] =
-                    h.scale * dot(h.qh.data() + i * D, h.kh.data() + j * D, D);
-              }
-              const T pij = std::exp(s[j] - lse[bh * Nq + i]);
-              for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
-              const T dsij = pij * (dot(doi, h.vh.data() + j * D, D) - delta);
-              ds[static_cast<size_t>(i * Nk + j)] = dsij;
-              const T* khj = h.kh.data() + j * D;
-              if (qk && !(on(Bug::kDgOneHead) && hd != 0))
-                dg_sum += dsij * dot(h.qh.data() + i * D, khj, D);
-              for (int64_t d = 0; d < D; ++d) dqi[d] += dsij * khj[d];
+          if (logits(p, h, b, i, s.data()) == 0) continue;
+          const T delta = dot(Sum::kDelta, doi, ob + i * D, D);
+          for (int64_t j = 0; j < Nk; ++j) {
+            if (!visible(p, b, i, j)) {
+              if (!on(Bug::kBackwardIgnoresMask)) continue;
+              // The bug: P recomputed over every key in the backward.
+              s[j] = logit(p, h, i, j);
             }
+            const size_t ij = static_cast<size_t>(i * Nk + j);
+            pm[ij] = ex(s[j] - lse[bh * Nq + i]);
+            ds[ij] =
+                pm[ij] * (dot(Sum::kDP, doi, h.vh.data() + j * D, D) - delta);
+            if (qk)
+              cm[ij] =
+                  dot(Sum::kLogit, h.qh.data() + i * D, h.kh.data() + j * D, D);
           }
-          for (int64_t d = 0; d < D; ++d) dqi[d] *= h.scale;
+        }
+        // dV = P^T dO.
+        for (int64_t j = 0; j < Nk; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            dvb[j * D + d] = sum_products(
+                Sum::kDV, Nq, [&](int64_t i) { return pm[i * Nk + j]; },
+                [&](int64_t i) { return dob[i * D + d]; });
+        // dQ_hat = g dS K_hat, then the normalization backward.
+        const bool dq_off = on(Bug::kDqOneHead) && bh == p.batch * p.heads - 1;
+        for (int64_t i = 0; i < Nq; ++i) {
+          T* dqi = dqb + i * D;
+          for (int64_t d = 0; d < D; ++d)
+            dqi[d] = h.scale * sum_products(
+                                   Sum::kDQ, Nk,
+                                   [&](int64_t j) { return ds[i * Nk + j]; },
+                                   [&](int64_t j) { return h.kh[j * D + d]; });
           if (qk)
             normalize_backward(h.qh.data() + i * D, h.qn[i], eps(p.eps), D, dqi,
                                false);
+          // The mutant: one (batch, head)'s dQ off by 2^-10 (~1e-3).
+          if (dq_off)
+            for (int64_t d = 0; d < D; ++d) dqi[d] *= T(1) + T(0x1p-10);
         }
-        const bool transposed = on(Bug::kTransposedDk) && Nq == Nk;
-        std::fill(dkh.begin(), dkh.end(), T(0));
-        for (int64_t step = 0; step < Nq; ++step) {
-          const int64_t i = reverse ? Nq - 1 - step : step;
-          for (int64_t j = 0; j < Nk; ++j) {
-            const T dsij = transposed ? ds[static_cast<size_t>(j * Nk + i)]
-                                      : ds[static_cast<size_t>(i * Nk + j)];
-            for (int64_t d = 0; d < D; ++d)
-              dkh[static_cast<size_t>(j * D + d)] += dsij * h.qh[i * D + d];
-          }
-        }
+        // dK_hat = g dS^T Q_hat, then the normalization backward.
         for (int64_t j = 0; j < Nk; ++j) {
           T* dkj = dkb + j * D;
           for (int64_t d = 0; d < D; ++d)
-            dkj[d] = h.scale * dkh[static_cast<size_t>(j * D + d)];
+            dkj[d] = h.scale * sum_products(
+                                   Sum::kDK, dk_rows,
+                                   [&](int64_t i) {
+                                     return transposed ? ds[j * Nk + i]
+                                                       : ds[i * Nk + j];
+                                   },
+                                   [&](int64_t i) { return h.qh[i * D + d]; });
           if (qk)
             normalize_backward(h.kh.data() + j * D, h.kn[j], eps(p.eps), D, dkj,
                                false);
         }
+        // dg = sum_ij dS_ij C_ij.
+        if (qk && !(on(Bug::kDgOneHead) && hd != 0))
+          dg_sum += sum_products(
+              Sum::kDG, Nq * Nk, [&](int64_t x) { return ds[x]; },
+              [&](int64_t x) { return cm[x]; });
       }
     *dg = dg_sum;
   }
@@ -340,7 +569,7 @@ class Kernel {
       const T nrm = normalize(x + r * p.dim, p.dim, e, u.data());
       const T* dyr = dy + r * p.dim;
       T* dxr = dx + r * p.dim;
-      dg_sum += dot(dyr, u.data(), p.dim);
+      dg_sum += dot(Sum::kDot, dyr, u.data(), p.dim);
       for (int64_t i = 0; i < p.dim; ++i) dxr[i] = g * dyr[i];
       normalize_backward(u.data(), nrm, e, p.dim, dxr,
                          on(Bug::kScaleNormClampByNorm));
@@ -351,16 +580,20 @@ class Kernel {
  private:
   Bug bug_;
   bool active_;
+  Control control_;
   int threads_;
 };
 
 template <class T>
 class MutantBackend final : public Backend {
  public:
-  MutantBackend(const MutantInfo& m, bool active)
-      : Backend("mutant", active ? m.name : "control", m.precision),
-        bug_(m.bug),
-        active_(active) {}
+  // A mutant (active bug) or a control (no bug, `control` arithmetic).
+  MutantBackend(const char* family, const char* name, Precision precision,
+                Bug bug, bool active, Control control)
+      : Backend(family, name, precision),
+        bug_(bug),
+        active_(active),
+        control_(control) {}
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig& cfg) const override {
@@ -434,72 +667,171 @@ class MutantBackend final : public Backend {
 
  private:
   Kernel<T> kernel(const ExecConfig& cfg) const {
-    return Kernel<T>(bug_, active_, cfg.threads);
+    return Kernel<T>(bug_, active_, control_, cfg.threads);
   }
   bool truncates() const { return active_ && bug_ == Bug::kBf16Truncate; }
 
   Bug bug_;
   bool active_;
+  Control control_;
 };
 
-std::unique_ptr<Backend> make(const MutantInfo& m, bool active) {
-  if (m.precision == Precision::kF64)
-    return std::make_unique<MutantBackend<double>>(m, active);
-  return std::make_unique<MutantBackend<float>>(m, active);
+std::unique_ptr<Backend> make(const char* family, const char* name,
+                              Precision precision, Bug bug, bool active,
+                              Control control) {
+  if (precision == Precision::kF64)
+    return std::make_unique<MutantBackend<double>>(family, name, precision, bug,
+                                                   active, control);
+  return std::make_unique<MutantBackend<float>>(family, name, precision, bug,
+                                                active, control);
 }
 
 }  // namespace
 
+const char* name(MutantKind k) {
+  switch (k) {
+    case MutantKind::kFormula:
+      return "formula";
+    case MutantKind::kPrecision:
+      return "precision";
+    case MutantKind::kDeterminism:
+      return "determinism";
+  }
+  return "?";
+}
+
 const std::vector<MutantInfo>& mutant_list() {
+  // The formula bugs of issue 5 (O(1) errors), then the precision bugs of
+  // issue 15, each with the size of its error and the real kernels it
+  // models. M is the magnitude of the terms a field sums (its scale before
+  // cancellation), A = |g| the logit amplitude.
   static const std::vector<MutantInfo> list = {
       {Bug::kInvSqrtD, "inv_sqrt_d",
        "1/sqrt(D) instead of g (the sdpa scale kept after adding QKNorm)",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kGTwice, "g_twice",
        "g applied twice (once folded into q_hat, once on the logits)",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kEpsInSquaredNorm, "eps_in_squared_norm",
        "sqrt(||x||^2 + eps) instead of the clamp max(||x||, eps)",
-       Precision::kF64},
+       Precision::kF64, MutantKind::kFormula},
       {Bug::kCausalOffByOne, "causal_off_by_one",
-       "causal mask j < i instead of j <= i (diagonal hidden)",
-       Precision::kF32},
+       "causal mask j < i instead of j <= i (diagonal hidden)", Precision::kF32,
+       MutantKind::kFormula},
       {Bug::kPaddingDropsLastKey, "padding_drops_last_key",
-       "padding mask j >= len - 1 (last real key ignored)", Precision::kF32},
+       "padding mask j >= len - 1 (last real key ignored)", Precision::kF32,
+       MutantKind::kFormula},
       {Bug::kNoMaxSubtraction, "no_max_subtraction",
        "softmax without subtracting the row max (exp overflows)",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula,
+       "every logit below exp's overflow threshold (88.7 in f32), e.g. "
+       "qknorm with |g| < 44"},
       {Bug::kBf16Truncate, "bf16_truncate",
        "f32 -> bf16 outputs truncated (Highway 1.0.3 DemoteTo), not RNE",
-       Precision::kBF16},
+       Precision::kBF16, MutantKind::kFormula},
       {Bug::kDgOneHead, "dg_one_head",
        "dg summed over head 0 only instead of all heads and batches",
-       Precision::kF64},
+       Precision::kF64, MutantKind::kFormula},
       {Bug::kMissingNormBackwardTerm, "missing_norm_backward_term",
        "normalization backward dx = du / ||x|| without - u (u . du)",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kTransposedDk, "transposed_dk",
        "dK_hat = g dS Q_hat instead of g dS^T Q_hat (square problems)",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kSkippedRescaleOneTile, "skipped_rescale_one_tile",
        "online softmax: running sum/acc not rescaled when tile 1 raises the "
        "max",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kThreadDependentOrder, "thread_dependent_order",
-       "dK reduction order depends on the thread count", Precision::kF32},
+       "dK reduction order depends on the thread count", Precision::kF32,
+       MutantKind::kDeterminism,
+       "always: only the bits of dK change with the thread count (one "
+       "thread: the plain copy's order, more: the reversed control's)"},
       {Bug::kF16MaskToInf, "f16_mask_to_inf",
        "masked logits filled with -1e9 in f16 (= -inf): fully masked rows NaN",
-       Precision::kF16},
+       Precision::kF16, MutantKind::kFormula},
       {Bug::kF16EpsUnderflow, "f16_eps_underflow",
-       "eps stored in f16 (1e-12 -> 0): zero rows give 0/0", Precision::kF16},
+       "eps stored in f16 (1e-12 -> 0): zero rows give 0/0", Precision::kF16,
+       MutantKind::kFormula},
       {Bug::kScaleNormClampByNorm, "scalenorm_clamp_by_norm",
        "ScaleNorm backward divides by ||x|| instead of eps in the clamp region",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kBackwardIgnoresMask, "backward_ignores_mask",
        "backward recomputes P over every key: masked keys get gradient",
-       Precision::kF32},
+       Precision::kF32, MutantKind::kFormula},
       {Bug::kNormalizesV, "normalizes_v", "v rows normalized like q and k",
-       Precision::kBF16},
+       Precision::kBF16, MutantKind::kFormula},
+      // --- Precision bugs (issue 15) ---
+      {Bug::kPvAccumBf16, "pv_accum_bf16",
+       "P.V and the softmax row sum accumulated in a bf16 register (rounded "
+       "after every add) instead of f32: the low-precision accumulator of "
+       "GEMMs run with a 16-bit compute type (cuBLAS CUBLAS_COMPUTE_16F, "
+       "Triton tl.dot(out_dtype=bf16)); O off by ~2^-8 M per add",
+       Precision::kBF16, MutantKind::kPrecision},
+      {Bug::kDvAccumBf16, "dv_accum_bf16",
+       "dV = P^T dO accumulated in bf16 in the f32 mode (a dV accumulator "
+       "declared in the input dtype, or atomicAdd into a bf16 dV buffer): dV "
+       "off by ~2^-8 M per add",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kCheapExp, "cheap_exp",
+       "exp(x) = 2^n p(f) with a minimax cubic p, relative error 7.5e-5 "
+       "(a fast-math exp without the refinement terms, __expf-style): P, O, "
+       "lse and every gradient off by ~1e-4",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kLseBf16, "lse_bf16",
+       "lse rounded to bf16 in the f32 mode (softmax statistics saved in the "
+       "activation dtype for the backward): lse off by up to 2^-9 |lse|, P in "
+       "the backward by the same absolute amount",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kDqOneHead, "dq_one_head",
+       "dQ of the last (batch, head) slice scaled by 1 + 2^-10 (a per-head "
+       "epilogue that takes a separate path for the tail head of the launch "
+       "grid with a wrong scale): dQ 9.8e-4 off in one head only",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kFarNormRsqrtEstimate, "far_norm_rsqrt_estimate",
+       "the backward recomputes 1/||x|| for rows with norm above 2^64 (where "
+       "an unscaled f32 sum of squares overflows; rows below 2^-64 are in the "
+       "clamp region for every eps used) on a rescaling fallback path with a "
+       "12-bit rsqrt estimate (rsqrtps without its Newton step): dQ, dK and "
+       "ScaleNorm dx of those rows off by up to 2^-12, every other output "
+       "exact",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kTailKeyBlockDrop, "tail_key_block_drop",
+       "key loop in blocks of 16 whose tail loop over a partial last block "
+       "stops one key short (kv_len > 16, kv_len % 16 != 0): the last key "
+       "missing from O and lse",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kGBf16, "g_bf16",
+       "g rounded to bf16 before the f32 kernel (the learned scalar cast to "
+       "the autocast dtype): logits off by up to 2^-9 |S|",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kClampEpsBf16Backward, "clamp_eps_bf16_backward",
+       "the backward of rows with ||x|| <= eps divides by eps rounded to bf16 "
+       "(eps saved for the backward in the activation dtype; the forward used "
+       "the f32 eps): zero and tiny rows' gradients du / eps off by 1.9e-3 "
+       "(eps = 1e-12), every other row exact",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kDkDropsTailQueryBlock, "dk_drops_tail_query_block",
+       "dK reduction over query blocks of 16 that leaves out a partial last "
+       "block (q_len > 16, q_len % 16 != 0; dQ, dV, dg keep it): dK short by "
+       "those queries' share",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kRescaleBf16, "rescale_bf16",
+       "online softmax: the correction factor exp(m_old - m_new) rounded to "
+       "bf16 before it rescales the f32 accumulator and row sum: O and lse "
+       "off by up to 2^-9 of the earlier tiles' share, only on rows whose "
+       "max rises after the first tile",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kTf32Matmul, "tf32_matmul",
+       "every GEMM (QK^T, PV, dO V^T, P^T dO, dS K, dS^T Q) with operands "
+       "rounded to TF32 (10-bit significand), f32 accumulation: PyTorch's "
+       "allow_tf32 default for f32 matmuls on Ampere (1.7-1.11); products "
+       "off by up to 2^-10",
+       Precision::kF32, MutantKind::kPrecision},
+      {Bug::kF64ExpInF32, "f64_exp_in_f32",
+       "the f64 mode's exp evaluated in f32 (expf on a double argument, a "
+       "single-precision exp polynomial in a double kernel): P off by ~6e-8",
+       Precision::kF64, MutantKind::kPrecision},
   };
   return list;
 }
@@ -507,20 +839,71 @@ const std::vector<MutantInfo>& mutant_list() {
 const Registry& mutant_registry() {
   static const Registry* r = [] {
     auto* reg = new Registry;
-    for (const MutantInfo& m : mutant_list()) reg->add(make(m, true));
+    for (const MutantInfo& m : mutant_list())
+      reg->add(
+          make("mutant", m.name, m.precision, m.bug, true, Control::kPlain));
     return reg;
   }();
   return *r;
 }
 
-// The unmutated copy at every precision (mutation_test.cc requires that it
-// passes the whole table: the mutants are caught for their bug, not for the
-// copy).
+const Backend& unmutated(Precision p) {
+  static const Registry* r = [] {
+    auto* reg = new Registry;
+    for (Precision q : kAllPrecisions)
+      reg->add(
+          make("mutant", "none", q, Bug::kInvSqrtD, false, Control::kPlain));
+    return reg;
+  }();
+  return *r->find("mutant:none:" + std::string(name(p)));
+}
+
+const std::vector<ControlInfo>& control_list() {
+  static const std::vector<ControlInfo> list = {
+      {Control::kPlain,
+       "plain",
+       "the unmutated copy: left-to-right sums, online softmax over key tiles "
+       "of 4, no FMA",
+       {Precision::kF64, Precision::kF32}},
+      {Control::kReversed,
+       "reversed",
+       "every sum right to left, key tiles last to first",
+       {Precision::kF64, Precision::kF32}},
+      {Control::kPairwise,
+       "pairwise",
+       "every sum pairwise (recursive halves); the softmax of a row in two "
+       "passes (one tile)",
+       {Precision::kF64, Precision::kF32}},
+      {Control::kBlocked,
+       "blocked",
+       "every sum as partial sums of blocks of 16 added in order; key tiles "
+       "of 16 (flash-attention's block structure)",
+       {Precision::kF64, Precision::kF32}},
+      {Control::kFma,
+       "fma",
+       "every product-sum as std::fma (the plain copy is built with "
+       "-ffp-contract=off: no FMA)",
+       {Precision::kF64, Precision::kF32}},
+      {Control::kExp2Ulp,
+       "exp_2ulp",
+       "std::exp moved 2 ulp up or down (by a hash of the argument): an exp "
+       "with a 2.5 ulp error bound",
+       {Precision::kF64, Precision::kF32}},
+      {Control::kF32Accum,
+       "f32_accum",
+       "16-bit storage with f32 accumulators on the accumulator path of "
+       "pv_accum_bf16 / dv_accum_bf16 (the correct counterpart of both)",
+       {Precision::kBF16, Precision::kF16}},
+  };
+  return list;
+}
+
 const Registry& control_registry() {
   static const Registry* r = [] {
     auto* reg = new Registry;
-    for (Precision p : kAllPrecisions)
-      reg->add(make({Bug::kInvSqrtD, "control", "unmutated copy", p}, false));
+    for (const ControlInfo& c : control_list())
+      for (Precision p : c.precisions)
+        reg->add(make("control", c.name, p, Bug::kInvSqrtD, false, c.control));
     return reg;
   }();
   return *r;

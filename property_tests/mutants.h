@@ -1,12 +1,22 @@
-// Deliberately broken backends, registered only in the test binaries: each
-// carries one bug that real attention / normalization kernels have had. The
-// mutation test (mutation_test.cc) runs the property table on every mutant
-// and requires that each is caught.
+// Deliberately broken backends (mutants) and legitimate variants of the same
+// loops (controls), in the static library qknorm_mutants. They are never part
+// of qknorm::all_backends(): the mutation test (mutation_test.cc) and
+// `qknorm-check mutants` (cli/mutants.h) run them to prove that the property
+// suite and the default suite catch every bug and pass every control.
 //
 // The mutants are small, self-contained copies of reference-style loops
 // (test code, independent of reference/), templated on the arithmetic type
 // (float for the f32/bf16/f16 storage modes, double for f64) and read and
-// write strided storage exactly as a production entry does.
+// write strided storage exactly as a production entry does. Each carries one
+// bug that real attention / normalization kernels have had:
+// - formula bugs (issue 5): O(1) errors;
+// - precision bugs (issue 15): small errors, relative 1e-7 .. 1e-2 of the
+//   magnitude of the terms the field sums, far above what a correct kernel
+//   of that precision loses (u_s |x| + (1 + 2A) u_c M, with M that
+//   magnitude), so that a per-element rule must catch them.
+// The controls are the same loops with no bug and another legitimate
+// arithmetic (summation order, FMA, a 2-ulp exp, f32 accumulators for 16-bit
+// storage): a correct kernel may do any of these, so each must pass.
 #ifndef QKNORM_PROPERTY_TESTS_MUTANTS_H_
 #define QKNORM_PROPERTY_TESTS_MUTANTS_H_
 
@@ -35,22 +45,80 @@ enum class Bug {
   kScaleNormClampByNorm,  // ScaleNorm backward divides by ||x|| < eps
   kNormalizesV,           // v rows normalized too
   kBackwardIgnoresMask,   // mask applied in the forward only
+  // Precision bugs (issue 15); mutant_list() has the details.
+  kPvAccumBf16,            // O accumulator (P.V and row sum) kept in bf16
+  kDvAccumBf16,            // dV accumulated in bf16 in the f32 mode
+  kCheapExp,               // exp by a cubic 2^f, 7.5e-5 relative error
+  kLseBf16,                // lse stored in bf16 in the f32 mode
+  kDqOneHead,              // dQ of one (batch, head) off by 2^-10
+  kFarNormRsqrtEstimate,   // backward 1/||x|| by 12-bit rsqrt if > 2^64
+  kTailKeyBlockDrop,       // last partial key block of 16 drops one key
+  kGBf16,                  // g rounded to bf16 in the f32 mode
+  kClampEpsBf16Backward,   // backward divides clamp rows by bf16(eps)
+  kDkDropsTailQueryBlock,  // dK misses the last partial query block of 16
+  kRescaleBf16,            // online-softmax rescale factor rounded to bf16
+  kTf32Matmul,             // GEMM operands rounded to TF32 in the f32 mode
+  kF64ExpInF32,            // the f64 mode's exp evaluated in f32
 };
+
+enum class MutantKind {
+  kFormula,    // issue 5: a wrong formula, O(1) errors
+  kPrecision,  // issue 15: small errors that an accuracy verdict must catch
+  // Correct values whose bits depend on the thread count: no accuracy
+  // verdict can see it (its results are those of the reversed control);
+  // only the Determinism property catches it.
+  kDeterminism,
+};
+const char* name(MutantKind k);  // "formula", "precision", "determinism"
 
 struct MutantInfo {
   Bug bug;
   const char* name;         // the registry target, e.g. "inv_sqrt_d"
   const char* description;  // what the bug is and where real kernels had it
   Precision precision;      // the storage mode it is registered at
+  MutantKind kind;
+  // Where the mutant's outputs are correct values (any accuracy verdict must
+  // pass them there), or nullptr: it is wrong on every input that triggers
+  // it. Two of issue 5's bugs are regime bugs: a softmax without max
+  // subtraction is exact until exp overflows, and a thread-dependent
+  // summation order only changes bits.
+  const char* correct_when = nullptr;
 };
 const std::vector<MutantInfo>& mutant_list();
 
 // Every mutant as an entry "mutant:<name>:<precision>", in mutant_list()
-// order. Never part of qknorm::all_backends().
+// order.
 const Registry& mutant_registry();
-// The same loops with the bug switched off, at every precision
-// ("mutant:control:<prec>"): must pass every property, so that each mutant is
-// caught for its bug and not for a flaw of the copy.
+
+// The unmutated copy (Control::kPlain) at any precision, "mutant:none:<p>",
+// outside both registries: `qknorm-check mutants` compares a surviving
+// mutant's outputs with it bit for bit, which tells a bug the suite's inputs
+// never trigger (identical outputs) from one its verdict misses.
+const Backend& unmutated(Precision p);
+
+// Legitimate arithmetic variants of the unmutated copy.
+enum class Control {
+  kPlain,     // the copy as written: left-to-right sums, no FMA
+  kReversed,  // every sum right to left (key tiles last to first)
+  kPairwise,  // every sum pairwise (the forward over a whole row at once)
+  kBlocked,   // every sum in blocks of 16 (key tiles of 16), partial sums added
+  kFma,       // every product-sum as std::fma
+  kExp2Ulp,   // std::exp moved 2 ulp up or down (deterministic)
+  kF32Accum,  // 16-bit storage: P.V, row sums and dV accumulated in f32
+};
+
+struct ControlInfo {
+  Control control;
+  const char* name;  // the registry target, e.g. "pairwise"
+  const char* description;
+  std::vector<Precision> precisions;  // where it is registered
+};
+const std::vector<ControlInfo>& control_list();
+
+// Every control as an entry "control:<name>:<precision>", in control_list()
+// order: each must pass every property and the default suite, so that the
+// mutants are caught for their bug and not for a flaw of the copy, and so
+// that the verdict is shown to accept legitimate arithmetic.
 const Registry& control_registry();
 
 }  // namespace qknorm::property
