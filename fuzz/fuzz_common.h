@@ -201,8 +201,9 @@ bool representable(const std::vector<long double>& x, Precision fmt,
                    bool allow_neg_inf = false);
 bool representable(long double x, Precision fmt);
 
-// The naive baselines pass the rule by construction (err <= 2 err + atol):
-// they are held to their a-priori bounds instead (baseline_bounds.h), for
+// The naive baselines are judged by the componentwise verdict like every
+// entry (validation/tolerance.h; the naive is no part of any bound). On top
+// of that they are held to their a-priori bounds (baseline_bounds.h), for
 // the fields named in `fields`. Only fields whose bound holds for arbitrary
 // finite input are listed by the targets: the gradient bounds take
 // max|oracle field| as the magnitude of the terms summed, which cancellation

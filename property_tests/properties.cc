@@ -119,6 +119,36 @@ std::string scaled_diff(const std::string& field, const std::vector<double>& a,
   return "";
 }
 
+// Per-element budgets (support.h): a[i] against b[map[i]] within
+// ta[i] + tb[map[i]] (ta indexes a's case, tb b's).
+std::string close_diff(const std::string& field, const std::vector<double>& a,
+                       const std::vector<double>& b,
+                       const std::vector<double>& ta,
+                       const std::vector<double>& tb,
+                       const std::vector<size_t>& map = {}) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const size_t j = map.empty() ? i : map[i];
+    const std::string d = close_diff(field, {a[i]}, {b[j]}, ta[i] + tb[j]);
+    if (!d.empty()) return d + " at element " + std::to_string(i);
+  }
+  return "";
+}
+
+// |alpha_i b_i - a_i| <= ta_i + alpha_i tb_i, per-element budgets.
+std::string scaled_diff(const std::string& field, const std::vector<double>& a,
+                        const std::vector<double>& b,
+                        const std::vector<double>& alpha,
+                        const std::vector<double>& ta,
+                        const std::vector<double>& tb) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double al = std::fabs(alpha[i]);
+    const std::string d =
+        close_diff(field, {a[i]}, {b[i] * al}, ta[i] + al * tb[i]);
+    if (!d.empty()) return d + " at element " + std::to_string(i);
+  }
+  return "";
+}
+
 double row_norm(const std::vector<double>& t, int64_t D, int64_t r) {
   std::vector<LD> x(t.begin() + r * D, t.begin() + (r + 1) * D);
   return static_cast<double>(reference::nrm2<LD>(x.data(), D));
@@ -312,14 +342,16 @@ void row_scale_invariance(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o", r1.o, r2.o, B["o"] + B2["o"]);
-  if (d.empty()) d = close_diff("lse", r1.lse, r2.lse, B["lse"] + B2["lse"]);
-  if (d.empty()) d = close_diff("dv", r1.dv, r2.dv, B["dv"] + B2["dv"]);
+  std::string d = close_diff("o", r1.o, r2.o, B.bound.at("o"), B2.bound.at("o"));
+  if (d.empty()) d = close_diff("lse", r1.lse, r2.lse, B.bound.at("lse"), B2.bound.at("lse"));
+  if (d.empty()) d = close_diff("dv", r1.dv, r2.dv, B.bound.at("dv"), B2.bound.at("dv"));
   if (d.empty()) d = close_diff("dg", {r1.dg}, {r2.dg}, B["dg"] + B2["dg"]);
   if (d.empty())
-    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B["dq"], B2["dq"]);
+    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.bound.at("dq"),
+                    B2.bound.at("dq"));
   if (d.empty())
-    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B["dk"], B2["dk"]);
+    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B.bound.at("dk"),
+                    B2.bound.at("dk"));
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": rows of q and k scaled by powers of two in [2^-33, 2^33]: " + d);
@@ -420,10 +452,10 @@ void scalenorm_homogeneity(const Backend& b) {
   std::string d;
   for (size_t i = 0; i < c.x.size() && d.empty(); ++i) {
     d = close_diff("y(alpha x) vs sign(alpha) y(x)", {r2.y[i]},
-                   {sign * r1.y[i]}, B["y"] + B2["y"]);
+                   {sign * r1.y[i]}, B.at("y", i) + B2.at("y", i));
     if (d.empty())
       d = scaled_diff("dx(alpha x) * |alpha| vs dx(x)", {r1.dx[i]}, {r2.dx[i]},
-                      {alpha}, B["dx"], B2["dx"]);
+                      {alpha}, B.at("dx", i), B2.at("dx", i));
     if (!d.empty()) d += " at element " + std::to_string(i);
   }
   if (d.empty())
@@ -442,7 +474,7 @@ void scalenorm_homogeneity(const Backend& b) {
 // computed element is within budget B of it, so |x . dx| <= ||x||_1 B.
 std::string orthogonal_rows(const char* field, const std::vector<double>& x,
                             const std::vector<double>& dx, int64_t D,
-                            double eps, double budget) {
+                            double eps, const std::vector<double>& budget) {
   const int64_t rows = static_cast<int64_t>(x.size()) / D;
   for (int64_t r = 0; r < rows; ++r) {
     if (row_norm(x, D, r) <= kClampMargin * eps) continue;
@@ -450,14 +482,14 @@ std::string orthogonal_rows(const char* field, const std::vector<double>& x,
     for (int64_t d = 0; d < D; ++d) {
       const size_t i = static_cast<size_t>(r * D + d);
       dot += static_cast<LD>(x[i]) * dx[i];
-      l1 += std::fabs(static_cast<LD>(x[i]));
+      l1 += std::fabs(static_cast<LD>(x[i])) * budget[i];
     }
-    const double tol = static_cast<double>(l1) * budget;
+    const double tol = static_cast<double>(l1);
     if (!(std::fabs(static_cast<double>(dot)) <= tol)) {
       char buf[200];
       std::snprintf(
           buf, sizeof buf,
-          "row %lld: x . %s = %.6e, tolerance ||x||_1 * budget = %.6e",
+          "row %lld: x . %s = %.6e, tolerance sum_d |x_d| budget_d = %.6e",
           (long long)r, field, static_cast<double>(dot), tol);
       return buf;
     }
@@ -474,16 +506,17 @@ void orthogonality(const Backend& b) {
   const Budgets B = attention_budgets(s, c);
   const AttentionResult r = validation::run_attention(b, c);
   const int64_t D = c.problem.head_dim;
-  std::string d = orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B["dq"]);
+  std::string d = orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps,
+                                  B.bound.at("dq"));
   if (d.empty())
-    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B["dk"]);
+    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B.bound.at("dk"));
   if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
   const ScaleNormSpec sspec = draw_scalenorm_spec(s);
   const ScaleNormCase sc = build_case(sspec, s);
   const Budgets SB = scalenorm_budgets(s, sc);
   const ScaleNormResult sr = validation::run_scalenorm(b, sc);
   d = orthogonal_rows("dx", sc.x, sr.dx, sc.problem.dim, sc.problem.eps,
-                      SB["dx"]);
+                      SB.bound.at("dx"));
   if (!d.empty()) RC_FAIL(entry_and_case(b, sspec.describe()) + ": " + d);
 }
 
@@ -504,17 +537,19 @@ void gradient_sums(const Backend& b) {
   const Budgets B = attention_budgets(s, c);
   const AttentionResult r = validation::run_attention(b, c);
   const auto oracle = validation::oracle_attention(c);
-  const double nk = static_cast<double>(p.kv_len);
   for (int64_t bb = 0; bb < p.batch; ++bb)
     for (int64_t h = 0; h < p.heads; ++h)
       for (int64_t d = 0; d < p.head_dim; ++d) {
         LD sdk = 0, sdv = 0, sdo = 0, odk = 0, odv = 0;
+        double bdk = 0, bdv = 0;  // the summed elements' budgets
         for (int64_t j = 0; j < p.kv_len; ++j) {
           const auto x = static_cast<size_t>(idx4(p, p.kv_len, bb, h, j, d));
           sdk += r.dk[x];
           sdv += r.dv[x];
           odk += oracle.dk[x];
           odv += oracle.dv[x];
+          bdk += B.at("dk", x);
+          bdv += B.at("dv", x);
         }
         for (int64_t i = 0; i < p.q_len; ++i) {
           bool any = false;
@@ -523,9 +558,8 @@ void gradient_sums(const Backend& b) {
           if (any)
             sdo += c.d_o[static_cast<size_t>(idx4(p, p.q_len, bb, h, i, d))];
         }
-        const double tk = nk * B["dk"] + static_cast<double>(std::fabs(odk));
-        const double tv =
-            nk * B["dv"] + static_cast<double>(std::fabs(odv - sdo));
+        const double tk = bdk + static_cast<double>(std::fabs(odk));
+        const double tv = bdv + static_cast<double>(std::fabs(odv - sdo));
         char buf[240];
         if (p.variant == Variant::kSDPA &&
             !(std::fabs(static_cast<double>(sdk)) <= tk)) {
@@ -721,14 +755,19 @@ void key_value_permutation(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o", r2.o, r1.o, B["o"] + B2["o"]);
-  if (d.empty()) d = close_diff("lse", r2.lse, r1.lse, B["lse"] + B2["lse"]);
-  if (d.empty()) d = close_diff("dq", r2.dq, r1.dq, B["dq"] + B2["dq"]);
+  std::string d = close_diff("o", r2.o, r1.o, B2.bound.at("o"),
+                   B.bound.at("o"));
+  if (d.empty()) d = close_diff("lse", r2.lse, r1.lse, B2.bound.at("lse"),
+                   B.bound.at("lse"));
+  if (d.empty()) d = close_diff("dq", r2.dq, r1.dq, B2.bound.at("dq"),
+                   B.bound.at("dq"));
   if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
   if (d.empty())
-    d = close_diff("dk (permuted)", r2.dk, r1.dk, B["dk"] + B2["dk"], km);
+    d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.bound.at("dk"),
+                   B.bound.at("dk"), km);
   if (d.empty())
-    d = close_diff("dv (permuted)", r2.dv, r1.dv, B["dv"] + B2["dv"], km);
+    d = close_diff("dv (permuted)", r2.dv, r1.dv, B2.bound.at("dv"),
+                   B.bound.at("dv"), km);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": keys/values permuted: " + d);
@@ -753,14 +792,19 @@ void query_permutation(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o (permuted)", r2.o, r1.o, B["o"] + B2["o"], qm);
+  std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.bound.at("o"),
+                   B.bound.at("o"), qm);
   if (d.empty())
-    d = close_diff("lse (permuted)", r2.lse, r1.lse, B["lse"] + B2["lse"],
+    d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.bound.at("lse"),
+                   B.bound.at("lse"),
                    lse_map(p, perm));
   if (d.empty())
-    d = close_diff("dq (permuted)", r2.dq, r1.dq, B["dq"] + B2["dq"], qm);
-  if (d.empty()) d = close_diff("dk", r2.dk, r1.dk, B["dk"] + B2["dk"]);
-  if (d.empty()) d = close_diff("dv", r2.dv, r1.dv, B["dv"] + B2["dv"]);
+    d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.bound.at("dq"),
+                   B.bound.at("dq"), qm);
+  if (d.empty()) d = close_diff("dk", r2.dk, r1.dk, B2.bound.at("dk"),
+                   B.bound.at("dk"));
+  if (d.empty()) d = close_diff("dv", r2.dv, r1.dv, B2.bound.at("dv"),
+                   B.bound.at("dv"));
   if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": queries permuted: " + d);
