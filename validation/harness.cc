@@ -411,22 +411,31 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     // (weight T_ij), 1 the stored-O sensitivity (P_ij sum_d |dO_id|), 2 the
     // subnormal-intermediate count of dS_ij (P_ij (2D + 1) + 1); channel 2
     // adds its own sums' count to du before the normalization backward.
-    constexpr int kCh = 4;
-    const LD dq_add[kCh] = {0, 0, static_cast<LD>(Nk + D + 2), 0};
-    const LD dk_add[kCh] = {0, 0, static_cast<LD>(Nq + D + 2), 0};
+    // Channel 4: |dS_ij| = P_ij |dP_ij - delta_i| (exact), the size of the
+    // terms the softmax's conditioning perturbs (tolerance.cc).
+    constexpr int kCh = 5;
+    // The subnormal count of the sums forming du (Nk products and
+    // additions, the normalization backward's D + 2), each of which the
+    // scale s may multiply afterwards (found by the property suite: f32,
+    // keys below eps, q_hat_d = 3.7e-39: g dS q_hat_d = 4.8e-43 formed as
+    // (dS q_hat_d) g carries 13 half-ulps of 2^-149).
+    const LD dq_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nk + D + 2), 0, 0};
+    const LD dk_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nq + D + 2), 0, 0};
     LD dq_out[kCh] = {}, dk_out[kCh] = {}, dv_scale = 0;
     std::vector<LD> mag[kCh], dk_mag[kCh], row, av(static_cast<size_t>(Nk));
     // Per element: channel 0 -> *_mag, 1 -> *_o_sens_e, 2 -> *_uf_sens_e,
     // 3 -> *_o_rel_e (see OracleAttention).
     std::vector<LD>* dq_dst[kCh] = {&r.dq_mag, &r.dq_o_sens_e, &r.dq_uf_sens_e,
-                                    &r.dq_o_rel_e};
+                                    &r.dq_o_rel_e, &r.dq_ds_mag};
     std::vector<LD>* dk_dst[kCh] = {&r.dk_mag, &r.dk_o_sens_e, &r.dk_uf_sens_e,
-                                    &r.dk_o_rel_e};
+                                    &r.dk_o_rel_e, &r.dk_ds_mag};
     for (int ch = 0; ch < kCh; ++ch) {
       dq_dst[ch]->assign(q.size(), 0);
       dk_dst[ch]->assign(k.size(), 0);
     }
     r.o_mag.assign(q.size(), 0);
+    r.o_dev_mag.assign(q.size(), 0);
+    std::vector<LD> sdp(static_cast<size_t>(Nk));
     r.dv_mag.assign(v.size(), 0);
     // One row's |dx| magnitudes from m + add, stored at dst; returns the max.
     auto row_max = [&](const LD* u, LD den, LD add, std::vector<LD>* m,
@@ -448,21 +457,33 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         const LD* pi = probs.data() + (bh * Nq + i) * Nk;
         const LD* qhi = qh.data() + (bh * Nq + i) * D;
         LD* omag = r.o_mag.data() + (bh * Nq + i) * D;
-        LD del = 0, do_l1 = 0;
+        LD del = 0, do_l1 = 0, sdel = 0;
         for (int64_t k = 0; k < Nk; ++k) {
-          av[static_cast<size_t>(k)] =
-              absdot(doi, v.data() + (bh * Nk + k) * D);
+          const LD* vk = v.data() + (bh * Nk + k) * D;
+          av[static_cast<size_t>(k)] = absdot(doi, vk);
           del += pi[k] * av[static_cast<size_t>(k)];
+          LD t = 0;
+          for (int64_t d = 0; d < D; ++d) t += doi[d] * vk[d];
+          sdp[static_cast<size_t>(k)] = t;
+          sdel += pi[k] * t;
         }
+        // sum_k P_ik |dP_ik - delta_i|: delta_i's own perturbation by the
+        // softmax's conditioning, per unit of |dS| perturbation.
+        LD ds_l1 = 0;
+        for (int64_t k = 0; k < Nk; ++k)
+          ds_l1 += pi[k] * std::fabs(sdp[static_cast<size_t>(k)] - sdel);
+        const LD* oi = r.o.data() + (bh * Nq + i) * D;
+        LD* odev = r.o_dev_mag.data() + (bh * Nq + i) * D;
         for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
         // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
         const LD o_abs_dot = absdot(doi, r.o.data() + (bh * Nq + i) * D);
         for (auto& m : mag) m.assign(static_cast<size_t>(D), 0);
         for (int64_t j = 0; j < Nk; ++j) {
           const LD pij = pi[j];
-          const LD w[kCh] = {pij * (av[static_cast<size_t>(j)] + del),
-                             pij * do_l1, pij * (2 * D + 1) + 1,
-                             pij * o_abs_dot};
+          const LD w[kCh] = {
+              pij * (av[static_cast<size_t>(j)] + del), pij * do_l1,
+              pij * (2 * D + 1) + 1, pij * o_abs_dot,
+              pij * (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2)};
           if (qk) {
             r.dg_scale += w[0];
             r.dg_o_sens += w[1];
@@ -479,6 +500,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
             }
             dv_mag[jd] += pij * std::fabs(doi[d]);
             omag[d] += pij * std::fabs(vj[d]);
+            odev[d] += pij * std::fabs(vj[d] - oi[d]);
           }
         }
         const LD qd = qden[static_cast<size_t>(bh * Nq + i)];

@@ -127,6 +127,11 @@ struct OracleAttention {
   std::vector<long double> o_mag, dv_mag, dq_mag, dk_mag;
   std::vector<long double> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e,
       dk_uf_sens_e, dq_o_rel_e, dk_o_rel_e;
+  // The terms the softmax's conditioning perturbs: o_dev_mag = sum_j P_ij
+  // |v_jd - O_id| (dO = sum_j dP_ij v_jd with sum_j dP_ij = 0), and for dq,
+  // dk the terms P_ij (|dP_ij - delta_i| + sum_k P_ik |dP_ik - delta_i| / 2)
+  // carried through the same sums as dq_mag (tolerance.cc).
+  std::vector<long double> o_dev_mag, dq_ds_mag, dk_ds_mag;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;

@@ -115,10 +115,13 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning.
   {
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
-    const double units = sum_units(static_cast<double>(Nk)) + soft;
+    // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
+    // dS_ij (v_jd - O_id): at most A kDotUnits u_c o_dev_mag.
+    const double units = sum_units(static_cast<double>(Nk));
     t.masked_row.assign(orc.o.size(), 0);
     for (size_t e = 0; e < orc.o.size(); ++e) {
-      t.delta[e] = uc * units * d(orc.o_mag[e]);
+      t.delta[e] = uc * (units * d(orc.o_mag[e]) +
+                         soft / 2 * d(orc.o_dev_mag[e]));
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -146,22 +149,30 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // backward (a D-term dot and a division); the stored O they read enters as
   // u_s R_e (relative) and ulp_s(0) So_e (absolute), subnormal
   // intermediates as ulp_c(0) Sc_e.
+  // The rounding of dP, delta, dS and the sums scales with the terms before
+  // cancellation (mag: P_ij (|dO_i|.|v_j| + Del_i)). The softmax's
+  // conditioning perturbs P_ij by P_ij (dS_ij - sum_k P_ik dS_ik), at most
+  // 2 A kDotUnits u_c P_ij, so dS_ij = P_ij (dP_ij - delta_i) by that times
+  // |dP_ij - delta_i|, and by P_ij times delta_i's own perturbation, at most
+  // A kDotUnits u_c sum_k P_ik |dP_ik - delta_i| (ds_mag carries both, as
+  // P_ij (|dP_ij - delta_i| + that sum / 2), through the same sums).
   auto grad = [&](Field f, const std::vector<LD>& x, int64_t rows, int64_t n,
-                  const std::vector<LD>& mag, const std::vector<LD>& o_rel,
-                  const std::vector<LD>& o_sens, const std::vector<LD>& uf) {
+                  const std::vector<LD>& mag, const std::vector<LD>& ds_mag,
+                  const std::vector<LD>& o_rel, const std::vector<LD>& o_sens,
+                  const std::vector<LD>& uf) {
     ToleranceTable t = table(f, s, B, H, rows, D, x);
-    const double units = sum_units(static_cast<double>(n + D)) + soft;
+    const double units = sum_units(static_cast<double>(n + D));
     for (size_t e = 0; e < x.size(); ++e) {
-      t.delta[e] = uc * units * d(mag[e]) + us * d(o_rel[e]) +
-                   o_res * d(o_sens[e]) + c_res * d(uf[e]);
+      t.delta[e] = uc * (units * d(mag[e]) + soft * d(ds_mag[e])) +
+                   us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]);
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
   };
-  out.push_back(grad(Field::kDq, orc.dq, Nq, Nk, orc.dq_mag, orc.dq_o_rel_e,
-                     orc.dq_o_sens_e, orc.dq_uf_sens_e));
-  out.push_back(grad(Field::kDk, orc.dk, Nk, Nq, orc.dk_mag, orc.dk_o_rel_e,
-                     orc.dk_o_sens_e, orc.dk_uf_sens_e));
+  out.push_back(grad(Field::kDq, orc.dq, Nq, Nk, orc.dq_mag, orc.dq_ds_mag,
+                     orc.dq_o_rel_e, orc.dq_o_sens_e, orc.dq_uf_sens_e));
+  out.push_back(grad(Field::kDk, orc.dk, Nk, Nq, orc.dk_mag, orc.dk_ds_mag,
+                     orc.dk_o_rel_e, orc.dk_o_sens_e, orc.dk_uf_sens_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   {
