@@ -41,6 +41,11 @@ namespace qknorm::cli {
 
 struct CompareOptions {
   std::vector<std::string> inputs, outputs;
+  // "f32" (default): the framework computes in f32 (f64 for f64 files) and
+  // rounds only its outputs, our entries' contract. "storage": it rounds its
+  // intermediates to the files' dtype too (PyTorch's bfloat16 autograd on
+  // CPU); the verdict's compute unit becomes the storage unit roundoff.
+  std::string compute = "f32";
 };
 
 void add_compare_options(CLI::App& app, CompareOptions& o);
@@ -56,7 +61,8 @@ std::map<std::string, validation::HostTensor> load_tensors(
 EntryRow compare_tensors(
     const std::map<std::string, validation::HostTensor>& in,
     const std::map<std::string, validation::HostTensor>& out,
-    const SuiteOptions& s, std::string* case_desc);
+    const SuiteOptions& s, std::string* case_desc,
+    bool storage_compute = false);
 
 int run_compare(const CompareOptions& o, const SuiteOptions& s,
                 const std::string& json, std::ostream& out, std::ostream& err);

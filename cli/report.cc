@@ -110,8 +110,8 @@ void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
     cols.push_back(c);
   }
   Column ratio{"x naive", {}, false}, head{"margin", {}, false},
-      worst{"worst element (field case[index] expected actual bound)", {},
-            true},
+      worst{
+          "worst element (field case[index] expected actual bound)", {}, true},
       gf{"fwd GF/s", {}, false}, v{"verdict", {}, true};
   for (const EntryRow* r : rows) {
     ratio.cells.push_back(r->available ? ratio_text(*r) : "-");
@@ -242,8 +242,7 @@ void print_table(std::ostream& out, const Report& rep) {
       "c<case>[b,h,n,d].\n"
       "      \"x naive\" = max err / naive max err (statistics only). "
       "ULP figures and everything else: --json.\n\n",
-      2 * validation::kDotUnits, validation::kSumLambda,
-      validation::kOpUnits);
+      2 * validation::kDotUnits, validation::kSumLambda, validation::kOpUnits);
   print_kind(out, rep, "attention", {}, true);
   out << "\n";
   print_kind(out, rep, "scalenorm", {}, false);
@@ -318,12 +317,13 @@ std::string to_json(const Report& rep) {
             {"entry", stats_json(f.entry)},
             {"naive", f.has_naive ? stats_json(f.naive) : nlohmann::json()},
             {"margin", finite_or_string(f.margin)},
-            {"naive_margin", f.has_naive ? finite_or_string(f.naive_margin)
-                                         : nlohmann::json()},
-            {"worst", {{"index", f.where},
-                       {"expected", finite_or_string(f.expected)},
-                       {"actual", finite_or_string(f.actual)},
-                       {"bound", finite_or_string(f.bound)}}},
+            {"naive_margin",
+             f.has_naive ? finite_or_string(f.naive_margin) : nlohmann::json()},
+            {"worst",
+             {{"index", f.where},
+              {"expected", finite_or_string(f.expected)},
+              {"actual", finite_or_string(f.actual)},
+              {"bound", finite_or_string(f.bound)}}},
             {"elements", f.count},
             {"failures", f.failures},
             {"not_representable", f.not_representable},
@@ -352,8 +352,7 @@ void write_csv(std::ostream& out, const Report& rep) {
           "6g},{},{:.4g},{}\n",
           r.kind, r.name, r.family, r.target, r.precision, r.rule, f.field,
           s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99, s.ulp_max, f.ratio,
-          f.worst_element.margin, f.pass ? "PASS" : "FAIL", r.gflops,
-          rep.seed);
+          f.worst_element.margin, f.pass ? "PASS" : "FAIL", r.gflops, rep.seed);
     }
   }
 }

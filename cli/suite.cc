@@ -33,7 +33,6 @@ double ratio_of(double err, double base) {
   return err > 0 ? std::numeric_limits<double>::infinity() : 1.0;
 }
 
-
 }  // namespace
 
 Suite default_suite(uint64_t seed) {
@@ -192,8 +191,9 @@ void summarize(EntryRow* row) {
             std::max(it->ratio, ratio_of(f.entry.max_abs, f.naive.max_abs));
       it->failures += f.failures;
       it->not_representable += f.not_representable;
-      WorstElement here{f.margin,   static_cast<int>(ci), f.field, f.where,
-                        f.expected, f.actual,             f.bound};
+      WorstElement here{f.margin, static_cast<int>(ci), f.field,
+                        f.where,  f.expected,           f.actual,
+                        f.bound};
       if (it->worst_element.case_index < 0 ||
           !(f.margin <= it->worst_element.margin))
         it->worst_element = here;

@@ -342,9 +342,13 @@ void row_scale_invariance(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o", r1.o, r2.o, B.bound.at("o"), B2.bound.at("o"));
-  if (d.empty()) d = close_diff("lse", r1.lse, r2.lse, B.bound.at("lse"), B2.bound.at("lse"));
-  if (d.empty()) d = close_diff("dv", r1.dv, r2.dv, B.bound.at("dv"), B2.bound.at("dv"));
+  std::string d =
+      close_diff("o", r1.o, r2.o, B.bound.at("o"), B2.bound.at("o"));
+  if (d.empty())
+    d = close_diff("lse", r1.lse, r2.lse, B.bound.at("lse"),
+                   B2.bound.at("lse"));
+  if (d.empty())
+    d = close_diff("dv", r1.dv, r2.dv, B.bound.at("dv"), B2.bound.at("dv"));
   if (d.empty()) d = close_diff("dg", {r1.dg}, {r2.dg}, B["dg"] + B2["dg"]);
   if (d.empty())
     d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.bound.at("dq"),
@@ -506,8 +510,8 @@ void orthogonality(const Backend& b) {
   const Budgets B = attention_budgets(s, c);
   const AttentionResult r = validation::run_attention(b, c);
   const int64_t D = c.problem.head_dim;
-  std::string d = orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps,
-                                  B.bound.at("dq"));
+  std::string d =
+      orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B.bound.at("dq"));
   if (d.empty())
     d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B.bound.at("dk"));
   if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
@@ -755,12 +759,13 @@ void key_value_permutation(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o", r2.o, r1.o, B2.bound.at("o"),
-                   B.bound.at("o"));
-  if (d.empty()) d = close_diff("lse", r2.lse, r1.lse, B2.bound.at("lse"),
+  std::string d =
+      close_diff("o", r2.o, r1.o, B2.bound.at("o"), B.bound.at("o"));
+  if (d.empty())
+    d = close_diff("lse", r2.lse, r1.lse, B2.bound.at("lse"),
                    B.bound.at("lse"));
-  if (d.empty()) d = close_diff("dq", r2.dq, r1.dq, B2.bound.at("dq"),
-                   B.bound.at("dq"));
+  if (d.empty())
+    d = close_diff("dq", r2.dq, r1.dq, B2.bound.at("dq"), B.bound.at("dq"));
   if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
   if (d.empty())
     d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.bound.at("dk"),
@@ -793,18 +798,17 @@ void query_permutation(const Backend& b) {
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
   std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.bound.at("o"),
-                   B.bound.at("o"), qm);
+                             B.bound.at("o"), qm);
   if (d.empty())
     d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.bound.at("lse"),
-                   B.bound.at("lse"),
-                   lse_map(p, perm));
+                   B.bound.at("lse"), lse_map(p, perm));
   if (d.empty())
     d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.bound.at("dq"),
                    B.bound.at("dq"), qm);
-  if (d.empty()) d = close_diff("dk", r2.dk, r1.dk, B2.bound.at("dk"),
-                   B.bound.at("dk"));
-  if (d.empty()) d = close_diff("dv", r2.dv, r1.dv, B2.bound.at("dv"),
-                   B.bound.at("dv"));
+  if (d.empty())
+    d = close_diff("dk", r2.dk, r1.dk, B2.bound.at("dk"), B.bound.at("dk"));
+  if (d.empty())
+    d = close_diff("dv", r2.dv, r1.dv, B2.bound.at("dv"), B.bound.at("dv"));
   if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": queries permuted: " + d);

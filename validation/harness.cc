@@ -53,7 +53,8 @@ void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
         rng.uniform() < 0.125)
       row_scale = std::pow(10.0, std::min(rng.uniform(3, 5), hi));
     if (v_operand && dist == Distribution::kMixedScaleV)
-      row_scale = std::pow(10.0, rng.uniform(std::max(-3.0, lo), std::min(3.0, hi)));
+      row_scale =
+          std::pow(10.0, rng.uniform(std::max(-3.0, lo), std::min(3.0, hi)));
     const bool zero =
         qk_operand && dist == Distribution::kZeroRows && rng.uniform() < 0.25;
     for (int64_t d = 0; d < D; ++d) {
@@ -483,7 +484,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           const LD w[kCh] = {
               pij * (av[static_cast<size_t>(j)] + del), pij * do_l1,
               pij * (2 * D + 1) + 1, pij * o_abs_dot,
-              pij * (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2)};
+              pij *
+                  (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2)};
           if (qk) {
             r.dg_scale += w[0];
             r.dg_o_sens += w[1];
@@ -617,20 +619,18 @@ void finish(AgreementReport* rep) {
 }
 }  // namespace
 
-AgreementReport judge_attention(const AttentionCase& c, Precision s,
-                                const OracleAttention& orc,
-                                const AttentionResult& er,
-                                const AttentionResult* nr, bool forward_only,
-                                const std::string& entry_name,
-                                const std::string& naive_name,
-                                const std::vector<Field>* only) {
+AgreementReport judge_attention(
+    const AttentionCase& c, Precision s, const OracleAttention& orc,
+    const AttentionResult& er, const AttentionResult* nr, bool forward_only,
+    const std::string& entry_name, const std::string& naive_name,
+    const std::vector<Field>* only, double compute_unit) {
   AgreementReport rep;
   rep.entry_name = entry_name;
   rep.naive_name = nr != nullptr ? naive_name : "";
   rep.case_desc = c.describe();
   const double A = logit_amplitude(c);
   for (const ToleranceTable& t :
-       attention_tolerances(c, s, orc, forward_only)) {
+       attention_tolerances(c, s, orc, forward_only, compute_unit)) {
     if (only != nullptr &&
         std::find(only->begin(), only->end(), t.field) == only->end())
       continue;

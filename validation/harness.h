@@ -125,8 +125,8 @@ struct OracleAttention {
   // u_s: *_o_rel_e) and the subnormal-intermediate counts (*_uf_sens_e).
   // The scalars above are their maxima.
   std::vector<long double> o_mag, dv_mag, dq_mag, dk_mag;
-  std::vector<long double> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e,
-      dk_uf_sens_e, dq_o_rel_e, dk_o_rel_e;
+  std::vector<long double> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e, dk_uf_sens_e,
+      dq_o_rel_e, dk_o_rel_e;
   // The terms the softmax's conditioning perturbs: o_dev_mag = sum_j P_ij
   // |v_jd - O_id| (dO = sum_j dP_ij v_jd with sum_j dP_ij = 0), and for dq,
   // dk the terms P_ij (|dP_ij - delta_i| + sum_k P_ik |dP_ik - delta_i| / 2)
@@ -183,7 +183,8 @@ AgreementReport judge_attention(const AttentionCase& c, Precision s,
                                 const AttentionResult* naive, bool forward_only,
                                 const std::string& entry_name,
                                 const std::string& naive_name,
-                                const std::vector<Field>* only = nullptr);
+                                const std::vector<Field>* only = nullptr,
+                                double compute_unit = 0);
 AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
                                 const OracleScaleNorm& oracle,
                                 const ScaleNormResult& entry,

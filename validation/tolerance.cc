@@ -27,9 +27,8 @@ double condition(LD mag, LD x) {
   return mag > 0 ? std::numeric_limits<double>::infinity() : 1.0;
 }
 
-ToleranceTable table(Field f, Precision fmt, int64_t B, int64_t H,
-                     int64_t rows, int64_t cols,
-                     const std::vector<LD>& expected) {
+ToleranceTable table(Field f, Precision fmt, int64_t B, int64_t H, int64_t rows,
+                     int64_t cols, const std::vector<LD>& expected) {
   ToleranceTable t;
   t.field = f;
   t.fmt = fmt;
@@ -102,11 +101,13 @@ std::string ToleranceTable::index_text(int64_t i) const {
 std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                                                  Precision s,
                                                  const OracleAttention& orc,
-                                                 bool forward_only) {
+                                                 bool forward_only,
+                                                 double compute_unit) {
   const AttentionProblem& p = c.problem;
   const int64_t B = p.batch, H = p.heads, Nq = p.q_len, Nk = p.kv_len,
                 D = p.head_dim;
-  const double us = unit_roundoff(s), uc = compute_roundoff(s);
+  const double us = unit_roundoff(s),
+               uc = compute_unit > 0 ? compute_unit : compute_roundoff(s);
   const double A = logit_amplitude(c);
   const Precision wf = wide_fmt(s);
   const double soft = softmax_units(A);
@@ -120,8 +121,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     const double units = sum_units(static_cast<double>(Nk));
     t.masked_row.assign(orc.o.size(), 0);
     for (size_t e = 0; e < orc.o.size(); ++e) {
-      t.delta[e] = uc * (units * d(orc.o_mag[e]) +
-                         soft / 2 * d(orc.o_dev_mag[e]));
+      t.delta[e] =
+          uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e]));
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -138,8 +139,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] = uc * (kDotUnits * std::fabs(A) +
-                         sum_units(static_cast<double>(Nk)) + 2 * d(std::fabs(x)));
+      t.delta[e] =
+          uc * (kDotUnits * std::fabs(A) + sum_units(static_cast<double>(Nk)) +
+                2 * d(std::fabs(x)));
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));
@@ -192,7 +194,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   {
     ToleranceTable t = table(Field::kDg, wf, 1, 1, 1, 1, {orc.dg});
     const double n = static_cast<double>(B * H * Nq * Nk);
-    t.delta[0] = uc * (sum_units(n) + sum_units(static_cast<double>(D)) + soft) *
+    t.delta[0] = uc *
+                     (sum_units(n) + sum_units(static_cast<double>(D)) + soft) *
                      d(orc.dg_scale) +
                  us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
                  c_res * d(orc.dg_uf_sens);
@@ -241,13 +244,13 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
     for (int64_t i = 0; i < Dm; ++i) {
       const size_t e = static_cast<size_t>(r * Dm + i);
       const LD ax = std::fabs(static_cast<LD>(xr[i]));
-      ty.delta[e] = uc * units * d(std::fabs(orc.y[e])) +
-                    c_res * d(g + ax + 1 / n);
+      ty.delta[e] =
+          uc * units * d(std::fabs(orc.y[e])) + c_res * d(g + ax + 1 / n);
       const LD w = std::fabs(static_cast<LD>(dyr[i])) + ax / n * ud;
       const LD mag = g / n * w;
-      tx.delta[e] = uc * (units + sum_units(static_cast<double>(Dm))) * d(mag) +
-                    c_res * d((Dm + 1) * g / n + g / n * (dy_l1 + ud) + w +
-                              1 / n);
+      tx.delta[e] =
+          uc * (units + sum_units(static_cast<double>(Dm))) * d(mag) +
+          c_res * d((Dm + 1) * g / n + g / n * (dy_l1 + ud) + w + 1 / n);
       tx.cond[e] = condition(mag, orc.dx[e]);
     }
   }
@@ -255,8 +258,8 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
   out.push_back(std::move(tx));
   // dg = sum over rows of dy . u: R Dm terms of magnitude dg_scale.
   ToleranceTable tg = table(Field::kScaleNormDg, wf, 1, 1, 1, 1, {orc.dg});
-  tg.delta[0] = uc * (sum_units(static_cast<double>(R * Dm)) + units) *
-                d(orc.dg_scale);
+  tg.delta[0] =
+      uc * (sum_units(static_cast<double>(R * Dm)) + units) * d(orc.dg_scale);
   tg.cond[0] = condition(orc.dg_scale, orc.dg);
   out.push_back(std::move(tg));
   return out;
@@ -302,9 +305,9 @@ ElementJudgement judge_element(const ToleranceTable& t, size_t i,
     return j;
   }
   j.err = d(std::fabs(static_cast<LD>(actual) - target));
-  j.margin = j.bound > 0 ? j.err / j.bound
-                         : (j.err > 0 ? std::numeric_limits<double>::infinity()
-                                      : 0.0);
+  j.margin = j.bound > 0
+                 ? j.err / j.bound
+                 : (j.err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
   j.cls = j.err <= j.bound ? ElementClass::kWithin : ElementClass::kOver;
   return j;
 }
@@ -322,7 +325,8 @@ namespace {
 std::string diagnose(const ToleranceTable& t, size_t i, double actual,
                      const ElementJudgement& j) {
   char buf[320];
-  const std::string where = std::string(name(t.field)) + t.index_text(static_cast<int64_t>(i));
+  const std::string where =
+      std::string(name(t.field)) + t.index_text(static_cast<int64_t>(i));
   const double x = d(t.expected[i]);
   const bool masked = !t.masked_row.empty() && t.masked_row[i];
   if (j.cls == ElementClass::kWrongNonFinite) {

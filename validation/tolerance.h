@@ -110,11 +110,16 @@ struct ToleranceTable {
 };
 
 // Tables for o, lse, dq, dk, dv, dg (forward_only: o, lse) of a case whose
-// inputs are already in the entry's precision s.
+// inputs are already in the entry's precision s. compute_unit > 0 replaces
+// u_c = compute_roundoff(s): compare's `--compute storage` declares a
+// framework that rounds its intermediates (q_hat, S, P) to the 16-bit storage
+// format, as PyTorch's bfloat16 CPU autograd does; the bound is then u_s
+// times the same magnitudes, which is all a kernel of that kind promises.
 std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                                                  Precision s,
                                                  const OracleAttention& oracle,
-                                                 bool forward_only);
+                                                 bool forward_only,
+                                                 double compute_unit = 0);
 // Tables for y, dx, dg.
 std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
                                                  Precision s,

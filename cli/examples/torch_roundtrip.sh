@@ -3,7 +3,9 @@
 # compare judges it. Usage: torch_roundtrip.sh QKNORM_CHECK [WORKDIR]
 # Exit 77 (ctest SKIP_RETURN_CODE) when /usr/bin/python3 has no torch.
 # Checks: the float32 npy dump PASSes, the float64 safetensors dump PASSes,
-# and a dump with O scaled by 1.01 FAILs (exit 1).
+# a dump with O scaled by 1.01 FAILs (exit 1), and torch's own bfloat16
+# autograd (intermediates rounded to bf16) FAILs our f32-compute contract but
+# PASSes under --compute storage (cli/README.md).
 set -u
 tool=${1:?usage: torch_roundtrip.sh QKNORM_CHECK [WORKDIR]}
 work=${2:-$(mktemp -d)}
@@ -27,5 +29,12 @@ py "$work/wrong" --dtype float32 --wrong || exit 1
 "$tool" compare --inputs "$work"/wrong/{q,k,v,g,dO}.npy --outputs "$work"/wrong/O.npy
 rc=$?
 if [ $rc -ne 1 ]; then echo "round trip wrong O: expected FAIL (exit 1), got $rc"; status=1; fi
-[ $status -eq 0 ] && echo "torch round trip: OK (f32 npy PASS, f64 safetensors PASS, wrong O FAIL)"
+py "$work/bf16" --dtype bfloat16 --format safetensors --shape 1,4,64,64 || exit 1
+"$tool" compare --inputs "$work/bf16/dump.safetensors" --outputs "$work/bf16/dump.safetensors" >/dev/null
+rc=$?
+if [ $rc -ne 1 ]; then echo "round trip bf16, --compute f32: expected FAIL (exit 1), got $rc"; status=1; fi
+"$tool" compare --compute storage --inputs "$work/bf16/dump.safetensors" \
+  --outputs "$work/bf16/dump.safetensors" ||
+  { echo "round trip bf16, --compute storage: expected PASS"; status=1; }
+[ $status -eq 0 ] && echo "torch round trip: OK (f32 npy PASS, f64 safetensors PASS, wrong O FAIL, bf16 FAIL / PASS under --compute storage)"
 exit $status
