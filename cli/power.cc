@@ -51,27 +51,7 @@ const std::vector<std::string> kQuickPrecisions = {"f32"};
 const std::vector<std::string> kQuickMasks = {"causal"};
 constexpr int kQuickTrials = 3;
 
-std::span<const double> values(const AttentionResult& r, Field f) {
-  switch (f) {
-    case Field::kO:
-      return r.o;
-    case Field::kLse:
-      return r.lse;
-    case Field::kDq:
-      return r.dq;
-    case Field::kDk:
-      return r.dk;
-    case Field::kDv:
-      return r.dv;
-    default:
-      return {&r.dg, 1};
-  }
-}
-
-std::span<double> values(AttentionResult& r, Field f) {
-  const std::span<const double> c = values(std::as_const(r), f);
-  return {const_cast<double*>(c.data()), c.size()};
-}
+using validation::field_values;
 
 Field parse_field(const std::string& s) {
   for (Field f :
@@ -226,7 +206,7 @@ class TrialRunner {
             validation::Rng& rng) const {
     Trial tr;
     const ToleranceTable& t = cd.table(f);
-    const std::span<const double> x = values(run.res, f);
+    const std::span<const double> x = field_values(run.res, f);
     const Units u = units_of(t, g);
     std::vector<size_t> cand;
     for (size_t k = 0; k < u.count; ++k) {
@@ -294,7 +274,7 @@ class TrialRunner {
     if (run.qk_field.at(f)) {
       auto fails = [&](size_t k) {
         AttentionResult cr = run.res;
-        std::span<double> v = values(cr, f);
+        std::span<double> v = field_values(cr, f);
         for (size_t j = 0; j < idx.size(); ++j)
           v[idx[j]] = inject(t.fmt, x[idx[j]], sign[j], grid_[k]);
         const std::vector<Field> only{f};
@@ -475,7 +455,7 @@ void dump_for_torch(TorchDump& dump, const CaseData& cd, const RunData& run,
                     Field f, Precision p, Distribution d,
                     validation::Rng& rng) {
   const ToleranceTable& t = cd.table(f);
-  const std::span<const double> x = values(run.res, f);
+  const std::span<const double> x = field_values(run.res, f);
   const std::string base =
       fmt::format("{}_{}_{}", name(p), validation::name(d), name(t.field));
   dump.add(base + "_clean", t, x);
@@ -734,8 +714,8 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
           std::string msgs;
           for (Field f : kAllFields) {
             std::string first;
-            const int64_t bad =
-                assert_close_field(cd.table(f), values(run.res, f), p, &first);
+            const int64_t bad = assert_close_field(
+                cd.table(f), field_values(run.res, f), p, &first);
             run.ac_field[f] = bad == 0;
             if (bad) {
               run.ac_pass = false;

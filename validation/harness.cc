@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 #include "qknorm/error.h"
 #include "reference/reference.h"
@@ -589,6 +590,30 @@ double logit_amplitude(const AttentionCase& c) {
                              std::sqrt(static_cast<LD>(p.head_dim)));
 }
 
+std::span<const double> field_values(const AttentionResult& r, Field f) {
+  switch (f) {
+    case Field::kO:
+      return r.o;
+    case Field::kLse:
+      return r.lse;
+    case Field::kDq:
+      return r.dq;
+    case Field::kDk:
+      return r.dk;
+    case Field::kDv:
+      return r.dv;
+    case Field::kDg:
+      return {&r.dg, 1};
+    default:
+      return {};
+  }
+}
+
+std::span<double> field_values(AttentionResult& r, Field f) {
+  const std::span<const double> c = field_values(std::as_const(r), f);
+  return {const_cast<double*>(c.data()), c.size()};
+}
+
 AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
                                 const ExecConfig& cfg, bool forward_only,
                                 bool with_naive) {
@@ -634,21 +659,9 @@ AgreementReport judge_attention(
     if (only != nullptr &&
         std::find(only->begin(), only->end(), t.field) == only->end())
       continue;
-    auto pick = [&](const AttentionResult& r) -> std::vector<double> {
-      switch (t.field) {
-        case Field::kO:
-          return r.o;
-        case Field::kLse:
-          return r.lse;
-        case Field::kDq:
-          return r.dq;
-        case Field::kDk:
-          return r.dk;
-        case Field::kDv:
-          return r.dv;
-        default:
-          return {r.dg};
-      }
+    auto pick = [&](const AttentionResult& r) {
+      const std::span<const double> x = field_values(r, t.field);
+      return std::vector<double>(x.begin(), x.end());
     };
     const std::vector<double> naive =
         nr != nullptr ? pick(*nr) : std::vector<double>{};

@@ -6,6 +6,7 @@
 #define QKNORM_VALIDATION_HARNESS_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ struct ScaleNormResult {
   std::vector<double> y, dx;
   double dg = 0;
 };
+// One field of a result (dg: a span of one). Attention fields only; a
+// ScaleNorm field of an AttentionResult is empty.
+std::span<const double> field_values(const AttentionResult& r, Field f);
+std::span<double> field_values(AttentionResult& r, Field f);
 
 // Encodes the (already rounded) inputs to the entry's storage, runs forward
 // then backward (fed the entry's own o and lse) through the checked_* front
