@@ -437,6 +437,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     }
     r.o_mag.assign(q.size(), 0);
     r.o_dev_mag.assign(q.size(), 0);
+    r.o_uf_sens_e.assign(q.size(), 0);
+    r.dv_uf_sens_e.assign(v.size(), 0);
     std::vector<LD> sdp(static_cast<size_t>(Nk));
     r.dv_mag.assign(v.size(), 0);
     // One row's |dx| magnitudes from m + add, stored at dst; returns the max.
@@ -451,9 +453,35 @@ OracleAttention oracle_attention(const AttentionCase& c) {
       }
       return x;
     };
+    // The unit rows' own absolute resolution ulp_c(0) (qknorm): x_hat_d of a
+    // row whose components span many binades is subnormal, and the
+    // normalization backward dx = (du - x_hat (x_hat . du)) / n multiplies
+    // its error by |x_hat . du| / n; the other operand's unit rows enter du
+    // = s sum dS x_hat' with weight s sum |dS| (found by the fuzzer, issue
+    // 15: f64, q_hat_d below 2^-1022 beside |q_hat . du| ~ 1e45, a correct
+    // dq 2400 u off). Per ulp_c(0), added to *_uf_sens_e:
+    //   (a (1 + |x_hat_d| sum |x_hat|) + |x_hat . du| + |x_hat_d| sum |du|) / n
+    // with a = s sum_j |dS_ij| and du the true du (signed).
+    auto unit_resolution = [&](const LD* u, LD den, LD a, const LD* du,
+                               LD* dst) {
+      LD c = 0, l1 = 0, u1 = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        c += u[d] * du[d];
+        l1 += std::fabs(du[d]);
+        u1 += std::fabs(u[d]);
+      }
+      for (int64_t d = 0; d < D; ++d)
+        dst[d] += (a * (1 + std::fabs(u[d]) * u1) + std::fabs(c) +
+                   std::fabs(u[d]) * l1) /
+                  den;
+    };
+    std::vector<LD> du_q(static_cast<size_t>(D)), du_k, ds_col;
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+      du_k.assign(static_cast<size_t>(Nk * D), 0);
+      ds_col.assign(static_cast<size_t>(Nk), 0);
       for (auto& m : dk_mag) m.assign(static_cast<size_t>(Nk * D), 0);
       LD* dv_mag = r.dv_mag.data() + bh * Nk * D;
+      LD* dv_uf = r.dv_uf_sens_e.data() + bh * Nk * D;
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
         const LD* pi = probs.data() + (bh * Nq + i) * Nk;
@@ -476,15 +504,22 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           ds_l1 += pi[k] * std::fabs(sdp[static_cast<size_t>(k)] - sdel);
         const LD* oi = r.o.data() + (bh * Nq + i) * D;
         LD* odev = r.o_dev_mag.data() + (bh * Nq + i) * D;
+        LD* ouf = r.o_uf_sens_e.data() + (bh * Nq + i) * D;
         for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
         // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
         const LD o_abs_dot = absdot(doi, r.o.data() + (bh * Nq + i) * D);
         for (auto& m : mag) m.assign(static_cast<size_t>(D), 0);
+        std::fill(du_q.begin(), du_q.end(), 0);
         for (int64_t j = 0; j < Nk; ++j) {
           const LD pij = pi[j];
           const LD w[kCh] = {
               pij * (av[static_cast<size_t>(j)] + del), pij * do_l1,
-              pij * (2 * D + 1) + 1, pij * o_abs_dot,
+              // P_ij itself is resolved only to ulp_c(0): that times
+              // |dP_ij - delta_i| (found by the fuzzer, issue 15: sdpa, P =
+              // e^-760 flushed to 0 in f64 beside a v row of 7e274).
+              pij * (2 * D + 1) + 1 +
+                  (pij > 0 ? std::fabs(sdp[static_cast<size_t>(j)] - sdel) : 0),
+              pij * o_abs_dot,
               pij *
                   (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2)};
           if (qk) {
@@ -501,8 +536,15 @@ OracleAttention oracle_attention(const AttentionCase& c) {
               mag[ch][static_cast<size_t>(d)] += s * w[ch] * std::fabs(khj[d]);
               dk_mag[ch][jd] += s * w[ch] * std::fabs(qhi[d]);
             }
+            const LD ds = pij * (sdp[static_cast<size_t>(j)] - sdel);
+            du_q[static_cast<size_t>(d)] += s * ds * khj[d];
+            du_k[jd] += s * ds * qhi[d];
             dv_mag[jd] += pij * std::fabs(doi[d]);
             omag[d] += pij * std::fabs(vj[d]);
+            if (pij > 0) {  // P_ij's absolute resolution ulp_c(0)
+              ouf[d] += std::fabs(vj[d]);
+              dv_uf[jd] += std::fabs(doi[d]);
+            }
             odev[d] += pij * std::fabs(vj[d] - oi[d]);
           }
         }
@@ -511,6 +553,15 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           dq_out[ch] = std::max(
               dq_out[ch], row_max(qhi, qd, dq_add[ch], &mag[ch],
                                   dq_dst[ch]->data() + (bh * Nq + i) * D));
+        LD ads = 0;
+        for (int64_t j = 0; j < Nk; ++j) {
+          const LD a = std::fabs(pi[j] * (sdp[static_cast<size_t>(j)] - sdel));
+          ads += a;
+          ds_col[static_cast<size_t>(j)] += s * a;
+        }
+        if (qk)
+          unit_resolution(qhi, qd, s * ads, du_q.data(),
+                          r.dq_uf_sens_e.data() + (bh * Nq + i) * D);
       }
       for (int64_t j = 0; j < Nk; ++j) {
         const LD* khj = kh.data() + (bh * Nk + j) * D;
@@ -522,6 +573,10 @@ OracleAttention oracle_attention(const AttentionCase& c) {
               dk_out[ch], row_max(khj, kd, dk_add[ch], &row,
                                   dk_dst[ch]->data() + (bh * Nk + j) * D));
         }
+        if (qk)
+          unit_resolution(khj, kd, ds_col[static_cast<size_t>(j)],
+                          du_k.data() + j * D,
+                          r.dk_uf_sens_e.data() + (bh * Nk + j) * D);
       }
       for (int64_t e = 0; e < Nk * D; ++e)
         dv_scale = std::max(dv_scale, dv_mag[e]);

@@ -42,6 +42,31 @@ ToleranceTable table(Field f, Precision fmt, int64_t B, int64_t H, int64_t rows,
   return t;
 }
 
+// Every element's final operations (the division by the row sum or the
+// norm, the subtraction of the projection, the scale) round in the compute
+// format; below its normal range each carries up to ulp_c(0), absolutely
+// (found by the fuzzer, issue 15: f32 dq and dx of a few 2^-149, one full
+// ulp(0) off in correct kernels). kOpUnits of them join every delta.
+void add_final_ops(std::vector<ToleranceTable>* tables, double c_res) {
+  for (ToleranceTable& t : *tables)
+    for (double& x : t.delta) x += kOpUnits * c_res;
+}
+
+// The first-order softmax term assumes the logits are resolved to much better
+// than one unit: a perturbation dS moves P by P (e^{2 dS} - 1). Where
+// softmax_units(A) u_c exceeds 1/8 (|A| above 2.6e5 in f32, 7e13 in f64) the
+// compute format does not determine which keys dominate, so O, dQ, dK, dV and
+// dg are not determined either (found by the fuzzer, issue 15: f64, g =
+// -2e289, two near-equal cosines swapped by one rounding: O = -0.3 against
+// 3). There every finite value passes and only non-finite values are judged;
+// lse keeps its bound (it moves by at most max |dS|, at any size).
+void unresolved_softmax(std::vector<ToleranceTable>* tables, double units) {
+  if (!(units > 0.125)) return;
+  for (ToleranceTable& t : *tables)
+    if (t.field != Field::kLse)
+      for (double& x : t.delta) x = std::numeric_limits<double>::infinity();
+}
+
 }  // namespace
 
 const char* name(Field f) {
@@ -113,7 +138,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   const double soft = softmax_units(A);
   const double o_res = ulp(s, 0), c_res = ulp(wf, 0);
   std::vector<ToleranceTable> out;
-  // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning.
+  // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning,
+  // and each P_ij resolved only to ulp_c(0) (o_uf_sens_e).
   {
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
     // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
@@ -122,7 +148,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     t.masked_row.assign(orc.o.size(), 0);
     for (size_t e = 0; e < orc.o.size(); ++e) {
       t.delta[e] =
-          uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e]));
+          uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
+          c_res * (d(orc.o_uf_sens_e[e]) + static_cast<double>(Nk + 2));
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -146,7 +173,11 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     }
     out.push_back(std::move(t));
   }
-  if (forward_only) return out;
+  if (forward_only) {
+    add_final_ops(&out, c_res);
+    unresolved_softmax(&out, soft * uc);
+    return out;
+  }
   // dQ, dK: the dS sums (Nk resp. Nq terms) through the normalization
   // backward (a D-term dot and a division); the stored O they read enters as
   // u_s R_e (relative) and ulp_s(0) So_e (absolute), subnormal
@@ -181,7 +212,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     ToleranceTable t = table(Field::kDv, s, B, H, Nk, D, orc.dv);
     const double units = sum_units(static_cast<double>(Nq)) + soft;
     for (size_t e = 0; e < orc.dv.size(); ++e) {
-      t.delta[e] = uc * units * d(orc.dv_mag[e]);
+      // Below the normal range each of the Nq products and sums rounds to
+      // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
+      // 1/4: four products of 0.5 ulp(0) rounded to even).
+      t.delta[e] =
+          uc * units * d(orc.dv_mag[e]) +
+          c_res * (d(orc.dv_uf_sens_e[e]) + static_cast<double>(Nq + 2));
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }
     out.push_back(std::move(t));
@@ -202,6 +238,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     t.cond[0] = condition(orc.dg_scale, orc.dg);
     out.push_back(std::move(t));
   }
+  add_final_ops(&out, c_res);
+  unresolved_softmax(&out, soft * uc);
   return out;
 }
 
@@ -229,7 +267,11 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
   // dx: c = u . dy and u_e c carry up to (Dm + 1) ulp_c(0), times g / n;
   // u's own components (ulp_c(0) each) reach dx through g / n times
   // sum |dy| + |u . dy|; the factor g / n (or g w / n) times |w_e| (or 1/n),
-  // w = dy - u (u . dy).
+  // w = dy - u (u . dy); and a kernel that scales by g first carries the
+  // Dm + 2 roundings of g dy, g u c and its g-scaled dot below the normal
+  // range, ulp_c(0) each (counted twice: a half-ulp rounding on each side of
+  // the subtraction), through / n (found by the fuzzer, issue 15: f64, g =
+  // 1.05e-321, 11 ulp(0) / n where 1 / n was allowed).
   const double units = sum_units(static_cast<double>(Dm)) + 3;
   for (int64_t r = 0; r < R; ++r) {
     const double* xr = c.x.data() + r * Dm;
@@ -248,20 +290,27 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
           uc * units * d(std::fabs(orc.y[e])) + c_res * d(g + ax + 1 / n);
       const LD w = std::fabs(static_cast<LD>(dyr[i])) + ax / n * ud;
       const LD mag = g / n * w;
-      tx.delta[e] =
-          uc * (units + sum_units(static_cast<double>(Dm))) * d(mag) +
-          c_res * d((Dm + 1) * g / n + g / n * (dy_l1 + ud) + w + 1 / n);
+      tx.delta[e] = uc * (units + sum_units(static_cast<double>(Dm))) * d(mag) +
+                    c_res * d((Dm + 1) * g / n + g / n * (dy_l1 + ud) + w +
+                              (2 * Dm + 4) / n);
       tx.cond[e] = condition(mag, orc.dx[e]);
     }
   }
   out.push_back(std::move(ty));
   out.push_back(std::move(tx));
-  // dg = sum over rows of dy . u: R Dm terms of magnitude dg_scale.
+  // dg = sum over rows of dy . u: R Dm terms of magnitude dg_scale. Below
+  // the normal range each u_i is resolved only to ulp_c(0), times |dy_i|,
+  // and each product and sum rounds to ulp_c(0) (found by the fuzzer, issue
+  // 15: f64, u_0 = 7.3e-309 / 5.6e303 flushed to 0 beside dy_0 = -5.6e303).
+  LD dy_total = 0;
+  for (double v : c.dy) dy_total += std::fabs(static_cast<LD>(v));
   ToleranceTable tg = table(Field::kScaleNormDg, wf, 1, 1, 1, 1, {orc.dg});
   tg.delta[0] =
-      uc * (sum_units(static_cast<double>(R * Dm)) + units) * d(orc.dg_scale);
+      uc * (sum_units(static_cast<double>(R * Dm)) + units) * d(orc.dg_scale) +
+      c_res * (d(dy_total) + static_cast<double>(2 * R * Dm + 2));
   tg.cond[0] = condition(orc.dg_scale, orc.dg);
   out.push_back(std::move(tg));
+  add_final_ops(&out, c_res);
   return out;
 }
 

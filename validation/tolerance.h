@@ -41,7 +41,13 @@
 //                the terms P_ij |dO_i|.|O_i| carried like M_e;
 //   So_e, Sc_e   sensitivities to the absolute resolution ulp(0) of the
 //                stored O and of the compute format's subnormal
-//                intermediates (OracleAttention; zero unless subnormals).
+//                intermediates (OracleAttention: dS, du and its sums, each
+//                P_ij, the unit rows q_hat and k_hat; O and dV carry one
+//                ulp_c(0) per visible term; zero effect unless subnormals),
+//                plus kOpUnits ulp_c(0) for every element's final operations.
+// Where softmax_units(A) u_c > 1/8 the logits are not resolved to better
+// than a unit, the format does not determine O, dQ, dK, dV or dg, and every
+// finite value of those passes (lse keeps its bound).
 // Non-finite values, per element:
 //   - x_e = +-inf (lse of a fully masked row): the same infinity passes;
 //   - x_e finite but rounds to +-inf in the field's format (|x_e| + delta_e
