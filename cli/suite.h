@@ -93,7 +93,7 @@ struct EntryRow {
   std::vector<CaseResult> cases;
   double ratio = 0;
   WorstElement worst;  // over every field and case
-  double gflops = 0;  // forward, 4 * Nq * Nk * D per head (0: not timed)
+  double gflops = 0;   // forward, 4 * Nq * Nk * D per head (0: not timed)
   bool available = true;
   bool pass = true;
 };

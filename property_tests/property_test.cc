@@ -122,11 +122,10 @@ TEST_P(EntryProperty, NegativeControlSdpaSaturates) {
         b.precision());
     // gamma of the bound at |g| = kGMax (the qknorm problem's, see
     // properties.cc).
-    const double gamma =
-        kTwoRuns *
-        validation::reference_bounds(qk, validation::oracle_attention(qk),
-                                     compute_roundoff(b.precision()))
-            .gamma_fwd;
+    const double gamma = kTwoRuns * validation::reference_bounds(
+                                        qk, validation::oracle_attention(qk),
+                                        compute_roundoff(b.precision()))
+                                        .gamma_fwd;
     auto verdict = [&](const validation::AttentionCase& c) {
       std::vector<double> probs;
       if (!hook_probabilities(b, c, &probs)) return std::string("NO HOOK");

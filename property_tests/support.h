@@ -19,10 +19,11 @@ namespace qknorm::property {
 // Per-element budget of the verdict (validation/tolerance.h) for one case:
 // bound_e, the largest deviation from the oracle the rule lets ONE run of an
 // entry of that precision have at element e. It does not depend on the
-// entry, only on the case and the precision. Transform properties compare two runs of the same entry on
-// inputs the oracle maps exactly onto each other, so the two runs may differ
-// by the sum of the two cases' budgets (triangle inequality through the
-// oracle). Where the bound is an a-priori gamma, two runs get kTwoRuns of it.
+// entry, only on the case and the precision. Transform properties compare two
+// runs of the same entry on inputs the oracle maps exactly onto each other, so
+// the two runs may differ by the sum of the two cases' budgets (triangle
+// inequality through the oracle). Where the bound is an a-priori gamma, two
+// runs get kTwoRuns of it.
 inline constexpr double kTwoRuns = 2.0;
 
 struct Budgets {

@@ -89,8 +89,7 @@ TEST(ReportLogic, CorrectEntriesPassAndWrongOneFails) {
   std::ostringstream table;
   print_table(table, rep);
   EXPECT_NE(table.str().find("FAIL"), std::string::npos);
-  EXPECT_NE(table.str().find("field o: "), std::string::npos)
-      << table.str();
+  EXPECT_NE(table.str().find("field o: "), std::string::npos) << table.str();
 }
 
 TEST(ReportLogic, UnavailableEntryDoesNotFailTheRun) {
