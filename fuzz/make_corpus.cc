@@ -220,6 +220,21 @@ std::vector<Seed> attention_seeds() {
   add("g_1e4_saturating", a.encode());
   a.g = 3e38;
   add("g_near_f32_max", a.encode());
+  // One key's logit 92 below the other's (g = 1e4, cosines 1 and 0.9908):
+  // P ~ 1e-40, below f32's normal range, where blas:f32's exp flushes to 0;
+  // the v rows make O_0 = P itself (CI finding, issue 15: O = -2e-40 returned
+  // as 0 FAILed against a bound of ulp(0) per probability).
+  a = Attn{};
+  a.Nq = 1;
+  a.Nk = 2;
+  a.D = 2;
+  a.g = 1e4;
+  a.values = [](int t, int64_t i) {
+    static const double q[2] = {1, 0}, k[4] = {1, 0, 0.9908, 0.13533},
+                        v[4] = {0, 1, 1, 1}, dO[2] = {1, -1};
+    return t == 0 ? q[i] : t == 1 ? k[i] : t == 2 ? v[i] : dO[i];
+  };
+  add("p_below_f32_normal", a.encode());
   a = Attn{};
   a.values = [](int t, int64_t i) { return t == 2 ? 7e4 : grid(t, i); };
   add("v_beyond_f16_max", a.encode());

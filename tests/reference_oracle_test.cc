@@ -159,13 +159,20 @@ TEST(OracleScales, DeltaCancellationAndStoredOSensitivity) {
   EXPECT_EQ(orc.dq_o_sens, 1.0L);
   EXPECT_EQ(orc.dk_o_sens, 0.0L);
   // Subnormal compute intermediates, per ulp_c(0): dS_j counts
-  // P_j (2D + 1) + 1 = 2.5 plus P_j's own resolution times |dP_j - delta| =
-  // 1: 3.5, du = s sum_j 3.5 |k_j| = 7, plus (1 + s)(Nk + D + 2) = 10 for
-  // du's sums and the normalization backward, which the scale s may
-  // multiply: 17 (no normalization for sdpa). dk: q = 0, so only
+  // P_j (2D + 1) + 1 = 2.5, du = s sum_j 2.5 |k_j| = 5, plus (1 + s)(Nk + D
+  // + 2) = 10 for du's sums and the normalization backward, which the scale
+  // s may multiply: 15 (no normalization for sdpa). dk: q = 0, so only
   // (1 + s)(Nq + D + 2) = 8.
-  EXPECT_EQ(orc.dq_uf_sens, 17.0L);
+  EXPECT_EQ(orc.dq_uf_sens, 15.0L);
   EXPECT_EQ(orc.dk_uf_sens, 8.0L);
+  // P_j's own resolution (per smallest normal of the compute format):
+  // |dP_j - delta| = 1 through s |k_j|: 2 for dq; O and dV: sum_j |v_j| = 2
+  // and |dO| = 1 per key.
+  EXPECT_EQ(orc.dq_p_sens_e[0], 2.0L);
+  EXPECT_EQ(orc.dk_p_sens_e[0], 0.0L);
+  EXPECT_EQ(orc.o_p_sens_e[0], 2.0L);
+  EXPECT_EQ(orc.dv_p_sens_e[0], 1.0L);
+  EXPECT_EQ(orc.dg_p_sens, 0.0L);
   // Per element (tolerance.h): O = 0, so sum_j P_j |v_j - O| = 1; the terms
   // the softmax's conditioning perturbs, P_j (|dP_j - delta| + E / 2) with
   // E = sum_k P_k |dP_k - delta| = 1: 0.75 each, times s |k_j|: 1.5.

@@ -409,36 +409,42 @@ OracleAttention oracle_attention(const AttentionCase& c) {
       for (int64_t d = 0; d < D; ++d) t += std::fabs(a[d]) * std::fabs(b[d]);
       return t;
     };
-    // Three channels carried through the same sums: 0 the rounding scale
+    // Six channels carried through the same sums: 0 the rounding scale
     // (weight T_ij), 1 the stored-O sensitivity (P_ij sum_d |dO_id|), 2 the
-    // subnormal-intermediate count of dS_ij (P_ij (2D + 1) + 1); channel 2
-    // adds its own sums' count to du before the normalization backward.
-    // Channel 4: |dS_ij| = P_ij |dP_ij - delta_i| (exact), the size of the
-    // terms the softmax's conditioning perturbs (tolerance.cc).
-    constexpr int kCh = 5;
+    // subnormal-intermediate count of dS_ij (P_ij (2D + 1) + 1; channel 2
+    // adds its own sums' count to du before the normalization backward), 3
+    // the stored-O relative sensitivity (P_ij |dO_i|.|O_i|), 4 |dS_ij| =
+    // P_ij |dP_ij - delta_i| (exact), the size of the terms the softmax's
+    // conditioning perturbs (tolerance.cc), 5 P_ij's own resolution
+    // (|dP_ij - delta_i| for every visible P_ij).
+    constexpr int kCh = 6;
     // The subnormal count of the sums forming du (Nk products and
     // additions, the normalization backward's D + 2), each of which the
     // scale s may multiply afterwards (found by the property suite: f32,
     // keys below eps, q_hat_d = 3.7e-39: g dS q_hat_d = 4.8e-43 formed as
     // (dS q_hat_d) g carries 13 half-ulps of 2^-149).
-    const LD dq_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nk + D + 2), 0, 0};
-    const LD dk_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nq + D + 2), 0, 0};
+    const LD dq_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nk + D + 2),
+                            0, 0, 0};
+    const LD dk_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nq + D + 2),
+                            0, 0, 0};
     LD dq_out[kCh] = {}, dk_out[kCh] = {}, dv_scale = 0;
     std::vector<LD> mag[kCh], dk_mag[kCh], row, av(static_cast<size_t>(Nk));
     // Per element: channel 0 -> *_mag, 1 -> *_o_sens_e, 2 -> *_uf_sens_e,
-    // 3 -> *_o_rel_e (see OracleAttention).
-    std::vector<LD>* dq_dst[kCh] = {&r.dq_mag, &r.dq_o_sens_e, &r.dq_uf_sens_e,
-                                    &r.dq_o_rel_e, &r.dq_ds_mag};
-    std::vector<LD>* dk_dst[kCh] = {&r.dk_mag, &r.dk_o_sens_e, &r.dk_uf_sens_e,
-                                    &r.dk_o_rel_e, &r.dk_ds_mag};
+    // 3 -> *_o_rel_e, 4 -> *_ds_mag, 5 -> *_p_sens_e (see OracleAttention).
+    std::vector<LD>* dq_dst[kCh] = {&r.dq_mag,       &r.dq_o_sens_e,
+                                    &r.dq_uf_sens_e, &r.dq_o_rel_e,
+                                    &r.dq_ds_mag,    &r.dq_p_sens_e};
+    std::vector<LD>* dk_dst[kCh] = {&r.dk_mag,       &r.dk_o_sens_e,
+                                    &r.dk_uf_sens_e, &r.dk_o_rel_e,
+                                    &r.dk_ds_mag,    &r.dk_p_sens_e};
     for (int ch = 0; ch < kCh; ++ch) {
       dq_dst[ch]->assign(q.size(), 0);
       dk_dst[ch]->assign(k.size(), 0);
     }
     r.o_mag.assign(q.size(), 0);
     r.o_dev_mag.assign(q.size(), 0);
-    r.o_uf_sens_e.assign(q.size(), 0);
-    r.dv_uf_sens_e.assign(v.size(), 0);
+    r.o_p_sens_e.assign(q.size(), 0);
+    r.dv_p_sens_e.assign(v.size(), 0);
     std::vector<LD> sdp(static_cast<size_t>(Nk));
     r.dv_mag.assign(v.size(), 0);
     // One row's |dx| magnitudes from m + add, stored at dst; returns the max.
@@ -481,7 +487,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
       ds_col.assign(static_cast<size_t>(Nk), 0);
       for (auto& m : dk_mag) m.assign(static_cast<size_t>(Nk * D), 0);
       LD* dv_mag = r.dv_mag.data() + bh * Nk * D;
-      LD* dv_uf = r.dv_uf_sens_e.data() + bh * Nk * D;
+      LD* dv_uf = r.dv_p_sens_e.data() + bh * Nk * D;
       for (int64_t i = 0; i < Nq; ++i) {
         const LD* doi = d_o.data() + (bh * Nq + i) * D;
         const LD* pi = probs.data() + (bh * Nq + i) * Nk;
@@ -504,7 +510,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           ds_l1 += pi[k] * std::fabs(sdp[static_cast<size_t>(k)] - sdel);
         const LD* oi = r.o.data() + (bh * Nq + i) * D;
         LD* odev = r.o_dev_mag.data() + (bh * Nq + i) * D;
-        LD* ouf = r.o_uf_sens_e.data() + (bh * Nq + i) * D;
+        LD* ouf = r.o_p_sens_e.data() + (bh * Nq + i) * D;
         for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
         // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
         const LD o_abs_dot = absdot(doi, r.o.data() + (bh * Nq + i) * D);
@@ -514,19 +520,19 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           const LD pij = pi[j];
           const LD w[kCh] = {
               pij * (av[static_cast<size_t>(j)] + del), pij * do_l1,
-              // P_ij itself is resolved only to ulp_c(0): that times
+              pij * (2 * D + 1) + 1, pij * o_abs_dot,
+              pij * (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2),
+              // P_ij itself is resolved only to the compute format's
+              // smallest normal (an exp may flush below it): that times
               // |dP_ij - delta_i| (found by the fuzzer, issue 15: sdpa, P =
               // e^-760 flushed to 0 in f64 beside a v row of 7e274).
-              pij * (2 * D + 1) + 1 +
-                  (pij > 0 ? std::fabs(sdp[static_cast<size_t>(j)] - sdel) : 0),
-              pij * o_abs_dot,
-              pij *
-                  (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2)};
+              pij > 0 ? std::fabs(sdp[static_cast<size_t>(j)] - sdel) : 0};
           if (qk) {
             r.dg_scale += w[0];
             r.dg_o_sens += w[1];
             r.dg_o_rel_sens += w[3];
             r.dg_uf_sens += w[2] + 1;  // + the product dS_ij C_ij and its sum
+            r.dg_p_sens += w[5];
           }
           const LD* khj = kh.data() + (bh * Nk + j) * D;
           const LD* vj = v.data() + (bh * Nk + j) * D;
@@ -541,7 +547,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
             du_k[jd] += s * ds * qhi[d];
             dv_mag[jd] += pij * std::fabs(doi[d]);
             omag[d] += pij * std::fabs(vj[d]);
-            if (pij > 0) {  // P_ij's absolute resolution ulp_c(0)
+            if (pij > 0) {  // P_ij's absolute resolution (smallest normal)
               ouf[d] += std::fabs(vj[d]);
               dv_uf[jd] += std::fabs(doi[d]);
             }

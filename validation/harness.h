@@ -137,10 +137,14 @@ struct OracleAttention {
   // dk the terms P_ij (|dP_ij - delta_i| + sum_k P_ik |dP_ik - delta_i| / 2)
   // carried through the same sums as dq_mag (tolerance.cc).
   std::vector<long double> o_dev_mag, dq_ds_mag, dk_ds_mag;
-  // Sensitivities of O and dV to the compute format's absolute resolution
-  // of each probability P_ij (per ulp_c(0)): sum over visible j of |v_jd|,
-  // resp. over visible i of |dO_id|.
-  std::vector<long double> o_uf_sens_e, dv_uf_sens_e;
+  // Sensitivities to the compute format's absolute resolution of each
+  // probability P_ij, per unit of its smallest normal (an exp may flush a
+  // result below the normal range to 0; validation/tolerance.h): O, dV: sum
+  // over visible j of |v_jd|, resp. over visible i of |dO_id|; dq, dk, dg:
+  // the terms |dP_ij - delta_i| of the visible P_ij through the same sums as
+  // dq_mag.
+  std::vector<long double> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
+  long double dg_p_sens = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;

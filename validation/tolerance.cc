@@ -136,10 +136,14 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   const double A = logit_amplitude(c);
   const Precision wf = wide_fmt(s);
   const double soft = softmax_units(A);
-  const double o_res = ulp(s, 0), c_res = ulp(wf, 0);
+  // An exp may flush a result below the compute format's normal range to 0
+  // (blas:f32's exp2 does below 2^-126): every probability is resolved
+  // only to the smallest normal, p_res (found by the fuzzer, issue 15: f32,
+  // g = 1e4, P ~ 1e-40 of a key whose v is O(1), O = -2e-40 returned as 0).
+  const double o_res = ulp(s, 0), c_res = ulp(wf, 0), p_res = min_normal(wf);
   std::vector<ToleranceTable> out;
   // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning,
-  // and each P_ij resolved only to ulp_c(0) (o_uf_sens_e).
+  // and each P_ij resolved only to the smallest normal (o_p_sens_e).
   {
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
     // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
@@ -149,7 +153,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     for (size_t e = 0; e < orc.o.size(); ++e) {
       t.delta[e] =
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
-          c_res * (d(orc.o_uf_sens_e[e]) + static_cast<double>(Nk + 2));
+          p_res * d(orc.o_p_sens_e[e]) + c_res * static_cast<double>(Nk + 2);
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -192,20 +196,23 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   auto grad = [&](Field f, const std::vector<LD>& x, int64_t rows, int64_t n,
                   const std::vector<LD>& mag, const std::vector<LD>& ds_mag,
                   const std::vector<LD>& o_rel, const std::vector<LD>& o_sens,
-                  const std::vector<LD>& uf) {
+                  const std::vector<LD>& uf, const std::vector<LD>& p_sens) {
     ToleranceTable t = table(f, s, B, H, rows, D, x);
     const double units = sum_units(static_cast<double>(n + D));
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] = uc * (units * d(mag[e]) + soft * d(ds_mag[e])) +
-                   us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]);
+                   us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
+                   p_res * d(p_sens[e]);
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
   };
   out.push_back(grad(Field::kDq, orc.dq, Nq, Nk, orc.dq_mag, orc.dq_ds_mag,
-                     orc.dq_o_rel_e, orc.dq_o_sens_e, orc.dq_uf_sens_e));
+                     orc.dq_o_rel_e, orc.dq_o_sens_e, orc.dq_uf_sens_e,
+                     orc.dq_p_sens_e));
   out.push_back(grad(Field::kDk, orc.dk, Nk, Nq, orc.dk_mag, orc.dk_ds_mag,
-                     orc.dk_o_rel_e, orc.dk_o_sens_e, orc.dk_uf_sens_e));
+                     orc.dk_o_rel_e, orc.dk_o_sens_e, orc.dk_uf_sens_e,
+                     orc.dk_p_sens_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   {
@@ -215,9 +222,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       // Below the normal range each of the Nq products and sums rounds to
       // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
       // 1/4: four products of 0.5 ulp(0) rounded to even).
-      t.delta[e] =
-          uc * units * d(orc.dv_mag[e]) +
-          c_res * (d(orc.dv_uf_sens_e[e]) + static_cast<double>(Nq + 2));
+      t.delta[e] = uc * units * d(orc.dv_mag[e]) +
+                   p_res * d(orc.dv_p_sens_e[e]) +
+                   c_res * static_cast<double>(Nq + 2);
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }
     out.push_back(std::move(t));
@@ -234,7 +241,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                      (sum_units(n) + sum_units(static_cast<double>(D)) + soft) *
                      d(orc.dg_scale) +
                  us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
-                 c_res * d(orc.dg_uf_sens);
+                 c_res * d(orc.dg_uf_sens) + p_res * d(orc.dg_p_sens);
     t.cond[0] = condition(orc.dg_scale, orc.dg);
     out.push_back(std::move(t));
   }

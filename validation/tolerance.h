@@ -11,6 +11,7 @@
 // differs from x_e by at most
 //   delta_e = u_c * (sum_units(n_e) + softmax_units(A)) * M_e
 //           + [gradients] u_s * R_e + ulp_s(0) * So_e + ulp_c(0) * Sc_e
+//           + tiny_c * Sp_e
 // and its stored value by at most
 //   bound_e = delta_e + ulp_fmt(|x_e| + delta_e) / 2,
 // the half-spacing of the field's format (round to nearest). The entry passes
@@ -41,10 +42,15 @@
 //                the terms P_ij |dO_i|.|O_i| carried like M_e;
 //   So_e, Sc_e   sensitivities to the absolute resolution ulp(0) of the
 //                stored O and of the compute format's subnormal
-//                intermediates (OracleAttention: dS, du and its sums, each
-//                P_ij, the unit rows q_hat and k_hat; O and dV carry one
-//                ulp_c(0) per visible term; zero effect unless subnormals),
-//                plus kOpUnits ulp_c(0) for every element's final operations.
+//                intermediates (OracleAttention: dS, du and its sums, the
+//                unit rows q_hat and k_hat; O and dV carry one ulp_c(0) per
+//                visible term; zero effect unless subnormals),
+//                plus kOpUnits ulp_c(0) for every element's final operations;
+//   tiny_c, Sp_e the compute format's smallest normal and the element's
+//                sensitivity to an absolute error of each visible P_ij: an
+//                exp may flush results below the normal range to 0, so P is
+//                resolved only to tiny_c (O: sum_j |v_jd|; dV: sum_i |dO_id|;
+//                dq, dk, dg: |dP_ij - delta_i| through their sums).
 // Where softmax_units(A) u_c > 1/8 the logits are not resolved to better
 // than a unit, the format does not determine O, dQ, dK, dV or dg, and every
 // finite value of those passes (lse keeps its bound).
