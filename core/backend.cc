@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "qknorm/error.h"
+#include "qknorm/formulation.h"
 #include "qknorm/validate.h"
 
 namespace qknorm {
@@ -22,16 +23,27 @@ Backend::Backend(std::string family, std::string target, Precision precision)
   name_ += std::string(qknorm::name(precision_));
 }
 
+namespace {
+void check_supported(const Backend& b, const AttentionProblem& p) {
+  if (!b.supports(p))
+    throw Error(
+        "formulation", {},
+        "entry " + b.name() + " does not implement " + describe_formulation(p));
+}
+}  // namespace
+
 void checked_attention_forward(const Backend& b, const AttentionProblem& p,
                                const ForwardArgs& a, Workspace* ws,
                                const ExecConfig& cfg) {
   validate_forward(p, a, b.precision());
+  check_supported(b, p);
   b.attention_forward(p, a, ws, cfg);
 }
 void checked_attention_backward(const Backend& b, const AttentionProblem& p,
                                 const BackwardArgs& a, Workspace* ws,
                                 const ExecConfig& cfg) {
   validate_backward(p, a, b.precision());
+  check_supported(b, p);
   b.attention_backward(p, a, ws, cfg);
 }
 void checked_scalenorm_forward(const Backend& b, const ScaleNormProblem& p,

@@ -89,6 +89,68 @@ void check_compute_range(double g, double eps, Precision prec) {
                     std::string(name(prec)) + " entries (got " + num(g) + ")");
 }
 
+// Rules of a consistent normalization description (attention.h).
+void check_normalization(const AttentionProblem& p) {
+  const Normalization& n = p.norm;
+  const bool weighted = n.weight != ParamShape::kNone;
+  if (n.bias && !weighted)
+    throw Error("norm.bias", {}, "a bias needs a weight (weight is none)");
+  if (n.one_plus_weight && !weighted)
+    throw Error("norm.one_plus_weight", {},
+                "(1 + w) needs a weight (weight is none)");
+  if (n.round_before_weight && !weighted)
+    throw Error("norm.round_before_weight", {},
+                "rounding before the weight needs a weight (weight is none)");
+  if (n.axis == NormAxis::kAllHeads) {
+    if (n.kind == NormKind::kNone)
+      throw Error("norm.axis", {},
+                  "a normalization across heads needs a kind other than none");
+    if (n.weight == ParamShape::kDim)
+      throw Error("norm.weight", {},
+                  "a normalization across heads takes a [heads, head_dim] "
+                  "weight, not [head_dim]");
+  }
+  if (n.shared_qk_weight) {
+    if (!weighted)
+      throw Error("norm.shared_qk_weight", {},
+                  "a shared q/k weight needs a weight (weight is none)");
+    if (n.bias)
+      throw Error("norm.shared_qk_weight", {},
+                  "a shared q/k weight takes no bias");
+    if (kv_heads_of(p) != p.heads)
+      throw Error("norm.shared_qk_weight", {},
+                  "a weight shared by q and k needs kv_heads = heads (got " +
+                      std::to_string(kv_heads_of(p)) + " and " +
+                      std::to_string(p.heads) + ")");
+  }
+}
+
+// One learned parameter (or its gradient): exactly param_size() elements,
+// non-null when non-empty, finite values for inputs.
+void check_param(const char* name, const double* data, int64_t size,
+                 int64_t need, bool input) {
+  if (size != need)
+    throw Error(name, {},
+                "length must be " + std::to_string(need) +
+                    " for this formulation (got " + std::to_string(size) + ")");
+  if (need > 0 && data == nullptr) throw Error(name, {}, "null pointer");
+  if (!input) return;
+  for (int64_t i = 0; i < need; ++i)
+    if (!std::isfinite(data[i]))
+      throw Error(name, {i},
+                  std::string("element is ") + kind_of(data[i]) +
+                      " (finite input required)");
+}
+
+void check_params(const AttentionProblem& p, const NormParams& a) {
+  const int64_t nq = param_size(p, 0), nk = param_size(p, 1);
+  const bool bias = p.variant == Variant::kQKNorm && p.norm.bias;
+  check_param("q_weight", a.q_weight.data, a.q_weight.size, nq, true);
+  check_param("k_weight", a.k_weight.data, a.k_weight.size, nk, true);
+  check_param("q_bias", a.q_bias.data, a.q_bias.size, bias ? nq : 0, true);
+  check_param("k_bias", a.k_bias.data, a.k_bias.size, bias ? nk : 0, true);
+}
+
 }  // namespace
 
 void validate_problem(const AttentionProblem& p) {
@@ -99,10 +161,19 @@ void validate_problem(const AttentionProblem& p) {
   check_dim("head_dim", p.head_dim);
   check_count("q", p.batch, p.heads, p.q_len, p.head_dim);
   check_count("k", p.batch, p.heads, p.kv_len, p.head_dim);
+  if (p.kv_heads < 0 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0))
+    throw Error("kv_heads", {},
+                "must divide heads=" + std::to_string(p.heads) + " (got " +
+                    std::to_string(p.kv_heads) + ")");
   if (p.variant == Variant::kQKNorm) {
     check_eps(p.eps);
     if (!std::isfinite(p.g))
       throw Error("g", {}, "must be finite (got " + num(p.g) + ")");
+    if (p.fixed_scale && !std::isfinite(p.scale))
+      throw Error(
+          "scale", {},
+          "fixed logit scale must be finite (got " + num(p.scale) + ")");
+    check_normalization(p);
   }
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
@@ -189,30 +260,41 @@ void out4(const char* name, const MutTensor4& t, int64_t B, int64_t H,
 void validate_forward(const AttentionProblem& p, const ForwardArgs& a,
                       Precision prec) {
   validate_problem(p);
-  if (p.variant == Variant::kQKNorm) check_compute_range(p.g, p.eps, prec);
-  const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+  if (p.variant == Variant::kQKNorm)
+    check_compute_range(p.fixed_scale ? p.scale : p.g, p.eps, prec);
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
   in4("q", a.q, B, H, p.q_len, D, prec);
-  in4("k", a.k, B, H, p.kv_len, D, prec);
-  in4("v", a.v, B, H, p.kv_len, D, prec);
+  in4("k", a.k, B, Hk, p.kv_len, D, prec);
+  in4("v", a.v, B, Hk, p.kv_len, D, prec);
   out4("o", a.o, B, H, p.q_len, D);
   check_lse(p, a.lse_size, a.lse, false, "lse");
+  check_params(p, a.params);
 }
 
 void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
                        Precision prec) {
   validate_problem(p);
-  if (p.variant == Variant::kQKNorm) check_compute_range(p.g, p.eps, prec);
-  const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+  if (p.variant == Variant::kQKNorm)
+    check_compute_range(p.fixed_scale ? p.scale : p.g, p.eps, prec);
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
   in4("q", a.q, B, H, p.q_len, D, prec);
-  in4("k", a.k, B, H, p.kv_len, D, prec);
-  in4("v", a.v, B, H, p.kv_len, D, prec);
+  in4("k", a.k, B, Hk, p.kv_len, D, prec);
+  in4("v", a.v, B, Hk, p.kv_len, D, prec);
   in4("o", a.o, B, H, p.q_len, D, prec);
   in4("d_o", a.d_o, B, H, p.q_len, D, prec);
   check_lse(p, a.lse_size, a.lse, true, "lse");
   out4("dq", a.dq, B, H, p.q_len, D);
-  out4("dk", a.dk, B, H, p.kv_len, D);
-  out4("dv", a.dv, B, H, p.kv_len, D);
+  out4("dk", a.dk, B, Hk, p.kv_len, D);
+  out4("dv", a.dv, B, Hk, p.kv_len, D);
   if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
+  check_params(p, a.params);
+  const NormParamGrads& g = a.d_params;
+  const int64_t nq = param_size(p, 0), nk = param_size(p, 1);
+  const int64_t nb = p.variant == Variant::kQKNorm && p.norm.bias ? 1 : 0;
+  check_param("d_q_weight", g.q_weight.data, g.q_weight.size, nq, false);
+  check_param("d_k_weight", g.k_weight.data, g.k_weight.size, nk, false);
+  check_param("d_q_bias", g.q_bias.data, g.q_bias.size, nb * nq, false);
+  check_param("d_k_bias", g.k_bias.data, g.k_bias.size, nb * nk, false);
 }
 
 namespace {

@@ -41,7 +41,8 @@ void expect_property(const char* name, void (*body)(), int cases) {
 }
 
 validation::AttentionGradients grads_of(const validation::OracleAttention& o) {
-  return {o.dq, o.dk, o.dv, o.dg};
+  return {o.dq,        o.dk,        o.dv,      o.dg,
+          o.dq_weight, o.dk_weight, o.dq_bias, o.dk_bias};
 }
 
 // True iff every gradient group (dq, dk, dv, dg) is large enough for a long

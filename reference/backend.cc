@@ -50,21 +50,59 @@ MutTensor4 rows2(const MutTensor2& t) {
   return {t.data, t.size, {0, 0, t.row_stride}};
 }
 
+// The formulation's parameters in T (exact: they are doubles holding values
+// of the model's storage format, and T is at least that format's width for
+// every value the generators produce; a double weight is rounded to T as any
+// f32 kernel would read it).
+template <class T>
+struct Params {
+  std::vector<T> qw, kw, qb, kb;
+  NormArgs<T> args;
+};
+
+template <class T>
+std::vector<T> param_vec(const ParamRef& r) {
+  std::vector<T> v(static_cast<size_t>(r.size));
+  for (int64_t i = 0; i < r.size; ++i) v[i] = static_cast<T>(r.data[i]);
+  return v;
+}
+
+template <class T>
+void load_params(const NormParams& a, Precision s, Params<T>* out) {
+  out->qw = param_vec<T>(a.q_weight);
+  out->kw = param_vec<T>(a.k_weight);
+  out->qb = param_vec<T>(a.q_bias);
+  out->kb = param_vec<T>(a.k_bias);
+  auto ptr = [](const std::vector<T>& v) {
+    return v.empty() ? nullptr : v.data();
+  };
+  out->args.q_weight = ptr(out->qw);
+  out->args.k_weight = ptr(out->kw);
+  out->args.q_bias = ptr(out->qb);
+  out->args.k_bias = ptr(out->kb);
+  out->args.storage = s;
+}
+
 template <class T>
 class ReferenceBackend final : public Backend {
  public:
   explicit ReferenceBackend(Precision p) : Backend("reference", "-", p) {}
 
+  // Every formulation of attention.h.
+  bool supports(const AttentionProblem&) const override { return true; }
+
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig&) const override {
     const Precision s = precision();
-    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
     auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
+    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
+    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
+    Params<T> w;
+    load_params(a.params, s, &w);
     std::vector<T> o(q.size()), lse(static_cast<size_t>(B * H * p.q_len));
     reference::attention_forward<T>(p, q.data(), k.data(), v.data(), o.data(),
-                                    lse.data());
+                                    lse.data(), w.args);
     scatter(s, o, a.o, B, H, p.q_len, D);
     for (size_t i = 0; i < lse.size(); ++i)
       a.lse[i] = static_cast<double>(lse[i]);
@@ -73,22 +111,42 @@ class ReferenceBackend final : public Backend {
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                           Workspace*, const ExecConfig&) const override {
     const Precision s = precision();
-    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
     auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
+    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
+    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
     auto o = gather<T>(s, a.o, B, H, p.q_len, D);
     auto d_o = gather<T>(s, a.d_o, B, H, p.q_len, D);
+    Params<T> w;
+    load_params(a.params, s, &w);
     std::vector<T> lse(a.lse, a.lse + a.lse_size);
     std::vector<T> dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<T> dqw(static_cast<size_t>(a.d_params.q_weight.size)),
+        dkw(static_cast<size_t>(a.d_params.k_weight.size)),
+        dqb(static_cast<size_t>(a.d_params.q_bias.size)),
+        dkb(static_cast<size_t>(a.d_params.k_bias.size));
+    NormGrads<T> dw;
+    auto ptr = [](std::vector<T>& x) { return x.empty() ? nullptr : x.data(); };
+    dw.q_weight = ptr(dqw);
+    dw.k_weight = ptr(dkw);
+    dw.q_bias = ptr(dqb);
+    dw.k_bias = ptr(dkb);
     T dg = 0;
-    reference::attention_backward<T>(p, q.data(), k.data(), v.data(), o.data(),
-                                     d_o.data(), lse.data(), dq.data(),
-                                     dk.data(), dv.data(), &dg);
+    reference::attention_backward<T>(
+        p, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(),
+        dq.data(), dk.data(), dv.data(), &dg, nullptr, w.args, dw);
     scatter(s, dq, a.dq, B, H, p.q_len, D);
-    scatter(s, dk, a.dk, B, H, p.kv_len, D);
-    scatter(s, dv, a.dv, B, H, p.kv_len, D);
+    scatter(s, dk, a.dk, B, Hk, p.kv_len, D);
+    scatter(s, dv, a.dv, B, Hk, p.kv_len, D);
     *a.dg = static_cast<double>(dg);
+    auto out = [](const std::vector<T>& x, const MutParamRef& r) {
+      for (size_t i = 0; i < x.size(); ++i)
+        r.data[i] = static_cast<double>(x[i]);
+    };
+    out(dqw, a.d_params.q_weight);
+    out(dkw, a.d_params.k_weight);
+    out(dqb, a.d_params.q_bias);
+    out(dkb, a.d_params.k_bias);
   }
 
   void scalenorm_forward(const ScaleNormProblem& p,
@@ -118,10 +176,13 @@ class ReferenceBackend final : public Backend {
                                double* probs, Workspace*) const override {
     const Precision s = precision();
     auto q = gather<T>(s, a.q, p.batch, p.heads, p.q_len, p.head_dim);
-    auto k = gather<T>(s, a.k, p.batch, p.heads, p.kv_len, p.head_dim);
+    auto k = gather<T>(s, a.k, p.batch, kv_heads_of(p), p.kv_len, p.head_dim);
+    Params<T> w;
+    load_params(a.params, s, &w);
     std::vector<T> pr(
         static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
-    reference::attention_probabilities<T>(p, q.data(), k.data(), pr.data());
+    reference::attention_probabilities<T>(p, q.data(), k.data(), pr.data(),
+                                          w.args);
     for (size_t i = 0; i < pr.size(); ++i)
       probs[i] = static_cast<double>(pr[i]);
     return true;

@@ -69,49 +69,6 @@ T unit_normalize(const T* x, int64_t n, T eps, T* u) {
   return nrm;
 }
 
-// Everything the forward and backward share for one (b, h): the operands of
-// the logits (q_hat/k_hat for qknorm, q/k for sdpa), the scale, and norms.
-template <class T>
-struct HeadOperands {
-  std::vector<T> qh, kh, qn, kn;
-  T scale;
-};
-
-template <class T>
-void head_operands(const AttentionProblem& p, const T* q, const T* k,
-                   HeadOperands<T>* h) {
-  const int64_t D = p.head_dim;
-  h->qh.assign(q, q + p.q_len * D);
-  h->kh.assign(k, k + p.kv_len * D);
-  h->qn.assign(p.q_len, 0);
-  h->kn.assign(p.kv_len, 0);
-  if (p.variant == Variant::kQKNorm) {
-    const T eps = static_cast<T>(p.eps);
-    for (int64_t i = 0; i < p.q_len; ++i)
-      h->qn[i] = unit_normalize(q + i * D, D, eps, h->qh.data() + i * D);
-    for (int64_t j = 0; j < p.kv_len; ++j)
-      h->kn[j] = unit_normalize(k + j * D, D, eps, h->kh.data() + j * D);
-    h->scale = static_cast<T>(p.g);
-  } else {
-    h->scale = T(1) / std::sqrt(static_cast<T>(D));
-  }
-}
-
-// Row i of S into s[0..kv_len) (masked entries untouched); returns the count
-// of visible keys.
-template <class T>
-int64_t logits_row(const AttentionProblem& p, const HeadOperands<T>& h,
-                   int64_t b, int64_t i, T* s) {
-  const int64_t D = p.head_dim;
-  int64_t m = 0;
-  for (int64_t j = 0; j < p.kv_len; ++j) {
-    if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) continue;
-    s[j] = h.scale * dot(h.qh.data() + i * D, h.kh.data() + j * D, D);
-    ++m;
-  }
-  return m;
-}
-
 // Normalization backward of one row: du -> dx, in place.
 template <class T>
 void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
@@ -135,6 +92,214 @@ void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
   }
 }
 
+// One normalization row of length n (attention.h): x_hat from x, and what
+// the backward needs. l2 keeps the paper's code path (unit_normalize);
+// rms and layer scale by amax = max |x_i - mu| first so that no finite
+// input overflows or underflows harmfully: with y = (x - mu) / amax and
+// m = mean(y^2), the divisor sqrt(var + eps) is d1 * d2 with
+//   amax >= sqrt(eps): d1 = amax,      d2 = sqrt(m + (sqrt(eps) / amax)^2)
+//   amax <  sqrt(eps): d1 = sqrt(eps), d2 = sqrt(1 + m (amax / sqrt(eps))^2)
+// and x_hat = y (amax / d1) / d2.
+template <class T>
+struct RowStats {
+  T nrm = 0;         // l2: ||x||
+  T d1 = 1, d2 = 1;  // rms, layer: the divisor d1 * d2
+};
+
+template <class T>
+RowStats<T> normalize_row(NormKind kind, const T* x, int64_t n, T eps, T* xh) {
+  RowStats<T> st;
+  switch (kind) {
+    case NormKind::kNone:
+      for (int64_t i = 0; i < n; ++i) xh[i] = x[i];
+      return st;
+    case NormKind::kL2:
+      st.nrm = unit_normalize(x, n, eps, xh);
+      return st;
+    case NormKind::kRms:
+    case NormKind::kLayer:
+      break;
+  }
+  // mu = mean(x), from x / max|x| (no overflow of the sum).
+  T xmax = 0;
+  for (int64_t i = 0; i < n; ++i) xmax = std::max(xmax, std::fabs(x[i]));
+  T mu = 0;
+  if (kind == NormKind::kLayer && xmax > 0) {
+    T s = 0;
+    for (int64_t i = 0; i < n; ++i) s += x[i] / xmax;
+    mu = s / static_cast<T>(n) * xmax;
+  }
+  T amax = 0;
+  for (int64_t i = 0; i < n; ++i)
+    amax = std::max(amax, std::fabs(x[i] / 2 - mu / 2));
+  amax *= 2;  // max |x_i - mu| without forming a difference that overflows
+  const T se = std::sqrt(eps);
+  if (amax == 0) {  // a zero (rms) or constant (layer) row: x_hat = 0
+    for (int64_t i = 0; i < n; ++i) xh[i] = 0;
+    st.d1 = se;
+    return st;
+  }
+  T m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T y = (x[i] / 2 - mu / 2) / amax * 2;
+    m += y * y;
+  }
+  m /= static_cast<T>(n);
+  T f;  // amax / (d1 d2)
+  if (amax >= se) {
+    const T r = se / amax;
+    st.d1 = amax;
+    st.d2 = std::sqrt(m + r * r);
+    f = 1 / st.d2;
+  } else {
+    const T r = amax / se;
+    st.d1 = se;
+    st.d2 = std::sqrt(1 + m * r * r);
+    f = r / st.d2;
+  }
+  for (int64_t i = 0; i < n; ++i) xh[i] = (x[i] / 2 - mu / 2) / amax * 2 * f;
+  return st;
+}
+
+// du (the gradient of x_hat) -> dx, in place.
+template <class T>
+void normalize_row_backward(NormKind kind, const T* x, const T* xh,
+                            const RowStats<T>& st, T eps, int64_t n, T* du) {
+  switch (kind) {
+    case NormKind::kNone:
+      return;
+    case NormKind::kL2:
+      unit_normalize_backward(x, xh, st.nrm, eps, n, du);
+      return;
+    case NormKind::kRms: {
+      // dx = (du - x_hat (x_hat . du) / n) / (d1 d2)
+      const T c = dot(xh, du, n) / static_cast<T>(n);
+      for (int64_t i = 0; i < n; ++i)
+        du[i] = (du[i] - xh[i] * c) / st.d1 / st.d2;
+      return;
+    }
+    case NormKind::kLayer: {
+      // dx = (du - mean(du) - x_hat mean(du x_hat)) / (d1 d2)
+      T s = 0;
+      for (int64_t i = 0; i < n; ++i) s += du[i];
+      const T mdu = s / static_cast<T>(n);
+      const T c = dot(xh, du, n) / static_cast<T>(n);
+      for (int64_t i = 0; i < n; ++i)
+        du[i] = (du[i] - mdu - xh[i] * c) / st.d1 / st.d2;
+      return;
+    }
+  }
+}
+
+// x_hat and x_tilde of one side, and the per-row statistics.
+template <class T>
+struct SideOperand {
+  NormRows sh{};
+  std::vector<T> xh, xt;  // dense [B,H_x,N,D]
+  std::vector<RowStats<T>> stats;
+};
+
+template <class T>
+void side_operand(const AttentionProblem& p, int side, const T* x,
+                  const NormArgs<T>& w, SideOperand<T>* out) {
+  const NormRows sh = norm_rows(p, side);
+  out->sh = sh;
+  const size_t total = static_cast<size_t>(sh.rows() * sh.len());
+  out->xh.assign(x, x + total);
+  out->xt.assign(x, x + total);
+  out->stats.assign(static_cast<size_t>(sh.rows()), RowStats<T>{});
+  if (p.variant != Variant::kQKNorm) return;
+  const Normalization& nm = p.norm;
+  const T* weight = side == 0 || nm.shared_qk_weight ? w.q_weight : w.k_weight;
+  const T* bias = side == 0 ? w.q_bias : w.k_bias;
+  const bool round = nm.round_before_weight && (w.storage == Precision::kBF16 ||
+                                                w.storage == Precision::kF16);
+  const int64_t L = sh.len();
+  std::vector<T> row(static_cast<size_t>(L)), rh(static_cast<size_t>(L));
+  for (int64_t r = 0; r < sh.rows(); ++r) {
+    for (int64_t e = 0; e < L; ++e) row[e] = x[sh.at(r, e)];
+    out->stats[static_cast<size_t>(r)] =
+        normalize_row(nm.kind, row.data(), L, static_cast<T>(p.eps), rh.data());
+    for (int64_t e = 0; e < L; ++e) {
+      T xh = rh[e];
+      if (round)
+        xh = static_cast<T>(round_to(w.storage, static_cast<double>(xh)));
+      T xt = xh;
+      if (nm.weight != ParamShape::kNone) {
+        const int64_t pi = sh.param(r, e, nm.weight);
+        const T g = nm.one_plus_weight ? 1 + weight[pi] : weight[pi];
+        xt = xh * g;
+        if (nm.bias) xt += bias[pi];
+      }
+      out->xh[sh.at(r, e)] = xh;
+      out->xt[sh.at(r, e)] = xt;
+    }
+  }
+}
+
+// Backward of side_operand: dxt (the gradient of x_tilde, dense) -> dx, and
+// the parameter gradients accumulated into dweight / dbias (may be null).
+template <class T>
+void side_operand_backward(const AttentionProblem& p, int side, const T* x,
+                           const NormArgs<T>& w, const SideOperand<T>& op,
+                           const T* dxt, T* dx, T* dweight, T* dbias) {
+  const NormRows& sh = op.sh;
+  const int64_t L = sh.len();
+  if (p.variant != Variant::kQKNorm) {
+    for (int64_t i = 0; i < sh.rows() * L; ++i) dx[i] = dxt[i];
+    return;
+  }
+  const Normalization& nm = p.norm;
+  const T* weight = side == 0 || nm.shared_qk_weight ? w.q_weight : w.k_weight;
+  std::vector<T> row(static_cast<size_t>(L)), rh(static_cast<size_t>(L)),
+      du(static_cast<size_t>(L));
+  for (int64_t r = 0; r < sh.rows(); ++r) {
+    for (int64_t e = 0; e < L; ++e) {
+      const int64_t o = sh.at(r, e);
+      row[e] = x[o];
+      rh[e] = op.xh[o];
+      T g = 1;
+      if (nm.weight != ParamShape::kNone) {
+        const int64_t pi = sh.param(r, e, nm.weight);
+        g = nm.one_plus_weight ? 1 + weight[pi] : weight[pi];
+        if (dweight) dweight[pi] += dxt[o] * rh[e];
+        if (nm.bias && dbias) dbias[pi] += dxt[o];
+      }
+      du[e] = dxt[o] * g;
+    }
+    // The normalization backward reads the unrounded x_hat (rounding to
+    // storage is the identity for the gradient, as a cast is in autograd).
+    if (nm.round_before_weight)
+      normalize_row(nm.kind, row.data(), L, static_cast<T>(p.eps), rh.data());
+    normalize_row_backward(nm.kind, row.data(), rh.data(),
+                           op.stats[static_cast<size_t>(r)],
+                           static_cast<T>(p.eps), L, du.data());
+    for (int64_t e = 0; e < L; ++e) dx[sh.at(r, e)] = du[e];
+  }
+}
+
+template <class T>
+T logit_scale(const AttentionProblem& p) {
+  if (p.variant != Variant::kQKNorm)
+    return T(1) / std::sqrt(static_cast<T>(p.head_dim));
+  return static_cast<T>(p.fixed_scale ? p.scale : p.g);
+}
+
+// Row i of S into s[0..kv_len) (masked entries untouched); returns the count
+// of visible keys. qt: query head (b, h)'s rows; kt: its kv head's.
+template <class T>
+int64_t logits_row(const AttentionProblem& p, const T* qt, const T* kt, T scale,
+                   int64_t b, int64_t i, T* s) {
+  const int64_t D = p.head_dim;
+  int64_t m = 0;
+  for (int64_t j = 0; j < p.kv_len; ++j) {
+    if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) continue;
+    s[j] = scale * dot(qt + i * D, kt + j * D, D);
+    ++m;
+  }
+  return m;
+}
+
 }  // namespace
 
 template <class T>
@@ -151,130 +316,153 @@ T nrm2(const T* x, int64_t n) {
 }
 
 template <class T>
-void attention_forward(const AttentionProblem& p, const T* q, const T* k,
-                       const T* v, T* o, T* lse) {
-  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-  HeadOperands<T> h;
-  std::vector<T> s(Nk), acc(D);
+void normalized_operand(const AttentionProblem& p, int side, const T* x,
+                        const NormArgs<T>& w, T* out) {
+  SideOperand<T> op;
+  side_operand(p, side, x, w, &op);
+  std::copy(op.xt.begin(), op.xt.end(), out);
+}
+
+namespace {
+// f(b, bh, bk, qt, kt, scale) for every (batch, query head): bh indexes the
+// query head's rows, bk its kv head's; qt and kt are their logit operands.
+template <class T, class F>
+void each_head(const AttentionProblem& p, const T* q, const T* k,
+               const NormArgs<T>& w, F&& f) {
+  const int64_t D = p.head_dim, group = p.heads / kv_heads_of(p);
+  SideOperand<T> qo, ko;
+  side_operand(p, 0, q, w, &qo);
+  side_operand(p, 1, k, w, &ko);
+  const T scale = logit_scale<T>(p);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t hd = 0; hd < p.heads; ++hd) {
-      const int64_t bh = b * p.heads + hd;
-      const T* qb = q + bh * Nq * D;
-      const T* kb = k + bh * Nk * D;
-      const T* vb = v + bh * Nk * D;
-      head_operands(p, qb, kb, &h);
-      for (int64_t i = 0; i < Nq; ++i) {
-        T* oi = o + (bh * Nq + i) * D;
-        if (logits_row(p, h, b, i, s.data()) == 0) {
-          for (int64_t d = 0; d < D; ++d) oi[d] = 0;
-          lse[bh * Nq + i] = -std::numeric_limits<T>::infinity();
-          continue;
-        }
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < Nk; ++j)
-          if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
-        T sum = 0;
-        for (int64_t d = 0; d < D; ++d) acc[d] = 0;
-        for (int64_t j = 0; j < Nk; ++j) {
-          if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
-          T e = std::exp(s[j] - mx);
-          sum += e;
-          for (int64_t d = 0; d < D; ++d) acc[d] += e * vb[j * D + d];
-        }
-        for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
-        lse[bh * Nq + i] = mx + std::log(sum);
-      }
+      const int64_t bh = b * p.heads + hd, bk = b * kv_heads_of(p) + hd / group;
+      f(b, bh, bk, qo.xt.data() + bh * p.q_len * D,
+        ko.xt.data() + bk * p.kv_len * D, scale);
     }
+}
+}  // namespace
+
+template <class T>
+void attention_forward(const AttentionProblem& p, const T* q, const T* k,
+                       const T* v, T* o, T* lse, const NormArgs<T>& w) {
+  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
+  std::vector<T> s(Nk), acc(D);
+  each_head(p, q, k, w,
+            [&](int64_t b, int64_t bh, int64_t bk, const T* qt, const T* kt,
+                T scale) {
+              const T* vb = v + bk * Nk * D;
+              for (int64_t i = 0; i < Nq; ++i) {
+                T* oi = o + (bh * Nq + i) * D;
+                if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) {
+                  for (int64_t d = 0; d < D; ++d) oi[d] = 0;
+                  lse[bh * Nq + i] = -std::numeric_limits<T>::infinity();
+                  continue;
+                }
+                T mx = -std::numeric_limits<T>::infinity();
+                for (int64_t j = 0; j < Nk; ++j)
+                  if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
+                T sum = 0;
+                for (int64_t d = 0; d < D; ++d) acc[d] = 0;
+                for (int64_t j = 0; j < Nk; ++j) {
+                  if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
+                  T e = std::exp(s[j] - mx);
+                  sum += e;
+                  for (int64_t d = 0; d < D; ++d) acc[d] += e * vb[j * D + d];
+                }
+                for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
+                lse[bh * Nq + i] = mx + std::log(sum);
+              }
+            });
 }
 
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const T* q, const T* k,
-                             T* probs) {
-  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-  HeadOperands<T> h;
+                             T* probs, const NormArgs<T>& w) {
+  const int64_t Nq = p.q_len, Nk = p.kv_len;
   std::vector<T> s(Nk);
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t hd = 0; hd < p.heads; ++hd) {
-      const int64_t bh = b * p.heads + hd;
-      head_operands(p, q + bh * Nq * D, k + bh * Nk * D, &h);
-      for (int64_t i = 0; i < Nq; ++i) {
-        T* pr = probs + (bh * Nq + i) * Nk;
-        for (int64_t j = 0; j < Nk; ++j) pr[j] = 0;
-        if (logits_row(p, h, b, i, s.data()) == 0) continue;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < Nk; ++j)
-          if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
-        T sum = 0;
-        for (int64_t j = 0; j < Nk; ++j)
-          if (visible(p.mask, b, i, j, Nq, Nk))
-            sum += (pr[j] = std::exp(s[j] - mx));
-        for (int64_t j = 0; j < Nk; ++j) pr[j] /= sum;
-      }
-    }
+  each_head(
+      p, q, k, w,
+      [&](int64_t b, int64_t bh, int64_t, const T* qt, const T* kt, T scale) {
+        for (int64_t i = 0; i < Nq; ++i) {
+          T* pr = probs + (bh * Nq + i) * Nk;
+          for (int64_t j = 0; j < Nk; ++j) pr[j] = 0;
+          if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) continue;
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < Nk; ++j)
+            if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
+          T sum = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            if (visible(p.mask, b, i, j, Nq, Nk))
+              sum += (pr[j] = std::exp(s[j] - mx));
+          for (int64_t j = 0; j < Nk; ++j) pr[j] /= sum;
+        }
+      });
 }
 
 template <class T>
 void attention_backward(const AttentionProblem& p, const T* q, const T* k,
                         const T* v, const T* o, const T* d_o, const T* lse,
-                        T* dq, T* dk, T* dv, T* dg, T* ds) {
-  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-  const bool qk = p.variant == Variant::kQKNorm;
-  HeadOperands<T> h;
-  std::vector<T> s(Nk), dsr(Nk), dqh(D), dkh;
+                        T* dq, T* dk, T* dv, T* dg, T* ds, const NormArgs<T>& w,
+                        const NormGrads<T>& dw) {
+  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
+                Hk = kv_heads_of(p), group = p.heads / Hk;
+  const bool learned = p.variant == Variant::kQKNorm && !p.fixed_scale;
+  SideOperand<T> qo, ko;
+  side_operand(p, 0, q, w, &qo);
+  side_operand(p, 1, k, w, &ko);
+  const T scale = logit_scale<T>(p);
+  // Gradients of q_tilde and k_tilde (k summed over each kv head's group).
+  std::vector<T> dqt(qo.xt.size(), 0), dkt(ko.xt.size(), 0), s(Nk);
+  for (size_t x = 0; x < ko.xt.size(); ++x) dv[x] = 0;
   T dg_sum = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t hd = 0; hd < p.heads; ++hd) {
-      const int64_t bh = b * p.heads + hd;
-      const T* qb = q + bh * Nq * D;
-      const T* kb = k + bh * Nk * D;
-      const T* vb = v + bh * Nk * D;
+      const int64_t bh = b * p.heads + hd, bk = b * Hk + hd / group;
+      const T* qt = qo.xt.data() + bh * Nq * D;
+      const T* kt = ko.xt.data() + bk * Nk * D;
+      const T* vb = v + bk * Nk * D;
       const T* ob = o + bh * Nq * D;
       const T* dob = d_o + bh * Nq * D;
-      T* dqb = dq + bh * Nq * D;
-      T* dvb = dv + bh * Nk * D;
-      head_operands(p, qb, kb, &h);
-      dkh.assign(Nk * D, 0);
-      for (int64_t x = 0; x < Nk * D; ++x) dvb[x] = 0;
+      T* dvb = dv + bk * Nk * D;
+      T* dkb = dkt.data() + bk * Nk * D;
       for (int64_t i = 0; i < Nq; ++i) {
         const T* doi = dob + i * D;
         T* ds_row = ds ? ds + (bh * Nq + i) * Nk : nullptr;
         if (ds_row)
           for (int64_t j = 0; j < Nk; ++j) ds_row[j] = 0;
-        for (int64_t d = 0; d < D; ++d) dqh[d] = 0;
-        if (logits_row(p, h, b, i, s.data()) > 0) {
-          const T li = lse[bh * Nq + i];
-          const T delta = dot(doi, ob + i * D, D);
-          for (int64_t j = 0; j < Nk; ++j) {
-            if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
-            const T pij = std::exp(s[j] - li);
-            for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
-            const T dp = dot(doi, vb + j * D, D);
-            const T dsij = pij * (dp - delta);
-            if (ds_row) ds_row[j] = dsij;
-            const T* khj = h.kh.data() + j * D;
-            const T* qhi = h.qh.data() + i * D;
-            if (qk) dg_sum += dsij * dot(qhi, khj, D);
-            for (int64_t d = 0; d < D; ++d) {
-              dqh[d] += dsij * khj[d];
-              dkh[j * D + d] += dsij * qhi[d];
-            }
+        T* dqi = dqt.data() + (bh * Nq + i) * D;
+        if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) continue;
+        const T li = lse[bh * Nq + i];
+        const T delta = dot(doi, ob + i * D, D);
+        for (int64_t j = 0; j < Nk; ++j) {
+          if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
+          const T pij = std::exp(s[j] - li);
+          for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
+          const T dp = dot(doi, vb + j * D, D);
+          const T dsij = pij * (dp - delta);
+          if (ds_row) ds_row[j] = dsij;
+          const T* ktj = kt + j * D;
+          const T* qti = qt + i * D;
+          if (learned) dg_sum += dsij * dot(qti, ktj, D);
+          for (int64_t d = 0; d < D; ++d) {
+            dqi[d] += scale * dsij * ktj[d];
+            dkb[j * D + d] += scale * dsij * qti[d];
           }
         }
-        T* dqi = dqb + i * D;
-        for (int64_t d = 0; d < D; ++d) dqi[d] = h.scale * dqh[d];
-        if (qk)
-          unit_normalize_backward(qb + i * D, h.qh.data() + i * D, h.qn[i],
-                                  static_cast<T>(p.eps), D, dqi);
-      }
-      T* dkb = dk + bh * Nk * D;
-      for (int64_t j = 0; j < Nk; ++j) {
-        T* dkj = dkb + j * D;
-        for (int64_t d = 0; d < D; ++d) dkj[d] = h.scale * dkh[j * D + d];
-        if (qk)
-          unit_normalize_backward(kb + j * D, h.kh.data() + j * D, h.kn[j],
-                                  static_cast<T>(p.eps), D, dkj);
       }
     }
+  const int64_t nq = param_size(p, 0), nk = param_size(p, 1);
+  for (T* g : {dw.q_weight, dw.q_bias})
+    if (g)
+      for (int64_t x = 0; x < nq; ++x) g[x] = 0;
+  for (T* g : {dw.k_weight, dw.k_bias})
+    if (g)
+      for (int64_t x = 0; x < nk; ++x) g[x] = 0;
+  side_operand_backward(p, 0, q, w, qo, dqt.data(), dq, dw.q_weight, dw.q_bias);
+  side_operand_backward(p, 1, k, w, ko, dkt.data(), dk,
+                        p.norm.shared_qk_weight ? dw.q_weight : dw.k_weight,
+                        dw.k_bias);
   *dg = dg_sum;
 }
 
@@ -309,12 +497,16 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
 #define QKNORM_REFERENCE_INSTANTIATE(T)                                       \
   template T nrm2<T>(const T*, int64_t);                                      \
   template void attention_forward<T>(const AttentionProblem&, const T*,       \
-                                     const T*, const T*, T*, T*);             \
-  template void attention_backward<T>(const AttentionProblem&, const T*,      \
-                                      const T*, const T*, const T*, const T*, \
-                                      const T*, T*, T*, T*, T*, T*);          \
+                                     const T*, const T*, T*, T*,              \
+                                     const NormArgs<T>&);                     \
+  template void attention_backward<T>(                                        \
+      const AttentionProblem&, const T*, const T*, const T*, const T*,        \
+      const T*, const T*, T*, T*, T*, T*, T*, const NormArgs<T>&,             \
+      const NormGrads<T>&);                                                   \
   template void attention_probabilities<T>(const AttentionProblem&, const T*, \
-                                           const T*, T*);                     \
+                                           const T*, T*, const NormArgs<T>&); \
+  template void normalized_operand<T>(const AttentionProblem&, int, const T*, \
+                                      const NormArgs<T>&, T*);                \
   template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);  \
   template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,      \
                                       const T*, T*, T*);

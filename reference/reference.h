@@ -23,6 +23,7 @@
 #define QKNORM_REFERENCE_REFERENCE_H_
 
 #include "qknorm/attention.h"
+#include "qknorm/precision.h"
 #include "qknorm/scalenorm.h"
 
 namespace qknorm::reference {
@@ -34,21 +35,46 @@ using Oracle = long double;
 template <class T>
 T nrm2(const T* x, int64_t n);
 
+// The formulation's learned parameters (attention.h; dense, param_size()
+// elements each, null when the formulation has none) and the storage format
+// x_hat is rounded to when p.norm.round_before_weight (bf16, f16 only).
+template <class T>
+struct NormArgs {
+  const T *q_weight = nullptr, *k_weight = nullptr, *q_bias = nullptr,
+          *k_bias = nullptr;
+  Precision storage = Precision::kF64;
+};
+// Their gradients (null where the formulation has none).
+template <class T>
+struct NormGrads {
+  T *q_weight = nullptr, *k_weight = nullptr, *q_bias = nullptr,
+    *k_bias = nullptr;
+};
+
+// k, v, dk, dv are [B, kv_heads, kv_len, D] (GQA: attention.h).
 template <class T>
 void attention_forward(const AttentionProblem& p, const T* q, const T* k,
-                       const T* v, T* o, T* lse);
+                       const T* v, T* o, T* lse, const NormArgs<T>& w = {});
 
 // ds (optional, may be null): receives dS, dense [B,H,q_len,kv_len], for the
-// invariant tests (rows of dS sum to 0). dg receives sum over b, h.
+// invariant tests (rows of dS sum to 0). dg receives sum over b, h (0 for a
+// fixed logit scale).
 template <class T>
 void attention_backward(const AttentionProblem& p, const T* q, const T* k,
                         const T* v, const T* o, const T* d_o, const T* lse,
-                        T* dq, T* dk, T* dv, T* dg, T* ds = nullptr);
+                        T* dq, T* dk, T* dv, T* dg, T* ds = nullptr,
+                        const NormArgs<T>& w = {}, const NormGrads<T>& dw = {});
 
 // P as forward computes it, dense [B,H,q_len,kv_len], 0 where masked.
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const T* q, const T* k,
-                             T* probs);
+                             T* probs, const NormArgs<T>& w = {});
+
+// The normalized, weighted rows x_tilde of q (side 0, [B,H,q_len,D]) or k
+// (side 1, [B,kv_heads,kv_len,D]) as the attention uses them.
+template <class T>
+void normalized_operand(const AttentionProblem& p, int side, const T* x,
+                        const NormArgs<T>& w, T* out);
 
 template <class T>
 void scalenorm_forward(const ScaleNormProblem& p, const T* x, T* y);
@@ -59,12 +85,16 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
 #define QKNORM_REFERENCE_EXTERN(T)                                             \
   extern template T nrm2<T>(const T*, int64_t);                                \
   extern template void attention_forward<T>(const AttentionProblem&, const T*, \
-                                            const T*, const T*, T*, T*);       \
+                                            const T*, const T*, T*, T*,        \
+                                            const NormArgs<T>&);               \
   extern template void attention_backward<T>(                                  \
       const AttentionProblem&, const T*, const T*, const T*, const T*,         \
-      const T*, const T*, T*, T*, T*, T*, T*);                                 \
-  extern template void attention_probabilities<T>(const AttentionProblem&,     \
-                                                  const T*, const T*, T*);     \
+      const T*, const T*, T*, T*, T*, T*, T*, const NormArgs<T>&,              \
+      const NormGrads<T>&);                                                    \
+  extern template void attention_probabilities<T>(                             \
+      const AttentionProblem&, const T*, const T*, T*, const NormArgs<T>&);    \
+  extern template void normalized_operand<T>(                                  \
+      const AttentionProblem&, int, const T*, const NormArgs<T>&, T*);         \
   extern template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, \
                                             T*);                               \
   extern template void scalenorm_backward<T>(const ScaleNormProblem&,          \

@@ -86,7 +86,8 @@ TEST(Gradients, RandomDirectionsLargerProblems) {
       worst = std::max(worst, rep.worst_rel);
       // The oracle's own gradient too.
       const auto o = validation::oracle_attention(c);
-      AttentionGradients og{o.dq, o.dk, o.dv, o.dg};
+      AttentionGradients og{o.dq,        o.dk,        o.dv,      o.dg,
+                            o.dq_weight, o.dk_weight, o.dq_bias, o.dk_bias};
       const auto rep2 =
           validation::check_attention_directions(c, og, 4, 5 + n, kFdTol);
       EXPECT_TRUE(rep2.pass)

@@ -1,5 +1,6 @@
 #include "validation/gradcheck.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -34,10 +35,41 @@ void add_rows(const std::vector<double>& t, int64_t D, int group, LD eps,
   }
 }
 
-std::string index4(const AttentionProblem& p, int64_t rows, int64_t i) {
+void add_norm_rows(const AttentionProblem& p, int side,
+                   const std::vector<double>& t, LD gdiv, Flat* f) {
+  const NormRows nr = norm_rows(p, side);
+  const int64_t L = nr.len();
+  std::vector<LD> den(static_cast<size_t>(nr.rows()), 1);
+  std::vector<int64_t> row_of(t.size());
+  for (int64_t r = 0; r < nr.rows(); ++r) {
+    LD s1 = 0, s2 = 0;
+    for (int64_t e = 0; e < L; ++e) {
+      const LD x = t[static_cast<size_t>(nr.at(r, e))];
+      row_of[static_cast<size_t>(nr.at(r, e))] = r;
+      s1 += x;
+      s2 += x * x;
+    }
+    const LD n = static_cast<LD>(L), eps = static_cast<LD>(p.eps);
+    if (p.norm.kind == NormKind::kRms)
+      den[static_cast<size_t>(r)] = std::sqrt(s2 / n + eps);
+    if (p.norm.kind == NormKind::kLayer)
+      den[static_cast<size_t>(r)] =
+          std::sqrt(std::max<LD>(0, s2 / n - (s1 / n) * (s1 / n)) + eps);
+    if (p.norm.kind == NormKind::kNone)
+      den[static_cast<size_t>(r)] = std::max<LD>(1, std::sqrt(s2));
+  }
+  for (size_t i = 0; i < t.size(); ++i) {
+    f->x.push_back(t[i]);
+    f->step.push_back(kFdStep * den[static_cast<size_t>(row_of[i])] / gdiv);
+    f->group.push_back(side);
+  }
+}
+
+std::string index4(const AttentionProblem& p, int64_t rows, int64_t i,
+                   int64_t heads) {
   const int64_t D = p.head_dim;
-  const int64_t d = i % D, n = (i / D) % rows, h = (i / D / rows) % p.heads,
-                b = i / D / rows / p.heads;
+  const int64_t d = i % D, n = (i / D) % rows, h = (i / D / rows) % heads,
+                b = i / D / rows / heads;
   char buf[96];
   std::snprintf(buf, sizeof buf, "[%lld,%lld,%lld,%lld]", (long long)b,
                 (long long)h, (long long)n, (long long)d);
@@ -50,11 +82,33 @@ Flat flatten(const AttentionCase& c) {
   // sdpa: no clamp; its logits move by ||other|| h / sqrt(D), O(h) for
   // unit-scale inputs, so the plain relative step is used (eps -> 0 guard).
   const LD eps = qk ? static_cast<LD>(p.eps) : 0.0L;
-  const LD gdiv = qk ? std::max<LD>(1, std::fabs(static_cast<LD>(p.g))) : 1;
+  const LD gdiv =
+      qk ? std::max<LD>(1, is_paper_formulation(p)
+                               ? std::fabs(static_cast<LD>(p.g))
+                               : static_cast<LD>(logit_amplitude(c)))
+         : 1;
   Flat f;
-  add_rows(c.q, p.head_dim, 0, eps, gdiv, &f);
-  add_rows(c.k, p.head_dim, 1, eps, gdiv, &f);
+  if (qk && p.norm.kind != NormKind::kL2) {
+    // rms, layer, none: smooth everywhere (no clamp kink). x_hat moves by
+    // h / den, den = sqrt(mean x^2 + eps) (rms), sqrt(var + eps) (layer)
+    // over the normalization row, or 1 (none): h = kFdStep den / gdiv.
+    add_norm_rows(p, 0, c.q, gdiv, &f);
+    add_norm_rows(p, 1, c.k, gdiv, &f);
+  } else {
+    add_rows(c.q, p.head_dim, 0, eps, gdiv, &f);
+    add_rows(c.k, p.head_dim, 1, eps, gdiv, &f);
+  }
   add_rows(c.v, p.head_dim, 2, 0, 1, &f);
+  int grp = 4;
+  for (const std::vector<double>* w :
+       {&c.q_weight, &c.k_weight, &c.q_bias, &c.k_bias}) {
+    for (double x : *w) {
+      f.x.push_back(x);
+      f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(x)) / gdiv);
+      f.group.push_back(grp);
+    }
+    ++grp;
+  }
   f.x.push_back(p.g);
   f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(static_cast<LD>(p.g))));
   f.group.push_back(3);
@@ -62,12 +116,25 @@ Flat flatten(const AttentionCase& c) {
     if (s == 0)
       s = kFdStep;  // all-zero v row: any step is fine (L is linear in v)
   const size_t nq = c.q.size(), nk = c.k.size();
-  f.item = [p, nq, nk](size_t i) -> std::string {
-    if (i < nq) return "dq" + index4(p, p.q_len, static_cast<int64_t>(i));
+  const size_t np[4] = {c.q_weight.size(), c.k_weight.size(), c.q_bias.size(),
+                        c.k_bias.size()};
+  f.item = [p, nq, nk, np](size_t i) -> std::string {
+    if (i < nq)
+      return "dq" + index4(p, p.q_len, static_cast<int64_t>(i), p.heads);
     if (i < nq + nk)
-      return "dk" + index4(p, p.kv_len, static_cast<int64_t>(i - nq));
+      return "dk" +
+             index4(p, p.kv_len, static_cast<int64_t>(i - nq), kv_heads_of(p));
     if (i < nq + 2 * nk)
-      return "dv" + index4(p, p.kv_len, static_cast<int64_t>(i - nq - nk));
+      return "dv" + index4(p, p.kv_len, static_cast<int64_t>(i - nq - nk),
+                           kv_heads_of(p));
+    size_t j = i - nq - 2 * nk;
+    static const char* names[4] = {"dq_weight", "dk_weight", "dq_bias",
+                                   "dk_bias"};
+    for (int t = 0; t < 4; ++t) {
+      if (j < np[t])
+        return std::string(names[t]) + "[" + std::to_string(j) + "]";
+      j -= np[t];
+    }
     return "dg";
   };
   return f;
@@ -79,11 +146,20 @@ LD attention_loss(const AttentionCase& c, const std::vector<LD>& x) {
   const LD* q = x.data();
   const LD* k = q + nq;
   const LD* v = k + nk;
+  const LD* pw = v + nk;
+  reference::NormArgs<LD> w;  // storage f64: x_hat is never rounded
+  const LD** dst[4] = {&w.q_weight, &w.k_weight, &w.q_bias, &w.k_bias};
+  const std::vector<double>* src[4] = {&c.q_weight, &c.k_weight, &c.q_bias,
+                                       &c.k_bias};
+  for (int t = 0; t < 4; ++t) {
+    *dst[t] = src[t]->empty() ? nullptr : pw;
+    pw += src[t]->size();
+  }
   p.g = static_cast<double>(x.back());
   // g is perturbed in long double but the problem holds a double: perturb g
   // only by steps exactly representable in double (kFdStep * 2^k is).
   std::vector<LD> o(nq), lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  reference::attention_forward<LD>(p, q, k, v, o.data(), lse.data());
+  reference::attention_forward<LD>(p, q, k, v, o.data(), lse.data(), w);
   LD L = 0;
   for (size_t i = 0; i < nq; ++i) L += static_cast<LD>(c.d_o[i]) * o[i];
   return L;
@@ -93,6 +169,8 @@ std::vector<LD> flat_grad(const AttentionGradients& g) {
   std::vector<LD> r = g.dq;
   r.insert(r.end(), g.dk.begin(), g.dk.end());
   r.insert(r.end(), g.dv.begin(), g.dv.end());
+  for (const auto* w : {&g.dq_weight, &g.dk_weight, &g.dq_bias, &g.dk_bias})
+    r.insert(r.end(), w->begin(), w->end());
   r.push_back(g.dg);
   return r;
 }
@@ -117,13 +195,17 @@ GradCheckReport full(const Flat& f, const std::vector<LD>& grad,
     const LD lm = loss(x);
     x[i] = x0;
     const LD fd = (lp - lm) / (2 * h);
-    // A tensor whose gradient is identically 0 is judged on absolute error
-    // against 1 (the unit scale of the loss derivative).
-    const LD scale =
-        std::max<LD>(gscale[static_cast<size_t>(f.group[i])], 1e-300L);
-    const double rel = static_cast<double>(
-        std::fabs(fd - grad[i]) /
-        (gscale[static_cast<size_t>(f.group[i])] > 0 ? scale : 1));
+    // Each element is judged relative to its tensor's largest gradient,
+    // but never below 1e-2 of the largest gradient of any tensor: a tensor
+    // whose exact gradient is 0 (a key bias: softmax ignores a shift shared
+    // by a row's logits) holds only rounding noise, ~1e-19, and the
+    // difference quotient holds its own, ~1e-12 (u_LD |L| / h); a tensor
+    // identically 0 everywhere is judged against 1.
+    LD all = 0;
+    for (LD gs : gscale) all = std::max(all, gs);
+    const LD scale = std::max({gscale[static_cast<size_t>(f.group[i])],
+                               1e-2L * all, all > 0 ? 1e-300L : 1.0L});
+    const double rel = static_cast<double>(std::fabs(fd - grad[i]) / scale);
     ++rep.checked;
     if (rel > rep.worst_rel || rep.worst_item.empty()) {
       rep.worst_rel = rel;

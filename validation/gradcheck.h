@@ -10,6 +10,11 @@
 // h = kFdStep * eps so the perturbation never crosses the kink.
 // kFdStep = 2^-20 ~ u_LD^(1/3) balances the two terms: both are ~1e-12
 // relative for O(1) derivatives.
+// Formulations (issue 16): the inputs are [q | k | v | q_weight | k_weight
+// | q_bias | k_bias | g]; row steps divide by max(1, A) (A the logit
+// amplitude) instead of |g|, parameters step by kFdStep max(1, |w|). The
+// loss never rounds x_hat to storage (round_before_weight is a cast, whose
+// gradient is the identity; the rounded loss is piecewise constant).
 #ifndef QKNORM_VALIDATION_GRADCHECK_H_
 #define QKNORM_VALIDATION_GRADCHECK_H_
 
@@ -28,6 +33,8 @@ inline constexpr double kFdStep = 0x1p-20;
 struct AttentionGradients {
   std::vector<long double> dq, dk, dv;
   long double dg = 0;
+  // The formulation's parameter gradients (sizes as the case's parameters).
+  std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
 };
 struct ScaleNormGradients {
   std::vector<long double> dx;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "qknorm/error.h"
+#include "qknorm/formulation.h"
 #include "reference/reference.h"
 
 namespace qknorm::validation {
@@ -167,7 +168,9 @@ std::string AttentionCase::describe() const {
                 (long long)p.kv_len, (long long)p.head_dim,
                 variant_name(p.variant), p.g, p.eps, mask_desc(p.mask).c_str(),
                 name(dist), (unsigned long long)seed, (long long)row_pad);
-  return buf;
+  if (is_paper_formulation(p)) return buf;
+  return std::string(buf) + " formulation=" + describe_formulation(p) +
+         " storage=" + std::string(qknorm::name(storage));
 }
 
 std::string ScaleNormCase::describe() const {
@@ -188,11 +191,27 @@ AttentionCase make_attention_case(const AttentionProblem& problem,
   c.seed = seed;
   c.dist = dist;
   Rng rng(seed);
-  const int64_t BH = problem.batch * problem.heads, D = problem.head_dim;
+  const int64_t BH = problem.batch * problem.heads, D = problem.head_dim,
+                BHk = problem.batch * kv_heads_of(problem);
   fill(rng, dist, BH * problem.q_len, D, true, range, &c.q);
-  fill(rng, dist, BH * problem.kv_len, D, true, range, &c.k);
-  fill(rng, dist, BH * problem.kv_len, D, false, range, &c.v, true);
+  fill(rng, dist, BHk * problem.kv_len, D, true, range, &c.k);
+  fill(rng, dist, BHk * problem.kv_len, D, false, range, &c.v, true);
   fill(rng, dist, BH * problem.q_len, D, false, range, &c.d_o);
+  // Learned parameters as trained models hold them: weights near their
+  // init (gamma ~ 1 + N(0, 1/4), Gemma's w ~ N(0, 1/4)), biases N(0, 1/10).
+  const Normalization& n = problem.norm;
+  auto params = [&](int side, std::vector<double>* w, std::vector<double>* b) {
+    const int64_t m = param_size(problem, side);
+    w->resize(static_cast<size_t>(m));
+    for (double& x : *w) x = (n.one_plus_weight ? 0 : 1) + 0.25 * rng.normal();
+    if (!n.bias) return;
+    b->resize(static_cast<size_t>(m));
+    for (double& x : *b) x = 0.1 * rng.normal();
+  };
+  if (problem.variant == Variant::kQKNorm) {
+    params(0, &c.q_weight, &c.q_bias);
+    params(1, &c.k_weight, &c.k_bias);
+  }
   return c;
 }
 
@@ -215,6 +234,11 @@ AttentionCase round_inputs(const AttentionCase& c, Precision prec) {
   r.k = rounded(c.k, prec);
   r.v = rounded(c.v, prec);
   r.d_o = rounded(c.d_o, prec);
+  r.q_weight = rounded(c.q_weight, prec);
+  r.k_weight = rounded(c.k_weight, prec);
+  r.q_bias = rounded(c.q_bias, prec);
+  r.k_bias = rounded(c.k_bias, prec);
+  r.storage = prec;
   return r;
 }
 
@@ -235,35 +259,55 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
     own = b.make_workspace();
     ws = own.get();
   }
-  const int64_t B = p.batch, H = p.heads, D = p.head_dim, pad = c.row_pad;
-  Buffer q(s, B, H, p.q_len, D, pad), k(s, B, H, p.kv_len, D, pad),
-      v(s, B, H, p.kv_len, D, pad), o(s, B, H, p.q_len, D, pad);
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim, pad = c.row_pad,
+                Hk = kv_heads_of(p);
+  Buffer q(s, B, H, p.q_len, D, pad), k(s, B, Hk, p.kv_len, D, pad),
+      v(s, B, Hk, p.kv_len, D, pad), o(s, B, H, p.q_len, D, pad);
   q.store(c.q);
   k.store(c.k);
   v.store(c.v);
   AttentionResult r;
   r.lse.assign(static_cast<size_t>(B * H * p.q_len),
                std::numeric_limits<double>::quiet_NaN());
+  auto ref = [](const std::vector<double>& x) {
+    return ParamRef{x.empty() ? nullptr : x.data(),
+                    static_cast<int64_t>(x.size())};
+  };
+  const NormParams params{ref(c.q_weight), ref(c.k_weight), ref(c.q_bias),
+                          ref(c.k_bias)};
   ForwardArgs fa{q.cview(), k.cview(),    v.cview(),
-                 o.view(),  r.lse.data(), static_cast<int64_t>(r.lse.size())};
+                 o.view(),  r.lse.data(), static_cast<int64_t>(r.lse.size()),
+                 params};
   checked_attention_forward(b, p, fa, ws, cfg);
   r.o = o.load();
   if (!backward) return r;
   Buffer d_o(s, B, H, p.q_len, D, pad), dq(s, B, H, p.q_len, D, pad),
-      dk(s, B, H, p.kv_len, D, pad), dv(s, B, H, p.kv_len, D, pad);
+      dk(s, B, Hk, p.kv_len, D, pad), dv(s, B, Hk, p.kv_len, D, pad);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.dq_weight.assign(c.q_weight.size(), nan);
+  r.dk_weight.assign(c.k_weight.size(), nan);
+  r.dq_bias.assign(c.q_bias.size(), nan);
+  r.dk_bias.assign(c.k_bias.size(), nan);
+  auto mref = [](std::vector<double>& x) {
+    return MutParamRef{x.empty() ? nullptr : x.data(),
+                       static_cast<int64_t>(x.size())};
+  };
   d_o.store(c.d_o);
   r.dg = std::numeric_limits<double>::quiet_NaN();
-  BackwardArgs ba{q.cview(),
-                  k.cview(),
-                  v.cview(),
-                  o.cview(),
-                  d_o.cview(),
-                  r.lse.data(),
-                  static_cast<int64_t>(r.lse.size()),
-                  dq.view(),
-                  dk.view(),
-                  dv.view(),
-                  &r.dg};
+  BackwardArgs ba{
+      q.cview(),
+      k.cview(),
+      v.cview(),
+      o.cview(),
+      d_o.cview(),
+      r.lse.data(),
+      static_cast<int64_t>(r.lse.size()),
+      dq.view(),
+      dk.view(),
+      dv.view(),
+      &r.dg,
+      params,
+      {mref(r.dq_weight), mref(r.dk_weight), mref(r.dq_bias), mref(r.dk_bias)}};
   checked_attention_backward(b, p, ba, ws, cfg);
   r.dq = dq.load();
   r.dk = dk.load();
@@ -310,22 +354,201 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
   return r;
 }
 
+namespace {
+
+// One side's logit operands and what the magnitudes need (oracle_attention,
+// logit_amplitude): x_hat (unweighted, unrounded), x_tilde (signed, as the
+// logits use it), |x_hat| |w| + |beta| (the operand's magnitude before
+// cancellation), the weight per element (w or 1 + w; 1 without), each
+// row's divisor (l2: max(||x||, eps); rms: sqrt(mean x^2 + eps); layer:
+// sqrt(var + eps); 1 otherwise) and the largest |w|.
+struct OperandMags {
+  NormRows rows;
+  std::vector<LD> xh, xt, xa, wv, den;
+  LD wmax = 1;
+};
+
+reference::NormArgs<LD> norm_args(const AttentionCase& c,
+                                  std::array<std::vector<LD>, 4>* store) {
+  (*store)[0] = widen(c.q_weight);
+  (*store)[1] = widen(c.k_weight);
+  (*store)[2] = widen(c.q_bias);
+  (*store)[3] = widen(c.k_bias);
+  auto ptr = [](const std::vector<LD>& x) {
+    return x.empty() ? nullptr : x.data();
+  };
+  reference::NormArgs<LD> w;
+  w.q_weight = ptr((*store)[0]);
+  w.k_weight = ptr((*store)[1]);
+  w.q_bias = ptr((*store)[2]);
+  w.k_bias = ptr((*store)[3]);
+  w.storage = c.storage;
+  return w;
+}
+
+OperandMags operand_mags(const AttentionCase& c, int side) {
+  const AttentionProblem& p = c.problem;
+  const bool qk = p.variant == Variant::kQKNorm;
+  const std::vector<LD> x = widen(side == 0 ? c.q : c.k);
+  OperandMags m;
+  m.rows = norm_rows(p, side);
+  m.xh.resize(x.size());
+  m.xt.resize(x.size());
+  AttentionProblem p0 = p;  // x_hat alone: no weight, bias or rounding
+  p0.norm.weight = ParamShape::kNone;
+  p0.norm.bias = p0.norm.one_plus_weight = p0.norm.shared_qk_weight =
+      p0.norm.round_before_weight = false;
+  reference::normalized_operand<LD>(p0, side, x.data(), {}, m.xh.data());
+  std::array<std::vector<LD>, 4> store;
+  reference::normalized_operand<LD>(p, side, x.data(), norm_args(c, &store),
+                                    m.xt.data());
+  const NormRows& nr = m.rows;
+  const int64_t L = nr.len();
+  m.wv.assign(x.size(), 1);
+  m.xa.resize(x.size());
+  m.den.assign(static_cast<size_t>(nr.rows()), 1);
+  const Normalization& n = p.norm;
+  const std::vector<double>& wt =
+      side == 0 || n.shared_qk_weight ? c.q_weight : c.k_weight;
+  const std::vector<double>& bs = side == 0 ? c.q_bias : c.k_bias;
+  for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
+    LD s1 = 0, s2 = 0;
+    for (int64_t e = 0; e < L; ++e) {
+      const LD xe = x[static_cast<size_t>(nr.at(r0, e))];
+      s1 += xe;
+      s2 += xe * xe;
+    }
+    const LD Ld = static_cast<LD>(L), eps = static_cast<LD>(p.eps);
+    if (qk) {
+      switch (n.kind) {
+        case NormKind::kL2:
+          m.den[static_cast<size_t>(r0)] = std::max(std::sqrt(s2), eps);
+          break;
+        case NormKind::kRms:
+          m.den[static_cast<size_t>(r0)] = std::sqrt(s2 / Ld + eps);
+          break;
+        case NormKind::kLayer: {
+          const LD mu = s1 / Ld;
+          LD var = 0;
+          for (int64_t e = 0; e < L; ++e) {
+            const LD t = x[static_cast<size_t>(nr.at(r0, e))] - mu;
+            var += t * t;
+          }
+          m.den[static_cast<size_t>(r0)] = std::sqrt(var / Ld + eps);
+          break;
+        }
+        case NormKind::kNone:
+          break;
+      }
+    }
+    for (int64_t e = 0; e < L; ++e) {
+      const size_t o = static_cast<size_t>(nr.at(r0, e));
+      LD wv = 1, bias = 0;
+      if (qk && n.weight != ParamShape::kNone) {
+        const auto pi = static_cast<size_t>(nr.param(r0, e, n.weight));
+        wv = n.one_plus_weight ? 1 + static_cast<LD>(wt[pi]) : wt[pi];
+        if (n.bias) bias = bs[pi];
+      }
+      m.wv[o] = wv;
+      m.wmax = std::max(m.wmax, std::fabs(wv));
+      m.xa[o] = std::fabs(m.xh[o]) * std::fabs(wv) + std::fabs(bias);
+    }
+  }
+  return m;
+}
+
+// |dx| magnitudes of one normalization row (length L) from its |du|
+// magnitudes (du: the gradient of x_hat), in place:
+//   l2:    (|du| + |u| (|u|.|du|)) / den
+//   rms:   (|du| + |x_hat| (|x_hat|.|du|) / L) / den
+//   layer: (|du| + mean|du| + |x_hat| (|x_hat|.|du|) / L) / den
+void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
+                       int64_t L, std::vector<LD>* du) {
+  if (p.variant != Variant::kQKNorm || p.norm.kind == NormKind::kNone) return;
+  LD c = 0, m = 0;
+  for (int64_t e = 0; e < L; ++e) {
+    c += std::fabs(u[e]) * (*du)[static_cast<size_t>(e)];
+    m += (*du)[static_cast<size_t>(e)];
+  }
+  const LD Ld = static_cast<LD>(L);
+  if (p.norm.kind != NormKind::kL2) c /= Ld;
+  m = p.norm.kind == NormKind::kLayer ? m / Ld : 0;
+  for (int64_t e = 0; e < L; ++e)
+    (*du)[static_cast<size_t>(e)] =
+        ((*du)[static_cast<size_t>(e)] + m + std::fabs(u[e]) * c) / den;
+}
+
+// OracleAttention::logit_flip: an element of x_hat is ambiguous when its
+// distance to the storage format's rounding midpoint is within a correct
+// kernel's error of x_hat, (sum_units(L) / 2 + 2) u_c |x_hat| (an L-term
+// sum of squares, its square root, the product); a flip moves x_tilde by
+// ulp_s(x_hat) |w|. The logit moves by at most s times (the row's flips)
+// times the other side's largest operand element, per side.
+LD logit_flip(const AttentionCase& c, const OperandMags& qm,
+              const OperandMags& km, LD s) {
+  const AttentionProblem& p = c.problem;
+  const Precision st = c.storage;
+  if (p.variant != Variant::kQKNorm || !p.norm.round_before_weight ||
+      (st != Precision::kBF16 && st != Precision::kF16))
+    return 0;
+  const double uc = compute_roundoff(st);
+  auto side_flip = [&](const OperandMags& m) {
+    const NormRows& nr = m.rows;
+    const double rel = (sum_units(static_cast<double>(nr.len())) / 2 + 2) * uc;
+    LD worst = 0;
+    for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
+      LD f = 0;
+      for (int64_t e = 0; e < nr.len(); ++e) {
+        const size_t o = static_cast<size_t>(nr.at(r0, e));
+        const double x = static_cast<double>(m.xh[o]);
+        const double sp = ulp(st, std::fabs(x));
+        const double rd = round_to(st, x);
+        const double to_mid = std::fabs(sp / 2 - std::fabs(x - rd));
+        if (to_mid <= rel * std::fabs(x) + ulp(Precision::kF32, 0))
+          f += static_cast<LD>(sp) * std::fabs(m.wv[o]);
+      }
+      worst = std::max(worst, f);
+    }
+    return worst;
+  };
+  auto max_abs = [](const std::vector<LD>& x) {
+    LD a = 0;
+    for (LD e : x) a = std::max(a, std::fabs(e));
+    return a;
+  };
+  return s * (side_flip(qm) * max_abs(km.xa) + side_flip(km) * max_abs(qm.xa));
+}
+
+}  // namespace
+
 OracleAttention oracle_attention(const AttentionCase& c) {
   const AttentionProblem& p = c.problem;
   OracleAttention r;
   auto q = widen(c.q), k = widen(c.k), v = widen(c.v), d_o = widen(c.d_o);
+  std::array<std::vector<LD>, 4> store;
+  const reference::NormArgs<LD> w = norm_args(c, &store);
   r.o.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
   reference::attention_forward<LD>(p, q.data(), k.data(), v.data(), r.o.data(),
-                                   r.lse.data());
+                                   r.lse.data(), w);
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
+  r.dq_weight.resize(c.q_weight.size());
+  r.dk_weight.resize(c.k_weight.size());
+  r.dq_bias.resize(c.q_bias.size());
+  r.dk_bias.resize(c.k_bias.size());
+  reference::NormGrads<LD> dw;
+  auto ptr = [](std::vector<LD>& x) { return x.empty() ? nullptr : x.data(); };
+  dw.q_weight = ptr(r.dq_weight);
+  dw.k_weight = ptr(r.dk_weight);
+  dw.q_bias = ptr(r.dq_bias);
+  dw.k_bias = ptr(r.dk_bias);
   std::vector<LD> ds(
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
-  reference::attention_backward<LD>(p, q.data(), k.data(), v.data(), r.o.data(),
-                                    d_o.data(), r.lse.data(), r.dq.data(),
-                                    r.dk.data(), r.dv.data(), &r.dg, ds.data());
+  reference::attention_backward<LD>(
+      p, q.data(), k.data(), v.data(), r.o.data(), d_o.data(), r.lse.data(),
+      r.dq.data(), r.dk.data(), r.dv.data(), &r.dg, ds.data(), w, dw);
   // dg sums dS_ij C_ij with dS_ij = P_ij (dP_ij - delta_i): the rounding
   // error of those terms scales with P_ij (|dP_ij| + |delta_i|), not with
   // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the
@@ -372,42 +595,28 @@ OracleAttention oracle_attention(const AttentionCase& c) {
   // the naive -5.7e-9). Outside subnormal intermediates both terms are far
   // below u * scale.
   {
-    const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
+    const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
+                  Hk = kv_heads_of(p), group = p.heads / Hk;
     const bool qk = p.variant == Variant::kQKNorm;
     std::vector<LD> probs(ds.size());
-    reference::attention_probabilities<LD>(p, q.data(), k.data(), probs.data());
-    // Unit rows (qknorm) or the raw rows (sdpa), and max(||x||, eps).
-    auto unit_rows = [&](const std::vector<LD>& x, std::vector<LD>* u,
-                         std::vector<LD>* den) {
-      const int64_t rows = static_cast<int64_t>(x.size()) / D;
-      u->assign(x.begin(), x.end());
-      den->assign(static_cast<size_t>(rows), 1);
-      if (!qk) return;
-      for (int64_t r0 = 0; r0 < rows; ++r0) {
-        const LD n = reference::nrm2<LD>(x.data() + r0 * D, D);
-        (*den)[static_cast<size_t>(r0)] = std::max(n, static_cast<LD>(p.eps));
-        for (int64_t d = 0; d < D; ++d)
-          (*u)[static_cast<size_t>(r0 * D + d)] /=
-              (*den)[static_cast<size_t>(r0)];
-      }
-    };
-    std::vector<LD> qh, kh, qden, kden;
-    unit_rows(q, &qh, &qden);
-    unit_rows(k, &kh, &kden);
-    const LD s = qk ? std::fabs(static_cast<LD>(p.g))
+    reference::attention_probabilities<LD>(p, q.data(), k.data(), probs.data(),
+                                           w);
+    // The logit operands of both sides (x_tilde signed, and its magnitude
+    // before cancellation |x_hat| |w| + |beta|), x_hat and each row's
+    // divisor (OperandMags).
+    const OperandMags qm = operand_mags(c, 0), km = operand_mags(c, 1);
+    const LD s = qk ? std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g))
                     : 1 / std::sqrt(static_cast<LD>(D));
-    // |dx| magnitude of one row from its |du| magnitude.
-    auto norm_backward_mag = [&](const LD* u, LD den, std::vector<LD>* du) {
-      if (!qk) return;
-      LD c = 0;
-      for (int64_t d = 0; d < D; ++d) c += std::fabs(u[d]) * (*du)[d];
-      for (int64_t d = 0; d < D; ++d)
-        (*du)[d] = ((*du)[d] + std::fabs(u[d]) * c) / den;
-    };
+    const bool learned = qk && !p.fixed_scale;
     auto absdot = [D](const LD* a, const LD* b) {
       LD t = 0;
       for (int64_t d = 0; d < D; ++d) t += std::fabs(a[d]) * std::fabs(b[d]);
       return t;
+    };
+    auto norm2 = [D](const LD* a) {
+      LD t = 0;
+      for (int64_t d = 0; d < D; ++d) t += a[d] * a[d];
+      return std::sqrt(t);
     };
     // Six channels carried through the same sums: 0 the rounding scale
     // (weight T_ij), 1 the stored-O sensitivity (P_ij sum_d |dO_id|), 2 the
@@ -416,180 +625,233 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     // the stored-O relative sensitivity (P_ij |dO_i|.|O_i|), 4 |dS_ij| =
     // P_ij |dP_ij - delta_i| (exact), the size of the terms the softmax's
     // conditioning perturbs (tolerance.cc), 5 P_ij's own resolution
-    // (|dP_ij - delta_i| for every visible P_ij).
+    // (|dP_ij - delta_i| for every visible P_ij). They are accumulated per
+    // element of the logit operands' gradients (dq_tilde, dk_tilde; dk's
+    // summed over each kv head's group of query heads), then carried
+    // through the weight and the normalization backward per row.
     constexpr int kCh = 6;
-    // The subnormal count of the sums forming du (Nk products and
-    // additions, the normalization backward's D + 2), each of which the
-    // scale s may multiply afterwards (found by the property suite: f32,
-    // keys below eps, q_hat_d = 3.7e-39: g dS q_hat_d = 4.8e-43 formed as
-    // (dS q_hat_d) g carries 13 half-ulps of 2^-149).
-    const LD dq_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nk + D + 2),
-                            0, 0, 0};
-    const LD dk_add[kCh] = {0, 0, (1 + s) * static_cast<LD>(Nq + D + 2),
-                            0, 0, 0};
-    LD dq_out[kCh] = {}, dk_out[kCh] = {}, dv_scale = 0;
-    std::vector<LD> mag[kCh], dk_mag[kCh], row, av(static_cast<size_t>(Nk));
-    // Per element: channel 0 -> *_mag, 1 -> *_o_sens_e, 2 -> *_uf_sens_e,
-    // 3 -> *_o_rel_e, 4 -> *_ds_mag, 5 -> *_p_sens_e (see OracleAttention).
-    std::vector<LD>* dq_dst[kCh] = {&r.dq_mag,       &r.dq_o_sens_e,
-                                    &r.dq_uf_sens_e, &r.dq_o_rel_e,
-                                    &r.dq_ds_mag,    &r.dq_p_sens_e};
-    std::vector<LD>* dk_dst[kCh] = {&r.dk_mag,       &r.dk_o_sens_e,
-                                    &r.dk_uf_sens_e, &r.dk_o_rel_e,
-                                    &r.dk_ds_mag,    &r.dk_p_sens_e};
+    std::array<std::vector<LD>, kCh> mq, mk;
     for (int ch = 0; ch < kCh; ++ch) {
-      dq_dst[ch]->assign(q.size(), 0);
-      dk_dst[ch]->assign(k.size(), 0);
+      mq[ch].assign(q.size(), 0);
+      mk[ch].assign(k.size(), 0);
     }
+    // Signed du (the true gradients of q_tilde, k_tilde) and s sum |dS| per
+    // logit-operand row, for unit_resolution.
+    std::vector<LD> du_q(q.size(), 0), du_k(k.size(), 0),
+        ads_q(static_cast<size_t>(p.batch * p.heads * Nq), 0),
+        ads_k(static_cast<size_t>(p.batch * Hk * Nk), 0);
     r.o_mag.assign(q.size(), 0);
     r.o_dev_mag.assign(q.size(), 0);
     r.o_p_sens_e.assign(q.size(), 0);
     r.dv_p_sens_e.assign(v.size(), 0);
-    std::vector<LD> sdp(static_cast<size_t>(Nk));
     r.dv_mag.assign(v.size(), 0);
-    // One row's |dx| magnitudes from m + add, stored at dst; returns the max.
-    auto row_max = [&](const LD* u, LD den, LD add, std::vector<LD>* m,
-                       LD* dst) {
-      for (LD& e : *m) e += add;
-      norm_backward_mag(u, den, m);
-      LD x = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        dst[d] = (*m)[static_cast<size_t>(d)];
-        x = std::max(x, dst[d]);
-      }
-      return x;
-    };
-    // The unit rows' own absolute resolution ulp_c(0) (qknorm): x_hat_d of a
-    // row whose components span many binades is subnormal, and the
-    // normalization backward dx = (du - x_hat (x_hat . du)) / n multiplies
-    // its error by |x_hat . du| / n; the other operand's unit rows enter du
-    // = s sum dS x_hat' with weight s sum |dS| (found by the fuzzer, issue
-    // 15: f64, q_hat_d below 2^-1022 beside |q_hat . du| ~ 1e45, a correct
-    // dq 2400 u off). Per ulp_c(0), added to *_uf_sens_e:
-    //   (a (1 + |x_hat_d| sum |x_hat|) + |x_hat . du| + |x_hat_d| sum |du|) / n
-    // with a = s sum_j |dS_ij| and du the true du (signed).
-    auto unit_resolution = [&](const LD* u, LD den, LD a, const LD* du,
-                               LD* dst) {
-      LD c = 0, l1 = 0, u1 = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        c += u[d] * du[d];
-        l1 += std::fabs(du[d]);
-        u1 += std::fabs(u[d]);
-      }
-      for (int64_t d = 0; d < D; ++d)
-        dst[d] += (a * (1 + std::fabs(u[d]) * u1) + std::fabs(c) +
-                   std::fabs(u[d]) * l1) /
-                  den;
-    };
-    std::vector<LD> du_q(static_cast<size_t>(D)), du_k, ds_col;
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
-      du_k.assign(static_cast<size_t>(Nk * D), 0);
-      ds_col.assign(static_cast<size_t>(Nk), 0);
-      for (auto& m : dk_mag) m.assign(static_cast<size_t>(Nk * D), 0);
-      LD* dv_mag = r.dv_mag.data() + bh * Nk * D;
-      LD* dv_uf = r.dv_p_sens_e.data() + bh * Nk * D;
-      for (int64_t i = 0; i < Nq; ++i) {
-        const LD* doi = d_o.data() + (bh * Nq + i) * D;
-        const LD* pi = probs.data() + (bh * Nq + i) * Nk;
-        const LD* qhi = qh.data() + (bh * Nq + i) * D;
-        LD* omag = r.o_mag.data() + (bh * Nq + i) * D;
-        LD del = 0, do_l1 = 0, sdel = 0;
-        for (int64_t k = 0; k < Nk; ++k) {
-          const LD* vk = v.data() + (bh * Nk + k) * D;
-          av[static_cast<size_t>(k)] = absdot(doi, vk);
-          del += pi[k] * av[static_cast<size_t>(k)];
-          LD t = 0;
-          for (int64_t d = 0; d < D; ++d) t += doi[d] * vk[d];
-          sdp[static_cast<size_t>(k)] = t;
-          sdel += pi[k] * t;
-        }
-        // sum_k P_ik |dP_ik - delta_i|: delta_i's own perturbation by the
-        // softmax's conditioning, per unit of |dS| perturbation.
-        LD ds_l1 = 0;
-        for (int64_t k = 0; k < Nk; ++k)
-          ds_l1 += pi[k] * std::fabs(sdp[static_cast<size_t>(k)] - sdel);
-        const LD* oi = r.o.data() + (bh * Nq + i) * D;
-        LD* odev = r.o_dev_mag.data() + (bh * Nq + i) * D;
-        LD* ouf = r.o_p_sens_e.data() + (bh * Nq + i) * D;
-        for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
-        // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
-        const LD o_abs_dot = absdot(doi, r.o.data() + (bh * Nq + i) * D);
-        for (auto& m : mag) m.assign(static_cast<size_t>(D), 0);
-        std::fill(du_q.begin(), du_q.end(), 0);
-        for (int64_t j = 0; j < Nk; ++j) {
-          const LD pij = pi[j];
-          const LD w[kCh] = {
-              pij * (av[static_cast<size_t>(j)] + del), pij * do_l1,
-              pij * (2 * D + 1) + 1, pij * o_abs_dot,
-              pij * (std::fabs(sdp[static_cast<size_t>(j)] - sdel) + ds_l1 / 2),
-              // P_ij itself is resolved only to the compute format's
-              // smallest normal (an exp may flush below it): that times
-              // |dP_ij - delta_i| (found by the fuzzer, issue 15: sdpa, P =
-              // e^-760 flushed to 0 in f64 beside a v row of 7e274).
-              pij > 0 ? std::fabs(sdp[static_cast<size_t>(j)] - sdel) : 0};
-          if (qk) {
-            r.dg_scale += w[0];
-            r.dg_o_sens += w[1];
-            r.dg_o_rel_sens += w[3];
-            r.dg_uf_sens += w[2] + 1;  // + the product dS_ij C_ij and its sum
-            r.dg_p_sens += w[5];
+    std::vector<LD> sdp(static_cast<size_t>(Nk)), av(static_cast<size_t>(Nk));
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t hq = 0; hq < p.heads; ++hq) {
+        const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
+        LD* dv_mag = r.dv_mag.data() + bk * Nk * D;
+        LD* dv_uf = r.dv_p_sens_e.data() + bk * Nk * D;
+        for (int64_t i = 0; i < Nq; ++i) {
+          const size_t qi = static_cast<size_t>((bh * Nq + i) * D);
+          const LD* doi = d_o.data() + qi;
+          const LD* pi = probs.data() + (bh * Nq + i) * Nk;
+          const LD* qti = qm.xt.data() + qi;
+          const LD* qai = qm.xa.data() + qi;
+          const LD qan = norm2(qai);
+          LD* omag = r.o_mag.data() + qi;
+          LD del = 0, do_l1 = 0, sdel = 0;
+          for (int64_t j = 0; j < Nk; ++j) {
+            const LD* vj = v.data() + (bk * Nk + j) * D;
+            av[static_cast<size_t>(j)] = absdot(doi, vj);
+            del += pi[j] * av[static_cast<size_t>(j)];
+            LD t = 0;
+            for (int64_t d = 0; d < D; ++d) t += doi[d] * vj[d];
+            sdp[static_cast<size_t>(j)] = t;
+            sdel += pi[j] * t;
           }
-          const LD* khj = kh.data() + (bh * Nk + j) * D;
-          const LD* vj = v.data() + (bh * Nk + j) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            const auto jd = static_cast<size_t>(j * D + d);
-            for (int ch = 0; ch < kCh; ++ch) {
-              mag[ch][static_cast<size_t>(d)] += s * w[ch] * std::fabs(khj[d]);
-              dk_mag[ch][jd] += s * w[ch] * std::fabs(qhi[d]);
+          // sum_k P_ik |dP_ik - delta_i|: delta_i's own perturbation by the
+          // softmax's conditioning, per unit of |dS| perturbation.
+          LD ds_l1 = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            ds_l1 += pi[j] * std::fabs(sdp[static_cast<size_t>(j)] - sdel);
+          const LD* oi = r.o.data() + qi;
+          LD* odev = r.o_dev_mag.data() + qi;
+          LD* ouf = r.o_p_sens_e.data() + qi;
+          for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
+          // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
+          const LD o_abs_dot = absdot(doi, oi);
+          for (int64_t j = 0; j < Nk; ++j) {
+            const LD pij = pi[j];
+            const LD dpd = sdp[static_cast<size_t>(j)] - sdel;
+            const LD wt[kCh] = {pij * (av[static_cast<size_t>(j)] + del),
+                                pij * do_l1,
+                                pij * (2 * D + 1) + 1,
+                                pij * o_abs_dot,
+                                pij * (std::fabs(dpd) + ds_l1 / 2),
+                                pij > 0 ? std::fabs(dpd) : 0};
+            const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
+            const LD* ktj = km.xt.data() + kj;
+            const LD* kaj = km.xa.data() + kj;
+            if (learned) {
+              // dS_ij C_ij with |C_ij| <= ||q_a|| ||k_a|| (1 for the paper's
+              // unit rows).
+              const LD cm = std::max<LD>(1, qan * norm2(kaj));
+              r.dg_scale += wt[0] * cm;
+              r.dg_o_sens += wt[1] * cm;
+              r.dg_o_rel_sens += wt[3] * cm;
+              r.dg_uf_sens += wt[2] * cm + 1;  // + the product and its sum
+              r.dg_p_sens += wt[5] * cm;
             }
-            const LD ds = pij * (sdp[static_cast<size_t>(j)] - sdel);
-            du_q[static_cast<size_t>(d)] += s * ds * khj[d];
-            du_k[jd] += s * ds * qhi[d];
-            dv_mag[jd] += pij * std::fabs(doi[d]);
-            omag[d] += pij * std::fabs(vj[d]);
-            if (pij > 0) {  // P_ij's absolute resolution (smallest normal)
-              ouf[d] += std::fabs(vj[d]);
-              dv_uf[jd] += std::fabs(doi[d]);
+            const LD* vj = v.data() + (bk * Nk + j) * D;
+            const LD dsv = pij * dpd;
+            for (int64_t d = 0; d < D; ++d) {
+              const size_t qd = qi + static_cast<size_t>(d),
+                           kd = kj + static_cast<size_t>(d);
+              for (int ch = 0; ch < kCh; ++ch) {
+                mq[ch][qd] += s * wt[ch] * kaj[d];
+                mk[ch][kd] += s * wt[ch] * qai[d];
+              }
+              du_q[qd] += s * dsv * ktj[d];
+              du_k[kd] += s * dsv * qti[d];
+              dv_mag[j * D + d] += pij * std::fabs(doi[d]);
+              omag[d] += pij * std::fabs(vj[d]);
+              if (pij > 0) {  // P_ij's absolute resolution (smallest normal)
+                ouf[d] += std::fabs(vj[d]);
+                dv_uf[j * D + d] += std::fabs(doi[d]);
+              }
+              odev[d] += pij * std::fabs(vj[d] - oi[d]);
             }
-            odev[d] += pij * std::fabs(vj[d] - oi[d]);
+            ads_q[static_cast<size_t>(bh * Nq + i)] += s * std::fabs(dsv);
+            ads_k[static_cast<size_t>(bk * Nk + j)] += s * std::fabs(dsv);
           }
         }
-        const LD qd = qden[static_cast<size_t>(bh * Nq + i)];
-        for (int ch = 0; ch < kCh; ++ch)
-          dq_out[ch] = std::max(
-              dq_out[ch], row_max(qhi, qd, dq_add[ch], &mag[ch],
-                                  dq_dst[ch]->data() + (bh * Nq + i) * D));
-        LD ads = 0;
-        for (int64_t j = 0; j < Nk; ++j) {
-          const LD a = std::fabs(pi[j] * (sdp[static_cast<size_t>(j)] - sdel));
-          ads += a;
-          ds_col[static_cast<size_t>(j)] += s * a;
-        }
-        if (qk)
-          unit_resolution(qhi, qd, s * ads, du_q.data(),
-                          r.dq_uf_sens_e.data() + (bh * Nq + i) * D);
       }
-      for (int64_t j = 0; j < Nk; ++j) {
-        const LD* khj = kh.data() + (bh * Nk + j) * D;
-        const LD kd = kden[static_cast<size_t>(bh * Nk + j)];
+    // Through the weight and the normalization backward, per side row.
+    // The subnormal count of the sums forming du (Nk products and
+    // additions, the normalization backward's L + 2), each of which the
+    // scale s may multiply afterwards (found by the property suite: f32,
+    // keys below eps, q_hat_d = 3.7e-39: g dS q_hat_d = 4.8e-43 formed as
+    // (dS q_hat_d) g carries 13 half-ulps of 2^-149).
+    auto side = [&](int sd, const OperandMags& m,
+                    std::array<std::vector<LD>, kCh>& ch_in,
+                    const std::vector<LD>& du, const std::vector<LD>& ads,
+                    int64_t terms, const std::array<std::vector<LD>*, kCh>& dst,
+                    std::array<std::vector<LD>, kCh>* dw,
+                    std::array<std::vector<LD>, kCh>* db, LD* out_max) {
+      const NormRows& nr = m.rows;
+      const int64_t L = nr.len();
+      const LD add[kCh] = {0, 0, (1 + s) * static_cast<LD>(terms + L + 2),
+                           0, 0, 0};
+      for (int ch = 0; ch < kCh; ++ch) dst[ch]->assign(ch_in[ch].size(), 0);
+      const int64_t np = param_size(p, sd) > 0           ? param_size(p, sd)
+                         : p.norm.shared_qk_weight && qk ? param_size(p, 0)
+                                                         : 0;
+      for (int ch = 0; ch < kCh; ++ch) {
+        if (dw) (*dw)[ch].assign(static_cast<size_t>(np), 0);
+        if (db) (*db)[ch].assign(static_cast<size_t>(np), 0);
+      }
+      std::vector<LD> row(static_cast<size_t>(L)), u(static_cast<size_t>(L)),
+          dus(static_cast<size_t>(L));
+      for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
+        for (int64_t e = 0; e < L; ++e) {
+          const size_t o = static_cast<size_t>(nr.at(r0, e));
+          u[static_cast<size_t>(e)] = m.xh[o];
+          dus[static_cast<size_t>(e)] = du[o] * m.wv[o];
+        }
         for (int ch = 0; ch < kCh; ++ch) {
-          row.assign(dk_mag[ch].begin() + j * D,
-                     dk_mag[ch].begin() + (j + 1) * D);
-          dk_out[ch] = std::max(
-              dk_out[ch], row_max(khj, kd, dk_add[ch], &row,
-                                  dk_dst[ch]->data() + (bh * Nk + j) * D));
+          for (int64_t e = 0; e < L; ++e) {
+            const size_t o = static_cast<size_t>(nr.at(r0, e));
+            const LD g = ch_in[ch][o] + add[ch];
+            if (np > 0 && dw) {
+              const auto pi =
+                  static_cast<size_t>(nr.param(r0, e, p.norm.weight));
+              (*dw)[ch][pi] += g * std::fabs(u[static_cast<size_t>(e)]);
+              if (p.norm.bias && db) (*db)[ch][pi] += g;
+            }
+            row[static_cast<size_t>(e)] = g * std::fabs(m.wv[o]);
+          }
+          norm_backward_mag(p, u.data(), m.den[static_cast<size_t>(r0)], L,
+                            &row);
+          for (int64_t e = 0; e < L; ++e) {
+            const size_t o = static_cast<size_t>(nr.at(r0, e));
+            (*dst[ch])[o] = row[static_cast<size_t>(e)];
+            if (ch < 3) out_max[ch] = std::max(out_max[ch], row[e]);
+          }
         }
-        if (qk)
-          unit_resolution(khj, kd, ds_col[static_cast<size_t>(j)],
-                          du_k.data() + j * D,
-                          r.dk_uf_sens_e.data() + (bh * Nk + j) * D);
+        // The unit rows' own absolute resolution ulp_c(0): x_hat_d of a
+        // row whose components span many binades is subnormal, and the
+        // normalization backward dx = (du - x_hat (x_hat . du)) / n
+        // multiplies its error by |x_hat . du| / n; the other operand's
+        // unit rows enter du = s sum dS x_hat' with weight s sum |dS| (found
+        // by the fuzzer, issue 15: f64, q_hat_d below 2^-1022 beside
+        // |q_hat . du| ~ 1e45, a correct dq 2400 u off). Per ulp_c(0), added
+        // to *_uf_sens_e:
+        //   (a (1 + |x_hat_d| sum |x_hat|) + |x_hat . du| + |x_hat_d| sum
+        //   |du|) / n
+        // with a = s sum_j |dS_ij| (times the largest weight) and du the
+        // true du (signed). rms and layer scale the same terms by 1 / L or
+        // less: the l2 form bounds them.
+        if (qk && p.norm.kind != NormKind::kNone) {
+          LD a = 0;
+          const int64_t heads_in_row = nr.all_heads ? nr.H : 1;
+          for (int64_t hh = 0; hh < heads_in_row; ++hh) {
+            const int64_t b = nr.all_heads ? r0 / nr.N : 0;
+            const int64_t idx =
+                nr.all_heads ? (b * nr.H + hh) * nr.N + r0 % nr.N : r0;
+            a += ads[static_cast<size_t>(idx)];
+          }
+          LD cdot = 0, l1 = 0, u1 = 0;
+          for (int64_t e = 0; e < L; ++e) {
+            cdot += u[static_cast<size_t>(e)] * dus[static_cast<size_t>(e)];
+            l1 += std::fabs(dus[static_cast<size_t>(e)]);
+            u1 += std::fabs(u[static_cast<size_t>(e)]);
+          }
+          a *= m.wmax;
+          const LD den = m.den[static_cast<size_t>(r0)];
+          for (int64_t e = 0; e < L; ++e) {
+            const LD ue = std::fabs(u[static_cast<size_t>(e)]);
+            (*dst[2])[static_cast<size_t>(nr.at(r0, e))] +=
+                (a * (1 + ue * u1) + std::fabs(cdot) + ue * l1) / den;
+          }
+        }
       }
-      for (int64_t e = 0; e < Nk * D; ++e)
-        dv_scale = std::max(dv_scale, dv_mag[e]);
+    };
+    LD dq_out[3] = {}, dk_out[3] = {};
+    std::array<std::vector<LD>*, kCh> dq_dst = {
+        &r.dq_mag,     &r.dq_o_sens_e, &r.dq_uf_sens_e,
+        &r.dq_o_rel_e, &r.dq_ds_mag,   &r.dq_p_sens_e};
+    std::array<std::vector<LD>*, kCh> dk_dst = {
+        &r.dk_mag,     &r.dk_o_sens_e, &r.dk_uf_sens_e,
+        &r.dk_o_rel_e, &r.dk_ds_mag,   &r.dk_p_sens_e};
+    const bool shared = qk && p.norm.shared_qk_weight;
+    side(0, qm, mq, du_q, ads_q, Nk, dq_dst, &r.dq_weight_ch, &r.dq_bias_ch,
+         dq_out);
+    side(1, km, mk, du_k, ads_k, group * Nq, dk_dst, &r.dk_weight_ch,
+         &r.dk_bias_ch, dk_out);
+    if (shared) {  // one weight: both sides' channels add
+      for (int ch = 0; ch < kCh; ++ch)
+        for (size_t e = 0; e < r.dq_weight_ch[ch].size(); ++e)
+          r.dq_weight_ch[ch][e] += r.dk_weight_ch[ch][e];
     }
+    if (param_size(p, 1) == 0)
+      for (auto& x : r.dk_weight_ch) x.clear();
+    if (!(qk && p.norm.bias))
+      for (auto* x : {&r.dq_bias_ch, &r.dk_bias_ch})
+        for (auto& y : *x) y.clear();
+    if (param_size(p, 0) == 0)
+      for (auto& x : r.dq_weight_ch) x.clear();
+    const NormRows qr = norm_rows(p, 0), kr = norm_rows(p, 1);
+    r.q_param_rows =
+        qr.rows() * qr.len() / std::max<int64_t>(1, param_size(p, 0));
+    r.k_param_rows =
+        shared ? r.q_param_rows
+               : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
+    if (shared) r.q_param_rows *= 2;
+    r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    for (int64_t e = 0; e < Nk * D * p.batch * Hk; ++e)
+      r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
     r.dq_scale = dq_out[0];
     r.dk_scale = dk_out[0];
-    r.dv_scale = dv_scale;
     r.dq_o_sens = dq_out[1];
     r.dk_o_sens = dk_out[1];
     r.dq_uf_sens = dq_out[2];
@@ -645,7 +907,26 @@ long double max_row_norm(const std::vector<double>& x, int64_t D) {
 
 double logit_amplitude(const AttentionCase& c) {
   const AttentionProblem& p = c.problem;
-  if (p.variant == Variant::kQKNorm) return std::fabs(p.g);
+  if (p.variant == Variant::kQKNorm && is_paper_formulation(p))
+    return std::fabs(p.g);
+  if (p.variant == Variant::kQKNorm) {
+    // |scale| max ||q_a|| max ||k_a|| over the per-head operand rows, with
+    // x_a = |x_hat| |w| + |beta| (rms: at most sqrt(D) max|w_q| max|w_k|
+    // scale without bias).
+    auto max_norm = [&](const std::vector<LD>& xa) {
+      LD m = 0;
+      const auto D = static_cast<size_t>(p.head_dim);
+      for (size_t r = 0; r + D <= xa.size(); r += D) {
+        LD t = 0;
+        for (size_t d = 0; d < D; ++d) t += xa[r + d] * xa[r + d];
+        m = std::max(m, std::sqrt(t));
+      }
+      return m;
+    };
+    const LD sc = std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g));
+    return static_cast<double>(sc * max_norm(operand_mags(c, 0).xa) *
+                               max_norm(operand_mags(c, 1).xa));
+  }
   return static_cast<double>(max_row_norm(c.q, p.head_dim) *
                              max_row_norm(c.k, p.head_dim) /
                              std::sqrt(static_cast<LD>(p.head_dim)));
@@ -665,6 +946,14 @@ std::span<const double> field_values(const AttentionResult& r, Field f) {
       return r.dv;
     case Field::kDg:
       return {&r.dg, 1};
+    case Field::kDqWeight:
+      return r.dq_weight;
+    case Field::kDkWeight:
+      return r.dk_weight;
+    case Field::kDqBias:
+      return r.dq_bias;
+    case Field::kDkBias:
+      return r.dk_bias;
     default:
       return {};
   }

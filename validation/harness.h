@@ -5,6 +5,7 @@
 #ifndef QKNORM_VALIDATION_HARNESS_H_
 #define QKNORM_VALIDATION_HARNESS_H_
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -33,10 +34,17 @@ enum class Distribution {
 const char* name(Distribution d);
 bool parse_distribution(const std::string& s, Distribution* out);
 
-// An owned attention test case. Inputs are dense [B,H,N,D] doubles.
+// An owned attention test case. Inputs are dense doubles: q, d_o
+// [B,H,Nq,D], k, v [B,kv_heads,Nk,D]; the formulation's learned parameters
+// (param_size() elements each; empty when it has none).
 struct AttentionCase {
   AttentionProblem problem;
   std::vector<double> q, k, v, d_o;
+  std::vector<double> q_weight, k_weight, q_bias, k_bias;
+  // The storage format the inputs were rounded to (round_inputs); the oracle
+  // rounds x_hat to it where the formulation says so
+  // (norm.round_before_weight).
+  Precision storage = Precision::kF64;
   uint64_t seed = 0;
   Distribution dist = Distribution::kGaussian;
   // Extra elements after each row in the buffers handed to entries (tests
@@ -76,6 +84,8 @@ ScaleNormCase round_inputs(const ScaleNormCase& c, Precision prec);
 struct AttentionResult {
   std::vector<double> o, lse, dq, dk, dv;
   double dg = 0;
+  // The formulation's parameter gradients (empty when it has none).
+  std::vector<double> dq_weight, dk_weight, dq_bias, dk_bias;
 };
 struct ScaleNormResult {
   std::vector<double> y, dx;
@@ -145,6 +155,20 @@ struct OracleAttention {
   // dq_mag.
   std::vector<long double> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
   long double dg_p_sens = 0;
+  // The formulation's parameter gradients (issue 16; empty when it has
+  // none) and, per element, the same six channels as dq's (0 magnitude, 1
+  // stored-O absolute, 2 subnormal count, 3 stored-O relative, 4 softmax
+  // terms, 5 P resolution), and the number of normalization rows each
+  // element sums over (q_param_rows, k_param_rows).
+  std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
+  std::array<std::vector<long double>, 6> dq_weight_ch, dk_weight_ch,
+      dq_bias_ch, dk_bias_ch;
+  int64_t q_param_rows = 0, k_param_rows = 0;
+  // Round-before-weight formulations in 16-bit storage (Qwen3): a correct
+  // kernel's x_hat may round to the other neighbour where the exact x_hat
+  // lies within its own error of a rounding midpoint; the largest logit
+  // change those flips can make (0 otherwise).
+  double logit_flip = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;

@@ -88,6 +88,14 @@ const char* name(Field f) {
       return "y";
     case Field::kDx:
       return "dx";
+    case Field::kDqWeight:
+      return "dq_weight";
+    case Field::kDkWeight:
+      return "dk_weight";
+    case Field::kDqBias:
+      return "dq_bias";
+    case Field::kDkBias:
+      return "dk_bias";
   }
   return "?";
 }
@@ -135,7 +143,13 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                uc = compute_unit > 0 ? compute_unit : compute_roundoff(s);
   const double A = logit_amplitude(c);
   const Precision wf = wide_fmt(s);
-  const double soft = softmax_units(A);
+  // Round-before-weight formulations in 16-bit storage: x_hat flips to the
+  // other storage neighbour where a correct kernel's x_hat lies within its
+  // error of a midpoint; the logits move by up to logit_flip more
+  // (OracleAttention), twice that in P's relative terms.
+  const double soft = softmax_units(A) + 2 * orc.logit_flip / uc;
+  const int64_t Hk = kv_heads_of(p), group = H / Hk, Lq = norm_rows(p, 0).len(),
+                Lk = norm_rows(p, 1).len();
   // An exp may flush a result below the compute format's normal range to 0
   // (blas:f32's exp2 does below 2^-126): every probability is resolved
   // only to the smallest normal, p_res (found by the fuzzer, issue 15: f32,
@@ -193,12 +207,13 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // |dP_ij - delta_i|, and by P_ij times delta_i's own perturbation, at most
   // A kDotUnits u_c sum_k P_ik |dP_ik - delta_i| (ds_mag carries both, as
   // P_ij (|dP_ij - delta_i| + that sum / 2), through the same sums).
-  auto grad = [&](Field f, const std::vector<LD>& x, int64_t rows, int64_t n,
+  auto grad = [&](Field f, const std::vector<LD>& x, int64_t heads,
+                  int64_t rows, int64_t n, int64_t L,
                   const std::vector<LD>& mag, const std::vector<LD>& ds_mag,
                   const std::vector<LD>& o_rel, const std::vector<LD>& o_sens,
                   const std::vector<LD>& uf, const std::vector<LD>& p_sens) {
-    ToleranceTable t = table(f, s, B, H, rows, D, x);
-    const double units = sum_units(static_cast<double>(n + D));
+    ToleranceTable t = table(f, s, B, heads, rows, D, x);
+    const double units = sum_units(static_cast<double>(n + L));
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] = uc * (units * d(mag[e]) + soft * d(ds_mag[e])) +
                    us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
@@ -207,24 +222,24 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     }
     return t;
   };
-  out.push_back(grad(Field::kDq, orc.dq, Nq, Nk, orc.dq_mag, orc.dq_ds_mag,
-                     orc.dq_o_rel_e, orc.dq_o_sens_e, orc.dq_uf_sens_e,
-                     orc.dq_p_sens_e));
-  out.push_back(grad(Field::kDk, orc.dk, Nk, Nq, orc.dk_mag, orc.dk_ds_mag,
-                     orc.dk_o_rel_e, orc.dk_o_sens_e, orc.dk_uf_sens_e,
-                     orc.dk_p_sens_e));
+  out.push_back(grad(Field::kDq, orc.dq, H, Nq, Nk, Lq, orc.dq_mag,
+                     orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
+                     orc.dq_uf_sens_e, orc.dq_p_sens_e));
+  out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * Nq, Lk, orc.dk_mag,
+                     orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
+                     orc.dk_uf_sens_e, orc.dk_p_sens_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   {
-    ToleranceTable t = table(Field::kDv, s, B, H, Nk, D, orc.dv);
-    const double units = sum_units(static_cast<double>(Nq)) + soft;
+    ToleranceTable t = table(Field::kDv, s, B, Hk, Nk, D, orc.dv);
+    const double units = sum_units(static_cast<double>(group * Nq)) + soft;
     for (size_t e = 0; e < orc.dv.size(); ++e) {
       // Below the normal range each of the Nq products and sums rounds to
       // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
       // 1/4: four products of 0.5 ulp(0) rounded to even).
       t.delta[e] = uc * units * d(orc.dv_mag[e]) +
                    p_res * d(orc.dv_p_sens_e[e]) +
-                   c_res * static_cast<double>(Nq + 2);
+                   c_res * static_cast<double>(group * Nq + 2);
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }
     out.push_back(std::move(t));
@@ -245,6 +260,36 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     t.cond[0] = condition(orc.dg_scale, orc.dg);
     out.push_back(std::move(t));
   }
+  // The parameter gradients (issue 16), returned in the compute format:
+  // each element sums R rows' x_hat_e dx_tilde_e (weight) or dx_tilde_e
+  // (bias), and each dx_tilde_e is itself an n-term sum (Nk keys for q,
+  // group * Nq queries for k): R- and n-term sums of the channels carried
+  // like dq's (OracleAttention: magnitude, softmax terms, stored O, the
+  // subnormal counts, P's resolution), plus x_hat's own rounding (kOpUnits)
+  // and R subnormal roundings of the row sum.
+  auto param = [&](Field f, const std::vector<LD>& x,
+                   const std::array<std::vector<LD>, 6>& ch, int64_t R,
+                   int64_t n) {
+    if (x.empty()) return;
+    ToleranceTable t = table(f, wf, 1, 1, 1, static_cast<int64_t>(x.size()), x);
+    const double units = sum_units(static_cast<double>(R)) +
+                         sum_units(static_cast<double>(n)) + kOpUnits;
+    for (size_t e = 0; e < x.size(); ++e) {
+      t.delta[e] = uc * (units * d(ch[0][e]) + soft * d(ch[4][e])) +
+                   us * d(ch[3][e]) + o_res * d(ch[1][e]) +
+                   c_res * (d(ch[2][e]) + static_cast<double>(R + 2)) +
+                   p_res * d(ch[5][e]);
+      t.cond[e] = condition(ch[0][e], x[e]);
+    }
+    out.push_back(std::move(t));
+  };
+  param(Field::kDqWeight, orc.dq_weight, orc.dq_weight_ch, orc.q_param_rows,
+        std::max(Nk, group * Nq));
+  param(Field::kDkWeight, orc.dk_weight, orc.dk_weight_ch, orc.k_param_rows,
+        group * Nq);
+  param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, Nk);
+  param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
+        group * Nq);
   add_final_ops(&out, c_res);
   unresolved_softmax(&out, soft * uc);
   return out;

@@ -96,8 +96,24 @@ inline constexpr double kOpUnits = 4.0;
 inline constexpr double kDotUnits = 4.0;
 inline constexpr double kIllConditioned = 100.0;
 
-enum class Field { kO, kLse, kDq, kDk, kDv, kDg, kY, kDx, kScaleNormDg };
-// "o", "lse", "dq", "dk", "dv", "dg", "y", "dx", "dg".
+enum class Field {
+  kO,
+  kLse,
+  kDq,
+  kDk,
+  kDv,
+  kDg,
+  kY,
+  kDx,
+  kScaleNormDg,
+  // The formulation's parameter gradients (issue 16).
+  kDqWeight,
+  kDkWeight,
+  kDqBias,
+  kDkBias,
+};
+// "o", "lse", "dq", "dk", "dv", "dg", "y", "dx", "dg", "dq_weight",
+// "dk_weight", "dq_bias", "dk_bias".
 const char* name(Field f);
 
 // The named primitives of the rule.

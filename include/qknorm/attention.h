@@ -61,13 +61,116 @@ inline bool visible(const Mask& m, int64_t b, int64_t i, int64_t j,
   return true;
 }
 
+// The QK-norm formulations models ship (issue 16; shared/NUMERICS.md). For
+// the qknorm variant, every row x of q (and of k) is normalized, weighted and
+// shifted before the logits:
+//   l2:    x_hat = x / max(||x||, eps)                     (the paper)
+//   rms:   x_hat = x / sqrt(mean(x^2) + eps)
+//   layer: x_hat = (x - mean(x)) / sqrt(var(x) + eps)      (biased variance)
+//   none:  x_hat = x
+//   x_tilde = x_hat * w + beta, w = gamma (or 1 + gamma: Gemma), per dim,
+// and S_ij = scale * (q_tilde_i . k_tilde_j) with scale the learned g or a
+// fixed value. The row is one head's head_dim values (kHead) or all heads of
+// one token together (kAllHeads: OLMo2, H * head_dim values; q uses heads, k
+// uses kv_heads). Defined results: rms and layer of a zero (resp. constant)
+// row give x_hat = 0 (eps > 0 is required); l2 as the paper.
+enum class NormKind { kL2, kRms, kLayer, kNone };
+enum class NormAxis { kHead, kAllHeads };
+// Shape of the learned weight gamma and bias beta of one side (q or k):
+// none, [head_dim] shared by every head, or [heads_x, head_dim] with heads_x
+// the side's head count (heads for q, kv_heads for k); kAllHeads needs
+// kHeadDim (its row is [heads_x * head_dim]).
+enum class ParamShape { kNone, kDim, kHeadDim };
+struct Normalization {
+  NormKind kind = NormKind::kL2;
+  NormAxis axis = NormAxis::kHead;
+  ParamShape weight = ParamShape::kNone;
+  bool one_plus_weight = false;  // Gemma: x_hat * (1 + gamma)
+  bool bias = false;             // beta, shaped as gamma (LayerNorm)
+  // nGPT: one weight (s_qk) multiplies both q_hat and k_hat; its gradient is
+  // the sum of both sides' (requires kv_heads == heads); k_weight is empty.
+  bool shared_qk_weight = false;
+  // Qwen3: x_hat is rounded to the storage format before the weight
+  // multiply (HF casts back to the input dtype first); a no-op for f64/f32
+  // storage. Otherwise the weight multiplies in the compute format.
+  bool round_before_weight = false;
+};
+
 struct AttentionProblem {
   int64_t batch = 1, heads = 1, q_len = 1, kv_len = 1;
   int64_t head_dim = 1;  // also the value dimension
   Variant variant = Variant::kQKNorm;
-  double g = 1.0;  // one scalar shared by all heads (qknorm only)
-  double eps = kDefaultQKNormEps;  // norm clamp (qknorm only)
+  double g = 1.0;  // one learned scalar shared by all heads (qknorm only)
+  double eps = kDefaultQKNormEps;  // l2: norm clamp; rms, layer: in the sqrt
   Mask mask;
+  // Grouped-query attention: k, v (and dk, dv) have kv_heads heads; query
+  // head h reads kv head h / (heads / kv_heads). 0 means kv_heads = heads.
+  // kv_heads must divide heads.
+  int64_t kv_heads = 0;
+  Normalization norm;  // qknorm variant only (sdpa: raw q, k)
+  // qknorm variant: the logit scale is the learned g unless fixed_scale, in
+  // which case it is `scale` and dg is 0. sdpa: always 1/sqrt(head_dim).
+  bool fixed_scale = false;
+  double scale = 1.0;
+};
+
+// kv_heads with 0 resolved to heads.
+inline int64_t kv_heads_of(const AttentionProblem& p) {
+  return p.kv_heads > 0 ? p.kv_heads : p.heads;
+}
+// The paper's formulation (l2 per head, no weight or bias, learned g, no
+// GQA) or sdpa without GQA: what every entry has always supported.
+bool is_paper_formulation(const AttentionProblem& p);
+// Number of elements of the q (side 0) or k (side 1) weight (and bias): 0
+// when the formulation has none (k with a shared weight: 0).
+int64_t param_size(const AttentionProblem& p, int side);
+
+// The rows the normalization of one side sees, in a dense [B, H_x, N, D]
+// tensor (side 0: q, H_x = heads, N = q_len; side 1: k, H_x = kv_heads, N =
+// kv_len): per head one row per (b, h, n) of D values; across heads
+// (kAllHeads) one row per (b, n) of H_x * D values, head-major.
+struct NormRows {
+  int64_t B = 1, H = 1, N = 1, D = 1;
+  bool all_heads = false;
+  int64_t rows() const { return all_heads ? B * N : B * H * N; }
+  int64_t len() const { return all_heads ? H * D : D; }
+  // Offset in the dense tensor of element e of row r.
+  int64_t at(int64_t r, int64_t e) const {
+    if (!all_heads) return r * D + e;
+    const int64_t b = r / N, n = r % N, h = e / D, d = e % D;
+    return ((b * H + h) * N + n) * D + d;
+  }
+  // Index of element e of row r in the side's weight (and bias).
+  int64_t param(int64_t r, int64_t e, ParamShape s) const {
+    if (s == ParamShape::kDim) return all_heads ? e % D : e;
+    if (all_heads) return e;
+    return ((r / N) % H) * D + e;
+  }
+};
+inline NormRows norm_rows(const AttentionProblem& p, int side) {
+  return {p.batch, side == 0 ? p.heads : kv_heads_of(p),
+          side == 0 ? p.q_len : p.kv_len, p.head_dim,
+          p.variant == Variant::kQKNorm && p.norm.axis == NormAxis::kAllHeads};
+}
+
+// Learned parameters of the normalization, dense doubles (their values are
+// those of the model's storage format). Sizes must equal param_size().
+struct ParamRef {
+  const double* data = nullptr;
+  int64_t size = 0;
+};
+struct MutParamRef {
+  double* data = nullptr;
+  int64_t size = 0;
+};
+struct NormParams {
+  ParamRef q_weight, k_weight, q_bias, k_bias;
+};
+// Their gradients, reduced as the model reduces them: over batch and tokens
+// (and heads for a [head_dim] weight); a shared weight's gradient (in
+// dq_weight) sums both sides.
+struct NormParamGrads {
+  MutParamRef q_weight, k_weight, q_bias, k_bias;
 };
 
 // Strides in elements of a [B, H, N, D] tensor; the D dimension is always
@@ -96,10 +199,11 @@ using MutTensor4 = TensorRef4<void*>;
 // lse is dense [B, H, q_len] doubles for every precision (a f32 entry stores
 // its f32 value exactly).
 struct ForwardArgs {
-  ConstTensor4 q, k, v;  // q [B,H,q_len,D], k and v [B,H,kv_len,D]
+  ConstTensor4 q, k, v;  // q [B,H,q_len,D], k and v [B,kv_heads,kv_len,D]
   MutTensor4 o;          // [B,H,q_len,D]
   double* lse = nullptr;
   int64_t lse_size = 0;
+  NormParams params;  // the formulation's learned weights (may be empty)
 };
 
 // Outputs must not alias inputs. dg receives the sum over batch and heads
@@ -110,6 +214,8 @@ struct BackwardArgs {
   int64_t lse_size = 0;
   MutTensor4 dq, dk, dv;
   double* dg = nullptr;
+  NormParams params;
+  NormParamGrads d_params;
 };
 
 }  // namespace qknorm

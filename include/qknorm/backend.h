@@ -47,6 +47,12 @@ class Backend {
 
   // False if the entry cannot run on this CPU (e.g. AVX2 entry on SSE4 host).
   virtual bool available() const { return true; }
+  // The formulations (attention.h, issue 16) this entry implements; the
+  // checked_* front doors refuse the others with an Error naming the entry.
+  // Default: the paper's formulation and sdpa, without GQA.
+  virtual bool supports(const AttentionProblem& p) const {
+    return is_paper_formulation(p);
+  }
 
   virtual std::unique_ptr<Workspace> make_workspace() const { return nullptr; }
 

@@ -1,0 +1,52 @@
+// Named QK-norm formulations (issue 16): each preset is a set of values of
+// AttentionProblem (normalization, eps, logit scale) and nothing more. The
+// table (core/formulation.cc) follows the public model code:
+//   paper      l2, scalar g learned, eps 1e-12, no 1/sqrt(D)  (Henry et al.)
+//   qwen3      rms per head, gamma [D], eps 1e-6, x_hat rounded to storage
+//              before the weight, scale 1/sqrt(D), GQA
+//   gemma3     rms per head, x_hat (1 + w), w [D], eps 1e-6, scale
+//              query_pre_attn_scalar^-1/2 = 256^-1/2, GQA
+//   olmo2      rms over all heads of the projection, gamma [H_x D], eps
+//              1e-6, scale 1/sqrt(D), GQA
+//   timm       LayerNorm per head, gamma and beta [D], eps 1e-6, 1/sqrt(D)
+//   vit22b     LayerNorm per head, gamma [D] (no bias), eps 1e-6, 1/sqrt(D)
+//   chameleon  LayerNorm per head, gamma and beta [H_x, D], eps 1e-5,
+//              1/sqrt(D), GQA
+//   ngpt       x / ||x|| then times s_qk [H, D] on both q and k, scale
+//              sqrt(D); nGPT's code has no eps (a zero row is NaN there):
+//              the paper's clamp, eps 1e-12, is used instead.
+#ifndef QKNORM_FORMULATION_H_
+#define QKNORM_FORMULATION_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qknorm/attention.h"
+
+namespace qknorm {
+
+struct Preset {
+  const char* name;
+  Normalization norm;
+  double eps;
+  enum class Scale { kLearnedG, kInvSqrtD, kSqrtD, kConstant } scale;
+  double scale_constant;  // kConstant only
+  bool gqa;               // the model ships it with kv_heads < heads
+};
+
+const std::vector<Preset>& presets();
+// nullptr if no preset has that name.
+const Preset* find_preset(std::string_view name);
+// Sets p's normalization, eps and logit scale (scale from p.head_dim: set
+// the shape first). The variant becomes kQKNorm; g, kv_heads and the mask
+// are left alone. Throws Error naming the preset if it is unknown.
+void apply_preset(std::string_view name, AttentionProblem* p);
+// "paper", "qwen3", ... or "custom" when p matches no preset.
+std::string formulation_name(const AttentionProblem& p);
+// One line: kind, axis, weight, bias, eps, scale, kv_heads.
+std::string describe_formulation(const AttentionProblem& p);
+
+}  // namespace qknorm
+
+#endif  // QKNORM_FORMULATION_H_
