@@ -92,10 +92,18 @@ constexpr double kLogE = std::is_same_v<T, float> ? std::numbers::log2e : 1.0;
 
 // The logit scale in log2 units, g log2(e) or log2(e) / sqrt(D), rounded to
 // T once; forward and backward use this same value.
+// The logit scale: g (learned) or the fixed scale for qknorm, 1/sqrt(D) for
+// sdpa.
+double logit_scale(const AttentionProblem& p) {
+  if (p.variant != Variant::kQKNorm)
+    return 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  return p.fixed_scale ? p.scale : p.g;
+}
+
 template <class T>
 T logit_alpha(const AttentionProblem& p) {
   return static_cast<T>(p.variant == Variant::kQKNorm
-                            ? p.g * kLogE<T>
+                            ? logit_scale(p) * kLogE<T>
                             : kLogE<T> /
                                   std::sqrt(static_cast<double>(p.head_dim)));
 }
@@ -127,18 +135,15 @@ Operands<T> head_operands(const AttentionProblem& p, const T* q, int64_t rsq,
   return {qh, D, kh, D, qn, kn};
 }
 
-// Forward of one head; probs (dense [Nq, Nk]) selects the inspection mode,
-// which skips the PV GEMM and writes no o/lse.
+// Forward of query head h (reading kv head hk) on its logit operands;
+// probs (dense [Nq, Nk]) selects the inspection mode, which skips the PV
+// GEMM and writes no o/lse.
 template <class T>
-void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
-                  int64_t h, double* probs, Scratch<T>& ws) {
+void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
+                  int64_t h, int64_t hk, const Operands<T>& op, double* probs,
+                  Scratch<T>& ws) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
   const VisiblePrefix vis(p, b);
-  const int64_t nk_used = vis(Nq - 1);  // max_i m_i
-  const T* q = head_ptr<T>(a.q, b, h);
-  const T* k = head_ptr<T>(a.k, b, h);
-  const Operands<T> op = head_operands(p, q, blas_ld(a.q.layout, Nq, D), k,
-                                       blas_ld(a.k.layout, Nk, D), nk_used, ws);
   const T alpha = logit_alpha<T>(p);
   // The GEMM computes C = A B^T (alpha = 1); the exp pass evaluates
   // exp2(alpha C - shift) with one FMA, the expression the backward
@@ -148,14 +153,12 @@ void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   // save this pass but costs accuracy: the dominant terms' arguments would be
   // up to 2|alpha| in magnitude and carry a rounding of u * 2|alpha| each
   // (measured: 3.5x the naive error of O at g = 12.32, two keys).
-  const double scale_d = p.variant == Variant::kQKNorm
-                             ? p.g
-                             : 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale_d = logit_scale(p);
   const int64_t bq = std::min(query_block(Nk, sizeof(T)), Nq),
                 ld = block_ld(Nk);
   T* s = ws.blk0.get(static_cast<size_t>(bq * ld));
   double* rowsum = ws.row0.get(static_cast<size_t>(bq));
-  const T* v = probs ? nullptr : head_ptr<T>(a.v, b, h);
+  const T* v = probs ? nullptr : head_ptr<T>(a.v, b, hk);
   T* o = probs ? nullptr : head_ptr<T>(a.o, b, h);
   const int64_t rsv = blas_ld(a.v.layout, Nk, D),
                 rso = blas_ld(a.o.layout, Nq, D);
@@ -207,54 +210,51 @@ void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   }
 }
 
+// The paper's formulation (and sdpa) without GQA: q_hat, k_hat per head in
+// the slot's scratch.
 template <class T>
-double backward_head(const AttentionProblem& p, const BackwardArgs& a,
-                     int64_t b, int64_t h, Scratch<T>& ws) {
+void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
+                  int64_t h, double* probs, Scratch<T>& ws) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
-  const bool qk = p.variant == Variant::kQKNorm;
-  const VisiblePrefix vis(p, b);
-  const int64_t nk_used = vis(Nq - 1);
+  const int64_t nk_used = VisiblePrefix(p, b)(Nq - 1);  // max_i m_i
   const T* q = head_ptr<T>(a.q, b, h);
   const T* k = head_ptr<T>(a.k, b, h);
-  const T* v = head_ptr<T>(a.v, b, h);
-  // O is not read: delta comes from the recomputed P and dP (row_kernels.h).
-  const T* d_o = head_ptr<T>(a.d_o, b, h);
-  T* dq = head_ptr<T>(a.dq, b, h);
-  T* dk = head_ptr<T>(a.dk, b, h);
-  T* dv = head_ptr<T>(a.dv, b, h);
-  const int64_t rsv = blas_ld(a.v.layout, Nk, D),
-                rsdo = blas_ld(a.d_o.layout, Nq, D),
-                rsdq = blas_ld(a.dq.layout, Nq, D),
-                rsdk = blas_ld(a.dk.layout, Nk, D),
-                rsdv = blas_ld(a.dv.layout, Nk, D);
-  // The saved lse is not read (row_kernels.h, softmax_backward_row).
-
   const Operands<T> op = head_operands(p, q, blas_ld(a.q.layout, Nq, D), k,
                                        blas_ld(a.k.layout, Nk, D), nk_used, ws);
-  const double scale_d = qk ? p.g : 1.0 / std::sqrt(static_cast<double>(D));
-  const T scale = static_cast<T>(scale_d);
+  forward_core(p, a, b, h, h, op, probs, ws);
+}
+
+// Backward of query head h (reading kv head hk) on its logit operands:
+// accumulates dV into dv and dB = s dS^T A into dbacc (both zeroed by the
+// caller), hands each query block's dA = s dS B to the sink (sink.dst(i0,
+// &ld) gives its destination, sink.done(i0, rows, dst, ld) follows the
+// GEMM; sink.masked(i0, rows) for a block whose rows see no key). Returns
+// sum dS C (this head's dg before the variant's choice).
+template <class T, class Sink>
+double backward_core(const AttentionProblem& p, const BackwardArgs& a,
+                     int64_t b, int64_t h, int64_t hk, const Operands<T>& op,
+                     T* dbacc, int64_t lddb, T* dv, int64_t rsdv,
+                     Scratch<T>& ws, Sink& sink) {
+  const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
+  const VisiblePrefix vis(p, b);
+  const T* v = head_ptr<T>(a.v, b, hk);
+  // O is not read: delta comes from the recomputed P and dP (row_kernels.h).
+  // The saved lse is not read either (row_kernels.h, softmax_backward_row).
+  const T* d_o = head_ptr<T>(a.d_o, b, h);
+  const int64_t rsv = blas_ld(a.v.layout, Nk, D),
+                rsdo = blas_ld(a.d_o.layout, Nq, D);
+  const T scale = static_cast<T>(logit_scale(p));
   const T alpha2 = logit_alpha<T>(p);  // the forward's, bit for bit
   const int64_t bq = std::min(query_block(Nk, sizeof(T)), Nq),
                 ld = block_ld(Nk);
   T* c = ws.blk0.get(static_cast<size_t>(bq * ld));
   T* dp = ws.blk1.get(static_cast<size_t>(bq * ld));
-  // dk accumulates in the workspace for qknorm (the normalization backward
-  // follows), in place in dk for sdpa; dv accumulates in place.
-  T* dkacc = qk ? ws.dkh.get(static_cast<size_t>(Nk * D)) : dk;
-  const int64_t lddk = qk ? D : rsdk;
-  T* dqh = qk ? ws.dqh.get(static_cast<size_t>(bq * D)) : nullptr;
-  for (int64_t j = 0; j < Nk; ++j) {
-    std::fill(dkacc + j * lddk, dkacc + j * lddk + D, T(0));
-    std::fill(dv + j * rsdv, dv + j * rsdv + D, T(0));
-  }
-
   double dg = 0;
   for (int64_t i0 = 0; i0 < Nq; i0 += bq) {
     const int64_t rows = std::min(bq, Nq - i0);
     const int64_t mb = vis(i0 + rows - 1);
     if (mb == 0) {  // every row of the block is fully masked
-      for (int64_t r = 0; r < rows; ++r)
-        std::fill(dq + (i0 + r) * rsdq, dq + (i0 + r) * rsdq + D, T(0));
+      sink.masked(i0, rows);
       continue;
     }
     const T* a_blk = op.a + i0 * op.lda;
@@ -269,18 +269,87 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
     // c now holds P, dp holds dS.
     gemm(CblasTrans, CblasNoTrans, mb, D, rows, T(1), c, ld, do_blk, rsdo, T(1),
          dv, rsdv);
+    int64_t lda_out = 0;
+    T* da = sink.dst(i0, &lda_out);
     gemm(CblasNoTrans, CblasNoTrans, rows, D, mb, scale, dp, ld, op.b, op.ldb,
-         T(0), qk ? dqh : dq + i0 * rsdq, qk ? D : rsdq);
+         T(0), da, lda_out);
     gemm(CblasTrans, CblasNoTrans, mb, D, rows, scale, dp, ld, a_blk, op.lda,
-         T(1), dkacc, lddk);
-    if (qk)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        normalize_backward_row(op.a + i * D, op.qn[i], p.eps, 1.0, dqh + r * D,
-                               D, dq + i * rsdq);
-      }
+         T(1), dbacc, lddb);
+    sink.done(i0, rows, da, lda_out);
   }
+  return dg;
+}
+
+template <class T>
+void zero_rows(T* x, int64_t rows, int64_t ld, int64_t D) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(x + r * ld, x + r * ld + D, T(0));
+}
+
+// dA of a block written straight to its destination rows (sdpa's dq, the
+// formulations' dense dq_tilde).
+template <class T>
+struct DirectSink {
+  T* base;
+  int64_t ld, D;
+  T* dst(int64_t i0, int64_t* l) {
+    *l = ld;
+    return base + i0 * ld;
+  }
+  void done(int64_t, int64_t, const T*, int64_t) {}
+  void masked(int64_t i0, int64_t rows) {
+    zero_rows(base + i0 * ld, rows, ld, D);
+  }
+};
+
+template <class T>
+double backward_head(const AttentionProblem& p, const BackwardArgs& a,
+                     int64_t b, int64_t h, Scratch<T>& ws) {
+  const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
+  const bool qk = p.variant == Variant::kQKNorm;
+  const int64_t nk_used = VisiblePrefix(p, b)(Nq - 1);
+  const T* q = head_ptr<T>(a.q, b, h);
+  const T* k = head_ptr<T>(a.k, b, h);
+  T* dq = head_ptr<T>(a.dq, b, h);
+  T* dk = head_ptr<T>(a.dk, b, h);
+  T* dv = head_ptr<T>(a.dv, b, h);
+  const int64_t rsdq = blas_ld(a.dq.layout, Nq, D),
+                rsdk = blas_ld(a.dk.layout, Nk, D),
+                rsdv = blas_ld(a.dv.layout, Nk, D);
+  const Operands<T> op = head_operands(p, q, blas_ld(a.q.layout, Nq, D), k,
+                                       blas_ld(a.k.layout, Nk, D), nk_used, ws);
+  const int64_t bq = std::min(query_block(Nk, sizeof(T)), Nq);
+  // dk accumulates in the workspace for qknorm (the normalization backward
+  // follows), in place in dk for sdpa; dv accumulates in place.
+  T* dkacc = qk ? ws.dkh.get(static_cast<size_t>(Nk * D)) : dk;
+  const int64_t lddk = qk ? D : rsdk;
+  zero_rows(dkacc, Nk, lddk, D);
+  zero_rows(dv, Nk, rsdv, D);
+  double dg = 0;
   if (qk) {
+    // dq_hat per block in the scratch, then the normalization backward.
+    struct NormSink {
+      T* dqh;
+      T* dq;
+      int64_t rsdq, D;
+      const Operands<T>& op;
+      double eps;
+      T* dst(int64_t, int64_t* l) {
+        *l = D;
+        return dqh;
+      }
+      void done(int64_t i0, int64_t rows, const T*, int64_t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          normalize_backward_row(op.a + i * D, op.qn[i], eps, 1.0, dqh + r * D,
+                                 D, dq + i * rsdq);
+        }
+      }
+      void masked(int64_t i0, int64_t rows) {
+        zero_rows(dq + i0 * rsdq, rows, rsdq, D);
+      }
+    } sink{ws.dqh.get(static_cast<size_t>(bq * D)), dq, rsdq, D, op, p.eps};
+    dg = backward_core(p, a, b, h, h, op, dkacc, lddk, dv, rsdv, ws, sink);
     for (int64_t j = 0; j < Nk; ++j) {
       T* dkj = dk + j * rsdk;
       if (j < nk_used)
@@ -289,8 +358,54 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
       else
         std::fill(dkj, dkj + D, T(0));  // never visible: no gradient
     }
+  } else {
+    DirectSink<T> sink{dq, rsdq, D};
+    backward_core(p, a, b, h, h, op, dkacc, lddk, dv, rsdv, ws, sink);
   }
   return qk ? dg : 0.0;
+}
+
+// ---- Formulations (issue 16) other than the paper's, and GQA ----------
+// (attention.h, "Formulations"). Phase A normalizes every q and k row once
+// into the dense x_tilde buffers (rows in parallel, in chunks); phase B runs
+// the per-head attention above on them (forward: items (b, h); backward:
+// items (b, kv head), the group's query heads in order, so that dk_tilde
+// and dv sum over the group in a fixed order); phase C (backward) runs the
+// normalization backward per row, each chunk of rows summing its parameter
+// gradients into its own partial, the partials added in chunk order.
+
+bool general_path(const AttentionProblem& p) {
+  return !is_paper_formulation(p);
+}
+
+// Rows per chunk of phases A and C: at most kMaxChunks chunks per side, a
+// function of the shape only (never of the thread count).
+constexpr int64_t kMaxChunks = 64;
+int64_t chunk_rows(int64_t rows) {
+  return (rows + kMaxChunks - 1) / kMaxChunks;
+}
+int64_t chunk_count(int64_t rows) {
+  const int64_t c = chunk_rows(rows);
+  return (rows + c - 1) / c;
+}
+
+// Parameter gradients one side's chunk accumulates: its weight's elements
+// (a shared weight's for k too) and as many for the bias.
+int64_t side_params(const AttentionProblem& p, int side) {
+  if (p.variant != Variant::kQKNorm || p.norm.weight == ParamShape::kNone)
+    return 0;
+  return param_size(p, side == 1 && p.norm.shared_qk_weight ? 0 : side);
+}
+int64_t side_grad_slots(const AttentionProblem& p, int side) {
+  return side_params(p, side) * (p.norm.bias ? 2 : 1);
+}
+size_t dparams_size(const AttentionProblem& p) {
+  return static_cast<size_t>(
+      chunk_count(norm_rows(p, 0).rows()) * side_grad_slots(p, 0) +
+      chunk_count(norm_rows(p, 1).rows()) * side_grad_slots(p, 1));
+}
+int64_t max_row_len(const AttentionProblem& p) {
+  return std::max(norm_rows(p, 0).len(), norm_rows(p, 1).len());
 }
 
 }  // namespace
@@ -321,6 +436,24 @@ size_t workspace_bytes(const AttentionProblem& p, size_t elem_bytes,
       static_cast<size_t>(std::min(query_block(p.kv_len, elem_bytes), p.q_len));
   const auto ld = static_cast<size_t>(block_ld(p.kv_len));
   const bool qk = p.variant == Variant::kQKNorm;
+  if (general_path(p)) {
+    // Per slot: the block buffers, the row statistics, the normalization
+    // row; shared: x_tilde (and its gradient), the parameter partials and
+    // the per-item dg.
+    const auto nq = static_cast<size_t>(p.batch * p.heads) * Nq * D,
+               nk = static_cast<size_t>(p.batch * kv_heads_of(p)) * Nk * D;
+    const size_t slot_bytes =
+        (backward ? 2 : 1) * bq * ld * elem_bytes +
+        (bq +
+         (qk ? (backward ? 3 : 2) * static_cast<size_t>(max_row_len(p)) : 0)) *
+            sizeof(double);
+    size_t shared = qk ? (nq + nk) * elem_bytes * (backward ? 2 : 1) : 0;
+    if (backward) {
+      if (qk) shared += dparams_size(p) * sizeof(double);
+      shared += static_cast<size_t>(p.batch * kv_heads_of(p)) * sizeof(double);
+    }
+    return slots * slot_bytes + shared;
+  }
   size_t elems = bq * ld, doubles = bq;  // forward block, row statistics
   size_t norms = 0;
   if (qk) elems += (Nq + Nk) * D, norms = Nq + Nk;  // q_hat, k_hat, norms
@@ -405,6 +538,297 @@ void for_each_head(const AttentionProblem& p, BlasWorkspace<T>& ws, int threads,
   if (saved != 1) openblas_set_num_threads(saved);
 }
 
+// Segment s (head_dim contiguous values) of normalization row r in a tensor
+// of layout l.
+template <class P>
+P row_segment(P base, const Layout4& l, const NormRows& sh, int64_t r,
+              int64_t s) {
+  int64_t b = 0, h = s, n = 0;
+  if (sh.all_heads) {
+    b = r / sh.N, n = r % sh.N;
+  } else {
+    b = r / (sh.H * sh.N), h = (r / sh.N) % sh.H, n = r % sh.N;
+  }
+  return base + b * l.batch_stride + h * l.head_stride + n * l.row_stride;
+}
+
+// One side's learned parameters (a shared weight for both sides).
+struct SideWeights {
+  const double* w = nullptr;
+  const double* bias = nullptr;
+};
+SideWeights side_weights(const AttentionProblem& p, int side,
+                         const NormParams& prm) {
+  const Normalization& nm = p.norm;
+  if (nm.weight == ParamShape::kNone) return {};
+  return {
+      side == 0 || nm.shared_qk_weight ? prm.q_weight.data : prm.k_weight.data,
+      nm.bias ? (side == 0 ? prm.q_bias.data : prm.k_bias.data) : nullptr};
+}
+
+// The multiplier of x_hat: gamma, 1 + gamma (Gemma) or 1.
+inline double weight_of(const AttentionProblem& p, const SideWeights& sw,
+                        int64_t pi) {
+  if (!sw.w) return 1.0;
+  return p.norm.one_plus_weight ? 1.0 + sw.w[pi] : sw.w[pi];
+}
+
+// Gathers row r of x (its exact double images) into xr.
+template <class T>
+void gather_row(const ConstTensor4& x, const NormRows& sh, int64_t r,
+                double* xr) {
+  const int64_t D = sh.D, segs = sh.len() / D;
+  for (int64_t s = 0; s < segs; ++s) {
+    const T* src =
+        row_segment(static_cast<const T*>(x.data), x.layout, sh, r, s);
+    for (int64_t d = 0; d < D; ++d) xr[s * D + d] = static_cast<double>(src[d]);
+  }
+}
+
+// Phase A for rows [r0, r1) of one side: x_tilde = x_hat * w + beta in
+// double, rounded to T once, into the dense xt. row: 2 len() doubles.
+template <class T>
+void normalize_side(const AttentionProblem& p, int side, const ConstTensor4& x,
+                    const NormParams& prm, int64_t r0, int64_t r1, T* xt,
+                    double* row) {
+  const NormRows sh = norm_rows(p, side);
+  const int64_t L = sh.len(), D = sh.D, segs = L / D;
+  const SideWeights sw = side_weights(p, side, prm);
+  double *xr = row, *xh = row + L;
+  for (int64_t r = r0; r < r1; ++r) {
+    gather_row<T>(x, sh, r, xr);
+    formulation_row(p.norm.kind, xr, L, p.eps, xh);
+    for (int64_t s = 0; s < segs; ++s) {
+      T* dst = xt + sh.at(r, s * D);
+      const double* hs = xh + s * D;
+      if (!sw.w) {
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(hs[d]);
+        continue;
+      }
+      const int64_t p0 = sh.param(r, s * D, p.norm.weight);
+      for (int64_t d = 0; d < D; ++d) {
+        double t = hs[d] * weight_of(p, sw, p0 + d);
+        if (sw.bias) t += sw.bias[p0 + d];
+        dst[d] = static_cast<T>(t);
+      }
+    }
+  }
+}
+
+// Phase C for rows [r0, r1) of one side: dx from dx_tilde (dense dxt), and
+// the rows' parameter gradients added into gw / gb (zeroed by the caller;
+// null when the side has none). row: 3 len() doubles.
+template <class T>
+void backward_side(const AttentionProblem& p, int side, const ConstTensor4& x,
+                   const NormParams& prm, const T* dxt, const MutTensor4& dx,
+                   int64_t r0, int64_t r1, double* row, double* gw,
+                   double* gb) {
+  const NormRows sh = norm_rows(p, side);
+  const int64_t L = sh.len(), D = sh.D, segs = L / D;
+  const SideWeights sw = side_weights(p, side, prm);
+  double *xr = row, *xh = row + L, *du = row + 2 * L;
+  for (int64_t r = r0; r < r1; ++r) {
+    gather_row<T>(x, sh, r, xr);
+    const FormRow st = formulation_row(p.norm.kind, xr, L, p.eps, xh);
+    for (int64_t s = 0; s < segs; ++s) {
+      const T* g = dxt + sh.at(r, s * D);
+      double* dus = du + s * D;
+      if (!sw.w) {
+        for (int64_t d = 0; d < D; ++d) dus[d] = static_cast<double>(g[d]);
+        continue;
+      }
+      const int64_t p0 = sh.param(r, s * D, p.norm.weight);
+      const double* hs = xh + s * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const double t = static_cast<double>(g[d]);
+        gw[p0 + d] += t * hs[d];
+        if (gb) gb[p0 + d] += t;
+        dus[d] = t * weight_of(p, sw, p0 + d);
+      }
+    }
+    formulation_row_backward(p.norm.kind, xh, st, p.eps, L, du);
+    for (int64_t s = 0; s < segs; ++s) {
+      T* dst = row_segment(static_cast<T*>(dx.data), dx.layout, sh, r, s);
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(du[s * D + d]);
+    }
+  }
+}
+
+// Sizes the general path's scratch (every slot and the shared buffers)
+// before the parallel regions.
+template <class T>
+void reserve_general(BlasWorkspace<T>& ws, const AttentionProblem& p,
+                     bool backward, int threads) {
+  const auto bq =
+      static_cast<size_t>(std::min(query_block(p.kv_len, sizeof(T)), p.q_len));
+  const auto ld = static_cast<size_t>(block_ld(p.kv_len));
+  const bool qk = p.variant == Variant::kQKNorm;
+  for (int i = 0; i < threads; ++i) {
+    Scratch<T>& s = ws.slot(static_cast<size_t>(i));
+    s.blk0.get(bq * ld);
+    s.row0.get(bq);
+    if (backward) s.blk1.get(bq * ld);
+    if (qk)
+      s.frow.get(static_cast<size_t>((backward ? 3 : 2) * max_row_len(p)));
+  }
+  const auto nq = static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim),
+             nk = static_cast<size_t>(p.batch * kv_heads_of(p) * p.kv_len *
+                                      p.head_dim);
+  if (qk) {
+    ws.qt.get(nq), ws.kt.get(nk);
+    if (backward)
+      ws.dqt.get(nq), ws.dkt.get(nk), ws.dparams.get(dparams_size(p));
+  }
+  if (backward) ws.dg_items.get(static_cast<size_t>(p.batch * kv_heads_of(p)));
+}
+
+// The logit operands of query head h (kv head hk): the dense x_tilde
+// buffers for qknorm, the inputs in place for sdpa.
+template <class T>
+Operands<T> general_operands(const AttentionProblem& p, const ConstTensor4& q,
+                             const ConstTensor4& k, const T* qt, const T* kt,
+                             int64_t b, int64_t h, int64_t hk) {
+  const int64_t D = p.head_dim;
+  if (p.variant != Variant::kQKNorm)
+    return {head_ptr<T>(q, b, h), blas_ld(q.layout, p.q_len, D),
+            head_ptr<T>(k, b, hk), blas_ld(k.layout, p.kv_len, D)};
+  return {qt + (b * p.heads + h) * p.q_len * D, D,
+          kt + (b * kv_heads_of(p) + hk) * p.kv_len * D, D};
+}
+
+// Phase A: both sides' x_tilde (qknorm only).
+template <class T>
+void normalize_all(const AttentionProblem& p, const ConstTensor4& q,
+                   const ConstTensor4& k, const NormParams& prm,
+                   BlasWorkspace<T>& ws, int threads) {
+  if (p.variant != Variant::kQKNorm) return;
+  const int64_t rq = norm_rows(p, 0).rows(), rk = norm_rows(p, 1).rows();
+  const int64_t cq = chunk_count(rq), ck = chunk_count(rk);
+  const int64_t crq = chunk_rows(rq), crk = chunk_rows(rk);
+  T* qt = ws.qt.get(0);
+  T* kt = ws.kt.get(0);
+  auto item = [&](int64_t c, int slot) {
+    double* row = ws.slot(static_cast<size_t>(slot)).frow.get(0);
+    if (c < cq)
+      normalize_side<T>(p, 0, q, prm, c * crq, std::min(rq, (c + 1) * crq), qt,
+                        row);
+    else
+      normalize_side<T>(p, 1, k, prm, (c - cq) * crk,
+                        std::min(rk, (c - cq + 1) * crk), kt, row);
+  };
+  ws.pool.run(threads, cq + ck, item);
+}
+
+// Forward (probs == nullptr) or the probabilities hook of the general path.
+template <class T>
+void general_forward(const AttentionProblem& p, const ForwardArgs& a,
+                     double* probs, BlasWorkspace<T>& ws, int threads) {
+  reserve_general(ws, p, false, threads);
+  const int saved = openblas_get_num_threads();
+  if (saved != 1) openblas_set_num_threads(1);
+  normalize_all(p, a.q, a.k, a.params, ws, threads);
+  const int64_t group = p.heads / kv_heads_of(p);
+  const T* qt = ws.qt.get(0);
+  const T* kt = ws.kt.get(0);
+  const int64_t per_head = p.q_len * p.kv_len;
+  auto item = [&](int64_t i, int slot) {
+    const int64_t b = i / p.heads, h = i % p.heads;
+    const Operands<T> op =
+        general_operands(p, a.q, a.k, qt, kt, b, h, h / group);
+    forward_core(p, a, b, h, h / group, op,
+                 probs ? probs + i * per_head : nullptr,
+                 ws.slot(static_cast<size_t>(slot)));
+  };
+  ws.pool.run(threads, p.batch * p.heads, item);
+  if (saved != 1) openblas_set_num_threads(saved);
+}
+
+template <class T>
+void general_backward(const AttentionProblem& p, const BackwardArgs& a,
+                      BlasWorkspace<T>& ws, int threads) {
+  reserve_general(ws, p, true, threads);
+  const int saved = openblas_get_num_threads();
+  if (saved != 1) openblas_set_num_threads(1);
+  const bool qk = p.variant == Variant::kQKNorm;
+  normalize_all(p, a.q, a.k, a.params, ws, threads);
+  const int64_t Hk = kv_heads_of(p), group = p.heads / Hk, D = p.head_dim,
+                Nq = p.q_len, Nk = p.kv_len;
+  const T* qt = ws.qt.get(0);
+  const T* kt = ws.kt.get(0);
+  T* dqt = ws.dqt.get(0);
+  T* dkt = ws.dkt.get(0);
+  double* dg_items = ws.dg_items.get(0);
+  // Phase B: one item per (batch, kv head).
+  auto item = [&](int64_t i, int slot) {
+    Scratch<T>& s = ws.slot(static_cast<size_t>(slot));
+    const int64_t b = i / Hk, hk = i % Hk;
+    T* dv = head_ptr<T>(a.dv, b, hk);
+    const int64_t rsdv = blas_ld(a.dv.layout, Nk, D);
+    T* dkacc = qk ? dkt + i * Nk * D : head_ptr<T>(a.dk, b, hk);
+    const int64_t lddk = qk ? D : blas_ld(a.dk.layout, Nk, D);
+    zero_rows(dkacc, Nk, lddk, D);
+    zero_rows(dv, Nk, rsdv, D);
+    double dg = 0;
+    for (int64_t t = 0; t < group; ++t) {
+      const int64_t h = hk * group + t;
+      const Operands<T> op = general_operands(p, a.q, a.k, qt, kt, b, h, hk);
+      DirectSink<T> sink =
+          qk ? DirectSink<T>{dqt + (b * p.heads + h) * Nq * D, D, D}
+             : DirectSink<T>{head_ptr<T>(a.dq, b, h),
+                             blas_ld(a.dq.layout, Nq, D), D};
+      dg += backward_core(p, a, b, h, hk, op, dkacc, lddk, dv, rsdv, s, sink);
+    }
+    dg_items[i] = dg;
+  };
+  ws.pool.run(threads, p.batch * Hk, item);
+  double dg = 0;
+  for (int64_t i = 0; i < p.batch * Hk; ++i) dg += dg_items[i];
+  *a.dg = qk && !p.fixed_scale ? dg : 0.0;
+  if (qk) {
+    // Phase C.
+    const int64_t rq = norm_rows(p, 0).rows(), rk = norm_rows(p, 1).rows();
+    const int64_t cq = chunk_count(rq), ck = chunk_count(rk);
+    const int64_t crq = chunk_rows(rq), crk = chunk_rows(rk);
+    const int64_t gq = side_grad_slots(p, 0), gk = side_grad_slots(p, 1);
+    const int64_t pq = side_params(p, 0), pk = side_params(p, 1);
+    double* part = ws.dparams.get(0);
+    auto chunk = [&](int64_t c, int slot) {
+      double* row = ws.slot(static_cast<size_t>(slot)).frow.get(0);
+      const bool kside = c >= cq;
+      const int64_t cc = kside ? c - cq : c, cr = kside ? crk : crq,
+                    rows = kside ? rk : rq, g = kside ? gk : gq,
+                    np = kside ? pk : pq;
+      double* gw = g > 0 ? part + (kside ? cq * gq : 0) + cc * g : nullptr;
+      double* gb = gw && p.norm.bias ? gw + np : nullptr;
+      if (gw) std::fill(gw, gw + g, 0.0);
+      backward_side<T>(p, kside ? 1 : 0, kside ? a.k : a.q, a.params,
+                       kside ? dkt : dqt, kside ? a.dk : a.dq, cc * cr,
+                       std::min(rows, (cc + 1) * cr), row, gw, gb);
+    };
+    ws.pool.run(threads, cq + ck, chunk);
+    // The partials in chunk order, q side first.
+    const NormParamGrads& dp = a.d_params;
+    for (const MutParamRef& r :
+         {dp.q_weight, dp.k_weight, dp.q_bias, dp.k_bias})
+      if (r.data) std::fill(r.data, r.data + r.size, 0.0);
+    auto add = [&](double* dst, const double* src, int64_t n) {
+      if (dst)
+        for (int64_t x = 0; x < n; ++x) dst[x] += src[x];
+    };
+    for (int64_t c = 0; c < cq && gq > 0; ++c) {
+      add(dp.q_weight.data, part + c * gq, pq);
+      if (p.norm.bias) add(dp.q_bias.data, part + c * gq + pq, pq);
+    }
+    double* kw = p.norm.shared_qk_weight ? dp.q_weight.data : dp.k_weight.data;
+    for (int64_t c = 0; c < ck && gk > 0; ++c) {
+      const double* src = part + cq * gq + c * gk;
+      add(kw, src, pk);
+      if (p.norm.bias) add(dp.k_bias.data, src + pk, pk);
+    }
+  }
+  if (saved != 1) openblas_set_num_threads(saved);
+}
+
 }  // namespace
 
 int item_threads(const AttentionProblem& p, const ExecConfig& cfg) {
@@ -421,6 +845,8 @@ void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                        {"k", a.k.layout, p.kv_len, true},
                        {"v", a.v.layout, p.kv_len},
                        {"o", a.o.layout, p.q_len}});
+  if (general_path(p))
+    return general_forward(p, a, nullptr, ws, item_threads(p, cfg));
   for_each_head(p, ws, item_threads(p, cfg), false,
                 [&](int64_t b, int64_t h, Scratch<T>& s, int64_t) {
                   forward_head(p, a, b, h, nullptr, s);
@@ -432,6 +858,7 @@ void attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
                              double* probs, BlasWorkspace<T>& ws) {
   check_blas_range(
       p, {{"q", a.q.layout, p.q_len, true}, {"k", a.k.layout, p.kv_len, true}});
+  if (general_path(p)) return general_forward(p, a, probs, ws, 1);
   const int64_t per_head = p.q_len * p.kv_len;
   for_each_head(p, ws, 1, false,
                 [&](int64_t b, int64_t h, Scratch<T>& s, int64_t i) {
@@ -450,6 +877,7 @@ void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                        {"dq", a.dq.layout, p.q_len, true},
                        {"dk", a.dk.layout, p.kv_len, true},
                        {"dv", a.dv.layout, p.kv_len}});
+  if (general_path(p)) return general_backward(p, a, ws, item_threads(p, cfg));
   double* dg = ws.dg_items.get(static_cast<size_t>(p.batch * p.heads));
   for_each_head(p, ws, item_threads(p, cfg), true,
                 [&](int64_t b, int64_t h, Scratch<T>& s, int64_t i) {

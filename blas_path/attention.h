@@ -93,9 +93,10 @@ struct Scratch {
   Buffer<T> qh, kh, dkh, dqh, blk0, blk1;
   Buffer<RowNorm> qn, kn;
   Buffer<double> row0;
+  Buffer<double> frow;  // formulations: one normalization row, 2 or 3 times
   size_t bytes() const {
     return qh.bytes() + kh.bytes() + dkh.bytes() + dqh.bytes() + blk0.bytes() +
-           blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes();
+           blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes() + frow.bytes();
   }
 };
 
@@ -107,6 +108,10 @@ class BlasWorkspace final : public Workspace {
  public:
   std::vector<std::unique_ptr<Scratch<T>>> slots;
   Buffer<double> dg_items;
+  // Formulations (general path): q_tilde, k_tilde, their gradients (dense
+  // [B,H,Nq,D] and [B,Hk,Nk,D]) and the per-chunk parameter-gradient sums.
+  Buffer<T> qt, kt, dqt, dkt;
+  Buffer<double> dparams;
   WorkerPool pool;
   Scratch<T>& slot(size_t s) {
     while (slots.size() <= s) slots.push_back(std::make_unique<Scratch<T>>());
@@ -115,7 +120,8 @@ class BlasWorkspace final : public Workspace {
   // Bytes of scratch currently reserved (every buffer's size; the pool's
   // thread stacks are not counted).
   size_t bytes() const {
-    size_t b = dg_items.bytes();
+    size_t b = dg_items.bytes() + qt.bytes() + kt.bytes() + dqt.bytes() +
+               dkt.bytes() + dparams.bytes();
     for (const auto& s : slots) b += s->bytes();
     return b;
   }

@@ -18,6 +18,10 @@ class BlasBackend final : public Backend {
  public:
   explicit BlasBackend(Precision p) : Backend("blas", "-", p) {}
 
+  // Every formulation (issue 16: normalization kind and axis, weights,
+  // biases, fixed or learned scale) and GQA, forward and backward.
+  bool supports(const AttentionProblem&) const override { return true; }
+
   std::unique_ptr<Workspace> make_workspace() const override {
     return std::make_unique<BlasWorkspace<T>>();
   }

@@ -187,6 +187,141 @@ QKNORM_BLAS_INLINE void normalize_rows_impl(const T* x, int64_t rows,
     norms[r] = normalize_impl(x + r * stride, n, eps, 1.0, u + r * n);
 }
 
+// mean(x) of a scaled row (|x_i| < 1: the sum cannot overflow).
+QKNORM_BLAS_INLINE double mean_impl(const double* x, int64_t n) {
+  double acc[kAcc] = {};
+  int64_t i = 0;
+  for (; i + kAcc <= n; i += kAcc)
+    for (int l = 0; l < kAcc; ++l) acc[l] += x[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += x[i];
+  return sum_lanes(acc) / static_cast<double>(n);
+}
+
+// a * 2^ea >= b * 2^eb for positive normal a, b (exponents compared first).
+QKNORM_BLAS_INLINE bool scaled_ge(double a, int ea, double b, int eb) {
+  int ka = 0, kb = 0;
+  const double fa = std::frexp(a, &ka), fb = std::frexp(b, &kb);
+  return ka + ea != kb + eb ? ka + ea > kb + eb : fa >= fb;
+}
+
+// rms / layer of formulation_row (normalize.h). xh receives the scaled,
+// centred row first, then x_hat.
+QKNORM_BLAS_INLINE FormRow rms_layer_impl(bool layer, const double* x,
+                                          int64_t n, double eps, double* xh) {
+  FormRow st;
+  const double se = std::sqrt(eps);
+  double xmax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = std::fabs(x[i]);
+    xmax = a > xmax ? a : xmax;
+  }
+  st.dmant = se;  // a zero (rms) or constant (layer) row: x_hat = 0
+  if (xmax == 0) {
+    for (int64_t i = 0; i < n; ++i) xh[i] = 0;
+    return st;
+  }
+  int e = 0;
+  std::frexp(xmax, &e);
+  const InvPow2 s(e);
+  for (int64_t i = 0; i < n; ++i) xh[i] = (x[i] * s.s1) * s.s2;
+  if (layer) {
+    const double mu = mean_impl(xh, n);
+    for (int64_t i = 0; i < n; ++i) xh[i] -= mu;
+  }
+  double a = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double t = std::fabs(xh[i]);
+    a = t > a ? t : a;
+  }
+  if (a == 0) {
+    for (int64_t i = 0; i < n; ++i) xh[i] = 0;
+    return st;
+  }
+  for (int64_t i = 0; i < n; ++i) xh[i] /= a;
+  const double m = sumsq_impl(xh, n, 1.0, 1.0) / static_cast<double>(n);
+  if (scaled_ge(a, e, se, 0)) {
+    // r = sqrt(eps) / A <= 1 (may underflow: then it does not matter).
+    int ka = 0, ks = 0;
+    const double fa = std::frexp(a, &ka), fs = std::frexp(se, &ks);
+    const double r = std::ldexp(fs / fa, ks - ka - e);
+    const double d2 = std::sqrt(m + r * r);
+    for (int64_t i = 0; i < n; ++i) xh[i] /= d2;
+    st.dmant = a * d2;
+    st.dexp = e;
+    return st;
+  }
+  // r = A / sqrt(eps) < 1; x_hat = (y / a) r / d2, the power of two applied
+  // per element when r is not normal (a row far below sqrt(eps)).
+  int ka = 0, ks = 0;
+  const double fa = std::frexp(a, &ka), fs = std::frexp(se, &ks);
+  const double rm = fa / fs;
+  const int re = ka + e - ks;
+  const double r = std::ldexp(rm, re);
+  const double d2 = std::sqrt(1 + m * r * r);
+  if (r >= DBL_MIN) {
+    const double f = r / d2;
+    for (int64_t i = 0; i < n; ++i) xh[i] *= f;
+  } else {
+    const double f = rm / d2;
+    for (int64_t i = 0; i < n; ++i) xh[i] = std::ldexp(xh[i] * f, re);
+  }
+  st.dmant = se * d2;
+  return st;
+}
+
+QKNORM_BLAS_INLINE FormRow formulation_impl(NormKind kind, const double* x,
+                                            int64_t n, double eps, double* xh) {
+  switch (kind) {
+    case NormKind::kL2: {
+      FormRow st;
+      st.nrm = normalize_impl(x, n, eps, 1.0, xh);
+      return st;
+    }
+    case NormKind::kRms:
+      return rms_layer_impl(false, x, n, eps, xh);
+    case NormKind::kLayer:
+      return rms_layer_impl(true, x, n, eps, xh);
+    case NormKind::kNone:
+      break;
+  }
+  for (int64_t i = 0; i < n; ++i) xh[i] = x[i];
+  return {};
+}
+
+QKNORM_BLAS_INLINE void formulation_backward_impl(NormKind kind,
+                                                  const double* xh, FormRow st,
+                                                  double eps, int64_t n,
+                                                  double* du) {
+  const double inv_n = 1 / static_cast<double>(n);
+  switch (kind) {
+    case NormKind::kL2:
+      normalize_backward_impl(xh, st.nrm, eps, 1.0, du, n, du);
+      return;
+    case NormKind::kRms: {
+      // dx = (du - x_hat (x_hat . du) / n) / divisor
+      const double c = dot_impl(xh, du, n) * inv_n;
+      scale_by_quotient(1.0, split(st.dmant, st.dexp), n, du,
+                        [&](int64_t i) { return du[i] - xh[i] * c; });
+      return;
+    }
+    case NormKind::kLayer: {
+      // dx = (du - mean(du) - x_hat mean(x_hat du)) / divisor
+      double acc[kAcc] = {};
+      int64_t i = 0;
+      for (; i + kAcc <= n; i += kAcc)
+        for (int l = 0; l < kAcc; ++l) acc[l] += du[i + l];
+      for (int l = 0; i < n; ++i, ++l) acc[l] += du[i];
+      const double mdu = sum_lanes(acc) * inv_n;
+      const double c = dot_impl(xh, du, n) * inv_n;
+      scale_by_quotient(1.0, split(st.dmant, st.dexp), n, du,
+                        [&](int64_t j) { return du[j] - mdu - xh[j] * c; });
+      return;
+    }
+    case NormKind::kNone:
+      return;
+  }
+}
+
 }  // namespace
 
 QKNORM_BLAS_CLONES void normalize_rows(const float* x, int64_t rows,
@@ -225,6 +360,16 @@ QKNORM_BLAS_CLONES void normalize_backward_row(const double* u, RowNorm nrm,
                                                const double* du, int64_t n,
                                                double* dx) {
   normalize_backward_impl(u, nrm, eps, scale, du, n, dx);
+}
+QKNORM_BLAS_CLONES FormRow formulation_row(NormKind kind, const double* x,
+                                           int64_t n, double eps, double* xh) {
+  return formulation_impl(kind, x, n, eps, xh);
+}
+QKNORM_BLAS_CLONES void formulation_row_backward(NormKind kind,
+                                                 const double* xh, FormRow st,
+                                                 double eps, int64_t n,
+                                                 double* du) {
+  formulation_backward_impl(kind, xh, st, eps, n, du);
 }
 QKNORM_BLAS_CLONES double dot_double(const float* a, const float* b,
                                      int64_t n) {

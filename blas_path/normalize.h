@@ -40,6 +40,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "qknorm/attention.h"
+
 namespace qknorm::blas {
 
 // ||x||_2 = mant * 2^exp with mant in [0.5, 1), or mant = 0 for a zero row.
@@ -80,6 +82,34 @@ void normalize_backward_row(const float* u, RowNorm nrm, double eps,
 void normalize_backward_row(const double* u, RowNorm nrm, double eps,
                             double scale, const double* du, int64_t n,
                             double* dx);
+
+// The formulations of issue 16 (attention.h), one normalization row of n
+// values given as their exact double images, computed in double:
+//   l2:    x_hat = x / max(||x||, eps) (normalize_row's arithmetic),
+//   rms:   x_hat = x / sqrt(mean(x^2) + eps),
+//   layer: x_hat = (x - mean(x)) / sqrt(var(x) + eps) (biased variance),
+//   none:  x_hat = x.
+// rms and layer never form a square or a sum that overflows or underflows
+// harmfully: the row is scaled by 2^-e (e the exponent of max|x|, exact),
+// centred (layer), and divided by a = max|y| (y the centred scaled row), so
+// that m = mean((y / a)^2) lies in [1/n, 1]; with A = a 2^e (the true
+// max|x - mu|, kept as a and e since it may exceed DBL_MAX) the divisor is
+//   A >= sqrt(eps): A * sqrt(m + (sqrt(eps) / A)^2)
+//   A <  sqrt(eps): sqrt(eps) * sqrt(1 + m (A / sqrt(eps))^2)
+// and x_hat = (y / a) * A / divisor. A zero row (rms) or constant row
+// (layer) gives x_hat = 0 with the divisor sqrt(eps) (its derivative).
+struct FormRow {
+  RowNorm nrm;       // l2: ||x||
+  double dmant = 1;  // rms, layer: the divisor is dmant * 2^dexp
+  int dexp = 0;
+};
+// x_hat of x[0..n) into xh (may not alias x).
+FormRow formulation_row(NormKind kind, const double* x, int64_t n, double eps,
+                        double* xh);
+// Backward of formulation_row: du (the gradient of x_hat) -> dx, in place;
+// xh and st as the forward returned them.
+void formulation_row_backward(NormKind kind, const double* xh, FormRow st,
+                              double eps, int64_t n, double* du);
 
 // sum_i a_i b_i in double (8 accumulators, fixed order).
 double dot_double(const float* a, const float* b, int64_t n);

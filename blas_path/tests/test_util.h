@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,26 @@ inline const Backend& entry(Precision p) {
       all_backends().find(std::string("blas:") + std::string(name(p)));
   if (b == nullptr) throw std::runtime_error("blas entry missing");
   return *b;
+}
+
+// Every field of two results, parameter gradients included, bit for bit.
+inline void expect_same_bits(const validation::AttentionResult& a,
+                             const validation::AttentionResult& b,
+                             const std::string& what) {
+  auto eq = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+  };
+  EXPECT_TRUE(eq(a.o, b.o)) << what << ": o";
+  EXPECT_TRUE(eq(a.lse, b.lse)) << what << ": lse";
+  EXPECT_TRUE(eq(a.dq, b.dq)) << what << ": dq";
+  EXPECT_TRUE(eq(a.dk, b.dk)) << what << ": dk";
+  EXPECT_TRUE(eq(a.dv, b.dv)) << what << ": dv";
+  EXPECT_EQ(std::memcmp(&a.dg, &b.dg, sizeof(double)), 0) << what << ": dg";
+  EXPECT_TRUE(eq(a.dq_weight, b.dq_weight)) << what << ": dq_weight";
+  EXPECT_TRUE(eq(a.dk_weight, b.dk_weight)) << what << ": dk_weight";
+  EXPECT_TRUE(eq(a.dq_bias, b.dq_bias)) << what << ": dq_bias";
+  EXPECT_TRUE(eq(a.dk_bias, b.dk_bias)) << what << ": dk_bias";
 }
 
 // The sweep of issue 3.
