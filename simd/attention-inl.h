@@ -69,6 +69,7 @@
 #include "hwy/highway.h"
 #include "qknorm/attention.h"
 #include "simd/convert-inl.h"
+#include "simd/formulation-inl.h"
 #include "simd/gemm-inl.h"
 #include "simd/rows-inl.h"
 #include "simd/workspace.h"
@@ -90,12 +91,14 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct AttnShape {
   int64_t B, H, BH, Nq, Nk, D;
-  size_t Dp;    // head_dim padded to a multiple of Lanes
-  size_t nkb;   // key blocks
-  size_t Nkp;   // keys padded: nkb * kKeyBlock
-  size_t nqb;   // query blocks of kQueryBlock
-  bool qk;      // qknorm (else sdpa)
-  float scale;  // g (qknorm) or 1/sqrt(D) (sdpa), as the f32 the math uses
+  int64_t Hk, BHk, group;  // kv heads (GQA), B * Hk, heads per kv head
+  size_t Dp;               // head_dim padded to a multiple of Lanes
+  size_t nkb;              // key blocks
+  size_t Nkp;              // keys padded: nkb * kKeyBlock
+  size_t nqb;              // query blocks of kQueryBlock
+  bool qk;                 // qknorm (else sdpa)
+  bool learned;            // qknorm with the learned g (dg is computed)
+  float scale;  // g or the fixed scale (qknorm), 1/sqrt(D) (sdpa), in f32
   float eps;
 };
 
@@ -103,14 +106,16 @@ inline AttnShape MakeShape(const AttentionProblem& p) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
   AttnShape s;
   s.B = p.batch, s.H = p.heads, s.BH = p.batch * p.heads;
+  s.Hk = kv_heads_of(p), s.BHk = p.batch * s.Hk, s.group = p.heads / s.Hk;
   s.Nq = p.q_len, s.Nk = p.kv_len, s.D = p.head_dim;
   s.Dp = (static_cast<size_t>(s.D) + N - 1) / N * N;
   s.nkb = (static_cast<size_t>(s.Nk) + kKeyBlock - 1) / kKeyBlock;
   s.Nkp = s.nkb * kKeyBlock;
   s.nqb = (static_cast<size_t>(s.Nq) + kQueryBlock - 1) / kQueryBlock;
   s.qk = p.variant == Variant::kQKNorm;
+  s.learned = s.qk && !p.fixed_scale;
   // Same f32 scale as the naive f32 reference computes.
-  s.scale = s.qk ? static_cast<float>(p.g)
+  s.scale = s.qk ? static_cast<float>(p.fixed_scale ? p.scale : p.g)
                  : 1.0f / std::sqrt(static_cast<float>(s.D));
   s.eps = EpsF32(p.eps);
   return s;
@@ -132,20 +137,6 @@ inline void ComputeLimits(const AttentionProblem& p, int64_t* lim) {
 inline size_t VisibleInBlock(int64_t lim, size_t j0) {
   const int64_t left = lim - static_cast<int64_t>(j0);
   return left <= 0 ? 0 : std::min(kKeyBlock, static_cast<size_t>(left));
-}
-
-// Row n of (b, h) in a storage view.
-template <Precision P>
-HWY_INLINE const StorageT<P>* RowPtr(const ConstTensor4& t, int64_t b,
-                                     int64_t h, int64_t n) {
-  return static_cast<const StorageT<P>*>(t.data) + b * t.layout.batch_stride +
-         h * t.layout.head_stride + n * t.layout.row_stride;
-}
-template <Precision P>
-HWY_INLINE StorageT<P>* RowPtr(const MutTensor4& t, int64_t b, int64_t h,
-                               int64_t n) {
-  return static_cast<StorageT<P>*>(t.data) + b * t.layout.batch_stride +
-         h * t.layout.head_stride + n * t.layout.row_stride;
 }
 
 // Lanes of v at column positions >= kv (row-relative, j is v's first column)
@@ -176,22 +167,46 @@ HWY_INLINE VF Logit(VF c, VF vscale) {
   return hn::Min(hn::Max(hn::Mul(c, vscale), lo), hi);
 }
 
-// Loads row n of a [rows, D] storage view into dst (padded, f32); if
-// `normalize`, unit-normalizes it and returns its NormInfo.
-template <Precision P>
-HWY_INLINE NormInfo LoadOperandRow(const StorageT<P>* src, const AttnShape& s,
-                                   bool normalize, float* dst) {
-  LoadRow<P>(src, static_cast<size_t>(s.D), dst, s.Dp);
-  if (normalize) return NormalizeRow(dst, s.Dp, s.eps);
-  return NormInfo{};
-}
-
 // Writes row `r` (Dp floats) as column (j % kKeyBlock) of the transposed
 // block layout [nkb][Dp][kKeyBlock].
 HWY_INLINE void ScatterTransposed(const float* row, size_t j, size_t Dp,
                                   float* blocks) {
   float* col = blocks + (j / kKeyBlock) * Dp * kKeyBlock + (j % kKeyBlock);
   for (size_t d = 0; d < Dp; ++d) col[d * kKeyBlock] = row[d];
+}
+
+// The two sides (formulation-inl.h) and their per-row records.
+struct Sides {
+  SideSpec q, k;
+  NormInfo *q_info, *k_info;
+  RowStat *q_stats, *k_stats;
+};
+
+// Normalizes q into qh ([BH][Nq][Dp]) and k into kh ([BHk][Nk][Dp]), dense
+// and zero padded, as each side's formulation says.
+template <Precision P>
+Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
+                   const ConstTensor4& q, const ConstTensor4& k,
+                   const AttnShape& s, SimdWorkspace& ws, ThreadPool& pool,
+                   float* qh, float* kh) {
+  const size_t Dp = s.Dp;
+  const size_t nq = ParamDoubles(p, 0, Dp);
+  double* params = ws.params.Get(nq + ParamDoubles(p, 1, Dp));
+  Sides sd;
+  sd.q = MakeSide<P>(p, 0, Dp, prm, params);
+  sd.k = MakeSide<P>(p, 1, Dp, prm, params + nq);
+  sd.q_info = ws.q_info.Get(static_cast<size_t>(s.BH * s.Nq));
+  sd.k_info = ws.k_info.Get(static_cast<size_t>(s.BHk * s.Nk));
+  sd.q_stats = ws.q_stats.Get(static_cast<size_t>(s.BH * s.Nq));
+  sd.k_stats = ws.k_stats.Get(static_cast<size_t>(s.BHk * s.Nk));
+  const int64_t tq = sd.q.prep_tasks();
+  pool.Run(tq + sd.k.prep_tasks(), [&](int64_t task, int) {
+    if (task < tq)
+      PrepSideTask<P>(sd.q, q, task, qh, sd.q_info, sd.q_stats);
+    else
+      PrepSideTask<P>(sd.k, k, task - tq, kh, sd.k_info, sd.k_stats);
+  });
+  return sd;
 }
 
 // ------------------------------------------------------------------ forward
@@ -205,9 +220,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   const size_t Dp = s.Dp, Kb = kKeyBlock, Mq = kQueryBlock;
   const size_t Nq = static_cast<size_t>(s.Nq), Nk = static_cast<size_t>(s.Nk);
 
+  const size_t BHk = static_cast<size_t>(s.BHk);
   float* qh = ws.qh.Get(static_cast<size_t>(s.BH) * Nq * Dp);
-  float* kt = ws.kt.Get(static_cast<size_t>(s.BH) * s.Nkp * Dp);
-  float* vv = ws.v.Get(static_cast<size_t>(s.BH) * s.Nkp * Dp);
+  float* kh = ws.kh.Get(BHk * Nk * Dp);
+  float* kt = ws.kt.Get(BHk * s.Nkp * Dp);
+  float* vv = ws.v.Get(BHk * s.Nkp * Dp);
   int64_t* lim = ws.limits.Get(static_cast<size_t>(s.B) * Nq);
   // Per worker: S/P tile, O accumulator, m, l, one row.
   const size_t per_worker = (Mq * Kb + Mq * Dp + 2 * Mq + Dp + 15) / 16 * 16;
@@ -215,26 +232,25 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
-  // Normalize / convert / pack, one task per (batch, head).
-  pool.Run(s.BH, [&](int64_t bh, int worker) {
-    const int64_t b = bh / s.H, h = bh % s.H;
-    float* row = scratch + per_worker * static_cast<size_t>(worker);
-    for (size_t i = 0; i < Nq; ++i)
-      LoadOperandRow<P>(RowPtr<P>(a.q, b, h, static_cast<int64_t>(i)), s, s.qk,
-                        qh + (static_cast<size_t>(bh) * Nq + i) * Dp);
-    float* ktb = kt + static_cast<size_t>(bh) * s.Nkp * Dp;
-    float* vb = vv + static_cast<size_t>(bh) * s.Nkp * Dp;
+  // Normalize q and k (their formulation), then pack k_tilde transposed
+  // and v, one task per (batch, kv head).
+  PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh);
+  pool.Run(s.BHk, [&](int64_t bk, int worker) {
+    const int64_t b = bk / s.Hk, h = bk % s.Hk;
+    float* zero = scratch + per_worker * static_cast<size_t>(worker);
+    std::fill(zero, zero + Dp, 0.0f);
+    const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
+    float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
+    float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
     for (size_t j = 0; j < s.Nkp; ++j) {
       if (j < Nk) {
-        LoadOperandRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)), s,
-                          s.qk, row);
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
+        ScatterTransposed(khb + j * Dp, j, Dp, ktb);
       } else {
-        std::fill(row, row + Dp, 0.0f);
         std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
+        ScatterTransposed(zero, j, Dp, ktb);
       }
-      ScatterTransposed(row, j, Dp, ktb);
     }
   });
 
@@ -245,6 +261,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const size_t i0 =
         static_cast<size_t>(task % static_cast<int64_t>(s.nqb)) * Mq;
     const int64_t b = bh / s.H, h = bh % s.H;
+    const size_t bk = static_cast<size_t>(b * s.Hk + h / s.group);
     const size_t mr = std::min(Mq, Nq - i0);
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
@@ -259,8 +276,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     }
     std::fill(O, O + mr * Dp, 0.0f);
     const float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
-    const float* ktb = kt + static_cast<size_t>(bh) * s.Nkp * Dp;
-    const float* vb = vv + static_cast<size_t>(bh) * s.Nkp * Dp;
+    const float* ktb = kt + bk * s.Nkp * Dp;
+    const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
 
     for (size_t kb = 0; kb < nblocks; ++kb) {
@@ -375,15 +392,16 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   const AttnShape s = MakeShape(p);
   const size_t Dp = s.Dp, Kb = kKeyBlock, Mq = kQueryBlock;
   const size_t Nq = static_cast<size_t>(s.Nq), Nk = static_cast<size_t>(s.Nk);
-  const size_t BH = static_cast<size_t>(s.BH);
+  const size_t BH = static_cast<size_t>(s.BH), BHk = static_cast<size_t>(s.BHk);
+  const size_t group = static_cast<size_t>(s.group);
   const size_t G =
       std::min<size_t>(s.nkb, static_cast<size_t>(std::max<int64_t>(
-                                  1, (kTargetTasks + s.BH - 1) / s.BH)));
+                                  1, (kTargetTasks + s.BHk - 1) / s.BHk)));
 
   float* qh = ws.qh.Get(BH * Nq * Dp);
-  float* kh = ws.kh.Get(BH * s.Nkp * Dp);
-  float* kt = ws.kt.Get(BH * s.Nkp * Dp);
-  float* vt = ws.vt.Get(BH * s.Nkp * Dp);
+  float* kh = ws.kh.Get(BHk * Nk * Dp);
+  float* kt = ws.kt.Get(BHk * s.Nkp * Dp);
+  float* vt = ws.vt.Get(BHk * s.Nkp * Dp);
   float* dO = ws.d_o.Get(BH * Nq * Dp);
   // delta, and lse split into f32 hi + lo (lse = hi + lo to ~2^-48
   // relative), so that S - lse = (c * scale - hi) - lo keeps the double lse.
@@ -391,10 +409,8 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   float* delta = stats;
   float* lse_hi = stats + BH * Nq;
   float* lse_lo = stats + 2 * BH * Nq;
-  NormInfo* q_info = ws.q_info.Get(BH * Nq);
-  NormInfo* k_info = ws.k_info.Get(BH * Nk);
   float* dq_part = ws.dq_partial.Get(G * BH * Nq * Dp);
-  double* task_dg = ws.task_sums.Get(BH * G);
+  double* task_dg = ws.task_sums.Get(BHk * G);
   int64_t* lim = ws.limits.Get(static_cast<size_t>(s.B) * Nq);
   // Per worker: S/P and dP/dS tiles, dK and dV accumulators, two rows.
   const size_t per_worker = (2 * Mq * Kb + 2 * Kb * Dp + 2 * Dp + 15) / 16 * 16;
@@ -402,62 +418,70 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
-  pool.Run(s.BH, [&](int64_t bh, int worker) {
-    const int64_t b = bh / s.H, h = bh % s.H;
+  const Sides sd = PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh);
+  // Generic sides leave dk_tilde here (and dq_tilde in dq_part's slot 0) for
+  // the side backward.
+  float* dkt =
+      sd.k.mode == SideMode::kGeneric ? ws.dkt.Get(BHk * Nk * Dp) : nullptr;
+  pool.Run(s.BH + s.BHk, [&](int64_t t, int worker) {
     float* row = scratch + per_worker * static_cast<size_t>(worker);
-    for (size_t i = 0; i < Nq; ++i) {
-      const int64_t ii = static_cast<int64_t>(i);
-      const size_t r = static_cast<size_t>(bh) * Nq + i;
-      q_info[r] =
-          LoadOperandRow<P>(RowPtr<P>(a.q, b, h, ii), s, s.qk, qh + r * Dp);
-      LoadRow<P>(RowPtr<P>(a.d_o, b, h, ii), static_cast<size_t>(s.D),
-                 dO + r * Dp, Dp);
-      LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D), row, Dp);
-      delta[r] = DotChain(dO + r * Dp, row, Dp);
-      const double l = a.lse[r];
-      lse_hi[r] = static_cast<float>(l);
-      lse_lo[r] = std::isfinite(l)
-                      ? static_cast<float>(l - static_cast<double>(lse_hi[r]))
-                      : 0.0f;
-    }
-    float* khb = kh + static_cast<size_t>(bh) * s.Nkp * Dp;
-    float* ktb = kt + static_cast<size_t>(bh) * s.Nkp * Dp;
-    float* vtb = vt + static_cast<size_t>(bh) * s.Nkp * Dp;
-    for (size_t j = 0; j < s.Nkp; ++j) {
-      float* kr = khb + j * Dp;
-      if (j < Nk) {
-        const int64_t jj = static_cast<int64_t>(j);
-        k_info[static_cast<size_t>(bh) * Nk + j] =
-            LoadOperandRow<P>(RowPtr<P>(a.k, b, h, jj), s, s.qk, kr);
-        LoadRow<P>(RowPtr<P>(a.v, b, h, jj), static_cast<size_t>(s.D), row, Dp);
-      } else {
-        std::fill(kr, kr + Dp, 0.0f);
-        std::fill(row, row + Dp, 0.0f);
+    if (t < s.BH) {
+      const int64_t bh = t, b = bh / s.H, h = bh % s.H;
+      for (size_t i = 0; i < Nq; ++i) {
+        const int64_t ii = static_cast<int64_t>(i);
+        const size_t r = static_cast<size_t>(bh) * Nq + i;
+        LoadRow<P>(RowPtr<P>(a.d_o, b, h, ii), static_cast<size_t>(s.D),
+                   dO + r * Dp, Dp);
+        LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D), row, Dp);
+        delta[r] = DotChain(dO + r * Dp, row, Dp);
+        const double l = a.lse[r];
+        lse_hi[r] = static_cast<float>(l);
+        lse_lo[r] = std::isfinite(l)
+                        ? static_cast<float>(l - static_cast<double>(lse_hi[r]))
+                        : 0.0f;
       }
-      ScatterTransposed(kr, j, Dp, ktb);
-      ScatterTransposed(row, j, Dp, vtb);
+      return;
+    }
+    const int64_t bk = t - s.BH, b = bk / s.Hk, h = bk % s.Hk;
+    const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
+    float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
+    float* vtb = vt + static_cast<size_t>(bk) * s.Nkp * Dp;
+    float* zero = row + Dp;
+    std::fill(zero, zero + Dp, 0.0f);
+    for (size_t j = 0; j < s.Nkp; ++j) {
+      if (j < Nk) {
+        LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
+                   static_cast<size_t>(s.D), row, Dp);
+        ScatterTransposed(khb + j * Dp, j, Dp, ktb);
+        ScatterTransposed(row, j, Dp, vtb);
+      } else {
+        ScatterTransposed(zero, j, Dp, ktb);
+        ScatterTransposed(zero, j, Dp, vtb);
+      }
     }
   });
 
-  // dK, dV and partial dQ: one task per (batch, head, key group).
-  pool.Run(s.BH * static_cast<int64_t>(G), [&](int64_t task, int worker) {
-    const size_t bh = static_cast<size_t>(task) / G,
+  // dK, dV and partial dQ: one task per (batch, kv head, key group); the
+  // query heads of the kv head's group are walked in order, so dK and dV
+  // sum over the group in a fixed order (GQA).
+  pool.Run(s.BHk * static_cast<int64_t>(G), [&](int64_t task, int worker) {
+    const size_t bk = static_cast<size_t>(task) / G,
                  g = static_cast<size_t>(task) % G;
-    const int64_t b = static_cast<int64_t>(bh) / s.H,
-                  h = static_cast<int64_t>(bh) % s.H;
+    const int64_t b = static_cast<int64_t>(bk) / s.Hk,
+                  hk = static_cast<int64_t>(bk) % s.Hk;
     const int64_t* L = lim + static_cast<size_t>(b) * Nq;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
     float* dP = S + Mq * Kb;
     float* dK = dP + Mq * Kb;
     float* dV = dK + Kb * Dp;
-    float* row = dV + Kb * Dp;
-    float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
-    std::fill(dqp, dqp + Nq * Dp, 0.0f);
-    const float* qb = qh + bh * Nq * Dp;
-    const float* dob = dO + bh * Nq * Dp;
-    const float* khb = kh + bh * s.Nkp * Dp;
-    const float* ktb = kt + bh * s.Nkp * Dp;
-    const float* vtb = vt + bh * s.Nkp * Dp;
+    const size_t bh0 = static_cast<size_t>(b * s.H + hk * s.group);
+    for (size_t m = 0; m < group; ++m) {
+      float* dqp = dq_part + (g * BH + bh0 + m) * Nq * Dp;
+      std::fill(dqp, dqp + Nq * Dp, 0.0f);
+    }
+    const float* khb = kh + bk * Nk * Dp;
+    const float* ktb = kt + bk * s.Nkp * Dp;
+    const float* vtb = vt + bk * s.Nkp * Dp;
     const VF vscale = hn::Set(df, s.scale);
     double dg = 0;
     for (size_t kb = g; kb < s.nkb; kb += G) {
@@ -465,64 +489,74 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
       std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // dK and dV
       size_t i_first = 0;
       while (i_first < Nq && L[i_first] <= static_cast<int64_t>(j0)) ++i_first;
-      for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
-        const size_t mr = std::min(Mq, Nq - i0);
-        Gemm(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
-             ktb + kb * Dp * Kb, Kb, S, Kb, false);
-        Gemm(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
-             vtb + kb * Dp * Kb, Kb, dP, Kb, false);
-        VF vdg = hn::Zero(df);
-        for (size_t r = 0; r < mr; ++r) {
-          const size_t i = i0 + r;
-          float* sr = S + r * Kb;
-          float* dpr = dP + r * Kb;
-          const size_t kv = VisibleInBlock(L[i], j0);
-          if (kv == 0) {
-            std::fill(sr, sr + Kb, 0.0f);
-            std::fill(dpr, dpr + Kb, 0.0f);
-            continue;
+      for (size_t m = 0; m < group; ++m) {
+        const size_t bh = bh0 + m;
+        const float* qb = qh + bh * Nq * Dp;
+        const float* dob = dO + bh * Nq * Dp;
+        float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
+        for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
+          const size_t mr = std::min(Mq, Nq - i0);
+          Gemm(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+               ktb + kb * Dp * Kb, Kb, S, Kb, false);
+          Gemm(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+               vtb + kb * Dp * Kb, Kb, dP, Kb, false);
+          VF vdg = hn::Zero(df);
+          for (size_t r = 0; r < mr; ++r) {
+            const size_t i = i0 + r;
+            float* sr = S + r * Kb;
+            float* dpr = dP + r * Kb;
+            const size_t kv = VisibleInBlock(L[i], j0);
+            if (kv == 0) {
+              std::fill(sr, sr + Kb, 0.0f);
+              std::fill(dpr, dpr + Kb, 0.0f);
+              continue;
+            }
+            const VF vhi = hn::Set(df, lse_hi[bh * Nq + i]);
+            const VF vlo = hn::Set(df, lse_lo[bh * Nq + i]);
+            const VF vd = hn::Set(df, delta[bh * Nq + i]);
+            for (size_t j = 0; j < Kb; j += N) {
+              const VF c = hn::LoadU(df, sr + j);
+              const VF x = hn::Sub(hn::Sub(Logit(c, vscale), vhi), vlo);
+              const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
+              const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
+              vdg = hn::MulAdd(ds, c, vdg);
+              hn::StoreU(pr, df, sr + j);
+              hn::StoreU(ds, df, dpr + j);
+            }
           }
-          const VF vhi = hn::Set(df, lse_hi[bh * Nq + i]);
-          const VF vlo = hn::Set(df, lse_lo[bh * Nq + i]);
-          const VF vd = hn::Set(df, delta[bh * Nq + i]);
-          for (size_t j = 0; j < Kb; j += N) {
-            const VF c = hn::LoadU(df, sr + j);
-            const VF x = hn::Sub(hn::Sub(Logit(c, vscale), vhi), vlo);
-            const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
-            const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
-            vdg = hn::MulAdd(ds, c, vdg);
-            hn::StoreU(pr, df, sr + j);
-            hn::StoreU(ds, df, dpr + j);
-          }
+          dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
+          // dV += P^T dO, dK_tilde += dS^T Q_tilde (scale applied at the
+          // end), dQ_tilde partial += dS K_tilde.
+          Gemm(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb), dob + i0 * Dp, Dp,
+               dV, Dp, true);
+          Gemm(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb), qb + i0 * Dp, Dp,
+               dK, Dp, true);
+          Gemm(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1, khb + j0 * Dp, Dp,
+               dqp + i0 * Dp, Dp, true);
         }
-        dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
-        // dV += P^T dO, dK_hat += dS^T Q_hat (scale applied at the end),
-        // dQ_hat partial += dS K_hat.
-        Gemm(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb), dob + i0 * Dp, Dp,
-             dV, Dp, true);
-        Gemm(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb), qb + i0 * Dp, Dp,
-             dK, Dp, true);
-        Gemm(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1, khb + j0 * Dp, Dp,
-             dqp + i0 * Dp, Dp, true);
       }
       for (size_t jj = 0; jj < kc; ++jj) {
         const size_t j = j0 + jj;
         float* dkr = dK + jj * Dp;
         ScaleRow(dkr, Dp, s.scale);
-        if (s.qk)
-          NormalizeRowBackward(khb + j * Dp, k_info[bh * Nk + j], s.eps, dkr,
-                               Dp);
-        StoreRow<P>(dkr, static_cast<size_t>(s.D),
-                    RowPtr<P>(a.dk, b, h, static_cast<int64_t>(j)));
+        if (sd.k.mode == SideMode::kGeneric) {
+          std::copy(dkr, dkr + Dp, dkt + (bk * Nk + j) * Dp);
+        } else {
+          if (sd.k.mode == SideMode::kUnitL2)
+            NormalizeRowBackward(khb + j * Dp, sd.k_info[bk * Nk + j], s.eps,
+                                 dkr, Dp);
+          StoreRow<P>(dkr, static_cast<size_t>(s.D),
+                      RowPtr<P>(a.dk, b, hk, static_cast<int64_t>(j)));
+        }
         StoreRow<P>(dV + jj * Dp, static_cast<size_t>(s.D),
-                    RowPtr<P>(a.dv, b, h, static_cast<int64_t>(j)));
+                    RowPtr<P>(a.dv, b, hk, static_cast<int64_t>(j)));
       }
     }
     task_dg[task] = dg;
-    (void)row;
   });
 
-  // dQ: sum the G partials in g order, scale, normalization backward.
+  // dQ: sum the G partials in g order, scale, normalization backward (or,
+  // generic q side, dq_tilde left in slot 0 for the side backward).
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
     const size_t bh = static_cast<size_t>(task) / s.nqb;
     const size_t i0 = static_cast<size_t>(task) % s.nqb * Mq;
@@ -530,7 +564,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
                   h = static_cast<int64_t>(bh) % s.H;
     float* row = scratch + per_worker * static_cast<size_t>(worker);
     for (size_t i = i0; i < std::min(Nq, i0 + Mq); ++i) {
-      const float* src = dq_part + (bh * Nq + i) * Dp;
+      float* src = dq_part + (bh * Nq + i) * Dp;
       std::copy(src, src + Dp, row);
       for (size_t g = 1; g < G; ++g) {
         const float* part = dq_part + ((g * BH + bh) * Nq + i) * Dp;
@@ -539,17 +573,62 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
                      df, row + d);
       }
       ScaleRow(row, Dp, s.scale);
-      if (s.qk)
-        NormalizeRowBackward(qh + (bh * Nq + i) * Dp, q_info[bh * Nq + i],
+      if (sd.q.mode == SideMode::kGeneric) {
+        std::copy(row, row + Dp, src);
+        continue;
+      }
+      if (sd.q.mode == SideMode::kUnitL2)
+        NormalizeRowBackward(qh + (bh * Nq + i) * Dp, sd.q_info[bh * Nq + i],
                              s.eps, row, Dp);
       StoreRow<P>(row, static_cast<size_t>(s.D),
                   RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));
     }
   });
 
+  // The generic sides' backward and their parameter gradients.
+  const int64_t tq = sd.q.tasks(), tk = sd.k.tasks();
+  const size_t sq = sd.q.slot(), sk = sd.k.slot();
+  const size_t nq = static_cast<size_t>(tq) * sq;
+  const size_t nk = static_cast<size_t>(tk) * sk;
+  double* q_dw = nullptr;
+  double* q_db = nullptr;
+  double* k_dw = nullptr;
+  double* k_db = nullptr;
+  if (tq + tk > 0) {
+    q_dw = ws.param_partials.Get(2 * (nq + nk));
+    q_db = q_dw + nq;
+    k_dw = q_db + nq;
+    k_db = k_dw + nk;
+    const size_t rs = 2 * std::max(sq, sk);
+    float* rscratch = ws.row_scratch.Get(rs * static_cast<size_t>(threads));
+    pool.Run(tq + tk, [&](int64_t t, int worker) {
+      float* sc = rscratch + rs * static_cast<size_t>(worker);
+      if (t < tq) {
+        BackSideTask<P>(sd.q, a.q, a.dq, t, dq_part, sd.q_stats, sc,
+                        q_dw + static_cast<size_t>(t) * sq,
+                        q_db + static_cast<size_t>(t) * sq);
+      } else {
+        const size_t u = static_cast<size_t>(t - tq);
+        BackSideTask<P>(sd.k, a.k, a.dk, t - tq, dkt, sd.k_stats, sc,
+                        k_dw + u * sk, k_db + u * sk);
+      }
+    });
+  }
+  const NormParamGrads& dp = a.d_params;
+  for (const MutParamRef* r :
+       {&dp.q_weight, &dp.k_weight, &dp.q_bias, &dp.k_bias})
+    if (r->data != nullptr) std::fill(r->data, r->data + r->size, 0.0);
+  if (tq > 0 && sd.q.weight)
+    ReduceParams(sd.q, q_dw, q_db, dp.q_weight.data,
+                 sd.q.bias ? dp.q_bias.data : nullptr);
+  if (tk > 0 && sd.k.weight)
+    ReduceParams(sd.k, k_dw, k_db,
+                 p.norm.shared_qk_weight ? dp.q_weight.data : dp.k_weight.data,
+                 sd.k.bias ? dp.k_bias.data : nullptr);
+
   double dg = 0;
-  if (s.qk)
-    for (size_t t = 0; t < BH * G; ++t) dg += task_dg[t];
+  if (s.learned)
+    for (size_t t = 0; t < BHk * G; ++t) dg += task_dg[t];
   *a.dg = dg;
 }
 

@@ -25,6 +25,10 @@ class SimdBackend final : public Backend {
   SimdBackend(const CompiledTarget& t, Precision p)
       : Backend("simd", t.name, p), target_(t) {}
 
+  // Every formulation of attention.h (issue 16), forward and backward:
+  // the paper's and sdpa as before, the others through formulation-inl.h.
+  bool supports(const AttentionProblem&) const override { return true; }
+
   bool available() const override {
     return (hwy::SupportedTargets() & target_.bit) != 0;
   }

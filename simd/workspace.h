@@ -42,6 +42,14 @@ struct NormInfo {
   int32_t clamped = 1;
 };
 
+// Per-row record of a generic normalization row (formulations, issue 16;
+// formulation-inl.h): x_hat = (x - mu) * inv, all in f64; clamped: an l2 row
+// with ||x|| <= eps (its backward is du * inv).
+struct RowStat {
+  double mu = 0, inv = 1;
+  int32_t clamped = 0;
+};
+
 class SimdWorkspace final : public Workspace {
  public:
   // Returns a pool with exactly `threads` threads (recreated on change).
@@ -56,6 +64,11 @@ class SimdWorkspace final : public Workspace {
   GrowBuffer<NormInfo> q_info, k_info;
   GrowBuffer<int64_t> limits;
   GrowBuffer<double> task_sums;
+  // Formulations: dk_tilde (dense, padded), per-row statistics of q and k,
+  // the parameters in f64 (padded) and the per-task parameter gradients.
+  GrowBuffer<float> dkt, row_scratch;
+  GrowBuffer<RowStat> q_stats, k_stats;
+  GrowBuffer<double> params, param_partials;
 
  private:
   std::unique_ptr<ThreadPool> pool_;

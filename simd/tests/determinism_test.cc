@@ -16,22 +16,6 @@
 namespace qknorm::simd::testing {
 namespace {
 
-bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
-
-void ExpectSame(const validation::AttentionResult& a,
-                const validation::AttentionResult& b, const std::string& what) {
-  EXPECT_TRUE(SameBits(a.o, b.o)) << what << ": o differs";
-  EXPECT_TRUE(SameBits(a.lse, b.lse)) << what << ": lse differs";
-  EXPECT_TRUE(SameBits(a.dq, b.dq)) << what << ": dq differs";
-  EXPECT_TRUE(SameBits(a.dk, b.dk)) << what << ": dk differs";
-  EXPECT_TRUE(SameBits(a.dv, b.dv)) << what << ": dv differs";
-  EXPECT_EQ(std::memcmp(&a.dg, &b.dg, sizeof(double)), 0)
-      << what << ": dg differs";
-}
-
 class SimdDeterminism : public ::testing::TestWithParam<const Backend*> {};
 
 TEST_P(SimdDeterminism, AttentionAcrossThreadsAndReruns) {
