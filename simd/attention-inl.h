@@ -183,12 +183,14 @@ struct Sides {
 };
 
 // Normalizes q into qh ([BH][Nq][Dp]) and k into kh ([BHk][Nk][Dp]), dense
-// and zero padded, as each side's formulation says.
+// and zero padded, as each side's formulation says. k_generic_only: k is
+// prepared only if its side is generic (the forward packs raw and unit-l2
+// k rows itself, straight from a row in L1, as before issue 16).
 template <Precision P>
 Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
                    const ConstTensor4& q, const ConstTensor4& k,
                    const AttnShape& s, SimdWorkspace& ws, ThreadPool& pool,
-                   float* qh, float* kh) {
+                   float* qh, float* kh, bool k_generic_only) {
   const size_t Dp = s.Dp;
   const size_t nq = ParamDoubles(p, 0, Dp);
   double* params = ws.params.Get(nq + ParamDoubles(p, 1, Dp));
@@ -200,7 +202,8 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
   sd.q_stats = ws.q_stats.Get(static_cast<size_t>(s.BH * s.Nq));
   sd.k_stats = ws.k_stats.Get(static_cast<size_t>(s.BHk * s.Nk));
   const int64_t tq = sd.q.prep_tasks();
-  pool.Run(tq + sd.k.prep_tasks(), [&](int64_t task, int) {
+  const bool k_here = !k_generic_only || sd.k.mode == SideMode::kGeneric;
+  pool.Run(tq + (k_here ? sd.k.prep_tasks() : 0), [&](int64_t task, int) {
     if (task < tq)
       PrepSideTask<P>(sd.q, q, task, qh, sd.q_info, sd.q_stats);
     else
@@ -234,10 +237,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
   // Normalize q and k (their formulation), then pack k_tilde transposed
   // and v, one task per (batch, kv head).
-  PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh);
+  const Sides sd =
+      PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
     const int64_t b = bk / s.Hk, h = bk % s.Hk;
     float* zero = scratch + per_worker * static_cast<size_t>(worker);
+    float* krow = zero + Dp;
     std::fill(zero, zero + Dp, 0.0f);
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
@@ -246,7 +251,14 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       if (j < Nk) {
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        ScatterTransposed(khb + j * Dp, j, Dp, ktb);
+        const float* kr = khb + j * Dp;
+        if (sd.k.mode != SideMode::kGeneric) {
+          LoadRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)),
+                     static_cast<size_t>(s.D), krow, Dp);
+          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(krow, Dp, s.eps);
+          kr = krow;
+        }
+        ScatterTransposed(kr, j, Dp, ktb);
       } else {
         std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
         ScatterTransposed(zero, j, Dp, ktb);
@@ -394,9 +406,11 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   const size_t Nq = static_cast<size_t>(s.Nq), Nk = static_cast<size_t>(s.Nk);
   const size_t BH = static_cast<size_t>(s.BH), BHk = static_cast<size_t>(s.BHk);
   const size_t group = static_cast<size_t>(s.group);
+  // Key groups per kv head: ~kTargetTasks (query head x key group) units of
+  // work in all (a GQA task walks its group's query heads).
   const size_t G =
       std::min<size_t>(s.nkb, static_cast<size_t>(std::max<int64_t>(
-                                  1, (kTargetTasks + s.BHk - 1) / s.BHk)));
+                                  1, (kTargetTasks + s.BH - 1) / s.BH)));
 
   float* qh = ws.qh.Get(BH * Nq * Dp);
   float* kh = ws.kh.Get(BHk * Nk * Dp);
@@ -418,7 +432,8 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
-  const Sides sd = PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh);
+  const Sides sd =
+      PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, false);
   // Generic sides leave dk_tilde here (and dq_tilde in dq_part's slot 0) for
   // the side backward.
   float* dkt =

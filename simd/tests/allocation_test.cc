@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "qknorm/backend.h"
+#include "qknorm/formulation.h"
 #include "simd/tests/test_util.h"
 #include "simd/workspace.h"
 
@@ -32,17 +33,31 @@ namespace {
 
 class SimdAllocation : public ::testing::TestWithParam<const Backend*> {};
 
-TEST_P(SimdAllocation, NoneAfterWarmUp) {
-  const Backend& entry = *GetParam();
+// The paper (preset null) or a preset's formulation with 2 kv heads (the
+// generic side path, its parameters and their gradients).
+void ExpectNoAllocation(const Backend& entry, const char* preset) {
   AttentionProblem p;
-  p.batch = 2, p.heads = 3, p.q_len = 77, p.kv_len = 130, p.head_dim = 40,
-  p.g = 12.32;
+  p.batch = 2, p.heads = preset ? 4 : 3, p.q_len = 77, p.kv_len = 130,
+  p.head_dim = 40, p.g = 12.32;
+  if (preset) p.kv_heads = 2, apply_preset(preset, &p);
   p.mask.causal = true;
+  const int64_t Hk = kv_heads_of(p);
+  std::vector<double> w[4], dw[4];
+  for (int i = 0; i < 4; ++i)
+    if (i < 2 || p.norm.bias) {
+      w[i].assign(static_cast<size_t>(param_size(p, i % 2)), 0.5);
+      dw[i].assign(w[i].size(), 0.0);
+    }
+  auto ref = [&](int i) {
+    return ParamRef{w[i].data(), static_cast<int64_t>(w[i].size())};
+  };
+  auto mref = [&](int i) {
+    return MutParamRef{dw[i].data(), static_cast<int64_t>(dw[i].size())};
+  };
   const size_t es = element_bytes(entry.precision());
   const size_t nq =
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
-  const size_t nk =
-      static_cast<size_t>(p.batch * p.heads * p.kv_len * p.head_dim);
+  const size_t nk = static_cast<size_t>(p.batch * Hk * p.kv_len * p.head_dim);
   // Small integers are exact in every format; their bytes are all we need.
   std::vector<unsigned char> q(nq * es), k(nk * es), v(nk * es), o(nq * es),
       d_o(nq * es), dq(nq * es), dk(nk * es), dv(nk * es);
@@ -56,11 +71,15 @@ TEST_P(SimdAllocation, NoneAfterWarmUp) {
   }
   std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
   const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-  const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
+  const Layout4 lk = contiguous_layout(Hk, p.kv_len, p.head_dim);
   const int64_t sq = static_cast<int64_t>(nq), sk = static_cast<int64_t>(nk);
-  const ForwardArgs fa{{q.data(), sq, lq}, {k.data(), sk, lk},
-                       {v.data(), sk, lk}, {o.data(), sq, lq},
-                       lse.data(),         static_cast<int64_t>(lse.size())};
+  const ForwardArgs fa{{q.data(), sq, lq},
+                       {k.data(), sk, lk},
+                       {v.data(), sk, lk},
+                       {o.data(), sq, lq},
+                       lse.data(),
+                       static_cast<int64_t>(lse.size()),
+                       {ref(0), ref(1), ref(2), ref(3)}};
   double dg = 0;
   const BackwardArgs ba{fa.q,
                         fa.k,
@@ -72,7 +91,9 @@ TEST_P(SimdAllocation, NoneAfterWarmUp) {
                         {dq.data(), sq, lq},
                         {dk.data(), sk, lk},
                         {dv.data(), sk, lk},
-                        &dg};
+                        &dg,
+                        fa.params,
+                        {mref(0), mref(1), mref(2), mref(3)}};
   ScaleNormProblem sp;
   sp.rows = p.batch * p.heads * p.q_len, sp.dim = p.head_dim;
   const ScaleNormForwardArgs sfa{{q.data(), sq, p.head_dim},
@@ -83,7 +104,7 @@ TEST_P(SimdAllocation, NoneAfterWarmUp) {
                                   &dg};
   std::unique_ptr<Workspace> ws = entry.make_workspace();
   auto* sws = dynamic_cast<SimdWorkspace*>(ws.get());
-  ASSERT_NE(sws, nullptr);
+  ASSERT_NE(sws, nullptr) << entry.name();
   const ExecConfig cfg{2};
   auto run_all = [&] {
     entry.attention_forward(p, fa, ws.get(), cfg);
@@ -101,6 +122,15 @@ TEST_P(SimdAllocation, NoneAfterWarmUp) {
   EXPECT_EQ(sws->scratch.Get(1), scratch)
       << entry.name() << ": scratch reallocated";
   EXPECT_EQ(sws->qh.Get(1), qh) << entry.name() << ": q_hat buffer reallocated";
+}
+
+TEST_P(SimdAllocation, NoneAfterWarmUp) {
+  ExpectNoAllocation(*GetParam(), nullptr);
+}
+
+TEST_P(SimdAllocation, NoneAfterWarmUpWithFormulations) {
+  for (const char* preset : {"qwen3", "chameleon", "olmo2"})
+    ExpectNoAllocation(*GetParam(), preset);
 }
 
 INSTANTIATE_TEST_SUITE_P(Entries, SimdAllocation,

@@ -11,10 +11,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "simd/tests/test_util.h"
@@ -41,6 +43,41 @@ AttentionProblem PresetProblem(const Preset& s, int64_t B, int64_t Nq,
     if (B > 1) p.mask.key_lengths[1] = 0;  // a fully masked batch
   }
   return p;
+}
+
+// The probabilities `entry`'s hook reports for case c (inputs in its
+// storage).
+std::vector<double> Probabilities(const Backend& entry,
+                                  const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const Precision prec = entry.precision();
+  auto encode_all = [&](const std::vector<double>& x) {
+    std::vector<unsigned char> buf(x.size() * element_bytes(prec));
+    for (size_t i = 0; i < x.size(); ++i) encode(prec, x[i], buf.data(), i);
+    return buf;
+  };
+  auto q = encode_all(c.q), k = encode_all(c.k), v = encode_all(c.v);
+  std::vector<unsigned char> o(q.size());
+  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
+  const Layout4 lk = contiguous_layout(kv_heads_of(p), p.kv_len, p.head_dim);
+  auto ref = [](const std::vector<double>& w) {
+    return ParamRef{w.data(), static_cast<int64_t>(w.size())};
+  };
+  const int64_t nq = static_cast<int64_t>(c.q.size()),
+                nk = static_cast<int64_t>(c.k.size());
+  ForwardArgs fa{
+      {q.data(), nq, lq},
+      {k.data(), nk, lk},
+      {v.data(), nk, lk},
+      {o.data(), nq, lq},
+      lse.data(),
+      static_cast<int64_t>(lse.size()),
+      {ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)}};
+  std::vector<double> probs(
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len), -1);
+  EXPECT_TRUE(entry.attention_probabilities(p, fa, probs.data(), nullptr));
+  return probs;
 }
 
 class SimdFormulations : public ::testing::TestWithParam<const Backend*> {};
@@ -82,6 +119,90 @@ TEST_P(SimdFormulations, ThreadsOneAndTwoAgreeBitwise) {
     const auto one = validation::run_attention(entry, c, ExecConfig{1});
     const auto two = validation::run_attention(entry, c, ExecConfig{2});
     ExpectSame(one, two, entry.name() + " " + s.name + " threads 1 vs 2");
+  }
+}
+
+// Free combinations beyond the presets: every mode of each side (raw,
+// unit l2, generic) with GQA, fixed scales, biases, Gemma's 1 + w, rounding
+// before the weight with a bias, across-heads l2 and layer norms.
+std::vector<std::pair<std::string, AttentionProblem>> FreeCombinations() {
+  std::vector<std::pair<std::string, AttentionProblem>> r;
+  auto base = [] {
+    AttentionProblem p;
+    p.batch = 2, p.heads = 4, p.kv_heads = 2, p.q_len = 6, p.kv_len = 9;
+    p.head_dim = 12, p.g = 2.5, p.eps = 1e-5;
+    return p;
+  };
+  AttentionProblem p = base();
+  p.variant = Variant::kSDPA;
+  r.emplace_back("sdpa gqa", p);
+  p = base();
+  p.fixed_scale = true, p.scale = 4;
+  r.emplace_back("l2 gqa fixed", p);
+  p = base();
+  p.norm.kind = NormKind::kNone, p.norm.weight = ParamShape::kDim;
+  p.norm.bias = true, p.fixed_scale = true, p.scale = 0.25;
+  r.emplace_back("none w b", p);
+  p = base();
+  p.norm.kind = NormKind::kLayer, p.norm.axis = NormAxis::kAllHeads;
+  p.norm.weight = ParamShape::kHeadDim, p.norm.bias = true;
+  p.norm.one_plus_weight = true;
+  r.emplace_back("layer all 1+w b", p);
+  p = base();
+  p.norm.kind = NormKind::kRms, p.norm.weight = ParamShape::kHeadDim;
+  p.norm.bias = true, p.norm.round_before_weight = true;
+  p.fixed_scale = true, p.scale = 0.5;
+  r.emplace_back("rms round w b", p);
+  p = base();
+  p.norm.axis = NormAxis::kAllHeads;
+  r.emplace_back("l2 all", p);
+  p = base();
+  p.norm.kind = NormKind::kRms, p.norm.axis = NormAxis::kAllHeads;
+  r.emplace_back("rms all", p);
+  p = base();
+  p.kv_heads = 4;
+  p.norm.weight = ParamShape::kDim, p.norm.shared_qk_weight = true;
+  p.norm.one_plus_weight = true;
+  r.emplace_back("l2 shared 1+w", p);
+  return r;
+}
+
+TEST_P(SimdFormulations, FreeCombinationsPassTheVerdict) {
+  const Backend& entry = *GetParam();
+  int n = 0;
+  for (const auto& [what, p] : FreeCombinations())
+    for (Distribution d : {Distribution::kGaussian, Distribution::kZeroRows})
+      for (int mask : {kNoMask, kCausalMask}) {
+        AttentionProblem pm = p;
+        pm.mask.causal = mask == kCausalMask;
+        ASSERT_TRUE(entry.supports(pm)) << what;
+        AttentionCase c = validation::make_attention_case(
+            pm, d, 700 + static_cast<uint64_t>(n++), entry.precision());
+        const auto rep =
+            validation::check_attention(entry, c, ExecConfig{2}, false, true);
+        EXPECT_TRUE(rep.pass) << what << ": " << rep.failure_message();
+      }
+}
+
+// The probabilities hook follows the formulation: each preset's
+// probabilities equal the f64 reference's to f32 accuracy.
+TEST_P(SimdFormulations, ProbabilitiesFollowTheFormulation) {
+  const Backend& entry = *GetParam();
+  if (entry.precision() != Precision::kF32) GTEST_SKIP() << "f32 suffices";
+  const Backend& ref = *all_backends().find("reference:f64");
+  for (const Preset& s : presets()) {
+    const AttentionProblem p = PresetProblem(s, 2, 9, 70, 12, kPaddingMask);
+    const auto c = validation::round_inputs(
+        validation::make_attention_case(p, Distribution::kGaussian, 5,
+                                        Precision::kF32),
+        Precision::kF32);
+    const auto mine = Probabilities(entry, c);
+    const auto want = Probabilities(ref, c);
+    ASSERT_EQ(mine.size(), want.size());
+    double worst = 0;
+    for (size_t i = 0; i < mine.size(); ++i)
+      worst = std::max(worst, std::fabs(mine[i] - want[i]));
+    EXPECT_LT(worst, 1e-5) << entry.name() << " " << s.name;
   }
 }
 

@@ -46,9 +46,13 @@ TEST_P(SimdProbabilities, MaskedZeroRowSumsAndNonSaturation) {
   const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
   const int64_t nq = static_cast<int64_t>(c.q.size()),
                 nk = static_cast<int64_t>(c.k.size());
-  ForwardArgs fa{{q.data(), nq, lq}, {k.data(), nk, lk},
-                 {v.data(), nk, lk}, {o.data(), nq, lq},
-                 lse.data(),         static_cast<int64_t>(lse.size())};
+  ForwardArgs fa{{q.data(), nq, lq},
+                 {k.data(), nk, lk},
+                 {v.data(), nk, lk},
+                 {o.data(), nq, lq},
+                 lse.data(),
+                 static_cast<int64_t>(lse.size()),
+                 {}};
   std::vector<double> probs(
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len), -1);
   ASSERT_TRUE(entry.attention_probabilities(p, fa, probs.data(), nullptr));

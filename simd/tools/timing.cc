@@ -68,9 +68,13 @@ int main(int argc, char** argv) {
     std::vector<double> lse(static_cast<size_t>(H * n));
     const Layout4 l = contiguous_layout(H, n, D);
     const int64_t isz = static_cast<int64_t>(sz);
-    ForwardArgs fa{{q.data(), isz, l}, {k.data(), isz, l},
-                   {v.data(), isz, l}, {o.data(), isz, l},
-                   lse.data(),         static_cast<int64_t>(lse.size())};
+    ForwardArgs fa{{q.data(), isz, l},
+                   {k.data(), isz, l},
+                   {v.data(), isz, l},
+                   {o.data(), isz, l},
+                   lse.data(),
+                   static_cast<int64_t>(lse.size()),
+                   {}};
     double dg = 0;
     BackwardArgs ba{fa.q,
                     fa.k,
@@ -82,7 +86,9 @@ int main(int argc, char** argv) {
                     {dq.data(), isz, l},
                     {dk.data(), isz, l},
                     {dv.data(), isz, l},
-                    &dg};
+                    &dg,
+                    {},
+                    {}};
     std::vector<float> S(static_cast<size_t>(n * n)),
         C(static_cast<size_t>(n * D));
     const double fwd_flops = 4.0 * n * n * D * H,

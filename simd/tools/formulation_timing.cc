@@ -1,0 +1,150 @@
+// Local timing of the formulations (issue 16; not a test, not the project
+// benchmark): f32 attention forward and backward of one simd entry at the
+// issue's shape (B = 1, 32 query heads, head_dim 128, n = 512 by default),
+// one preset after another in the same run; presets the model ships with
+// GQA get 8 kv heads, the others (the paper) 32. Reports ms and GFLOP/s
+// (forward 4 n^2 d per query head, backward 10 n^2 d) and the ratio of each
+// preset's time to the first preset's.
+//   simd_formulation_timing [entry] [reps] [n] [threads] [preset...]
+// e.g. simd_formulation_timing simd:AVX3:f32 5 512 1 paper qwen3
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qknorm/backend.h"
+#include "qknorm/formulation.h"
+
+namespace {
+
+double Seconds() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <class F>
+double BestOf(int reps, const F& f) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = Seconds();
+    f();
+    best = std::min(best, Seconds() - t0);
+  }
+  return best;
+}
+
+void Fill(std::vector<float>* v, uint32_t seed, float lo, float width) {
+  uint32_t s = seed;
+  for (float& x : *v) {
+    s = s * 1664525u + 1013904223u;
+    x = lo + width * (static_cast<float>(s >> 8) * 0x1p-24f);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace qknorm;
+  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
+  const int64_t n = argc > 3 ? std::atoll(argv[3]) : 512;
+  const int threads = argc > 4 ? std::atoi(argv[4]) : 1;
+  std::vector<std::string> names;
+  for (int i = 5; i < argc; ++i) names.push_back(argv[i]);
+  if (names.empty()) names = {"paper", "qwen3"};
+  const Backend* b = all_backends().find(name);
+  if (b == nullptr || !b->available()) {
+    std::fprintf(stderr, "no runnable entry %s\n", name.c_str());
+    return 1;
+  }
+  const int64_t H = 32, D = 128;
+  std::printf("%s n=%lld H=%lld D=%lld threads=%d\n", name.c_str(),
+              static_cast<long long>(n), static_cast<long long>(H),
+              static_cast<long long>(D), threads);
+  std::printf("%-10s %3s %9s %9s %9s %9s %8s %8s\n", "preset", "Hk", "fwd ms",
+              "bwd ms", "fwd GF/s", "bwd GF/s", "fwd/1st", "bwd/1st");
+  double first_f = 0, first_b = 0;
+  for (const std::string& preset : names) {
+    const Preset* ps = find_preset(preset);
+    if (ps == nullptr) {
+      std::fprintf(stderr, "unknown preset %s\n", preset.c_str());
+      return 1;
+    }
+    AttentionProblem p;
+    p.batch = 1, p.heads = H, p.q_len = n, p.kv_len = n, p.head_dim = D;
+    p.kv_heads = ps->gqa ? 8 : 0;
+    apply_preset(preset, &p);
+    p.g = 12.32;
+    const int64_t Hk = kv_heads_of(p);
+    const size_t sq = static_cast<size_t>(H * n * D),
+                 sk = static_cast<size_t>(Hk * n * D);
+    std::vector<float> q(sq), k(sk), v(sk), o(sq), d_o(sq), dq(sq), dk(sk),
+        dv(sk);
+    Fill(&q, 1, -0.5f, 1), Fill(&k, 2, -0.5f, 1), Fill(&v, 3, -0.5f, 1),
+        Fill(&d_o, 4, -0.5f, 1);
+    std::vector<double> lse(static_cast<size_t>(H * n));
+    // Weights near their initialization (1, or 0 for Gemma's 1 + w).
+    std::vector<double> pw[4], dpw[4];
+    for (int i = 0; i < 4; ++i) {
+      const size_t len = static_cast<size_t>(param_size(p, i % 2));
+      const bool bias = i >= 2;
+      if (bias && !p.norm.bias) continue;
+      std::vector<float> f(len);
+      Fill(&f, 10 + static_cast<uint32_t>(i), -0.1f, 0.2f);
+      for (float x : f)
+        pw[i].push_back((bias || p.norm.one_plus_weight) ? x : 1.0 + x);
+      dpw[i].assign(len, 0.0);
+    }
+    auto ref = [&](int i) {
+      return ParamRef{pw[i].data(), static_cast<int64_t>(pw[i].size())};
+    };
+    auto mref = [&](int i) {
+      return MutParamRef{dpw[i].data(), static_cast<int64_t>(dpw[i].size())};
+    };
+    const NormParams prm{ref(0), ref(1), ref(2), ref(3)};
+    const NormParamGrads dprm{mref(0), mref(1), mref(2), mref(3)};
+    const Layout4 lq = contiguous_layout(H, n, D),
+                  lk = contiguous_layout(Hk, n, D);
+    const int64_t isq = static_cast<int64_t>(sq),
+                  isk = static_cast<int64_t>(sk);
+    ForwardArgs fa{{q.data(), isq, lq},
+                   {k.data(), isk, lk},
+                   {v.data(), isk, lk},
+                   {o.data(), isq, lq},
+                   lse.data(),
+                   static_cast<int64_t>(lse.size()),
+                   prm};
+    double dg = 0;
+    BackwardArgs ba{fa.q,
+                    fa.k,
+                    fa.v,
+                    {o.data(), isq, lq},
+                    {d_o.data(), isq, lq},
+                    lse.data(),
+                    static_cast<int64_t>(lse.size()),
+                    {dq.data(), isq, lq},
+                    {dk.data(), isk, lk},
+                    {dv.data(), isk, lk},
+                    &dg,
+                    prm,
+                    dprm};
+    std::unique_ptr<Workspace> ws = b->make_workspace();
+    const ExecConfig cfg{threads};
+    checked_attention_forward(*b, p, fa, ws.get(), cfg);  // warm-up
+    checked_attention_backward(*b, p, ba, ws.get(), cfg);
+    const double tf =
+        BestOf(reps, [&] { b->attention_forward(p, fa, ws.get(), cfg); });
+    const double tb =
+        BestOf(reps, [&] { b->attention_backward(p, ba, ws.get(), cfg); });
+    if (first_f == 0) first_f = tf, first_b = tb;
+    const double ff = 4.0 * n * n * D * H, fb = 10.0 * n * n * D * H;
+    std::printf("%-10s %3lld %9.2f %9.2f %9.1f %9.1f %8.3f %8.3f\n",
+                preset.c_str(), static_cast<long long>(Hk), tf * 1e3, tb * 1e3,
+                ff / tf * 1e-9, fb / tb * 1e-9, tf / first_f, tb / first_b);
+  }
+  return 0;
+}
