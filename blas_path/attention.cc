@@ -573,6 +573,13 @@ inline double weight_of(const AttentionProblem& p, const SideWeights& sw,
   return p.norm.one_plus_weight ? 1.0 + sw.w[pi] : sw.w[pi];
 }
 
+// x_hat * gamma (+ beta_d) rounded to T.
+template <class T>
+inline T weighted(double xh, double gamma, const double* beta, int64_t d) {
+  const double t = xh * gamma;
+  return static_cast<T>(beta ? t + beta[d] : t);
+}
+
 // Gathers row r of x (its exact double images) into xr.
 template <class T>
 void gather_row(const ConstTensor4& x, const NormRows& sh, int64_t r,
@@ -606,11 +613,14 @@ void normalize_side(const AttentionProblem& p, int side, const ConstTensor4& x,
         continue;
       }
       const int64_t p0 = sh.param(r, s * D, p.norm.weight);
-      for (int64_t d = 0; d < D; ++d) {
-        double t = hs[d] * weight_of(p, sw, p0 + d);
-        if (sw.bias) t += sw.bias[p0 + d];
-        dst[d] = static_cast<T>(t);
-      }
+      const double* w = sw.w + p0;
+      const double* beta = sw.bias ? sw.bias + p0 : nullptr;
+      if (p.norm.one_plus_weight)
+        for (int64_t d = 0; d < D; ++d)
+          dst[d] = weighted<T>(hs[d], 1 + w[d], beta, d);
+      else
+        for (int64_t d = 0; d < D; ++d)
+          dst[d] = weighted<T>(hs[d], w[d], beta, d);
     }
   }
 }

@@ -18,6 +18,33 @@
 //             dV += P^T dO_blk, dA_blk = s dS B, dB += s dS^T A_blk (GEMMs),
 //             then the normalization backward per row. O and lse are not
 //             read (row_kernels.h says why).
+// Formulations (issue 16) and GQA: the paper's formulation and sdpa without
+// GQA take the per-head path above (unchanged); every other problem (rms,
+// layer or no normalization, per head or across heads, weights, biases,
+// 1 + w, a shared q/k weight, a fixed logit scale, kv_heads < heads) takes
+// the general path:
+//   A. every q and k normalization row (NormRows: one head's D values, or
+//      all heads of a token) is normalized once in double (normalize.h,
+//      formulation_row), times the weight plus the bias in double, rounded
+//      to T once into dense x_tilde buffers [B,H,Nq,D] and [B,Hk,Nk,D]; the
+//      rows in fixed chunks on the pool (round_before_weight rounds x_hat to
+//      the storage format, which for f32/f64 storage is the identity);
+//   B. the per-head algorithm above with A = q_tilde[b,h], B = k_tilde[b,hk],
+//      V = v[b,hk], hk = h / (H / Hk), s = the learned g or the fixed scale
+//      (sdpa: the inputs in place). Forward items are (b, h); backward items
+//      are (b, hk): the group's query heads run in head order and accumulate
+//      dk_tilde and dv (GEMMs with beta = 1), so the group sums have one
+//      order whatever the thread count; dq_tilde goes to a dense buffer;
+//   C. (backward) the normalization backward per row from x, the recomputed
+//      x_hat and du = dx_tilde * w; each chunk of rows sums its parameter
+//      gradients (dw += dx_tilde x_hat, dbeta += dx_tilde) into its own
+//      partial, and the partials are added in chunk order, q's then k's (a
+//      shared weight's gradient sums both). Chunks depend on the shape only.
+//   dg is 0 for a fixed scale. Measured (tools/blas_timing.cc, f32, H = 8,
+//   D = 64, one thread, no GQA): qwen3 / olmo2 / chameleon forward and
+//   backward at 0.58-0.87 of the paper path's speed at n = 128, 0.84-0.92
+//   at n = 512, 0.93-0.99 at n = 2048 (the extra O(n D) passes: the
+//   double gather, the recomputed x_hat, the dense copies).
 // GEMMs run single-threaded in OpenBLAS; (batch, head) items run in parallel
 // on the workspace's pool (pool.h: OpenBLAS's own threading changes the bits).
 //
@@ -45,6 +72,11 @@
 //           backward also Nk D (dk_hat accumulator) + query_block D (dq_hat)
 //   times min(threads, B H) slots, plus B H doubles (per-head dg) for the
 //   backward; workspace_bytes() is the exact total (tested).
+//   General path instead: per slot the block buffers and row statistics
+//   above and (qknorm) 2 (forward) or 3 (backward) normalization rows of
+//   doubles; shared, (qknorm) q_tilde and k_tilde ((B H Nq + B Hk Nk) D),
+//   backward also their gradients (as much again) and the parameter
+//   partials (chunks x parameters), and B Hk doubles (per-item dg).
 //   Example, f32, qknorm, Nq = Nk = 2048, D = 64 (query_block = 256), per
 //   slot: forward 3.0 MiB, forward + backward 5.6 MiB, against 16 MiB for one
 //   dense n x n f32 matrix (128 MiB for all 8 heads).

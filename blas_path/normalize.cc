@@ -38,6 +38,26 @@ QKNORM_BLAS_INLINE double dot_impl(const T* a, const T* b, int64_t n) {
   return sum_lanes(acc);
 }
 
+// max |x_i| in kAcc lanes (a ? : max vectorizes; the result is exact, in
+// any order).
+template <class T>
+QKNORM_BLAS_INLINE double amax_impl(const T* x, int64_t n) {
+  double acc[kAcc] = {};
+  int64_t i = 0;
+  for (; i + kAcc <= n; i += kAcc)
+    for (int l = 0; l < kAcc; ++l) {
+      const double a = std::fabs(static_cast<double>(x[i + l]));
+      acc[l] = a > acc[l] ? a : acc[l];
+    }
+  for (int l = 0; i < n; ++i, ++l) {
+    const double a = std::fabs(static_cast<double>(x[i]));
+    acc[l] = a > acc[l] ? a : acc[l];
+  }
+  double m = acc[0];
+  for (int l = 1; l < kAcc; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
 // Sum of (x_i * s1 * s2)^2.
 template <class T>
 QKNORM_BLAS_INLINE double sumsq_impl(const T* x, int64_t n, double s1,
@@ -77,11 +97,7 @@ struct InvPow2 {
 };
 
 QKNORM_BLAS_INLINE RowNorm norm_impl(const double* x, int64_t n) {
-  double amax = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double a = std::fabs(x[i]);
-    amax = a > amax ? a : amax;
-  }
+  const double amax = amax_impl(x, n);
   if (amax == 0) return {};
   int e = 0;
   std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1)
@@ -205,16 +221,12 @@ QKNORM_BLAS_INLINE bool scaled_ge(double a, int ea, double b, int eb) {
 }
 
 // rms / layer of formulation_row (normalize.h). xh receives the scaled,
-// centred row first, then x_hat.
+// centred row y first, then x_hat.
 QKNORM_BLAS_INLINE FormRow rms_layer_impl(bool layer, const double* x,
                                           int64_t n, double eps, double* xh) {
   FormRow st;
   const double se = std::sqrt(eps);
-  double xmax = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double a = std::fabs(x[i]);
-    xmax = a > xmax ? a : xmax;
-  }
+  const double xmax = amax_impl(x, n);
   st.dmant = se;  // a zero (rms) or constant (layer) row: x_hat = 0
   if (xmax == 0) {
     for (int64_t i = 0; i < n; ++i) xh[i] = 0;
@@ -224,45 +236,42 @@ QKNORM_BLAS_INLINE FormRow rms_layer_impl(bool layer, const double* x,
   std::frexp(xmax, &e);
   const InvPow2 s(e);
   for (int64_t i = 0; i < n; ++i) xh[i] = (x[i] * s.s1) * s.s2;
+  double a = (xmax * s.s1) * s.s2;  // max |y| (exact, in [0.5, 1))
   if (layer) {
     const double mu = mean_impl(xh, n);
     for (int64_t i = 0; i < n; ++i) xh[i] -= mu;
+    a = amax_impl(xh, n);
+    if (a == 0) {
+      for (int64_t i = 0; i < n; ++i) xh[i] = 0;
+      return st;
+    }
   }
-  double a = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double t = std::fabs(xh[i]);
-    a = t > a ? t : a;
-  }
-  if (a == 0) {
-    for (int64_t i = 0; i < n; ++i) xh[i] = 0;
-    return st;
-  }
-  for (int64_t i = 0; i < n; ++i) xh[i] /= a;
-  const double m = sumsq_impl(xh, n, 1.0, 1.0) / static_cast<double>(n);
+  // m = mean((y / a)^2) in [1/n, 1] (1 / a rounded: a relative 2^-53 on m).
+  const double m = sumsq_impl(xh, n, 1 / a, 1.0) / static_cast<double>(n);
+  int ka = 0, ks = 0;
+  const double fa = std::frexp(a, &ka), fs = std::frexp(se, &ks);
   if (scaled_ge(a, e, se, 0)) {
-    // r = sqrt(eps) / A <= 1 (may underflow: then it does not matter).
-    int ka = 0, ks = 0;
-    const double fa = std::frexp(a, &ka), fs = std::frexp(se, &ks);
+    // r = sqrt(eps) / A <= 1 (may underflow: then it does not matter);
+    // x_hat = y / (a d2).
     const double r = std::ldexp(fs / fa, ks - ka - e);
     const double d2 = std::sqrt(m + r * r);
-    for (int64_t i = 0; i < n; ++i) xh[i] /= d2;
-    st.dmant = a * d2;
+    const double div = a * d2;
+    for (int64_t i = 0; i < n; ++i) xh[i] /= div;
+    st.dmant = div;
     st.dexp = e;
     return st;
   }
-  // r = A / sqrt(eps) < 1; x_hat = (y / a) r / d2, the power of two applied
+  // r = A / sqrt(eps) < 1; x_hat = y r / (a d2), the power of two applied
   // per element when r is not normal (a row far below sqrt(eps)).
-  int ka = 0, ks = 0;
-  const double fa = std::frexp(a, &ka), fs = std::frexp(se, &ks);
   const double rm = fa / fs;
   const int re = ka + e - ks;
   const double r = std::ldexp(rm, re);
   const double d2 = std::sqrt(1 + m * r * r);
   if (r >= DBL_MIN) {
-    const double f = r / d2;
+    const double f = r / (a * d2);
     for (int64_t i = 0; i < n; ++i) xh[i] *= f;
   } else {
-    const double f = rm / d2;
+    const double f = rm / (a * d2);
     for (int64_t i = 0; i < n; ++i) xh[i] = std::ldexp(xh[i] * f, re);
   }
   st.dmant = se * d2;

@@ -6,6 +6,11 @@
 //   fwd:  blas:f32 attention_forward (qknorm, g = 12.32, no mask);
 //   bwd:  blas:f32 attention_backward;
 //   sdpa: blas:f32 forward of the sdpa variant (no normalization), same shapes.
+// Then the formulations' general path (issue 16) on the same shapes, without
+// GQA so that the FLOPs are the paper's: qwen3 (rms per head, [D] weight),
+// olmo2 (rms across heads, [H, D] weight), chameleon (LayerNorm, [H, D]
+// weight and bias), each forward and backward as a time ratio to the
+// paper's (form/paper < 1 means slower).
 // FLOPs: forward 4 n^2 d per head, backward 10 n^2 d (issue 3). Best of
 // `reps` runs after one warm-up call (workspace grown).
 //   usage: blas_timing [threads=1] [reps=5] [n...]
@@ -20,6 +25,7 @@
 
 #include "blas_path/attention.h"
 #include "blas_path/register.h"
+#include "qknorm/formulation.h"
 
 namespace {
 
@@ -149,6 +155,33 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n), f / t_gemm * 1e-9, f / t_fwd * 1e-9,
                 fb / t_bwd * 1e-9, t_gemm / t_fwd, fb / t_bgemm * 1e-9,
                 t_bgemm / t_bwd, t_gemm / t[4]);
+    for (const char* name : {"qwen3", "olmo2", "chameleon"}) {
+      AttentionProblem pf = p;
+      apply_preset(name, &pf);
+      std::vector<double> w(static_cast<size_t>(param_size(pf, 0)), 0.9),
+          dw(w.size()), dw2(w.size()), dw3(w.size()), dw4(w.size());
+      const auto n_w = static_cast<int64_t>(w.size());
+      const ParamRef wr{w.data(), n_w};
+      const ParamRef br{pf.norm.bias ? w.data() : nullptr,
+                        pf.norm.bias ? n_w : 0};
+      ForwardArgs faf = fa;
+      faf.params = {wr, wr, br, br};
+      BackwardArgs baf = ba;
+      baf.params = faf.params;
+      baf.d_params = {{dw.data(), n_w},
+                      {dw2.data(), n_w},
+                      {pf.norm.bias ? dw3.data() : nullptr, br.size},
+                      {pf.norm.bias ? dw4.data() : nullptr, br.size}};
+      auto ffwd = [&] { be->attention_forward(pf, faf, ws.get(), cfg); };
+      auto fbwd = [&] { be->attention_backward(pf, baf, ws.get(), cfg); };
+      ffwd();
+      const std::vector<double> tf = best_of(reps, fwd, ffwd, bwd, fbwd);
+      std::printf(
+          "%6lld   %-10s fwd %6.1f GF/s (form/paper %.3f)  bwd %6.1f "
+          "GF/s (form/paper %.3f)\n",
+          static_cast<long long>(n), name, f / tf[1] * 1e-9, tf[0] / tf[1],
+          fb / tf[3] * 1e-9, tf[2] / tf[3]);
+    }
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -179,6 +180,53 @@ TEST(BlasFormulation, FreeCombinations) {
                                            p0.norm.kind == NormKind::kNone));
   }
   std::printf("free combinations: %d cases, worst margin %.3f\n", n, worst);
+}
+
+// Rows at the edges of the storage format: near its largest finite value
+// (alternating signs, all equal, one huge element among small ones), made of
+// subnormals, and constant (layer: x_hat = 0). Every normalization kind
+// keeps them finite and within the verdict.
+template <class T>
+void set_extreme_rows(std::vector<double>* x, int64_t D) {
+  using L = std::numeric_limits<T>;
+  const double big = 0.75 * static_cast<double>(L::max());
+  const double sub = static_cast<double>(L::denorm_min());
+  auto row = [&](int64_t r) { return x->data() + r * D; };
+  for (int64_t d = 0; d < D; ++d) {
+    row(0)[d] = d % 2 ? -big : big;
+    row(1)[d] = big;
+    row(2)[d] = static_cast<double>((d % 5) - 2) * 3 * sub;
+    row(3)[d] = 3.0;
+    row(4)[d] = d == 0 ? big : 1e-3 * static_cast<double>(d);
+  }
+}
+
+TEST(BlasFormulation, ExtremeRowsStayFiniteAndPass) {
+  double worst = 0;
+  int n = 0;
+  for (const char* preset :
+       {"paper", "qwen3", "gemma3", "olmo2", "timm", "chameleon", "ngpt"})
+    for (Precision prec : kPrecisions) {
+      const AttentionProblem p =
+          preset_problem(*find_preset(preset), 1, 6, 7, 8, FormMask::kNone);
+      AttentionCase c = validation::make_attention_case(
+          p, Distribution::kGaussian, static_cast<uint64_t>(900 + n), prec);
+      for (std::vector<double>* x : {&c.q, &c.k}) {
+        if (prec == Precision::kF32)
+          set_extreme_rows<float>(x, p.head_dim);
+        else
+          set_extreme_rows<double>(x, p.head_dim);
+      }
+      SCOPED_TRACE(std::string(preset) + " " + c.describe());
+      const auto r = validation::run_attention(
+          entry(prec), validation::round_inputs(c, prec));
+      for (const auto* f : {&r.o, &r.dq, &r.dk, &r.dv, &r.dq_weight,
+                            &r.dk_weight, &r.dq_bias, &r.dk_bias})
+        for (double v : *f) ASSERT_TRUE(std::isfinite(v));
+      worst = std::max(worst, check_case(prec, c));
+      ++n;
+    }
+  std::printf("extreme rows: %d cases, worst margin %.3f\n", n, worst);
 }
 
 // The probabilities hook honours the formulation and GQA: it matches the
