@@ -2,6 +2,14 @@
 // storage precision P (f32, bf16, f16; math and accumulation in f32).
 // Per-target code.
 //
+// Formulations (issue 16): q and k rows become their logit operands
+// x_tilde as formulation-inl.h says (the paper's unit l2 rows exactly as
+// before); the core below only sees x_tilde, the logit scale (g, a fixed
+// scale or 1/sqrt(D)) and GQA: query head h reads kv head h / group. The
+// backward's tasks are (batch, kv head, key group) and walk the group's
+// query heads in order, so dK, dV are the group sums in a fixed order; dq_tilde
+// and dk_tilde of generic sides then go through the side backward.
+//
 // Forward (flash-attention style; Dao et al. 2022, online softmax of Milakov
 // & Gimelshein 2018): q and k rows are normalized ONCE per call into the
 // workspace (rows-inl.h), k_hat is packed transposed in blocks of kKeyBlock
@@ -83,7 +91,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 inline constexpr size_t kKeyBlock = 64;
 // Query rows per forward task / per backward step.
 inline constexpr size_t kQueryBlock = 64;
-// Backward: key groups per (batch, head) = ceil(kTargetTasks / (B*H)) (at
+// Backward: key groups per (batch, kv head) = ceil(kTargetTasks / (B*H)) (at
 // most the number of key blocks), so small batches still offer ~16 tasks.
 inline constexpr int64_t kTargetTasks = 16;
 

@@ -32,30 +32,8 @@ TEST_P(SimdProbabilities, MaskedZeroRowSumsAndNonSaturation) {
       validation::make_attention_case(p, validation::Distribution::kGaussian, 3,
                                       entry.precision()),
       entry.precision());
-  // Encode the inputs in the entry's storage.
-  const Precision prec = entry.precision();
-  auto encode_all = [&](const std::vector<double>& x) {
-    std::vector<unsigned char> buf(x.size() * element_bytes(prec));
-    for (size_t i = 0; i < x.size(); ++i) encode(prec, x[i], buf.data(), i);
-    return buf;
-  };
-  auto q = encode_all(c.q), k = encode_all(c.k), v = encode_all(c.v);
-  std::vector<unsigned char> o(q.size());
-  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-  const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
-  const int64_t nq = static_cast<int64_t>(c.q.size()),
-                nk = static_cast<int64_t>(c.k.size());
-  ForwardArgs fa{{q.data(), nq, lq},
-                 {k.data(), nk, lk},
-                 {v.data(), nk, lk},
-                 {o.data(), nq, lq},
-                 lse.data(),
-                 static_cast<int64_t>(lse.size()),
-                 {}};
-  std::vector<double> probs(
-      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len), -1);
-  ASSERT_TRUE(entry.attention_probabilities(p, fa, probs.data(), nullptr));
+  const std::vector<double> probs = Probabilities(entry, c);
+  ASSERT_FALSE(probs.empty()) << entry.name() << ": no probabilities hook";
 
   // |S| <= |g| exactly; the kernel's f32 logit g (q_hat . k_hat) is off by at
   // most |g| gamma_{D+2} (dot of length D plus the normalization roundings),

@@ -57,6 +57,42 @@ inline void ExpectSame(const validation::AttentionResult& a,
   EXPECT_TRUE(SameBits(a.dk_bias, b.dk_bias)) << what << ": dk_bias";
 }
 
+// The probabilities `entry`'s hook reports for case c (inputs in its
+// storage; empty if the entry has no hook).
+inline std::vector<double> Probabilities(const Backend& entry,
+                                         const validation::AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const Precision prec = entry.precision();
+  auto encode_all = [&](const std::vector<double>& x) {
+    std::vector<unsigned char> buf(x.size() * element_bytes(prec));
+    for (size_t i = 0; i < x.size(); ++i) encode(prec, x[i], buf.data(), i);
+    return buf;
+  };
+  auto q = encode_all(c.q), k = encode_all(c.k), v = encode_all(c.v);
+  std::vector<unsigned char> o(q.size());
+  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
+  const Layout4 lk = contiguous_layout(kv_heads_of(p), p.kv_len, p.head_dim);
+  auto ref = [](const std::vector<double>& w) {
+    return ParamRef{w.data(), static_cast<int64_t>(w.size())};
+  };
+  const int64_t nq = static_cast<int64_t>(c.q.size()),
+                nk = static_cast<int64_t>(c.k.size());
+  ForwardArgs fa{
+      {q.data(), nq, lq},
+      {k.data(), nk, lk},
+      {v.data(), nk, lk},
+      {o.data(), nq, lq},
+      lse.data(),
+      static_cast<int64_t>(lse.size()),
+      {ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)}};
+  std::vector<double> probs(
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len), -1);
+  if (!entry.attention_probabilities(p, fa, probs.data(), nullptr))
+    probs.clear();
+  return probs;
+}
+
 }  // namespace qknorm::simd::testing
 
 #endif  // QKNORM_SIMD_TESTS_TEST_UTIL_H_

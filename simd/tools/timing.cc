@@ -16,27 +16,13 @@
 #include <vector>
 
 #include "qknorm/backend.h"
+#include "simd/tools/timing_util.h"
 
 extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
-double Seconds() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-template <class F>
-double BestOf(int reps, const F& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = Seconds();
-    f();
-    best = std::min(best, Seconds() - t0);
-  }
-  return best;
-}
+using qknorm::simd::tools::BestOf;
 
 }  // namespace
 
