@@ -70,8 +70,11 @@ void add_common(CLI::App& app, Common& c) {
   app.add_option("--g", s.g,
                  "QKNorm scale g (repeatable); g_init(72) = 12.3197")
       ->type_name("G");
-  app.add_option("--eps", s.eps, "QKNorm norm clamp eps")
-      ->capture_default_str();
+  app.add_option("--eps", s.eps,
+                 "Normalization eps (l2: clamp; rms, layer: in the sqrt); "
+                 "overrides a preset's")
+      ->capture_default_str()
+      ->each([&s](const std::string&) { s.eps_given = true; });
   app.add_option("--mask", s.masks,
                  "Mask (repeatable): none, causal, pad (per-batch key lengths "
                  "kv_len - b*kv_len/(2B)), pad:L1,L2,..., causal+pad")
@@ -83,6 +86,28 @@ void add_common(CLI::App& app, Common& c) {
       ->type_name("DIST");
   app.add_option("--variant", s.variant, "Attention variant: qknorm or sdpa")
       ->capture_default_str();
+  app.add_option("--formulation", s.formulations,
+                 "QK-norm formulation preset (repeatable): paper, qwen3, "
+                 "gemma3, olmo2, timm, vit22b, chameleon, ngpt "
+                 "(include/qknorm/formulation.h); the flags below override "
+                 "single fields")
+      ->type_name("PRESET");
+  app.add_option("--kv-heads", s.kv_heads,
+                 "Grouped-query attention: kv heads (divides heads)");
+  app.add_option("--norm", s.norm,
+                 "Normalization of q, k rows: l2, rms, "
+                 "layer, none");
+  app.add_option("--norm-axis", s.norm_axis,
+                 "Normalization row: head (head_dim) or all-heads (OLMo2)");
+  app.add_option("--weight", s.weight,
+                 "Learned weight of q, k: none, dim ([head_dim]), head-dim "
+                 "([heads, head_dim])");
+  app.add_option("--norm-flags", s.flags,
+                 "Comma list: one-plus-weight (Gemma), bias, shared-qk-weight "
+                 "(nGPT), round-before-weight (Qwen3)");
+  app.add_option("--scale", s.scale,
+                 "Fixed logit scale instead of the learned g (0: as the "
+                 "preset)");
   app.add_option("--scalenorm", s.scalenorm,
                  "ScaleNorm shape ROWSxDIM (repeatable)")
       ->type_name("SHAPE");

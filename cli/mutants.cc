@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cli/app.h"
@@ -73,6 +74,10 @@ bool same_on(const Backend& m, const Backend& u, const std::vector<Spec>& specs,
              const Make& make, const Run& run) {
   const Precision s = m.precision();
   for (const Spec& spec : specs) {
+    // A case whose formulation the copy does not implement triggers nothing
+    // (run_suite reports it as not implemented).
+    if constexpr (std::is_same_v<Spec, AttentionSpec>)
+      if (!m.supports(spec.problem)) continue;
     const auto c = validation::round_inputs(
         make(spec.problem, spec.dist, spec.seed, s), s);
     if (!same_bits(run(m, c, ExecConfig{1}, nullptr),

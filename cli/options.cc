@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "qknorm/error.h"
+#include "qknorm/formulation.h"
 #include "qknorm/validate.h"
 
 namespace qknorm::cli {
@@ -101,7 +102,64 @@ Precision parse_prec(const std::string& s) {
 bool custom_suite(const SuiteOptions& o) {
   return !o.shapes.empty() || !o.g.empty() || !o.masks.empty() ||
          !o.dists.empty() || o.variant != "qknorm" ||
-         o.eps != kDefaultQKNormEps || !o.scalenorm.empty();
+         o.eps != kDefaultQKNormEps || !o.scalenorm.empty() ||
+         !o.formulations.empty() || o.kv_heads != 0 || !o.norm.empty() ||
+         !o.norm_axis.empty() || !o.weight.empty() || !o.flags.empty() ||
+         o.scale != 0;
+}
+
+void apply_formulation(const SuiteOptions& o, const std::string& preset,
+                       AttentionProblem* p) {
+  if (!preset.empty()) {
+    apply_preset(preset, p);
+    if (o.eps_given) p->eps = o.eps;
+  }
+  Normalization& n = p->norm;
+  auto pick = [](const char* opt, const std::string& v,
+                 std::initializer_list<const char*> names) {
+    int i = 0;
+    std::string known;
+    for (const char* x : names) {
+      if (v == x) return i;
+      known += std::string(i ? ", " : "") + x;
+      ++i;
+    }
+    throw Error(opt, {}, "unknown value '" + v + "' (" + known + ")");
+  };
+  if (!o.norm.empty())
+    n.kind = static_cast<NormKind>(
+        pick("--norm", o.norm, {"l2", "rms", "layer", "none"}));
+  if (!o.norm_axis.empty())
+    n.axis = static_cast<NormAxis>(
+        pick("--norm-axis", o.norm_axis, {"head", "all-heads"}));
+  if (!o.weight.empty())
+    n.weight = static_cast<ParamShape>(
+        pick("--weight", o.weight, {"none", "dim", "head-dim"}));
+  for (const std::string& f : split(o.flags, ',')) {
+    if (f.empty()) continue;
+    switch (pick("--norm-flags", f,
+                 {"one-plus-weight", "bias", "shared-qk-weight",
+                  "round-before-weight"})) {
+      case 0:
+        n.one_plus_weight = true;
+        break;
+      case 1:
+        n.bias = true;
+        break;
+      case 2:
+        n.shared_qk_weight = true;
+        break;
+      default:
+        n.round_before_weight = true;
+        break;
+    }
+  }
+  if (o.scale != 0) {
+    p->fixed_scale = true;
+    p->scale = o.scale;
+  }
+  if (o.kv_heads != 0) p->kv_heads = o.kv_heads;
+  validate_problem(*p);
 }
 
 Suite build_suite(const SuiteOptions& o) {
@@ -122,20 +180,26 @@ Suite build_suite(const SuiteOptions& o) {
       o.masks.empty() ? std::vector<std::string>{"causal", "pad"} : o.masks;
   const std::vector<std::string> dists =
       o.dists.empty() ? std::vector<std::string>{"gaussian", "wide"} : o.dists;
+  const std::vector<std::string> forms =
+      o.formulations.empty() ? std::vector<std::string>{""} : o.formulations;
+  if (!o.formulations.empty() && o.variant == "sdpa")
+    throw Error("--formulation", {}, "applies to the qknorm variant only");
   s.attention.clear();
   for (const auto& sh : shapes)
-    for (double g : gs)
-      for (const auto& m : masks)
-        for (const auto& d : dists) {
-          AttentionProblem p = parse_shape(sh);
-          p.g = g;
-          p.eps = o.eps;
-          p.variant = o.variant == "sdpa" ? Variant::kSDPA : Variant::kQKNorm;
-          apply_mask(m, &p);
-          s.attention.push_back(
-              {p, parse_dist(d),
-               o.seed + static_cast<uint64_t>(s.attention.size())});
-        }
+    for (const auto& f : forms)
+      for (double g : gs)
+        for (const auto& m : masks)
+          for (const auto& d : dists) {
+            AttentionProblem p = parse_shape(sh);
+            p.g = g;
+            p.eps = o.eps;
+            p.variant = o.variant == "sdpa" ? Variant::kSDPA : Variant::kQKNorm;
+            apply_mask(m, &p);
+            apply_formulation(o, f, &p);
+            s.attention.push_back(
+                {p, parse_dist(d),
+                 o.seed + static_cast<uint64_t>(s.attention.size())});
+          }
   s.timing = s.attention.front().problem;
   s.timing.mask = Mask{};
   if (!o.scalenorm.empty()) {

@@ -22,6 +22,17 @@ struct SuiteOptions {
   std::vector<std::string> scalenorm;  // "ROWSxDIM"
   double eps = kDefaultQKNormEps;
   std::string variant = "qknorm";
+  // Formulations (issue 16): presets by name (repeatable; empty: the
+  // paper's, or sdpa), then the free flags override single fields of each.
+  std::vector<std::string> formulations;
+  int64_t kv_heads = 0;    // 0: = heads
+  std::string norm;        // l2, rms, layer, none
+  std::string norm_axis;   // head, all-heads
+  std::string weight;      // none, dim, head-dim
+  std::string flags;       // comma list: one-plus-weight, bias,
+                           // shared-qk-weight, round-before-weight
+  double scale = 0;        // > 0 or < 0: fixed logit scale; 0: as preset
+  bool eps_given = false;  // --eps given: overrides the preset's eps
   uint64_t seed = 42;
   // Entry selection (globs on the entry name and on target(); precisions by
   // name). Empty: everything.
@@ -36,6 +47,11 @@ Suite build_suite(const SuiteOptions& o);
 
 // "2x8x72x64" (q_len = kv_len) or "1x2x33x47x31".
 AttentionProblem parse_shape(const std::string& s);
+// Applies the formulation options (preset name, then the free flags) to p
+// (its shape already set); throws naming the option on a bad value.
+void apply_formulation(const SuiteOptions& o, const std::string& preset,
+                       AttentionProblem* p);
+
 // Applies mask text to p: "none", "causal", "pad" (batch b keeps
 // kv_len - b * kv_len / (2B) keys, so every batch differs and none is
 // empty), "causal+pad", or "pad:L1,L2,..." (explicit per-batch lengths).

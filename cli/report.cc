@@ -16,9 +16,15 @@ const FieldSummary* find_field(const EntryRow& r, const std::string& f) {
   return nullptr;
 }
 
+// "PASS (2 of 9 cases n/i)": cases whose formulation the entry does not
+// implement are not judged and are named in the verdict.
 std::string verdict(const EntryRow& r) {
   if (!r.available) return "n/a";
-  return r.pass ? "PASS" : "FAIL";
+  std::string v = r.pass ? "PASS" : "FAIL";
+  if (r.unsupported > 0)
+    v += fmt::format(" ({} of {} cases not implemented)", r.unsupported,
+                     r.cases.size());
+  return v;
 }
 
 std::string ratio_text(const EntryRow& r) {
@@ -298,7 +304,8 @@ std::string to_json(const Report& rep) {
                          {"ratio_to_naive", finite_or_string(r.ratio)},
                          {"margin", finite_or_string(r.worst.margin)},
                          {"worst", worst_json(r.worst)},
-                         {"forward_gflops", r.gflops}};
+                         {"forward_gflops", r.gflops},
+                         {"cases_not_implemented", r.unsupported}};
     for (const FieldSummary& f : r.fields)
       jr["fields"][f.field] = {
           {"worst", stats_json(f.worst)},
@@ -311,6 +318,7 @@ std::string to_json(const Report& rep) {
     nlohmann::json cases = nlohmann::json::array();
     for (const CaseResult& c : r.cases) {
       nlohmann::json jc = {{"case", c.desc}, {"pass", c.pass}};
+      if (c.unsupported) jc["not_implemented"] = true;
       if (!c.error.empty()) jc["error"] = c.error;
       for (const FieldResult& f : c.fields)
         jc["fields"][f.field] = {

@@ -186,7 +186,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       const double mag = d(std::fabs(x)) + std::fabs(A);
       t.delta[e] =
           uc * (kDotUnits * std::fabs(A) + sum_units(static_cast<double>(Nk)) +
-                2 * d(std::fabs(x)));
+                2 * d(std::fabs(x))) +
+          orc.logit_flip;
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));
