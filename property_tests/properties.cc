@@ -29,6 +29,7 @@
 
 #include "property_tests/rc_gens.h"
 #include "property_tests/support.h"
+#include "qknorm/formulation.h"
 #include "reference/reference.h"
 #include "validation/bounds.h"
 #include "validation/gradcheck.h"
@@ -263,6 +264,71 @@ void non_saturation(const Backend& b) {
   const auto fwd = validation::run_attention_forward(b, c);
   const std::string v = check_nonsaturation(
       c.problem, probs, fwd.lse, std::fabs(c.problem.g), prob_gamma(c, s));
+  if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
+}
+
+// The formulations (issue 16): agreement with the oracle on every field
+// (the parameter gradients included) of a drawn preset or free combination,
+// GQA included; 16-bit cases whose gradients the format cannot hold judge
+// the forward only, as attention_agreement.
+void formulation_agreement(const Backend& b) {
+  const Precision s = b.precision();
+  const AttentionSpec spec = draw_formulation_spec(s);
+  if (!b.supports(spec.problem))
+    RC_FAIL("entry " + b.name() + " does not implement " +
+            describe_formulation(spec.problem));
+  bool backward_fits = true;
+  const AttentionCase c = build_case(spec, s, false, &backward_fits);
+  const auto rep = validation::check_attention(b, c, {}, !backward_fits);
+  if (!rep.pass) RC_FAIL(rep.failure_message() + "  (" + spec.describe() + ")");
+}
+
+// Non-saturation under a formulation: every normalized row has an a-priori
+// norm bound (l2: 1; rms and layer: sqrt(L), L the normalization row's
+// length: mean(x_hat^2) <= 1; none: the row's own norm), the weight scales it
+// by at most max|w| (|1 + w| for Gemma) and the bias adds at most
+// sqrt(D) max|beta|, so every logit lies within
+//   A = |scale| (W_q N_q + sqrt(D) B_q) (W_k N_k + sqrt(D) B_k)
+// and each row of the entry's probabilities must satisfy the bounds of
+// check_nonsaturation with |g| replaced by A.
+double formulation_amplitude_bound(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const double D = static_cast<double>(p.head_dim);
+  auto side = [&](int sd) {
+    const NormRows nr = norm_rows(p, sd);
+    double n = 1;
+    if (p.norm.kind == NormKind::kRms || p.norm.kind == NormKind::kLayer)
+      n = std::sqrt(static_cast<double>(nr.len()));
+    if (p.norm.kind == NormKind::kNone) {
+      const std::vector<double>& x = sd == 0 ? c.q : c.k;
+      n = 0;
+      for (int64_t r = 0; r < static_cast<int64_t>(x.size()) / p.head_dim; ++r)
+        n = std::max(n, row_norm(x, p.head_dim, r));
+    }
+    const std::vector<double>& w =
+        sd == 0 || p.norm.shared_qk_weight ? c.q_weight : c.k_weight;
+    const std::vector<double>& bias = sd == 0 ? c.q_bias : c.k_bias;
+    double wmax = w.empty() ? 1 : 0, bmax = 0;
+    for (double x : w)
+      wmax = std::max(wmax, std::fabs(p.norm.one_plus_weight ? 1 + x : x));
+    for (double x : bias) bmax = std::max(bmax, std::fabs(x));
+    return wmax * n + std::sqrt(D) * bmax;
+  };
+  const double sc = std::fabs(p.fixed_scale ? p.scale : p.g);
+  return sc * side(0) * side(1);
+}
+
+void formulation_non_saturation(const Backend& b) {
+  const Precision s = b.precision();
+  const AttentionSpec spec = draw_formulation_spec(s);
+  const AttentionCase c = build_case(spec, s);
+  std::vector<double> probs;
+  if (!hook_probabilities(b, c, &probs))
+    RC_FAIL("entry " + b.name() + ": no inspection hook");
+  const auto fwd = validation::run_attention_forward(b, c);
+  const std::string v = check_nonsaturation(
+      c.problem, probs, fwd.lse, formulation_amplitude_bound(c),
+      prob_gamma(c, s), min_normal(compute_precision(s)));
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 
@@ -1010,7 +1076,7 @@ void determinism(const Backend& b) {
 std::string check_nonsaturation(const AttentionProblem& p,
                                 const std::vector<double>& probs,
                                 const std::vector<double>& lse, double abs_g,
-                                double gamma) {
+                                double gamma, double tiny) {
   const LD g = abs_g;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h)
@@ -1038,6 +1104,7 @@ std::string check_nonsaturation(const AttentionProblem& p,
               return at(j) + " is masked but = " + std::to_string(pj);
             continue;
           }
+          if (pj == 0 && lo < tiny) continue;  // flushed below normal
           if (!std::isfinite(pj) || pj < lo * (1 - gamma) ||
               pj > hi * (1 + gamma)) {
             std::snprintf(
@@ -1099,6 +1166,8 @@ const std::vector<Property>& entry_properties() {
       {"CausalFuture", causal_future, 240},
       {"PaddingInvisible", padding_invisible, 240},
       {"Determinism", determinism, 160},
+      {"FormulationAgreement", formulation_agreement, 160},
+      {"FormulationNonSaturation", formulation_non_saturation, 80},
   };
   return table;
 }

@@ -20,11 +20,14 @@ namespace qknorm::property {
 //   - the row entropy H >= log(1 + (m-1) e^{-2|g|}) (the min-entropy bound
 //     -log max p) within gamma (1 + log(1 + (m-1) e^{2|g|})).
 // `gamma` bounds the relative error of each computed p (see the caller).
+// `tiny`: where the lower bound is below it (the compute format's smallest
+// normal), p = 0 is accepted (an exp may flush below the normal range, as
+// the verdict allows; tolerance.h) and its logit is not checked.
 // Returns "" if all hold, else the first violation.
 std::string check_nonsaturation(const AttentionProblem& p,
                                 const std::vector<double>& probs,
                                 const std::vector<double>& lse, double abs_g,
-                                double gamma);
+                                double gamma, double tiny = 0);
 
 }  // namespace qknorm::property
 

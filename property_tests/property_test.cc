@@ -85,6 +85,10 @@ TEST_P(EntryProperty, HeadBatchIndependence) { Check("HeadBatchIndependence"); }
 TEST_P(EntryProperty, CausalFuture) { Check("CausalFuture"); }
 TEST_P(EntryProperty, PaddingInvisible) { Check("PaddingInvisible"); }
 TEST_P(EntryProperty, Determinism) { Check("Determinism"); }
+TEST_P(EntryProperty, FormulationAgreement) { Check("FormulationAgreement"); }
+TEST_P(EntryProperty, FormulationNonSaturation) {
+  Check("FormulationNonSaturation");
+}
 
 // Every TEST_P above is in the table and vice versa.
 TEST(PropertyTable, EveryPropertyHasATest) {

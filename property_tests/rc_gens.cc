@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "qknorm/formulation.h"
+
 namespace qknorm::validation {
 void showValue(Distribution d, std::ostream& os) { os << name(d); }
 void showValue(Structure s, std::ostream& os) { os << name(s); }
@@ -167,6 +169,50 @@ ScaleNormSpec draw_scalenorm_spec(Precision prec, bool smooth_only) {
   if (prec == Precision::kF16 &&
       (s.dist == Distribution::kZeroRows || s.structure != Structure::kNone))
     s.problem.eps = kF16ClampEps;
+  return s;
+}
+
+AttentionSpec draw_formulation_spec(Precision prec) {
+  SpecOptions o;
+  o.allow_sdpa = false;
+  AttentionSpec s = draw_attention_spec(prec, o);
+  s.structure = Structure::kNone;
+  AttentionProblem& p = s.problem;
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= p.heads; ++d)
+    if (p.heads % d == 0) divisors.push_back(d);
+  const std::vector<Preset>& all = presets();
+  if (*rc::gen::inRange<int>(0, 4) < 3) {
+    const Preset& pr =
+        all[static_cast<size_t>(*rc::gen::inRange<size_t>(0, all.size()))];
+    apply_preset(pr.name, &p);
+    p.kv_heads = pr.gqa ? *rc::gen::elementOf(divisors) : 0;
+    return s;
+  }
+  Normalization& n = p.norm;
+  n.kind = static_cast<NormKind>(*rc::gen::inRange<int>(0, 4));
+  n.axis = n.kind != NormKind::kNone && *rc::gen::inRange<int>(0, 3) == 0
+               ? NormAxis::kAllHeads
+               : NormAxis::kHead;
+  n.weight = static_cast<ParamShape>(*rc::gen::inRange<int>(0, 3));
+  if (n.axis == NormAxis::kAllHeads && n.weight == ParamShape::kDim)
+    n.weight = ParamShape::kHeadDim;
+  const bool weighted = n.weight != ParamShape::kNone;
+  n.one_plus_weight = weighted && *rc::gen::inRange<int>(0, 3) == 0;
+  n.bias = weighted && *rc::gen::inRange<int>(0, 3) == 0;
+  n.round_before_weight = weighted && *rc::gen::inRange<int>(0, 3) == 0;
+  n.shared_qk_weight = weighted && !n.bias && *rc::gen::inRange<int>(0, 4) == 0;
+  p.kv_heads = n.shared_qk_weight ? 0 : *rc::gen::elementOf(divisors);
+  if (n.kind != NormKind::kL2)
+    p.eps = *rc::gen::elementOf(std::vector<double>{1e-6, 1e-5, 1e-3});
+  p.fixed_scale = *rc::gen::inRange<int>(0, 2) == 0;
+  const double D = static_cast<double>(p.head_dim);
+  p.scale = *rc::gen::elementOf(
+      std::vector<double>{1 / std::sqrt(D), std::sqrt(D), 0.0625, 2.5});
+  // Unnormalized rows (kind none) of the wide distribution overflow the
+  // logits in every format, as sdpa's do.
+  if (n.kind == NormKind::kNone && s.dist == Distribution::kWideMagnitude)
+    s.dist = Distribution::kGaussian;
   return s;
 }
 

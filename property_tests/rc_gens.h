@@ -96,6 +96,12 @@ struct SpecOptions {
 // kWideMagnitude row scales and subnormals to that storage format.
 AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o = {});
 ScaleNormSpec draw_scalenorm_spec(Precision prec, bool smooth_only = false);
+// A qknorm case under a formulation (issue 16): a preset (3 in 4) or a free
+// consistent combination of kind, axis, weight shape, 1 + w, bias, shared
+// weight, round-before-weight and a fixed or learned scale, with kv_heads a
+// random divisor of heads where the formulation allows GQA; the shape, mask,
+// distribution and seed as draw_attention_spec (no row structure).
+AttentionSpec draw_formulation_spec(Precision prec);
 
 // g: [0, kGMax] with extra weight on the learned range 10..25 and on
 // g_init(L); exact 0, 1 and negative values included.

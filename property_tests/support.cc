@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "qknorm/error.h"
+#include "qknorm/validate.h"
 
 namespace qknorm::property {
 
@@ -66,12 +67,22 @@ bool hook_probabilities(const Backend& b, const AttentionCase& c,
   std::vector<unsigned char> o(q.size());
   std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
   const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-  const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
+  const Layout4 lk = contiguous_layout(kv_heads_of(p), p.kv_len, p.head_dim);
   const auto nq = static_cast<int64_t>(c.q.size());
   const auto nk = static_cast<int64_t>(c.k.size());
-  ForwardArgs fa{{q.data(), nq, lq}, {k.data(), nk, lk},
-                 {v.data(), nk, lk}, {o.data(), nq, lq},
-                 lse.data(),         static_cast<int64_t>(lse.size())};
+  auto ref = [](const std::vector<double>& x) {
+    return ParamRef{x.empty() ? nullptr : x.data(),
+                    static_cast<int64_t>(x.size())};
+  };
+  ForwardArgs fa{
+      {q.data(), nq, lq},
+      {k.data(), nk, lk},
+      {v.data(), nk, lk},
+      {o.data(), nq, lq},
+      lse.data(),
+      static_cast<int64_t>(lse.size()),
+      {ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)}};
+  validate_forward(p, fa, s);
   probs->assign(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len),
                 std::numeric_limits<double>::quiet_NaN());
   auto ws = b.make_workspace();

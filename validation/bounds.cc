@@ -39,9 +39,11 @@ ReferenceBounds reference_bounds(const AttentionCase& c,
   const AttentionProblem& p = c.problem;
   const double D = static_cast<double>(p.head_dim);
   const double N = static_cast<double>(std::max(p.q_len, p.kv_len));
+  // Formulations other than the paper's: the oracle-based amplitude of the
+  // verdict (harness.h), which bounds every logit.
   const double A =
       p.variant == Variant::kQKNorm
-          ? std::fabs(p.g)
+          ? (is_paper_formulation(p) ? std::fabs(p.g) : logit_amplitude(c))
           : static_cast<double>(max_row_norm(c.q, p.head_dim) *
                                 max_row_norm(c.k, p.head_dim) / std::sqrt(D));
   ReferenceBounds b;
