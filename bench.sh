@@ -105,7 +105,7 @@ cmake --build "$BUILD" --target qknorm-bench -j"$(nproc)"
 BIN="$BUILD/bench/qknorm-bench"
 
 if [ "$mode" = quick ]; then
-  grid=(--qk_n=128,512 --qk_d=64 --qk_full_targets=1 --qk_sanity=)
+  grid=(--qk_n=128,512 --qk_d=64 --qk_full_targets=1 --qk_sanity= --qk_formulations=)
   torch_grid=(--n 128,512 --d 64)
   [ "$rounds" = 3 ] && rounds=1
   [ "$reps" = 2 ] && reps=5

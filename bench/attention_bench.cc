@@ -31,6 +31,14 @@
 //   --qk_n=LIST --qk_d=LIST --qk_threads=LIST --qk_masks=LIST --qk_dirs=LIST
 //                          the grid (defaults 128,512,2048 / 64,128 / 1,2 /
 //                          none,causal / fwd,bwd)
+//   --qk_formulations=LIST formulation presets measured (issue 16) at the
+//                          production GQA shape, one thread, with the paper's
+//                          variant at the same shape beside them, for the
+//                          first full-grid simd target and blas:f32; rows
+//                          attn/<entry>+<preset>/... (default "qwen3"; empty
+//                          to skip); anchors gemm/*/d:<form_d>/n:<form_n>
+//   --qk_form_n=LIST --qk_form_d=D --qk_form_heads=H,KV
+//                          their shape (defaults 512,2048 / 128 / 32,8)
 //   --qk_no_anchors        skip the gemm and fma benchmarks
 //   --qk_list              print the registry with availability and exit
 #include <benchmark/benchmark.h>
@@ -50,6 +58,7 @@
 #include "bench/attention_setup.h"
 #include "bench/fma_peak.h"
 #include "qknorm/backend.h"
+#include "qknorm/formulation.h"
 
 namespace qknorm::bench {
 namespace {
@@ -63,6 +72,9 @@ struct Options {
   std::vector<std::string> masks = {"none", "causal"}, dirs = {"fwd", "bwd"};
   bool anchors = true;
   bool list = false;
+  std::vector<std::string> formulations = {"qwen3"};
+  std::vector<int64_t> form_ns = {512, 2048};
+  int64_t form_d = 128, form_heads = 32, form_kv = 8;
 };
 
 std::vector<int64_t> split_ints(const std::string& s) {
@@ -100,6 +112,16 @@ Options parse_options(int* argc, char** argv) {
       o.masks = split_list(v);
     } else if (value("--qk_dirs", &v)) {
       o.dirs = split_list(v);
+    } else if (value("--qk_formulations", &v)) {
+      o.formulations = split_list(v);
+    } else if (value("--qk_form_n", &v)) {
+      o.form_ns = split_ints(v);
+    } else if (value("--qk_form_d", &v)) {
+      o.form_d = std::stoll(v);
+    } else if (value("--qk_form_heads", &v)) {
+      const std::vector<int64_t> hk = split_ints(v);
+      o.form_heads = hk.at(0);
+      o.form_kv = hk.size() > 1 ? hk[1] : 0;
     } else if (a == "--qk_no_anchors") {
       o.anchors = false;
     } else if (a == "--qk_list") {
@@ -115,12 +137,17 @@ Options parse_options(int* argc, char** argv) {
 // Buffers per (precision, n, d), shared by every entry of that precision and
 // kept for the whole run (they are the largest allocations; rebuilding them
 // per benchmark would touch fresh pages each time).
-AttentionBuffers& buffers_for(Precision prec, int64_t n, int64_t d) {
-  static std::map<std::tuple<Precision, int64_t, int64_t>,
-                  std::unique_ptr<AttentionBuffers>>
+AttentionBuffers& buffers_for(Precision prec, const Shape& s) {
+  static std::map<
+      std::tuple<Precision, int64_t, int64_t, int64_t, std::string, int64_t>,
+      std::unique_ptr<AttentionBuffers>>
       cache;
-  auto& slot = cache[{prec, n, d}];
-  if (!slot) slot = std::make_unique<AttentionBuffers>(Shape{8, n, d}, prec);
+  auto& slot = cache[{prec, s.heads, s.n, s.d, s.formulation, s.kv_heads}];
+  if (!slot) {
+    Shape base = s;
+    base.causal = false;
+    slot = std::make_unique<AttentionBuffers>(base, prec);
+  }
   return *slot;
 }
 
@@ -163,7 +190,7 @@ void attention_benchmark(benchmark::State& state, const Backend* entry,
   } else {
     quiesce_openblas();
   }
-  AttentionBuffers& buf = buffers_for(entry->precision(), shape.n, shape.d);
+  AttentionBuffers& buf = buffers_for(entry->precision(), shape);
   AttentionRun& run = run_for(entry);
   try {
     // One untimed warm-up call (validates the arguments on the way).
@@ -259,9 +286,48 @@ void register_attention(const Backend* e, const Options& o, bool sanity) {
   }
 }
 
+// The formulation rows: each preset and the paper's variant at the same
+// shape (heads form_heads; the preset's kv heads form_kv where it ships
+// GQA), forward and backward, one thread, no mask.
+void register_formulations(const Backend* e, const Options& o) {
+  std::vector<std::pair<std::string, int64_t>> forms = {{"paper", 0}};
+  for (const std::string& f : o.formulations) {
+    const Preset* p = find_preset(f);
+    if (p == nullptr) {
+      std::fprintf(stderr, "qknorm-bench: unknown preset %s\n", f.c_str());
+      continue;
+    }
+    forms.push_back({f, p->gqa ? o.form_kv : 0});
+  }
+  for (const auto& [f, kv] : forms)
+    for (int64_t n : o.form_ns)
+      for (const std::string& dir : o.dirs) {
+        Shape s{o.form_heads, n, o.form_d, false, f, kv};
+        const bool bwd = dir == "bwd";
+        const std::string name = "attn/" + e->name() + "+" + f + "@H" +
+                                 std::to_string(o.form_heads) + "kv" +
+                                 std::to_string(kv > 0 ? kv : o.form_heads) +
+                                 "/" + dir + "/d:" + std::to_string(s.d) +
+                                 "/n:" + std::to_string(n) + "/mask:none/T:1";
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& st) {
+                                       attention_benchmark(st, e, bwd, s, 1);
+                                     })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+}
+
 void register_anchors(const Options& o) {
-  for (int64_t d : o.ds) {
-    for (int64_t n : o.ns) {
+  std::vector<int64_t> ds = o.ds, ns = o.ns;
+  if (!o.formulations.empty()) {  // the formulation rows' anchors too
+    if (std::find(ds.begin(), ds.end(), o.form_d) == ds.end())
+      ds.push_back(o.form_d);
+    for (int64_t n : o.form_ns)
+      if (std::find(ns.begin(), ns.end(), n) == ns.end()) ns.push_back(n);
+  }
+  for (int64_t d : ds) {
+    for (int64_t n : ns) {
       for (int64_t t : o.threads) {
         for (bool pv : {false, true}) {
           const Shape s{8, n, d, false};
@@ -320,6 +386,9 @@ int register_entries(const Options& o) {
       sanity = it - simd_targets.begin() >= o.full_targets;
     }
     register_attention(e, o, sanity);
+    if (!o.formulations.empty() && !sanity &&
+        (e->family() == "blas" || e->target() == simd_targets.front()))
+      register_formulations(e, o);
     done.insert(e);
     ++count;
   }

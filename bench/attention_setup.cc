@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "qknorm/formulation.h"
 #include "validation/harness.h"
 
 namespace qknorm::bench {
@@ -13,6 +14,8 @@ std::string Shape::describe() const {
   std::ostringstream os;
   os << "H" << heads << " n" << n << " d" << d
      << (causal ? " causal" : " nomask");
+  if (!formulation.empty())
+    os << " " << formulation << " kv" << (kv_heads > 0 ? kv_heads : heads);
   return os.str();
 }
 
@@ -50,18 +53,32 @@ std::vector<unsigned char> touched(int64_t elems, Precision prec) {
 }  // namespace
 
 AttentionBuffers::AttentionBuffers(const Shape& s, Precision prec)
-    : shape_(s), prec_(prec), elems_(s.heads * s.n * s.d) {
-  const validation::AttentionCase c = validation::make_attention_case(
-      problem(false), validation::Distribution::kGaussian, kBenchSeed, prec);
+    : shape_(s),
+      prec_(prec),
+      elems_(s.heads * s.n * s.d),
+      kv_elems_((s.kv_heads > 0 ? s.kv_heads : s.heads) * s.n * s.d) {
+  const validation::AttentionCase c = validation::round_inputs(
+      validation::make_attention_case(problem(false),
+                                      validation::Distribution::kGaussian,
+                                      kBenchSeed, prec),
+      prec);
   q_ = encoded(c.q, prec);
   k_ = encoded(c.k, prec);
   v_ = encoded(c.v, prec);
   d_o_ = encoded(c.d_o, prec);
   o_ = touched(elems_, prec);
   dq_ = touched(elems_, prec);
-  dk_ = touched(elems_, prec);
-  dv_ = touched(elems_, prec);
+  dk_ = touched(kv_elems_, prec);
+  dv_ = touched(kv_elems_, prec);
   lse_.assign(static_cast<size_t>(s.heads * s.n), 0.0);
+  qw_ = c.q_weight;
+  kw_ = c.k_weight;
+  qb_ = c.q_bias;
+  kb_ = c.k_bias;
+  dqw_.assign(qw_.size(), 0);
+  dkw_.assign(kw_.size(), 0);
+  dqb_.assign(qb_.size(), 0);
+  dkb_.assign(kb_.size(), 0);
 }
 
 AttentionProblem AttentionBuffers::problem(bool causal) const {
@@ -73,17 +90,28 @@ AttentionProblem AttentionBuffers::problem(bool causal) const {
   p.variant = Variant::kQKNorm;
   p.g = kBenchG;
   p.mask.causal = causal;
+  if (!shape_.formulation.empty()) {
+    apply_preset(shape_.formulation, &p);
+    p.kv_heads = shape_.kv_heads;
+  }
   return p;
 }
 
 ForwardArgs AttentionBuffers::forward_args() {
   const Layout4 l = contiguous_layout(shape_.heads, shape_.n, shape_.d);
-  auto in = [&](const std::vector<unsigned char>& b) {
-    return ConstTensor4{b.data(), elems_, l};
+  const Layout4 lk = contiguous_layout(
+      shape_.kv_heads > 0 ? shape_.kv_heads : shape_.heads, shape_.n, shape_.d);
+  auto ref = [](const std::vector<double>& x) {
+    return ParamRef{x.empty() ? nullptr : x.data(),
+                    static_cast<int64_t>(x.size())};
   };
-  return ForwardArgs{in(q_),      in(k_),
-                     in(v_),      MutTensor4{o_.data(), elems_, l},
-                     lse_.data(), static_cast<int64_t>(lse_.size())};
+  return ForwardArgs{ConstTensor4{q_.data(), elems_, l},
+                     ConstTensor4{k_.data(), kv_elems_, lk},
+                     ConstTensor4{v_.data(), kv_elems_, lk},
+                     MutTensor4{o_.data(), elems_, l},
+                     lse_.data(),
+                     static_cast<int64_t>(lse_.size()),
+                     {ref(qw_), ref(kw_), ref(qb_), ref(kb_)}};
 }
 
 BackwardArgs AttentionBuffers::backward_args() {
@@ -91,10 +119,28 @@ BackwardArgs AttentionBuffers::backward_args() {
   auto out = [&](std::vector<unsigned char>& b) {
     return MutTensor4{b.data(), elems_, f.o.layout};
   };
+  auto kout = [&](std::vector<unsigned char>& b) {
+    return MutTensor4{b.data(), kv_elems_, f.k.layout};
+  };
+  auto mref = [](std::vector<double>& x) {
+    return MutParamRef{x.empty() ? nullptr : x.data(),
+                       static_cast<int64_t>(x.size())};
+  };
   const ConstTensor4 o{f.o.data, elems_, f.o.layout},
       d_o{d_o_.data(), elems_, f.o.layout};
-  return BackwardArgs{f.q,        f.k,      f.v,      o,        d_o, f.lse,
-                      f.lse_size, out(dq_), out(dk_), out(dv_), &dg_};
+  return BackwardArgs{f.q,
+                      f.k,
+                      f.v,
+                      o,
+                      d_o,
+                      f.lse,
+                      f.lse_size,
+                      out(dq_),
+                      kout(dk_),
+                      kout(dv_),
+                      &dg_,
+                      f.params,
+                      {mref(dqw_), mref(dkw_), mref(dqb_), mref(dkb_)}};
 }
 
 AttentionRun::AttentionRun(const Backend& entry)

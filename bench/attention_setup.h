@@ -20,6 +20,10 @@ namespace qknorm::bench {
 struct Shape {
   int64_t heads = 8, n = 128, d = 64;
   bool causal = false;
+  // A formulation preset (include/qknorm/formulation.h; empty: the paper's,
+  // as the main grid) and its kv heads (0: = heads).
+  std::string formulation;
+  int64_t kv_heads = 0;
   std::string describe() const;  // "H8 n512 d64 causal"
 };
 
@@ -51,10 +55,12 @@ class AttentionBuffers {
  private:
   Shape shape_;
   Precision prec_;
-  int64_t elems_;
+  int64_t elems_, kv_elems_;
   std::vector<unsigned char> q_, k_, v_, d_o_, o_, dq_, dk_, dv_;
   std::vector<double> lse_;
   double dg_ = 0;
+  // The formulation's parameters and their gradients (empty for the paper).
+  std::vector<double> qw_, kw_, qb_, kb_, dqw_, dkw_, dqb_, dkb_;
 };
 
 // An entry bound to its workspace. Construction creates the workspace; the
