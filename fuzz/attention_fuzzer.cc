@@ -11,6 +11,12 @@
 //     [key lengths], g, eps, then for q, k, v, o a layout (row/head/batch
 //     stride kinds and a size delta), then the element values. Buffers hold
 //     exactly `size` elements; unaddressed elements are NaN guards.
+//   mode even with bit 2 set (0x04; no corpus file of issues 7-15 has it):
+//     FORMULATION (issue 16). As DIFFERENTIAL, but H = 1 + u8 % 4, and after
+//     eps a formulation block (decode_formulation below: a preset or a free
+//     combination, and kv_heads); then q, k, v, dO (k and v of kv_heads
+//     heads), then the learned parameters q_weight, k_weight, q_bias,
+//     k_bias (param_size() elements each, scalars like the inputs).
 // flags: bit0 sdpa, bit1 causal, bit2 padding mask, bits3-4 row_pad,
 //   bit5 check bitwise determinism across thread counts (1 vs 2),
 //   bit6 add one key length too many (invalid), bit7 forward only.
@@ -43,6 +49,7 @@
 
 #include "fuzz/fuzz_common.h"
 #include "qknorm/backend.h"
+#include "qknorm/formulation.h"
 #include "validation/baseline_bounds.h"
 #include "validation/harness.h"
 
@@ -69,6 +76,64 @@ struct Decoded {
   bool threads = false, forward_only = false;
   bool extra_key_length = false;
 };
+
+// The formulation block of FORMULATION mode (after g and eps):
+//   sel u8. sel < 0x80: preset presets()[sel % 8] (apply_preset: norm, eps,
+//     logit scale); the variant stays what flags bit 0 says (sdpa ignores
+//     the normalization); bit 6: keep the decoded eps instead of the
+//     preset's; bit 5: a scalar follows, the fixed scale (replacing the
+//     preset's scale or learned g).
+//   sel >= 0x80: a free combination: bits 0-1 kind (l2, rms, layer, none),
+//     bit 2 axis across heads, bits 3-4 weight (0 none, 1 [D], 2 [H_x, D],
+//     3 none), bit 5 one_plus_weight, bit 6 bias; then u8 f: bit 0
+//     shared_qk_weight, bit 1 round_before_weight, bit 2 fixed scale (then a
+//     scalar: the scale); eps is the decoded one.
+//   kv u8. bit 7 clear: kv_heads = the (kv % n)-th of the n divisors of H,
+//     ascending; set: kv_heads = the low 7 bits as a signed number (-64..63:
+//     0 = heads, negative and non-divisors are invalid).
+// Invalid combinations (bias without weight, ...) are decoded as they come:
+// validation must reject them.
+void decode_formulation(ByteReader& r, AttentionProblem* p) {
+  const Variant variant = p->variant;
+  const uint8_t sel = r.u8();
+  if (sel < 0x80) {
+    const double eps = p->eps;
+    const auto& table = presets();
+    apply_preset(table[sel % table.size()].name, p);
+    p->variant = variant;
+    if (sel & 0x40) p->eps = eps;
+    if (sel & 0x20) {
+      p->fixed_scale = true;
+      p->scale = r.scalar(1.0);
+    }
+  } else {
+    Normalization& n = p->norm;
+    n.kind = static_cast<NormKind>(sel & 3);
+    n.axis = (sel & 4) ? NormAxis::kAllHeads : NormAxis::kHead;
+    const int w = (sel >> 3) & 3;
+    n.weight = w == 1   ? ParamShape::kDim
+               : w == 2 ? ParamShape::kHeadDim
+                        : ParamShape::kNone;
+    n.one_plus_weight = (sel & 0x20) != 0;
+    n.bias = (sel & 0x40) != 0;
+    const uint8_t f = r.u8();
+    n.shared_qk_weight = (f & 1) != 0;
+    n.round_before_weight = (f & 2) != 0;
+    if (f & 4) {
+      p->fixed_scale = true;
+      p->scale = r.scalar(1.0);
+    }
+  }
+  const uint8_t kv = r.u8();
+  if (kv & 0x80) {
+    p->kv_heads = static_cast<int8_t>(static_cast<uint8_t>(kv << 1)) / 2;
+  } else {
+    std::vector<int64_t> divisors;
+    for (int64_t d = 1; d <= p->heads; ++d)
+      if (p->heads % d == 0) divisors.push_back(d);
+    p->kv_heads = divisors[kv % divisors.size()];
+  }
+}
 
 void decode_params(ByteReader& r, uint8_t flags, Decoded* d) {
   AttentionProblem& p = d->p;
@@ -111,11 +176,33 @@ bool problem_valid(const AttentionProblem& p) {
     for (int64_t len : kl)
       if (len < 0 || len > p.kv_len) return false;
   }
+  // Issue 16 (attention.h): kv_heads divides heads; a fixed scale is
+  // finite; (1 + w), bias, x_hat rounding and a shared weight need a weight;
+  // across heads needs a kind other than none and no [D] weight; a shared
+  // weight takes no bias and needs kv_heads = heads.
+  if (p.kv_heads < 0 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0))
+    return false;
+  if (p.variant == Variant::kQKNorm) {
+    if (p.fixed_scale && !std::isfinite(p.scale)) return false;
+    const Normalization& n = p.norm;
+    const bool weighted = n.weight != ParamShape::kNone;
+    if (!weighted && (n.bias || n.one_plus_weight || n.round_before_weight ||
+                      n.shared_qk_weight))
+      return false;
+    if (n.axis == NormAxis::kAllHeads &&
+        (n.kind == NormKind::kNone || n.weight == ParamShape::kDim))
+      return false;
+    if (n.shared_qk_weight && (n.bias || kv_heads_of(p) != p.heads))
+      return false;
+  }
   return true;
 }
 
+// The compute-range rule applies to the logit scale in use: the learned g
+// or the fixed scale.
 bool qk_range_ok(const AttentionProblem& p, Precision prec) {
-  return p.variant != Variant::kQKNorm || compute_range_ok(p.g, p.eps, prec);
+  return p.variant != Variant::kQKNorm ||
+         compute_range_ok(p.fixed_scale ? p.scale : p.g, p.eps, prec);
 }
 
 // Largest row norm of a dense [rows, D] array, in long double (no overflow).
@@ -141,6 +228,132 @@ LD max_row_norm(const std::vector<double>& x, int64_t D) {
 //     max(||x||, eps)) (qknorm: the normalization backward divides by it) or
 //     the sdpa scale times max||k|| (resp. ||q||); dg <= B H Nq Nk 2 P1;
 // and, for gradients, no q or k row sits on the clamp kink (near_clamp_kink).
+// One side (q: 0, k: 1) of a formulation (issue 16), for in_domain:
+//   x:   a bound on ||x_hat|| over one head's slice (l2: 1; rms, layer:
+//        sqrt(len), len the normalization row's length; none: max ||x||);
+//   w:   max |w| (or |1 + w|; 1 without a weight), b: max |beta|;
+//   t:   w x + sqrt(D) b >= ||x_tilde|| of a head's slice;
+//   den: the smallest divisor of a row (l2: max(||x||, eps); rms:
+//        sqrt(mean x^2 + eps); layer: sqrt(var + eps); none: 1);
+//   back: the normalization backward's growth (|dx| <= back |du| / den);
+//   kink: (l2 gradients) some row's norm within rounding distance of eps.
+struct SideBound {
+  LD x = 1, w = 1, b = 0, t = 1, den = 1, back = 1;
+  int64_t len = 1;
+  bool kink = false;
+};
+
+SideBound side_bound(const AttentionCase& c, int side, Precision s) {
+  const AttentionProblem& p = c.problem;
+  const Normalization& n = p.norm;
+  const NormRows rows = norm_rows(p, side);
+  const std::vector<double>& x = side == 0 ? c.q : c.k;
+  const std::vector<double>& w =
+      side == 0 || n.shared_qk_weight ? c.q_weight : c.k_weight;
+  const std::vector<double>& beta = side == 0 ? c.q_bias : c.k_bias;
+  SideBound r;
+  r.len = rows.len();
+  const LD len = static_cast<LD>(r.len), eps = p.eps;
+  r.den = std::numeric_limits<LD>::infinity();
+  const LD tol = (len + 8) * compute_roundoff(s) * eps;
+  for (int64_t i = 0; i < rows.rows(); ++i) {
+    LD sum = 0, sq = 0;
+    for (int64_t e = 0; e < rows.len(); ++e) {
+      const LD v = x[static_cast<size_t>(rows.at(i, e))];
+      sum += v, sq += v * v;
+    }
+    const LD mu = sum / len;
+    LD var = 0;
+    for (int64_t e = 0; e < rows.len(); ++e) {
+      const LD v = x[static_cast<size_t>(rows.at(i, e))] - mu;
+      var += v * v;
+    }
+    LD d = 1;
+    switch (n.kind) {
+      case NormKind::kL2:
+        d = std::max(std::sqrt(sq), eps);
+        r.kink |= std::fabs(std::sqrt(sq) - eps) <= tol;
+        break;
+      case NormKind::kRms:
+        d = std::sqrt(sq / len + eps);
+        break;
+      case NormKind::kLayer:
+        d = std::sqrt(var / len + eps);
+        break;
+      case NormKind::kNone:
+        break;
+    }
+    r.den = std::min(r.den, d);
+  }
+  switch (n.kind) {
+    case NormKind::kL2:
+      r.back = 3;
+      break;
+    case NormKind::kRms:
+    case NormKind::kLayer:
+      r.x = std::sqrt(len);
+      r.back = 3;
+      break;
+    case NormKind::kNone:
+      r.x = max_row_norm(x, p.head_dim);
+      r.den = 1;
+      break;
+  }
+  if (n.weight != ParamShape::kNone) {
+    r.w = 0;
+    for (double v : w)
+      r.w = std::max(r.w, std::fabs(n.one_plus_weight ? 1 + static_cast<LD>(v)
+                                                      : static_cast<LD>(v)));
+  }
+  for (double v : beta) r.b = std::max<LD>(r.b, std::fabs(v));
+  r.t = r.w * r.x + std::sqrt(static_cast<LD>(p.head_dim)) * r.b;
+  return r;
+}
+
+// in_domain for the qknorm formulations other than the paper's (issue 16):
+// the same checks with the operands x_tilde (bounds of side_bound) in place
+// of the unit rows, plus the parameter gradients (sums over the rows of
+// x_hat times dx_tilde, resp. dx_tilde).
+bool in_domain_formulation(const AttentionCase& c, Precision s,
+                           bool forward_only) {
+  const AttentionProblem& p = c.problem;
+  const Precision cf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const LD lim = max_finite(cf) / kHeadroom;
+  const SideBound q = side_bound(c, 0, s), k = side_bound(c, 1, s);
+  if (!forward_only && (q.kink || k.kink)) return false;
+  const LD D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
+  const LD N = std::max(Nq, Nk);
+  const LD vmax = max_abs(c.v), domax = max_abs(c.d_o);
+  const LD sc = std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g));
+  const LD dot = q.t * k.t, amp = sc * dot;
+  const LD rows = static_cast<LD>(p.batch) * p.heads * Nq * Nk;
+  const LD p1 = D * domax * vmax;
+  const LD grad_scale =
+      sc * std::max(k.t * q.w * q.back / std::min<LD>(q.den, 1),
+                    q.t * k.w * k.back / std::min<LD>(k.den, 1));
+  const LD param = rows * 2 * p1 * sc * std::max(q.t, k.t) *
+                   std::max({q.x, k.x, static_cast<LD>(1)});
+  const LD checks[] = {q.t,
+                       k.t,
+                       dot,
+                       amp,
+                       Nk * vmax,
+                       p1,
+                       grad_scale * N * 2 * p1,
+                       rows * 2 * p1 * dot,
+                       param};
+  const size_t n = forward_only ? 5 : 9;
+  for (size_t i = 0; i < n; ++i)
+    if (!(checks[i] <= lim)) return false;
+  if (forward_only) return true;
+  const LD len = static_cast<LD>(std::max(q.len, k.len));
+  const LD o_store = D * domax * (unit_roundoff(s) * vmax + ulp(s, 0.0));
+  const LD noise =
+      (len + D + N + 8) * compute_roundoff(s) * std::max(checks[6], param) +
+      grad_scale * N * 2 * o_store;
+  return noise <= max_finite(s) / kHeadroom;
+}
+
 bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
                bool forward_only) {
   const AttentionProblem& p = c.problem;
@@ -151,6 +364,12 @@ bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
       (!representable(orc.dq, s) || !representable(orc.dk, s) ||
        !representable(orc.dv, s) || !representable(orc.dg, cf)))
     return false;
+  if (!forward_only &&
+      (!representable(orc.dq_weight, s) || !representable(orc.dk_weight, s) ||
+       !representable(orc.dq_bias, s) || !representable(orc.dk_bias, s)))
+    return false;
+  if (p.variant == Variant::kQKNorm && !is_paper_formulation(p))
+    return in_domain_formulation(c, s, forward_only);
   if (!forward_only && p.variant == Variant::kQKNorm &&
       (near_clamp_kink(c.q, p.head_dim, p.eps, s) ||
        near_clamp_kink(c.k, p.head_dim, p.eps, s)))
@@ -206,9 +425,13 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   // Small cases print their values (minimized findings mostly are), enough
   // to rebuild the case without the fuzzer's byte format.
   if (c.q.size() + c.k.size() + c.v.size() + c.d_o.size() <= 128) {
-    const char* names[] = {"q", "k", "v", "dO"};
-    const std::vector<double>* ts[] = {&c.q, &c.k, &c.v, &c.d_o};
-    for (int t = 0; t < 4; ++t) {
+    const char* names[] = {"q",        "k",        "v",      "dO",
+                           "q_weight", "k_weight", "q_bias", "k_bias"};
+    const std::vector<double>* ts[] = {&c.q,      &c.k,        &c.v,
+                                       &c.d_o,    &c.q_weight, &c.k_weight,
+                                       &c.q_bias, &c.k_bias};
+    for (int t = 0; t < 8; ++t) {
+      if (t >= 4 && ts[t]->empty()) continue;
       m += std::string("\n  ") + names[t] + ":";
       for (double x : *ts[t]) {
         char b[32];
@@ -220,34 +443,42 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   return m;
 }
 
-// Dense buffers of a case in the entry's storage precision.
+// Dense buffers of a case in the entry's storage precision (k, v of
+// kv_heads heads), and the case's learned parameters.
 struct DenseForward {
   StridedBuffer q, k, v, o;
   std::vector<double> lse;
+  NormParams params;
   DenseForward(Precision s, const AttentionCase& c)
       : q(s, c.problem.batch, c.problem.heads, c.problem.q_len,
-          c.problem.head_dim, dense(c, c.problem.q_len),
-          count(c, c.problem.q_len)),
-        k(s, c.problem.batch, c.problem.heads, c.problem.kv_len,
-          c.problem.head_dim, dense(c, c.problem.kv_len),
-          count(c, c.problem.kv_len)),
+          c.problem.head_dim, dense(c, c.problem.heads, c.problem.q_len),
+          count(c, c.problem.heads, c.problem.q_len)),
+        k(s, c.problem.batch, kv_heads_of(c.problem), c.problem.kv_len,
+          c.problem.head_dim,
+          dense(c, kv_heads_of(c.problem), c.problem.kv_len),
+          count(c, kv_heads_of(c.problem), c.problem.kv_len)),
         v(k),
         o(q),
         lse(static_cast<size_t>(c.problem.batch * c.problem.heads *
-                                c.problem.q_len)) {
+                                c.problem.q_len)),
+        params{ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)} {
     q.store(c.q);
     k.store(c.k);
     v.store(c.v);
   }
-  static Layout4 dense(const AttentionCase& c, int64_t rows) {
-    return contiguous_layout(c.problem.heads, rows, c.problem.head_dim);
+  static Layout4 dense(const AttentionCase& c, int64_t heads, int64_t rows) {
+    return contiguous_layout(heads, rows, c.problem.head_dim);
   }
-  static int64_t count(const AttentionCase& c, int64_t rows) {
-    return c.problem.batch * c.problem.heads * rows * c.problem.head_dim;
+  static int64_t count(const AttentionCase& c, int64_t heads, int64_t rows) {
+    return c.problem.batch * heads * rows * c.problem.head_dim;
+  }
+  static ParamRef ref(const std::vector<double>& x) {
+    return {x.empty() ? nullptr : x.data(), static_cast<int64_t>(x.size())};
   }
   ForwardArgs args() {
     return {q.cview(), k.cview(),  v.cview(),
-            o.view(),  lse.data(), static_cast<int64_t>(lse.size())};
+            o.view(),  lse.data(), static_cast<int64_t>(lse.size()),
+            params};
   }
 };
 
@@ -258,7 +489,14 @@ struct DenseForward {
 // folded in by inflating |g| by (3D + 16) u; exp, the row sum and the
 // division add a relative (2m + 16) u; an exp that underflows into the
 // subnormals adds up to min_normal absolutely.
-void check_non_saturation(const Backend& e, const AttentionCase& c) {
+// Formulations other than the paper's (issue 16): |S_ij| <= A, the rule's
+// logit amplitude (logit_amplitude: |scale| max ||q_a|| max ||k_a|| from
+// |x_hat| |w| + |beta|), in place of |g|; the computed operands carry a
+// relative error of about (len + 4) u of those magnitudes (len the
+// normalization row's length), folded in as (6 len + 3D + 32) u, plus the
+// logit change x_hat's rounding to storage may make (logit_flip, Qwen3).
+void check_non_saturation(const Backend& e, const AttentionCase& c,
+                          const OracleAttention& orc) {
   const AttentionProblem& p = c.problem;
   if (p.variant != Variant::kQKNorm) return;
   DenseForward buf(e.precision(), c);
@@ -270,7 +508,13 @@ void check_non_saturation(const Backend& e, const AttentionCase& c) {
   const double u = compute_roundoff(e.precision());
   const double tiny = min_normal(
       e.precision() == Precision::kF64 ? Precision::kF64 : Precision::kF32);
-  const double g = std::fabs(p.g) * (1 + (3.0 * p.head_dim + 16) * u);
+  const double len = static_cast<double>(
+      std::max(norm_rows(p, 0).len(), norm_rows(p, 1).len()));
+  const double g = is_paper_formulation(p)
+                       ? std::fabs(p.g) * (1 + (3.0 * p.head_dim + 16) * u)
+                       : validation::logit_amplitude(c) *
+                                 (1 + (6 * len + 3.0 * p.head_dim + 32) * u) +
+                             orc.logit_flip;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h)
       for (int64_t i = 0; i < Nq; ++i) {
@@ -335,7 +579,12 @@ void check_threads(const Backend& e, const AttentionCase& c, bool fwd_only) {
   const AttentionResult b = run(e, c, fwd_only, two);
   if (!bitwise_equal(a.o, b.o) || !bitwise_equal(a.lse, b.lse) ||
       !bitwise_equal(a.dq, b.dq) || !bitwise_equal(a.dk, b.dk) ||
-      !bitwise_equal(a.dv, b.dv) || std::memcmp(&a.dg, &b.dg, sizeof a.dg) != 0)
+      !bitwise_equal(a.dv, b.dv) ||
+      std::memcmp(&a.dg, &b.dg, sizeof a.dg) != 0 ||
+      !bitwise_equal(a.dq_weight, b.dq_weight) ||
+      !bitwise_equal(a.dk_weight, b.dk_weight) ||
+      !bitwise_equal(a.dq_bias, b.dq_bias) ||
+      !bitwise_equal(a.dk_bias, b.dk_bias))
     fail("results differ between 1 and 2 threads", entry_ctx(e, c));
 }
 
@@ -351,25 +600,44 @@ void run_unchecked(const Backend& e, const AttentionCase& c, bool fwd_only) {
   }
 }
 
-void differential(ByteReader& r) {
+// formulation: FORMULATION mode (H up to 4, the formulation block, k and v
+// of kv_heads heads, the learned parameters after dO).
+void differential(ByteReader& r, bool formulation) {
   Decoded d;
   AttentionProblem& p = d.p;
   p.batch = 1 + r.u8() % 2;
-  p.heads = 1 + r.u8() % 2;
+  p.heads = 1 + r.u8() % (formulation ? 4 : 2);
   p.q_len = 1 + r.u8() % 16;
   p.kv_len = 1 + r.u8() % 16;
   p.head_dim = 1 + r.u8() % 16;
   decode_params(r, r.u8(), &d);
+  if (formulation) decode_formulation(r, &p);
   AttentionCase c;
   c.problem = p;
   c.row_pad = d.row_pad;
   const size_t nq =
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
   const size_t nk =
-      static_cast<size_t>(p.batch * p.heads * p.kv_len * p.head_dim);
+      static_cast<size_t>(p.batch * kv_heads_of(p) * p.kv_len * p.head_dim);
   for (auto* t : {&c.q, &c.k, &c.v, &c.d_o}) {
     const size_t n = (t == &c.q || t == &c.d_o) ? nq : nk;
     for (size_t i = 0; i < n; ++i) t->push_back(r.scalar(1.0));
+  }
+  if (formulation && p.variant == Variant::kQKNorm) {
+    // Weights default to the identity (1, or 0 for Gemma's 1 + w), biases
+    // to 0.
+    const double w0 = p.norm.one_plus_weight ? 0.0 : 1.0;
+    const bool bias = p.norm.bias;
+    for (int side = 0; side < 2; ++side) {
+      auto& w = side == 0 ? c.q_weight : c.k_weight;
+      for (int64_t i = 0; i < param_size(p, side); ++i)
+        w.push_back(r.scalar(w0));
+    }
+    for (int side = 0; side < 2 && bias; ++side) {
+      auto& b = side == 0 ? c.q_bias : c.k_bias;
+      for (int64_t i = 0; i < param_size(p, side); ++i)
+        b.push_back(r.scalar(0.0));
+    }
   }
   const bool pvalid = problem_valid(p);
   // The oracle (long double) and the naive baseline's result are the same
@@ -393,7 +661,9 @@ void differential(ByteReader& r) {
       pp.valid = pvalid && qk_range_ok(p, e->precision()) &&
                  all_finite(pp.rc.q) && all_finite(pp.rc.k) &&
                  all_finite(pp.rc.v) &&
-                 (d.forward_only || all_finite(pp.rc.d_o));
+                 (d.forward_only || all_finite(pp.rc.d_o)) &&
+                 all_finite(pp.rc.q_weight) && all_finite(pp.rc.k_weight) &&
+                 all_finite(pp.rc.q_bias) && all_finite(pp.rc.k_bias);
       if (pp.valid) {
         pp.oracle = validation::oracle_attention(pp.rc);
         pp.domain = in_domain(pp.rc, pp.oracle, e->precision(), d.forward_only);
@@ -422,13 +692,15 @@ void differential(ByteReader& r) {
     });
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
-    if (e == &validation::naive_for(e->precision()))
+    // The a-priori bounds of baseline_bounds.h are the paper's (and
+    // sdpa's) without GQA.
+    if (e == &validation::naive_for(e->precision()) && is_paper_formulation(p))
       check_baseline(
           rep, validation::baseline_bounds(pp.rc, pp.oracle, e->precision()),
           {{"o", underflow_slack(e->precision(), p.head_dim + p.kv_len,
                                  max_abs(pp.rc.v))},
            {"lse", underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
-    check_non_saturation(*e, pp.rc);
+    check_non_saturation(*e, pp.rc, pp.oracle);
     if (d.threads) check_threads(*e, pp.rc, d.forward_only);
   }
 }
@@ -511,7 +783,8 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   std::vector<double> lse(small ? static_cast<size_t>(B * H * Nq) : 1,
                           std::numeric_limits<double>::quiet_NaN());
   ForwardArgs a{q.cview(), k.cview(),  v.cview(),
-                o.view(),  lse.data(), static_cast<int64_t>(lse.size())};
+                o.view(),  lse.data(), static_cast<int64_t>(lse.size()),
+                {}};
   AttentionCase c;
   c.problem = p;
   if (small) {
@@ -589,9 +862,10 @@ void layout(ByteReader& r) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   qknorm::fuzz::ByteReader r(data, size);
-  if (r.u8() & 1)
+  const uint8_t mode = r.u8();
+  if (mode & 1)
     qknorm::fuzz::layout(r);
   else
-    qknorm::fuzz::differential(r);
+    qknorm::fuzz::differential(r, (mode & 4) != 0);
   return 0;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_common.h"
+#include "qknorm/formulation.h"
 #include "validation/rng.h"
 
 namespace qknorm::fuzz {
@@ -52,9 +53,9 @@ struct Attn {
   double eps = 0;
   Values values = grid;
 
-  std::vector<uint8_t> encode() const {
-    ByteWriter w;
-    w.u8(0);  // differential mode
+  // The mode byte (0 differential, 4 formulation) through eps.
+  void header(ByteWriter& w, uint8_t mode) const {
+    w.u8(mode);
     w.u8(static_cast<uint8_t>(B - 1)).u8(static_cast<uint8_t>(H - 1));
     w.u8(static_cast<uint8_t>(Nq - 1)).u8(static_cast<uint8_t>(Nk - 1));
     w.u8(static_cast<uint8_t>(D - 1));
@@ -69,10 +70,103 @@ struct Attn {
       w.scalar_default();
     else
       w.scalar(eps);
+  }
+
+  std::vector<uint8_t> encode() const {
+    ByteWriter w;
+    header(w, 0);
     const int64_t nq = B * H * Nq * D, nk = B * H * Nk * D;
     for (int t = 0; t < 4; ++t)
       for (int64_t i = 0; i < (t == 0 || t == 3 ? nq : nk); ++i)
         w.scalar(values(t, i));
+    return w.bytes();
+  }
+};
+
+// FORMULATION mode (issue 16; attention_fuzzer.cc, decode_formulation):
+// mode byte 4, the differential header with H up to 4, the formulation
+// block (a preset index or a free combination, kv_heads as an index into
+// the divisors of H or a raw signed value), then q, k, v (kv_heads heads),
+// dO, and the learned parameters (values tensors 4..7: q_weight, k_weight,
+// q_bias, k_bias; default: 1 + grid / 4 (grid / 4 for 1 + w), grid / 8).
+double form_grid(int t, int64_t i) {
+  if (t == 4 || t == 5) return 1 + grid(t, i) / 4;
+  if (t >= 6) return grid(t, i) / 8;
+  return grid(t, i);
+}
+
+// form_grid with the elements of tensor t where `where` holds set to x.
+Values form_set(int t, std::function<bool(int64_t)> where, double x) {
+  return [=](int tt, int64_t i) {
+    return tt == t && where(i) ? x : form_grid(tt, i);
+  };
+}
+
+struct AttnForm : Attn {
+  AttnForm() {
+    H = 4, D = 8;
+    values = form_grid;
+  }
+  // Preset: index (< 0x80), keep_eps (bit 6), scale override (bit 5).
+  // Free: sel >= 0x80 and the flag byte `free_flags`.
+  uint8_t sel = 0, free_flags = 0;
+  double scale = 0;  // written when bit 5 (preset) / bit 2 (free) says so
+  uint8_t kv = 0;    // < 0x80: index into the divisors of H
+
+  // The problem the fuzzer decodes (for the element counts).
+  AttentionProblem problem() const {
+    AttentionProblem p;
+    p.batch = B, p.heads = H, p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
+    p.variant = sdpa ? Variant::kSDPA : Variant::kQKNorm;
+    if (sel < 0x80) {
+      apply_preset(presets()[sel % presets().size()].name, &p);
+      p.variant = sdpa ? Variant::kSDPA : Variant::kQKNorm;
+    } else {
+      p.norm.kind = static_cast<NormKind>(sel & 3);
+      p.norm.axis = (sel & 4) ? NormAxis::kAllHeads : NormAxis::kHead;
+      const int w = (sel >> 3) & 3;
+      p.norm.weight = w == 1   ? ParamShape::kDim
+                      : w == 2 ? ParamShape::kHeadDim
+                               : ParamShape::kNone;
+      p.norm.one_plus_weight = (sel & 0x20) != 0;
+      p.norm.bias = (sel & 0x40) != 0;
+      p.norm.shared_qk_weight = (free_flags & 1) != 0;
+    }
+    if (kv & 0x80) {
+      p.kv_heads = static_cast<int8_t>(static_cast<uint8_t>(kv << 1)) / 2;
+    } else {
+      std::vector<int64_t> div;
+      for (int64_t d = 1; d <= H; ++d)
+        if (H % d == 0) div.push_back(d);
+      p.kv_heads = div[kv % div.size()];
+    }
+    return p;
+  }
+
+  std::vector<uint8_t> encode() const {
+    ByteWriter w;
+    header(w, 4);
+    w.u8(sel);
+    if (sel < 0x80 && (sel & 0x20)) w.scalar(scale);
+    if (sel >= 0x80) {
+      w.u8(free_flags);
+      if (free_flags & 4) w.scalar(scale);
+    }
+    w.u8(kv);
+    const AttentionProblem p = problem();
+    const int64_t nq = B * H * Nq * D, nk = B * kv_heads_of(p) * Nk * D;
+    for (int t = 0; t < 4; ++t)
+      for (int64_t i = 0; i < (t == 0 || t == 3 ? nq : nk); ++i)
+        w.scalar(values(t, i));
+    if (p.variant == Variant::kQKNorm) {
+      const bool op = p.norm.one_plus_weight;
+      for (int side = 0; side < 2; ++side)
+        for (int64_t i = 0; i < param_size(p, side); ++i)
+          w.scalar(values(4 + side, i) - (op ? 1 : 0));
+      for (int side = 0; side < 2 && p.norm.bias; ++side)
+        for (int64_t i = 0; i < param_size(p, side); ++i)
+          w.scalar(values(6 + side, i));
+    }
     return w.bytes();
   }
 };
@@ -137,6 +231,90 @@ struct Scale {
 // Values of `base` with tensor `t`'s elements replaced by f(i) when `when`.
 Values with(int t, std::function<double(int64_t)> f, Values base = grid) {
   return [=](int tt, int64_t i) { return tt == t ? f(i) : base(tt, i); };
+}
+
+// FORMULATION-mode seeds (issue 16): every preset (with GQA where the
+// model ships it), free combinations, and invalid ones.
+void formulation_seeds(
+    const std::function<void(const std::string&, const std::vector<uint8_t>&)>&
+        add) {
+  const auto& table = presets();
+  for (size_t i = 0; i < table.size(); ++i) {
+    AttnForm f;
+    f.sel = static_cast<uint8_t>(i);
+    // H = 4: kv index 1 is kv_heads = 2 (divisors 1, 2, 4); 2 is 4 = H.
+    f.kv = table[i].gqa ? 1 : 2;
+    f.causal = i % 2 == 1;
+    add(std::string("form_") + table[i].name + (table[i].gqa ? "_gqa" : ""),
+        f.encode());
+  }
+  AttnForm f;
+  f.sel = 1, f.kv = 0, f.H = 2, f.D = 16, f.Nq = 3, f.Nk = 5;
+  add("form_qwen3_mqa", f.encode());  // kv_heads = 1
+  f = AttnForm{};
+  f.sel = 2 | 0x40 | 0x20, f.default_eps = false, f.eps = 1e-3, f.scale = 0.5;
+  f.kv = 0;
+  add("form_gemma3_eps_scale_override", f.encode());
+  // Free: layer norm across heads, [H, D] weight as 1 + w, bias, fixed
+  // scale, GQA.
+  f = AttnForm{};
+  f.sel = 0x80 | 2 | 4 | (2 << 3) | 0x20 | 0x40;
+  f.free_flags = 4, f.scale = 0.25, f.kv = 1, f.threads = true;
+  add("form_free_layer_allheads_1pw_bias_fixed", f.encode());
+  // Free: rms per head, [D] weight, zero q and k rows, tiny eps.
+  f = AttnForm{};
+  f.sel = 0x80 | 1 | (1 << 3), f.kv = 1;
+  f.default_eps = false, f.eps = 1e-30;
+  f.values = [](int t, int64_t i) {
+    return t < 2 && (i / 8) % 3 == 1 ? 0.0 : form_grid(t, i);
+  };
+  add("form_free_rms_zero_rows", f.encode());
+  // Free: nGPT's shared weight [H, D], l2, learned g, a zero q row.
+  f = AttnForm{};
+  f.sel = 0x80 | 0 | (2 << 3), f.free_flags = 1, f.H = 2, f.kv = 1;
+  f.values = form_set(
+      0, [](int64_t i) { return i < 8; }, 0.0);
+  add("form_free_ngpt_shared_zero_row", f.encode());
+  // Free: no normalization, per head, fixed scale, MQA, padding mask.
+  f = AttnForm{};
+  f.sel = 0x80 | 3, f.free_flags = 4, f.scale = 0.125, f.kv = 0, f.B = 2;
+  f.key_lengths = {2, 4};
+  add("form_free_none_fixed_mqa_padding", f.encode());
+  // Free: layer over all heads of a constant row (x_hat = 0).
+  f = AttnForm{};
+  f.sel = 0x80 | 2 | 4 | (2 << 3), f.kv = 2, f.H = 2, f.D = 4;
+  f.values = [](int t, int64_t i) {
+    return t < 2 && i < 8 ? 1.5 : form_grid(t, i);
+  };
+  add("form_free_layer_allheads_constant_row", f.encode());
+  // sdpa with GQA (the normalization is ignored).
+  f = AttnForm{};
+  f.sdpa = true, f.sel = 0, f.kv = 0;
+  add("form_sdpa_mqa", f.encode());
+  // Invalid: bias without weight; shared weight with GQA; kv_heads 3 of 4;
+  // negative kv_heads; infinite fixed scale; an infinite weight.
+  f = AttnForm{};
+  f.sel = 0x80 | 1 | 0x40, f.kv = 2;
+  add("invalid_form_bias_without_weight", f.encode());
+  f.sel = 0x80 | (2 << 3), f.free_flags = 1, f.kv = 1;
+  add("invalid_form_shared_weight_gqa", f.encode());
+  f = AttnForm{};
+  f.sel = 1, f.kv = 0x80 | 3;
+  add("invalid_form_kv_heads_not_divisor", f.encode());
+  f.kv = 0xff;  // -1
+  add("invalid_form_kv_heads_negative", f.encode());
+  f = AttnForm{};
+  f.sel = 0x20, f.scale = DL::infinity(), f.kv = 2;
+  add("invalid_form_scale_inf", f.encode());
+  f = AttnForm{};
+  f.sel = 4, f.kv = 2, f.H = 2;
+  f.values = form_set(
+      4, [](int64_t i) { return i == 3; }, DL::infinity());
+  add("invalid_form_weight_inf", f.encode());
+  // A weight beyond f16's range: valid in f64/f32/bf16, rejected in f16.
+  f.values = form_set(
+      4, [](int64_t i) { return i == 3; }, 1e5);
+  add("form_timm_weight_beyond_f16", f.encode());
 }
 
 std::vector<Seed> attention_seeds() {
@@ -328,6 +506,7 @@ std::vector<Seed> attention_seeds() {
   l = AttnLayout{};
   l.B = int64_t{1} << 10, l.H = int64_t{1} << 10, l.Nq = int64_t{1} << 10;
   add("valid_shape_huge_buffer_short", l.encode());
+  formulation_seeds(add);
   return s;
 }
 
