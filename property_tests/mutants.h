@@ -20,6 +20,7 @@
 #ifndef QKNORM_PROPERTY_TESTS_MUTANTS_H_
 #define QKNORM_PROPERTY_TESTS_MUTANTS_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,13 @@ enum class Bug {
   kRescaleBf16,            // online-softmax rescale factor rounded to bf16
   kTf32Matmul,             // GEMM operands rounded to TF32 in the f32 mode
   kF64ExpInF32,            // the f64 mode's exp evaluated in f32
+  // Formulation bugs (issue 16; formulation_mutants.cc): each lives in one
+  // formulation's own code, so only cases of that formulation trigger it.
+  kGqaNoGroupSum,          // GQA dK, dV from the group's first query head only
+  kRmsEpsOutsideRsqrt,     // RMSNorm x / (sqrt(mean(x^2)) + eps)
+  kGemmaWNotOnePlusW,      // Gemma's x_hat (1 + w) computed as x_hat w
+  kOlmo2NormPerHead,       // OLMo2's across-heads RMSNorm done per head
+  kQwen3WeightBeforeCast,  // round_s(x_hat w) instead of round_s(x_hat) w
 };
 
 enum class MutantKind {
@@ -83,6 +91,13 @@ struct MutantInfo {
   // subtraction is exact until exp overflows, and a thread-dependent
   // summation order only changes bits.
   const char* correct_when = nullptr;
+  // Formulation mutants (issue 16): the formulation whose cases exercise the
+  // bug (a preset name, or "gqa"); nullptr for the paper-formulation mutants.
+  // These entries implement every formulation (the formulation control's
+  // wrapper with one bug); the property table's paper-formulation
+  // properties cannot see their bugs, so the mutation test proves them on
+  // the formulation's own cases (mutation_test.cc, FormulationMutants).
+  const char* formulation = nullptr;
 };
 const std::vector<MutantInfo>& mutant_list();
 
@@ -105,6 +120,9 @@ enum class Control {
   kFma,       // every product-sum as std::fma
   kExp2Ulp,   // std::exp moved 2 ulp up or down (deterministic)
   kF32Accum,  // 16-bit storage: P.V, row sums and dV accumulated in f32
+  // Every formulation (issue 16) by the wrapper of formulation_mutants.cc
+  // with no bug: the formulation mutants' copy, shown correct.
+  kFormulation,
 };
 
 struct ControlInfo {
@@ -120,6 +138,13 @@ const std::vector<ControlInfo>& control_list();
 // mutants are caught for their bug and not for a flaw of the copy, and so
 // that the verdict is shown to accept legitimate arithmetic.
 const Registry& control_registry();
+
+// The wrapper of formulation_mutants.cc as an entry "<family>:<name>:<p>":
+// `bug` active (one of the formulation bugs) or none (the control).
+std::unique_ptr<Backend> make_formulation_entry(const char* family,
+                                                const char* name,
+                                                Precision precision, Bug bug,
+                                                bool active);
 
 }  // namespace qknorm::property
 
