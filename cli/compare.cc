@@ -11,6 +11,7 @@
 #include "cli/app.h"
 #include "cli/machine.h"
 #include "qknorm/error.h"
+#include "qknorm/formulation.h"
 #include "qknorm/validate.h"
 #include "validation/npy.h"
 #include "validation/safetensors.h"
@@ -20,8 +21,11 @@ namespace {
 
 using validation::HostTensor;
 
-const std::vector<std::string> kInputNames = {"q", "k", "v", "g", "dO"};
-const std::vector<std::string> kOutputNames = {"O", "dQ", "dK", "dV", "dg"};
+const std::vector<std::string> kInputNames = {
+    "q", "k", "v", "g", "dO", "q_weight", "k_weight", "q_bias", "k_bias"};
+const std::vector<std::string> kOutputNames = {
+    "O",         "dQ",        "dK",      "dV",     "dg",
+    "dq_weight", "dk_weight", "dq_bias", "dk_bias"};
 
 std::string lower(std::string s) {
   for (char& c : s)
@@ -42,6 +46,10 @@ std::string canonical(const std::string& raw) {
   if (s == "dk" || s == "grad_k") return "dK";
   if (s == "dv" || s == "grad_v") return "dV";
   if (s == "dg" || s == "grad_g") return "dg";
+  // The formulation's parameters (issue 16) and their gradients.
+  for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias", "dq_weight",
+                        "dk_weight", "dq_bias", "dk_bias"})
+    if (s == n) return n;
   return "";
 }
 
@@ -181,10 +189,11 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
     throw Error(
         "v", {},
         "shape " + v.shape_text() + " differs from k's " + k.shape_text());
-  if (sk[0] != sq[0] || sk[1] != sq[1] || sk[3] != sq[3])
+  if (sk[0] != sq[0] || sk[1] < 1 || sq[1] % sk[1] != 0 || sk[3] != sq[3])
     throw Error("k", {},
                 "shape " + k.shape_text() + " does not match q's " +
-                    q.shape_text() + " (need the same B, H, D)");
+                    q.shape_text() +
+                    " (need the same B and D, and k's heads dividing q's)");
   if (as4(o, "O") != sq)
     throw Error(
         "O", {},
@@ -199,12 +208,20 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
   if (s.variant != "qknorm" && s.variant != "sdpa")
     throw Error("--variant", {}, "must be qknorm or sdpa");
   p.variant = s.variant == "sdpa" ? Variant::kSDPA : Variant::kQKNorm;
+  p.kv_heads = sk[1] == sq[1] ? 0 : sk[1];
+  if (s.formulations.size() > 1)
+    throw Error("--formulation", {}, "compare takes one formulation");
+  if (p.variant == Variant::kQKNorm) {
+    SuiteOptions f = s;
+    f.kv_heads = 0;  // the files' shapes give it
+    apply_formulation(f, s.formulations.empty() ? "" : s.formulations[0], &p);
+  }
   if (s.g.size() > 1) throw Error("--g", {}, "compare takes one g");
   if (!s.g.empty()) {
     p.g = s.g[0];
   } else if (const auto it = in.find("g"); it != in.end()) {
     p.g = scalar(it->second, "g");
-  } else if (p.variant == Variant::kQKNorm) {
+  } else if (p.variant == Variant::kQKNorm && !p.fixed_scale) {
     throw Error("--inputs", {},
                 "no tensor named g (give g.npy, a key g, or --g)");
   }
@@ -217,6 +234,16 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
   c.q = q.values;
   c.k = k.values;
   c.v = v.values;
+  c.storage = prec;
+  // The formulation's parameters: any dtype, any shape with the right
+  // element count (validation names a wrong length).
+  auto param = [&](const char* nm, std::vector<double>* dst) {
+    if (const auto it = in.find(nm); it != in.end()) *dst = it->second.values;
+  };
+  param("q_weight", &c.q_weight);
+  param("k_weight", &c.k_weight);
+  param("q_bias", &c.q_bias);
+  param("k_bias", &c.k_bias);
   validation::AttentionResult given;
   given.o = o.values;
   std::vector<validation::Field> only = {validation::Field::kO};
@@ -250,6 +277,36 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
       only.push_back(validation::Field::kDv);
     }
   }
+  const std::pair<const char*, validation::Field> pgrads[] = {
+      {"dq_weight", validation::Field::kDqWeight},
+      {"dk_weight", validation::Field::kDkWeight},
+      {"dq_bias", validation::Field::kDqBias},
+      {"dk_bias", validation::Field::kDkBias}};
+  for (const auto& [gname, field] : pgrads) {
+    const auto it = outs.find(gname);
+    if (it == outs.end()) continue;
+    backward = true;
+    const std::vector<double>& x = it->second.values;
+    const int64_t need_n =
+        param_size(p, field == validation::Field::kDkWeight ||
+                              field == validation::Field::kDkBias
+                          ? 1
+                          : 0);
+    const bool is_bias = field == validation::Field::kDqBias ||
+                         field == validation::Field::kDkBias;
+    if (static_cast<int64_t>(x.size()) !=
+        (is_bias && !p.norm.bias ? 0 : need_n))
+      throw Error(gname, {},
+                  "length must be " +
+                      std::to_string(is_bias && !p.norm.bias ? 0 : need_n) +
+                      " for this formulation (got " + std::to_string(x.size()) +
+                      ")");
+    if (field == validation::Field::kDqWeight) given.dq_weight = x;
+    if (field == validation::Field::kDkWeight) given.dk_weight = x;
+    if (field == validation::Field::kDqBias) given.dq_bias = x;
+    if (field == validation::Field::kDkBias) given.dk_bias = x;
+    only.push_back(field);
+  }
   if (backward) {
     const HostTensor& d_o = need(in, "dO", "--inputs");
     if (d_o.dtype != prec)
@@ -276,6 +333,8 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
   // The case came from files: its distribution and seed mean nothing.
   *case_desc = c.describe();
   case_desc->erase(std::min(case_desc->find(" dist="), case_desc->size()));
+  if (!is_paper_formulation(p))
+    *case_desc += " formulation=" + describe_formulation(p);
   *case_desc += " (tensors from files)";
   // The inputs are the files' values, already in `prec`: no rounding. The
   // naive same-precision baseline runs on them for the report's statistics
