@@ -791,6 +791,24 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         // with a = s sum_j |dS_ij| (times the largest weight) and du the
         // true du (signed). rms and layer scale the same terms by 1 / L or
         // less: the l2 form bounds them.
+        // The parameter gradients sum dx_tilde_e x_hat_e over rows, and
+        // dx_tilde_e = s sum dS x_tilde' reads the other side's operand,
+        // resolved only to ulp_c(0) where it is subnormal (a subnormal
+        // weight: found by the fuzzer, issue 16: timm, f64, w_q = 8.4e-315,
+        // dk_weight 2.4 bounds off in reference:f64 and blas:f64 alike):
+        // s sum |dS| per row element, times |x_hat_e| for the weight.
+        if (np > 0 && dw) {
+          for (int64_t e = 0; e < L; ++e) {
+            const int64_t idx =
+                nr.all_heads
+                    ? ((r0 / nr.N) * nr.H + e / nr.D) * nr.N + r0 % nr.N
+                    : r0;
+            const LD a = ads[static_cast<size_t>(idx)];
+            const auto pi = static_cast<size_t>(nr.param(r0, e, p.norm.weight));
+            (*dw)[2][pi] += a * std::fabs(u[static_cast<size_t>(e)]);
+            if (p.norm.bias && db) (*db)[2][pi] += a;
+          }
+        }
         if (qk && p.norm.kind != NormKind::kNone) {
           LD a = 0;
           const int64_t heads_in_row = nr.all_heads ? nr.H : 1;
