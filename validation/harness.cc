@@ -826,10 +826,19 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           }
           a *= m.wmax;
           const LD den = m.den[static_cast<size_t>(r0)];
+          // rms and layer form x_hat = y f from the scaled row y (its
+          // subnormal elements resolved to ulp_c(0), each rounding) and
+          // f <= sqrt(L): x_hat is resolved to (f + 1) / 2 ulp_c(0) per
+          // rounding, kOpUnits sqrt(L) bounds it (found by the fuzzer, issue
+          // 16: qwen3, f64, a q row spanning 7e240 to 1e-80, reference:f64's
+          // dq 12 bounds off where x_hat was subnormal).
+          const LD res = p.norm.kind == NormKind::kL2
+                             ? 1
+                             : kOpUnits * std::sqrt(static_cast<LD>(L));
           for (int64_t e = 0; e < L; ++e) {
             const LD ue = std::fabs(u[static_cast<size_t>(e)]);
             (*dst[2])[static_cast<size_t>(nr.at(r0, e))] +=
-                (a * (1 + ue * u1) + std::fabs(cdot) + ue * l1) / den;
+                res * (a * (1 + ue * u1) + std::fabs(cdot) + ue * l1) / den;
           }
         }
       }
