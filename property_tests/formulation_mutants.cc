@@ -7,7 +7,8 @@
 // normalization backward and parameter gradients. It never calls blas_path
 // or simd kernels. With no bug (the control "control:formulation:<p>") it
 // computes every formulation correctly; each mutant switches on one bug in
-// its own part (the normalization, the weight, or the GQA group sum).
+// its own part (the normalization, the weight, the GQA group sum, or the
+// fixed logit scale).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -111,9 +112,13 @@ class FormulationKernel {
 
   // The attention problem the reference runs on x_tilde: no normalization,
   // the same logit scale (learned g or fixed), mask and GQA.
-  static AttentionProblem attention_problem(const AttentionProblem& p) {
+  AttentionProblem attention_problem(const AttentionProblem& p) const {
     AttentionProblem a = p;
     if (p.variant == Variant::kQKNorm) a.norm = Normalization{NormKind::kNone};
+    // The mutant: a fixed scale s used as 1 / s.
+    if (on(Bug::kFixedScaleInverted) && p.variant == Variant::kQKNorm &&
+        p.fixed_scale && p.scale != 0)
+      a.scale = 1 / p.scale;
     return a;
   }
 

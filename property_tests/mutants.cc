@@ -683,7 +683,7 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
       active &&
       (bug == Bug::kGqaNoGroupSum || bug == Bug::kRmsEpsOutsideRsqrt ||
        bug == Bug::kGemmaWNotOnePlusW || bug == Bug::kOlmo2NormPerHead ||
-       bug == Bug::kQwen3WeightBeforeCast);
+       bug == Bug::kQwen3WeightBeforeCast || bug == Bug::kFixedScaleInverted);
   if (formulation_bug || control == Control::kFormulation)
     return make_formulation_entry(family, name, precision, bug, active);
   if (precision == Precision::kF64)
@@ -883,9 +883,17 @@ const std::vector<MutantInfo>& mutant_list() {
        "the case's allowance for legitimate x_hat rounding flips "
        "(logit_flip: some x_hat element near a bf16 midpoint) exceeds the "
        "bug's logit change of about one storage ulp of x_tilde, e.g. the "
-       "default suite's Qwen3 case; caught on 6 of 32 Qwen3 cases "
-       "(mutation_test.cc)",
+       "default suite's Qwen3 case; caught on 6 of 32 Qwen3 cases and by "
+       "FormulationAgreement (mutation_test.cc)",
        "qwen3"},
+      // Not one of issue 16's five: the bug FormulationNonSaturation exists
+      // for (no other mutant makes the softmax more saturated than the
+      // formulation's amplitude bound allows).
+      {Bug::kFixedScaleInverted, "fixed_scale_inverted",
+       "a fixed logit scale s applied as 1 / s (head_dim ** 0.5 written for "
+       "head_dim ** -0.5): Qwen3's 1/sqrt(D) becomes sqrt(D), logits D times "
+       "too large and the softmax saturated beyond the formulation's bound",
+       Precision::kF32, MutantKind::kFormula, nullptr, "qwen3"},
   };
   return list;
 }

@@ -67,6 +67,7 @@ enum class Bug {
   kGemmaWNotOnePlusW,      // Gemma's x_hat (1 + w) computed as x_hat w
   kOlmo2NormPerHead,       // OLMo2's across-heads RMSNorm done per head
   kQwen3WeightBeforeCast,  // round_s(x_hat w) instead of round_s(x_hat) w
+  kFixedScaleInverted,     // fixed logit scale s applied as 1 / s
 };
 
 enum class MutantKind {
