@@ -8,6 +8,7 @@
 
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
+#include "qknorm/validate.h"
 #include "reference/reference.h"
 
 namespace qknorm::validation {
@@ -250,9 +251,32 @@ ScaleNormCase round_inputs(const ScaleNormCase& c, Precision prec) {
 }
 
 namespace {
+// The case's tensors must have the problem's element counts before they are
+// copied into the entry's buffers: a case edited by hand (kv_heads changed,
+// a tensor resized) is bad input, named like every other.
+void check_case_length(const char* name, const std::vector<double>& x,
+                       int64_t want, const char* dims) {
+  if (static_cast<int64_t>(x.size()) == want) return;
+  throw Error(std::string("case ") + name, {},
+              "length must be " + std::string(dims) + " = " +
+                  std::to_string(want) + " (got " + std::to_string(x.size()) +
+                  ")");
+}
+
 AttentionResult run_impl(const Backend& b, const AttentionCase& c,
                          const ExecConfig& cfg, Workspace* ws, bool backward) {
   const AttentionProblem& p = c.problem;
+  validate_problem(p);
+  {
+    const int64_t Hk = kv_heads_of(p);
+    const int64_t nq = p.batch * p.heads * p.q_len * p.head_dim,
+                  nk = p.batch * Hk * p.kv_len * p.head_dim;
+    check_case_length("q", c.q, nq, "batch*heads*q_len*head_dim");
+    check_case_length("k", c.k, nk, "batch*kv_heads*kv_len*head_dim");
+    check_case_length("v", c.v, nk, "batch*kv_heads*kv_len*head_dim");
+    if (backward)
+      check_case_length("d_o", c.d_o, nq, "batch*heads*q_len*head_dim");
+  }
   const Precision s = b.precision();
   std::unique_ptr<Workspace> own;
   if (ws == nullptr) {
