@@ -385,10 +385,13 @@ namespace {
 // logits use it), |x_hat| |w| + |beta| (the operand's magnitude before
 // cancellation), the weight per element (w or 1 + w; 1 without), each
 // row's divisor (l2: max(||x||, eps); rms: sqrt(mean x^2 + eps); layer:
-// sqrt(var + eps); 1 otherwise) and the largest |w|.
+// sqrt(var + eps); 1 otherwise) and the largest |w|. Layer only: each
+// row's mean shift per u_c, sum_units(L) (sum |x| / L) / den (the computed
+// mean is an L-term sum; OracleAttention::logit_shift), and per element
+// that times |w| (0 for the other kinds).
 struct OperandMags {
   NormRows rows;
-  std::vector<LD> xh, xt, xa, wv, den;
+  std::vector<LD> xh, xt, xa, wv, den, shr, sh;
   LD wmax = 1;
 };
 
@@ -408,6 +411,14 @@ reference::NormArgs<LD> norm_args(const AttentionCase& c,
   w.k_bias = ptr((*store)[3]);
   w.storage = c.storage;
   return w;
+}
+
+// The normalization row (NormRows) holding dense element offset o.
+size_t row_of(const NormRows& nr, size_t o) {
+  const auto D = static_cast<size_t>(nr.D);
+  if (!nr.all_heads) return o / D;
+  const auto N = static_cast<size_t>(nr.N), H = static_cast<size_t>(nr.H);
+  return o / (H * N * D) * N + (o / D) % N;
 }
 
 OperandMags operand_mags(const AttentionCase& c, int side) {
@@ -431,6 +442,8 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
   m.wv.assign(x.size(), 1);
   m.xa.resize(x.size());
   m.den.assign(static_cast<size_t>(nr.rows()), 1);
+  m.shr.assign(static_cast<size_t>(nr.rows()), 0);
+  m.sh.assign(x.size(), 0);
   const Normalization& n = p.norm;
   const std::vector<double>& wt =
       side == 0 || n.shared_qk_weight ? c.q_weight : c.k_weight;
@@ -459,6 +472,12 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
             var += t * t;
           }
           m.den[static_cast<size_t>(r0)] = std::sqrt(var / Ld + eps);
+          LD a1 = 0;
+          for (int64_t e = 0; e < L; ++e)
+            a1 += std::fabs(x[static_cast<size_t>(nr.at(r0, e))]);
+          m.shr[static_cast<size_t>(r0)] =
+              static_cast<LD>(sum_units(static_cast<double>(L))) * (a1 / Ld) /
+              m.den[static_cast<size_t>(r0)];
           break;
         }
         case NormKind::kNone:
@@ -476,6 +495,7 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
       m.wv[o] = wv;
       m.wmax = std::max(m.wmax, std::fabs(wv));
       m.xa[o] = std::fabs(m.xh[o]) * std::fabs(wv) + std::fabs(bias);
+      m.sh[o] = m.shr[static_cast<size_t>(r0)] * std::fabs(wv);
     }
   }
   return m;
@@ -632,6 +652,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     const LD s = qk ? std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g))
                     : 1 / std::sqrt(static_cast<LD>(D));
     const bool learned = qk && !p.fixed_scale;
+    const bool layer = qk && p.norm.kind == NormKind::kLayer;
+    LD logit_shift = 0;
     auto absdot = [D](const LD* a, const LD* b) {
       LD t = 0;
       for (int64_t d = 0; d < D; ++d) t += std::fabs(a[d]) * std::fabs(b[d]);
@@ -653,7 +675,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     // element of the logit operands' gradients (dq_tilde, dk_tilde; dk's
     // summed over each kv head's group of query heads), then carried
     // through the weight and the normalization backward per row.
-    constexpr int kCh = 6;
+    constexpr int kCh = 7;
     std::array<std::vector<LD>, kCh> mq, mk;
     for (int ch = 0; ch < kCh; ++ch) {
       mq[ch].assign(q.size(), 0);
@@ -712,14 +734,31 @@ OracleAttention oracle_attention(const AttentionCase& c) {
                                 pij * (2 * D + 1) + 1,
                                 pij * o_abs_dot,
                                 pij * (std::fabs(dpd) + ds_l1 / 2),
-                                pij > 0 ? std::fabs(dpd) : 0};
+                                pij > 0 ? std::fabs(dpd) : 0,
+                                0};  // 6: added below, from the shifts
             const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
             const LD* ktj = km.xt.data() + kj;
             const LD* kaj = km.xa.data() + kj;
+            // The layer mean shifts' change of C_ij = q_tilde . k_tilde (per
+            // u_c, first order): a shift d of q's row moves it by d sum_e
+            // w_e k_tilde_je (signed: 0 for a layer-normed k with a uniform
+            // weight), and k's the same way.
+            LD dc = 0;
+            if (layer) {
+              LD wk = 0, wq = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                wk += qm.wv[qi + static_cast<size_t>(d)] * ktj[d];
+                wq += km.wv[kj + static_cast<size_t>(d)] * qti[d];
+              }
+              dc = qm.shr[row_of(qm.rows, qi)] * std::fabs(wk) +
+                   km.shr[row_of(km.rows, kj)] * std::fabs(wq);
+            }
+            logit_shift = std::max(logit_shift, s * dc);
             if (learned) {
               // dS_ij C_ij with |C_ij| <= ||q_a|| ||k_a|| (1 for the paper's
               // unit rows).
               const LD cm = std::max<LD>(1, qan * norm2(kaj));
+              r.dg_shift += pij * std::fabs(dpd) * dc;
               r.dg_scale += wt[0] * cm;
               r.dg_o_sens += wt[1] * cm;
               r.dg_o_rel_sens += wt[3] * cm;
@@ -734,6 +773,10 @@ OracleAttention oracle_attention(const AttentionCase& c) {
               for (int ch = 0; ch < kCh; ++ch) {
                 mq[ch][qd] += s * wt[ch] * kaj[d];
                 mk[ch][kd] += s * wt[ch] * qai[d];
+              }
+              if (layer) {  // dx_tilde = s sum dS x_tilde' of shifted x'
+                mq[6][qd] += s * std::fabs(dsv) * km.sh[kd];
+                mk[6][kd] += s * std::fabs(dsv) * qm.sh[qd];
               }
               du_q[qd] += s * dsv * ktj[d];
               du_k[kd] += s * dsv * qti[d];
@@ -764,8 +807,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
                     std::array<std::vector<LD>, kCh>* db, LD* out_max) {
       const NormRows& nr = m.rows;
       const int64_t L = nr.len();
-      const LD add[kCh] = {0, 0, (1 + s) * static_cast<LD>(terms + L + 2),
-                           0, 0, 0};
+      const LD add[kCh] = {0, 0, (1 + s) * static_cast<LD>(terms + L + 2), 0, 0,
+                           0, 0};
       for (int ch = 0; ch < kCh; ++ch) dst[ch]->assign(ch_in[ch].size(), 0);
       const int64_t np = param_size(p, sd) > 0           ? param_size(p, sd)
                          : p.norm.shared_qk_weight && qk ? param_size(p, 0)
@@ -801,6 +844,32 @@ OracleAttention oracle_attention(const AttentionCase& c) {
             (*dst[ch])[o] = row[static_cast<size_t>(e)];
             if (ch < 3) out_max[ch] = std::max(out_max[ch], row[e]);
           }
+        }
+        // Layer: this row's own mean shift (every x_hat_e off by up to shr,
+        // per u_c) enters the weight gradient sum dx_tilde_e x_hat_e as
+        // |dx_tilde_e| shr, and the backward dx = (du - mean(du) - x_hat c)
+        // / den, c = x_hat . du / L, as shr (|c| + |x_hat_e| |sum du| / L) /
+        // den (first order, so the true dx_tilde and du = dx_tilde w; the
+        // divisor does not move: sum (x - mu) = 0).
+        const LD shr = m.shr[static_cast<size_t>(r0)];
+        if (shr > 0) {
+          LD c0 = 0, s0 = 0;
+          for (int64_t e = 0; e < L; ++e) {
+            const size_t o = static_cast<size_t>(nr.at(r0, e));
+            c0 += u[static_cast<size_t>(e)] * dus[static_cast<size_t>(e)];
+            s0 += dus[static_cast<size_t>(e)];
+            if (np > 0 && dw)
+              (*dw)[6][static_cast<size_t>(nr.param(r0, e, p.norm.weight))] +=
+                  std::fabs(du[o]) * shr;
+          }
+          const LD Ld = static_cast<LD>(L),
+                   den = m.den[static_cast<size_t>(r0)];
+          for (int64_t e = 0; e < L; ++e)
+            (*dst[6])[static_cast<size_t>(nr.at(r0, e))] +=
+                shr *
+                (std::fabs(c0) +
+                 std::fabs(u[static_cast<size_t>(e)]) * std::fabs(s0)) /
+                Ld / den;
         }
         // The unit rows' own absolute resolution ulp_c(0): x_hat_d of a
         // row whose components span many binades is subnormal, and the
@@ -869,11 +938,11 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     };
     LD dq_out[3] = {}, dk_out[3] = {};
     std::array<std::vector<LD>*, kCh> dq_dst = {
-        &r.dq_mag,     &r.dq_o_sens_e, &r.dq_uf_sens_e,
-        &r.dq_o_rel_e, &r.dq_ds_mag,   &r.dq_p_sens_e};
+        &r.dq_mag,    &r.dq_o_sens_e, &r.dq_uf_sens_e, &r.dq_o_rel_e,
+        &r.dq_ds_mag, &r.dq_p_sens_e, &r.dq_shift_e};
     std::array<std::vector<LD>*, kCh> dk_dst = {
-        &r.dk_mag,     &r.dk_o_sens_e, &r.dk_uf_sens_e,
-        &r.dk_o_rel_e, &r.dk_ds_mag,   &r.dk_p_sens_e};
+        &r.dk_mag,    &r.dk_o_sens_e, &r.dk_uf_sens_e, &r.dk_o_rel_e,
+        &r.dk_ds_mag, &r.dk_p_sens_e, &r.dk_shift_e};
     const bool shared = qk && p.norm.shared_qk_weight;
     side(0, qm, mq, du_q, ads_q, Nk, dq_dst, &r.dq_weight_ch, &r.dq_bias_ch,
          dq_out);
@@ -899,6 +968,7 @@ OracleAttention oracle_attention(const AttentionCase& c) {
                : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
     if (shared) r.q_param_rows *= 2;
     r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    r.logit_shift = static_cast<double>(logit_shift);
     for (int64_t e = 0; e < Nk * D * p.batch * Hk; ++e)
       r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
     r.dq_scale = dq_out[0];

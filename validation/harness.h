@@ -156,12 +156,13 @@ struct OracleAttention {
   std::vector<long double> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
   long double dg_p_sens = 0;
   // The formulation's parameter gradients (issue 16; empty when it has
-  // none) and, per element, the same six channels as dq's (0 magnitude, 1
+  // none) and, per element, the same seven channels as dq's (0 magnitude, 1
   // stored-O absolute, 2 subnormal count, 3 stored-O relative, 4 softmax
-  // terms, 5 P resolution), and the number of normalization rows each
+  // terms, 5 P resolution, 6 layer mean shift), and the number of
+  // normalization rows each
   // element sums over (q_param_rows, k_param_rows).
   std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
-  std::array<std::vector<long double>, 6> dq_weight_ch, dk_weight_ch,
+  std::array<std::vector<long double>, 7> dq_weight_ch, dk_weight_ch,
       dq_bias_ch, dk_bias_ch;
   int64_t q_param_rows = 0, k_param_rows = 0;
   // Round-before-weight formulations in 16-bit storage (Qwen3): a correct
@@ -169,6 +170,16 @@ struct OracleAttention {
   // lies within its own error of a rounding midpoint; the largest logit
   // change those flips can make (0 otherwise).
   double logit_flip = 0;
+  // LayerNorm: the computed mean of a row is an L-term sum, off by up to
+  // sum_units(L) u_c sum|x| / L, which shifts every x_hat of the row by that
+  // over the divisor; near-zero x_hat_e (x_e at the mean) have no relative
+  // accuracy at all (found by the fuzzer, issue 16: a row summing exactly to
+  // 0, x_e = 0, reference:f64's weight gradient 1.5e-20 against 7e-24).
+  // Per u_c (units included): the shift's effect on dq, dk (per element),
+  // dg, and the largest logit change it makes (all 0 without layer).
+  std::vector<long double> dq_shift_e, dk_shift_e;
+  long double dg_shift = 0;
+  double logit_shift = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;

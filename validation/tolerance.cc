@@ -147,7 +147,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // other storage neighbour where a correct kernel's x_hat lies within its
   // error of a midpoint; the logits move by up to logit_flip more
   // (OracleAttention), twice that in P's relative terms.
-  const double soft = softmax_units(A) + 2 * orc.logit_flip / uc;
+  // LayerNorm's computed mean shifts a row's x_hat: the logits move by up to
+  // logit_shift u_c more (OracleAttention; 0 for the other kinds).
+  const double soft =
+      softmax_units(A) + 2 * orc.logit_flip / uc + 2 * orc.logit_shift;
   const int64_t Hk = kv_heads_of(p), group = H / Hk, Lq = norm_rows(p, 0).len(),
                 Lk = norm_rows(p, 1).len();
   // An exp may flush a result below the compute format's normal range to 0
@@ -186,7 +189,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       const double mag = d(std::fabs(x)) + std::fabs(A);
       t.delta[e] =
           uc * (kDotUnits * std::fabs(A) + sum_units(static_cast<double>(Nk)) +
-                2 * d(std::fabs(x))) +
+                2 * d(std::fabs(x)) + orc.logit_shift) +
           orc.logit_flip;
       t.cond[e] = condition(mag, x);
     }
@@ -212,23 +215,25 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   int64_t rows, int64_t n, int64_t L,
                   const std::vector<LD>& mag, const std::vector<LD>& ds_mag,
                   const std::vector<LD>& o_rel, const std::vector<LD>& o_sens,
-                  const std::vector<LD>& uf, const std::vector<LD>& p_sens) {
+                  const std::vector<LD>& uf, const std::vector<LD>& p_sens,
+                  const std::vector<LD>& shift) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
     const double units = sum_units(static_cast<double>(n + L));
     for (size_t e = 0; e < x.size(); ++e) {
-      t.delta[e] = uc * (units * d(mag[e]) + soft * d(ds_mag[e])) +
-                   us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
-                   p_res * d(p_sens[e]);
+      t.delta[e] =
+          uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
+          us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
+          p_res * d(p_sens[e]);
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
   };
   out.push_back(grad(Field::kDq, orc.dq, H, Nq, Nk, Lq, orc.dq_mag,
                      orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
-                     orc.dq_uf_sens_e, orc.dq_p_sens_e));
+                     orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e));
   out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * Nq, Lk, orc.dk_mag,
                      orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
-                     orc.dk_uf_sens_e, orc.dk_p_sens_e));
+                     orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   {
@@ -257,7 +262,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                      (sum_units(n) + sum_units(static_cast<double>(D)) + soft) *
                      d(orc.dg_scale) +
                  us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
-                 c_res * d(orc.dg_uf_sens) + p_res * d(orc.dg_p_sens);
+                 c_res * d(orc.dg_uf_sens) + p_res * d(orc.dg_p_sens) +
+                 uc * d(orc.dg_shift);
     t.cond[0] = condition(orc.dg_scale, orc.dg);
     out.push_back(std::move(t));
   }
@@ -269,17 +275,18 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // subnormal counts, P's resolution), plus x_hat's own rounding (kOpUnits)
   // and R subnormal roundings of the row sum.
   auto param = [&](Field f, const std::vector<LD>& x,
-                   const std::array<std::vector<LD>, 6>& ch, int64_t R,
+                   const std::array<std::vector<LD>, 7>& ch, int64_t R,
                    int64_t n) {
     if (x.empty()) return;
     ToleranceTable t = table(f, wf, 1, 1, 1, static_cast<int64_t>(x.size()), x);
     const double units = sum_units(static_cast<double>(R)) +
                          sum_units(static_cast<double>(n)) + kOpUnits;
     for (size_t e = 0; e < x.size(); ++e) {
-      t.delta[e] = uc * (units * d(ch[0][e]) + soft * d(ch[4][e])) +
-                   us * d(ch[3][e]) + o_res * d(ch[1][e]) +
-                   c_res * (d(ch[2][e]) + static_cast<double>(R + 2)) +
-                   p_res * d(ch[5][e]);
+      t.delta[e] =
+          uc * (units * d(ch[0][e]) + soft * d(ch[4][e]) + d(ch[6][e])) +
+          us * d(ch[3][e]) + o_res * d(ch[1][e]) +
+          c_res * (d(ch[2][e]) + static_cast<double>(R + 2)) +
+          p_res * d(ch[5][e]);
       t.cond[e] = condition(ch[0][e], x[e]);
     }
     out.push_back(std::move(t));

@@ -51,6 +51,12 @@
 //                exp may flush results below the normal range to 0, so P is
 //                resolved only to tiny_c (O: sum_j |v_jd|; dV: sum_i |dO_id|;
 //                dq, dk, dg: |dP_ij - delta_i| through their sums).
+// Formulations (issue 16) add, per element, the parameter gradients' same
+// channels, Qwen3's rounding flips (logit_flip) and LayerNorm's mean shift:
+// the computed mean of a row is an L-term sum, off by sum_units(L) u_c
+// sum|x| / L, and every x_hat of the row moves by that over the divisor
+// (x_hat_e near 0 keeps no relative accuracy). OracleAttention carries its
+// effect per u_c (*_shift_e, dg_shift, and logit_shift in the softmax term).
 // Where softmax_units(A) u_c > 1/8 the logits are not resolved to better
 // than a unit, the format does not determine O, dQ, dK, dV or dg, and every
 // finite value of those passes (lse keeps its bound).
