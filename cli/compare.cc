@@ -22,10 +22,11 @@ namespace {
 using validation::HostTensor;
 
 const std::vector<std::string> kInputNames = {
-    "q", "k", "v", "g", "dO", "q_weight", "k_weight", "q_bias", "k_bias"};
+    "q",        "k",      "v",      "g", "dO", "q_weight",
+    "k_weight", "q_bias", "k_bias", "x", "dy"};
 const std::vector<std::string> kOutputNames = {
-    "O",         "dQ",        "dK",      "dV",     "dg",
-    "dq_weight", "dk_weight", "dq_bias", "dk_bias"};
+    "O",         "dQ",      "dK",      "dV", "dg", "dq_weight",
+    "dk_weight", "dq_bias", "dk_bias", "y",  "dx"};
 
 std::string lower(std::string s) {
   for (char& c : s)
@@ -46,6 +47,11 @@ std::string canonical(const std::string& raw) {
   if (s == "dk" || s == "grad_k") return "dK";
   if (s == "dv" || s == "grad_v") return "dV";
   if (s == "dg" || s == "grad_g") return "dg";
+  // ScaleNorm (issue 17): x, g, dy in; y, dx, dg out.
+  if (s == "x") return "x";
+  if (s == "dy" || s == "d_y" || s == "grad_y") return "dy";
+  if (s == "y") return "y";
+  if (s == "dx" || s == "d_x" || s == "grad_x") return "dx";
   // The formulation's parameters (issue 16) and their gradients.
   for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias", "dq_weight",
                         "dk_weight", "dq_bias", "dk_bias"})
@@ -103,14 +109,16 @@ void require_finite(const char* name, const std::vector<double>& v,
 void add_compare_options(CLI::App& app, CompareOptions& o) {
   app.add_option(
          "--inputs", o.inputs,
-         "Input files: q.npy k.npy v.npy g.npy [dO.npy], or one .safetensors "
-         "(keys q, k, v, g, dO), or NAME=PATH")
+         "Input files: q.npy k.npy v.npy g.npy [dO.npy] (ScaleNorm: x.npy "
+         "g.npy [dy.npy]), or one .safetensors (keys q, k, v, g, dO; x, g, "
+         "dy), or NAME=PATH")
       ->required()
       ->type_name("FILE");
   app.add_option(
          "--outputs", o.outputs,
-         "The framework's outputs: O.npy [dQ.npy dK.npy dV.npy dg.npy], or one "
-         ".safetensors (keys O, dQ, dK, dV, dg), or NAME=PATH")
+         "The framework's outputs: O.npy [dQ.npy dK.npy dV.npy dg.npy] "
+         "(ScaleNorm: y.npy [dx.npy dg.npy]), or one .safetensors (keys O, "
+         "dQ, dK, dV, dg; y, dx, dg), or NAME=PATH")
       ->required()
       ->type_name("FILE");
   app.add_option("--compute", o.compute,
@@ -120,6 +128,11 @@ void add_compare_options(CLI::App& app, CompareOptions& o) {
                  "bfloat16 CPU autograd does: the bound uses the storage unit "
                  "roundoff for the compute")
       ->check(CLI::IsMember({"f32", "storage"}))
+      ->capture_default_str();
+  app.add_option("--kind", o.kind,
+                 "What the files hold: attention, scalenorm, or auto (x, y, "
+                 "dy or dx present and no attention tensor: scalenorm)")
+      ->check(CLI::IsMember({"auto", "attention", "scalenorm"}))
       ->capture_default_str();
 }
 
@@ -168,10 +181,174 @@ std::map<std::string, HostTensor> load_tensors(
   return out;
 }
 
-EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
-                         const std::map<std::string, HostTensor>& outs,
-                         const SuiteOptions& s, std::string* case_desc,
-                         bool storage_compute) {
+namespace {
+
+// The files' results are reported as entry "files:<dtype>".
+std::string files_entry(Precision prec) {
+  return "files:" + std::string(name(prec));
+}
+
+// The report row of the one judged case.
+EntryRow files_row(const char* kind, Precision prec,
+                   const std::string& case_desc,
+                   validation::AgreementReport rep) {
+  rep.case_desc = case_desc;
+  EntryRow row;
+  row.kind = kind;
+  row.name = files_entry(prec);
+  row.family = "compare";
+  row.target = "-";
+  row.precision = std::string(name(prec));
+  row.cases.push_back(from_report(rep));
+  summarize(&row);
+  return row;
+}
+
+// x's (rows, dim): dim is the last dimension, rows the product of the
+// others ([dim] is one row).
+std::pair<int64_t, int64_t> rows_dim(const HostTensor& t,
+                                     const std::string& what) {
+  if (t.shape.empty())
+    throw Error(what, {},
+                "shape [] must be [..., dim] (rows x dim; leading dims are "
+                "the rows)");
+  for (int64_t d : t.shape)
+    if (d < 1)
+      throw Error(what, {},
+                  "shape " + t.shape_text() + " has an empty dimension");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < t.shape.size(); ++i) rows *= t.shape[i];
+  return {rows, t.shape.back()};
+}
+
+// A NaN or inf in a ScaleNorm input throws Error(name, index in the file's
+// own shape, "element is NaN (finite input required)").
+void require_finite_nd(const HostTensor& t, const std::string& name) {
+  for (size_t i = 0; i < t.values.size(); ++i) {
+    const double x = t.values[i];
+    if (std::isfinite(x)) continue;
+    std::vector<int64_t> idx(t.shape.size());
+    int64_t rest = static_cast<int64_t>(i);
+    for (size_t a = t.shape.size(); a-- > 0;) {
+      idx[a] = rest % t.shape[a];
+      rest /= t.shape[a];
+    }
+    throw Error(name, idx,
+                std::string("element is ") +
+                    (std::isnan(x) ? "NaN" : (x > 0 ? "+Inf" : "-Inf")) +
+                    " (finite input required)");
+  }
+}
+
+// The attention problem's options mean nothing to ScaleNorm: giving one is
+// an error rather than silently ignored.
+void reject_attention_options(const SuiteOptions& s, bool storage_compute) {
+  auto no = [](bool given, const char* flag) {
+    if (given)
+      throw Error(
+          flag, {},
+          "does not apply to a ScaleNorm dump (it takes --g and --eps)");
+  };
+  no(!s.masks.empty(), "--mask");
+  no(s.variant != "qknorm", "--variant");
+  no(!s.formulations.empty(), "--formulation");
+  no(s.kv_heads != 0, "--kv-heads");
+  no(!s.norm.empty(), "--norm");
+  no(!s.norm_axis.empty(), "--norm-axis");
+  no(!s.weight.empty(), "--weight");
+  no(!s.flags.empty(), "--norm-flags");
+  no(s.scale != 0, "--scale");
+  if (storage_compute)
+    throw Error("--compute", {},
+                "storage is not available for ScaleNorm dumps (its bound "
+                "assumes f32 compute for 16-bit storage); use --compute f32");
+}
+
+// ScaleNorm (issue 17): x, g, [dy] in; y, [dx, dg] out.
+EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
+                           const std::map<std::string, HostTensor>& outs,
+                           const SuiteOptions& s, std::string* case_desc,
+                           bool storage_compute) {
+  reject_attention_options(s, storage_compute);
+  const HostTensor& x = need(in, "x", "--inputs");
+  const HostTensor& y = need(outs, "y", "--outputs");
+  const Precision prec = x.dtype;
+  const auto [rows, dim] = rows_dim(x, "x");
+  // y, dy, dx: x's shape and dtype.
+  auto same_as_x = [&](const HostTensor& t, const std::string& nm) {
+    if (t.dtype != prec)
+      throw Error(nm, {},
+                  std::string("dtype ") + std::string(name(t.dtype)) +
+                      " differs from x's " + std::string(name(prec)) +
+                      " (the naive baseline runs at one dtype)");
+    if (t.shape != x.shape)
+      throw Error(
+          nm, {},
+          "shape " + t.shape_text() + " differs from x's " + x.shape_text());
+  };
+  same_as_x(y, "y");
+  ScaleNormProblem p;
+  p.rows = rows;
+  p.dim = dim;
+  p.eps = s.eps_given ? s.eps : kDefaultScaleNormEps;
+  if (s.g.size() > 1) throw Error("--g", {}, "compare takes one g");
+  if (!s.g.empty()) {
+    p.g = s.g[0];
+  } else if (const auto it = in.find("g"); it != in.end()) {
+    p.g = scalar(it->second, "g");
+  } else {
+    throw Error("--inputs", {},
+                "no tensor named g (give g.npy, a key g, or --g)");
+  }
+  validate_problem(p);
+
+  validation::ScaleNormCase c;
+  c.problem = p;
+  c.x = x.values;
+  validation::ScaleNormResult given;
+  given.y = y.values;
+  std::vector<validation::Field> only = {validation::Field::kY};
+  bool backward = false;
+  if (const auto it = outs.find("dx"); it != outs.end()) {
+    same_as_x(it->second, "dx");
+    given.dx = it->second.values;
+    only.push_back(validation::Field::kDx);
+    backward = true;
+  }
+  if (const auto it = outs.find("dg"); it != outs.end()) {
+    given.dg = scalar(it->second, "dg");
+    only.push_back(validation::Field::kScaleNormDg);
+    backward = true;
+  }
+  if (backward) {
+    const HostTensor& dy = need(in, "dy", "--inputs");
+    same_as_x(dy, "dy");
+    c.dy = dy.values;
+  } else {
+    // Forward only: the oracle still runs its backward, on a zero dy.
+    c.dy.assign(c.x.size(), 0.0);
+  }
+  // Inputs must be finite; outputs are the verdict's to classify.
+  require_finite_nd(x, "x");
+  if (backward) require_finite_nd(need(in, "dy", "--inputs"), "dy");
+  *case_desc = c.describe();
+  case_desc->erase(std::min(case_desc->find(" dist="), case_desc->size()));
+  *case_desc +=
+      " (tensors from files; elements [row,col], x's leading dims "
+      "flattened to rows)";
+  const Backend& naive = validation::naive_for(prec);
+  const validation::ScaleNormResult naive_result =
+      validation::run_scalenorm(naive, c);
+  return files_row("scalenorm", prec, *case_desc,
+                   validation::judge_scalenorm(
+                       c, prec, validation::oracle_scalenorm(c), given,
+                       &naive_result, files_entry(prec), naive.name(), &only));
+}
+
+EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
+                           const std::map<std::string, HostTensor>& outs,
+                           const SuiteOptions& s, std::string* case_desc,
+                           bool storage_compute) {
   const HostTensor &q = need(in, "q", "--inputs"),
                    &k = need(in, "k", "--inputs"),
                    &v = need(in, "v", "--inputs");
@@ -343,22 +520,48 @@ EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
   const validation::AttentionResult naive_result =
       backward ? validation::run_attention(naive, c)
                : validation::run_attention_forward(naive, c);
-  const std::string entry_name = "files:" + std::string(name(prec));
-  validation::AgreementReport rep = validation::judge_attention(
-      c, prec, validation::oracle_attention(c), given, &naive_result, !backward,
-      entry_name, naive.name(), &only,
-      storage_compute ? unit_roundoff(prec) : 0.0);
-  rep.case_desc = *case_desc;
-  CaseResult cr = from_report(rep);
-  EntryRow row;
-  row.kind = "attention";
-  row.name = entry_name;
-  row.family = "compare";
-  row.target = "-";
-  row.precision = std::string(name(prec));
-  row.cases.push_back(cr);
-  summarize(&row);
-  return row;
+  return files_row(
+      "attention", prec, *case_desc,
+      validation::judge_attention(c, prec, validation::oracle_attention(c),
+                                  given, &naive_result, !backward,
+                                  files_entry(prec), naive.name(), &only,
+                                  storage_compute ? unit_roundoff(prec) : 0.0));
+}
+
+}  // namespace
+
+std::string dump_kind(const std::map<std::string, HostTensor>& in,
+                      const std::map<std::string, HostTensor>& outs,
+                      const std::string& kind) {
+  if (kind == "attention" || kind == "scalenorm") return kind;
+  if (kind != "auto")
+    throw Error("--kind", {}, "must be auto, attention or scalenorm");
+  auto any = [](const std::map<std::string, HostTensor>& m,
+                std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (m.count(n)) return true;
+    return false;
+  };
+  const bool sn = any(in, {"x", "dy"}) || any(outs, {"y", "dx"});
+  const bool at = any(in, {"q", "k", "v", "dO", "q_weight", "k_weight",
+                           "q_bias", "k_bias"}) ||
+                  any(outs, {"O", "dQ", "dK", "dV", "dq_weight", "dk_weight",
+                             "dq_bias", "dk_bias"});
+  if (sn && at)
+    throw Error("--inputs", {},
+                "the files hold attention tensors (q, k, v, O, ...) and "
+                "ScaleNorm tensors (x, dy, y, dx): choose one with --kind "
+                "attention or --kind scalenorm");
+  return sn ? "scalenorm" : "attention";
+}
+
+EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
+                         const std::map<std::string, HostTensor>& outs,
+                         const SuiteOptions& s, std::string* case_desc,
+                         bool storage_compute, const std::string& kind) {
+  return dump_kind(in, outs, kind) == "scalenorm"
+             ? compare_scalenorm(in, outs, s, case_desc, storage_compute)
+             : compare_attention(in, outs, s, case_desc, storage_compute);
 }
 
 int run_compare(const CompareOptions& o, const SuiteOptions& s,
@@ -371,7 +574,7 @@ int run_compare(const CompareOptions& o, const SuiteOptions& s,
     const auto outs = load_tensors(o.outputs, "--outputs");
     std::string desc;
     rep.rows.push_back(
-        compare_tensors(in, outs, s, &desc, o.compute == "storage"));
+        compare_tensors(in, outs, s, &desc, o.compute == "storage", o.kind));
     rep.cases.push_back(desc);
   } catch (const Error& e) {
     err << "qknorm-check compare: " << e.what() << "\n";

@@ -7,6 +7,14 @@
 // dropped: [H,N,D] or [N,D]), g (scalar; --g overrides), optional dO; outputs
 // O and optionally dQ, dK, dV, dg.
 //
+// ScaleNorm dumps (issue 17): inputs x [..., dim] (the leading dims are the
+// rows), g (scalar; --g overrides), optional dy; outputs y and optionally dx,
+// dg; x, dy, y, dx share x's shape and dtype. They make a
+// validation::ScaleNormCase judged by validation::judge_scalenorm, restricted
+// to y and the gradients given, with the naive reference:<dtype of x> beside
+// it; eps is ScaleNorm's 1e-5 unless --eps is given. --kind auto (default)
+// tells the two apart by the tensor names.
+//
 // No stand-in backend: the inputs, as the files hold them (no rounding), make
 // the validation::AttentionCase; its oracle is computed once; the files'
 // outputs are the validation::AttentionResult judged by
@@ -46,6 +54,8 @@ struct CompareOptions {
   // intermediates to the files' dtype too (PyTorch's bfloat16 autograd on
   // CPU); the verdict's compute unit becomes the storage unit roundoff.
   std::string compute = "f32";
+  // "attention", "scalenorm" or "auto" (dump_kind()).
+  std::string kind = "auto";
 };
 
 void add_compare_options(CLI::App& app, CompareOptions& o);
@@ -55,14 +65,22 @@ void add_compare_options(CLI::App& app, CompareOptions& o);
 std::map<std::string, validation::HostTensor> load_tensors(
     const std::vector<std::string>& specs, const std::string& flag);
 
+// "attention" or "scalenorm": `kind` if it names one, else (auto) from the
+// names: any of x, dy (inputs) or y, dx (outputs) and no attention-only
+// tensor is ScaleNorm; both kinds present throws, asking for --kind.
+std::string dump_kind(const std::map<std::string, validation::HostTensor>& in,
+                      const std::map<std::string, validation::HostTensor>& out,
+                      const std::string& kind = "auto");
+
 // The judgement of the loaded tensors (throws qknorm::Error on missing
 // tensors, wrong dtypes or shapes). `s` supplies g (if set), eps, variant
-// and at most one mask.
+// and at most one mask (attention; ScaleNorm takes g and eps only). The
+// row's kind is dump_kind(in, out, kind).
 EntryRow compare_tensors(
     const std::map<std::string, validation::HostTensor>& in,
     const std::map<std::string, validation::HostTensor>& out,
-    const SuiteOptions& s, std::string* case_desc,
-    bool storage_compute = false);
+    const SuiteOptions& s, std::string* case_desc, bool storage_compute = false,
+    const std::string& kind = "auto");
 
 int run_compare(const CompareOptions& o, const SuiteOptions& s,
                 const std::string& json, std::ostream& out, std::ostream& err);

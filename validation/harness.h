@@ -238,7 +238,8 @@ AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
                                 const ScaleNormResult& entry,
                                 const ScaleNormResult* naive,
                                 const std::string& entry_name,
-                                const std::string& naive_name);
+                                const std::string& naive_name,
+                                const std::vector<Field>* only = nullptr);
 
 }  // namespace qknorm::validation
 

@@ -19,6 +19,7 @@
 namespace qknorm::cli {
 namespace {
 
+using testing::expect_input_error;
 using validation::HostTensor;
 
 // reference:f32 with O scaled by (1 + kRelError): a bug far above roundoff.
@@ -259,15 +260,6 @@ TEST(Compare, NameEqualsPathAndGOverride) {
                     "q=" + dir.file("query_dump.npy"), dir.file("k.npy"),
                     dir.file("v.npy"), "--outputs", dir.file("O.npy")});
   EXPECT_EQ(r.code, kExitPass) << r.out << r.err;
-}
-
-void expect_input_error(const std::vector<std::string>& args,
-                        const std::string& needle) {
-  const testing::CliRun r = testing::run(args);
-  EXPECT_EQ(r.code, kExitInput) << r.out << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos)
-      << "stderr lacks '" << needle << "':\n"
-      << r.err;
 }
 
 TEST(Compare, MalformedDumpsAreInputErrorsNamingTheFile) {

@@ -2,6 +2,7 @@
 #ifndef QKNORM_CLI_TESTS_TEST_UTIL_H_
 #define QKNORM_CLI_TESTS_TEST_UTIL_H_
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -27,6 +28,16 @@ inline CliRun run(std::vector<std::string> args) {
   r.out = out.str();
   r.err = err.str();
   return r;
+}
+
+// The command line exits with kExitInput and its stderr contains `needle`.
+inline void expect_input_error(const std::vector<std::string>& args,
+                               const std::string& needle) {
+  const CliRun r = run(args);
+  EXPECT_EQ(r.code, kExitInput) << r.out << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos)
+      << "stderr lacks '" << needle << "':\n"
+      << r.err;
 }
 
 // A fresh directory under the test's temp dir, removed at scope exit.
