@@ -16,6 +16,7 @@
 #include "cli/suite.h"
 #include "cli/sweep.h"
 #include "qknorm/error.h"
+#include "qknorm/plugin_loader.h"
 
 namespace qknorm::cli {
 namespace {
@@ -54,6 +55,8 @@ struct Common {
   int threads = 0;
   std::string json, csv;
   bool no_timing = false;
+  std::vector<std::string> plugins;
+  bool isolate = false;
 };
 
 void add_common(CLI::App& app, Common& c) {
@@ -141,6 +144,26 @@ void add_common(CLI::App& app, Common& c) {
       ->type_name("FILE");
   app.add_flag("--no-timing", c.no_timing,
                "Skip the forward GFLOP/s measurement");
+  app.add_option("--plugin", c.plugins,
+                 "Load a kernel plug-in (include/qknorm/plugin.h; "
+                 "repeatable): its entries, plugin:<name>.<entry>:<prec>, "
+                 "are judged beside ours (also QKNORM_PLUGIN=a.so:b.so)")
+      ->type_name("LIB.so");
+  app.add_flag("--isolate", c.isolate,
+               "Run every plug-in call in a child process: a crash is that "
+               "entry's FAIL, not the end of the run");
+}
+
+// Loads --plugin libraries before anything reads the registry.
+bool load_plugins(const Common& c, std::ostream& err) {
+  set_plugin_isolation(c.isolate);
+  try {
+    for (const std::string& p : c.plugins) load_plugin(p);
+  } catch (const Error& e) {
+    err << "qknorm-check: " << e.what() << "\n";
+    return false;
+  }
+  return true;
 }
 
 int run_default(const Common& c, std::ostream& out, std::ostream& err,
@@ -255,6 +278,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
     const int code = app.exit(e, out, err);
     return code == 0 ? kExitPass : kExitUsage;
   }
+  if (!load_plugins(common, err)) return kExitInput;
   if (*sweep)
     return run_sweep(sweep_opt, common.suite, common.threads, out, err,
                      progress);

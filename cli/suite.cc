@@ -257,7 +257,8 @@ double forward_gflops(const Backend& b, const AttentionProblem& p,
                       {v.data(), static_cast<int64_t>(c.v.size()), lk},
                       {o.data(), static_cast<int64_t>(c.q.size()), lq},
                       lse.data(),
-                      static_cast<int64_t>(lse.size())};
+                      static_cast<int64_t>(lse.size()),
+                      {}};
   std::unique_ptr<Workspace> ws = b.make_workspace();
   // Warm-up through the validating door (sizes the workspace, touches pages).
   checked_attention_forward(b, p, a, ws.get(), exec);

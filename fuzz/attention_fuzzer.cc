@@ -656,6 +656,8 @@ void differential(ByteReader& r, bool formulation) {
   } per[4];
   for (const Backend* e : all_backends().entries()) {
     if (!e->available()) continue;
+    // A plug-in entry (QKNORM_PLUGIN) meets only the problems it declares.
+    if (pvalid && !e->supports(p)) continue;
     PerPrecision& pp = per[static_cast<int>(e->precision())];
     if (!pp.done) {
       pp.done = true;
@@ -856,7 +858,8 @@ void layout(ByteReader& r) {
   // A shape that is valid but too large to allocate is exercised with small
   // buffers, which validation must reject.
   for (const Backend* e : all_backends().entries())
-    if (e->available()) run_layout_entry(*e, lc, valid);
+    if (e->available() && (!valid || e->supports(lc.d.p)))
+      run_layout_entry(*e, lc, valid);
 }
 
 }  // namespace

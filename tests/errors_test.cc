@@ -112,7 +112,8 @@ TEST(Errors, LseSizeMismatch) {
                 {v.data(), (int64_t)v.size(), contiguous_layout(2, 4, 5)},
                 {o.data(), (int64_t)o.size(), contiguous_layout(2, 3, 5)},
                 lse.data(),
-                11};
+                11,
+                {}};
   EXPECT_THROW(checked_attention_forward(ref(), c.problem, a, nullptr), Error);
 }
 

@@ -1,0 +1,365 @@
+/* An example qknorm plug-in in plain C11 (include/qknorm/plugin.h): the
+ * paper's QKNorm attention (l2 per head, learned g, sdpa too, masks, GQA)
+ * forward and backward, the probabilities hook and ScaleNorm, for f32
+ * storage. Every value is computed in double from the f32 inputs and
+ * rounded once to f32: slow and simple, and correct, so it passes the
+ * suite.
+ *
+ * Built a second time with -DQKNORM_EXAMPLE_F16_PV it is the kind of kernel
+ * the suite exists to catch: O = sum_j P_ij v_j accumulated in f16 (every
+ * partial sum rounded to binary16), a precision bug no eye sees in the
+ * output. qknorm-check and the property suite FAIL it and name it.
+ *
+ *   qknorm-check --plugin ./libqknorm_example_plugin.so --backend 'plugin:*'
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qknorm/plugin.h"
+
+#ifdef QKNORM_EXAMPLE_F16_PV
+#define PLUGIN_NAME "example_f16_pv"
+#elif defined(QKNORM_EXAMPLE_CRASH)
+#define PLUGIN_NAME "example_crash"
+#else
+#define PLUGIN_NAME "example"
+#endif
+
+/* ---- element access (f32 storage, strided [B, H, N, D]) ------------------ */
+static double ld4(const qknorm_const_tensor4* t, int64_t b, int64_t h,
+                  int64_t n, int64_t d) {
+  const float* p = (const float*)t->data;
+  return p[b * t->batch_stride + h * t->head_stride + n * t->row_stride + d];
+}
+static void st4(const qknorm_tensor4* t, int64_t b, int64_t h, int64_t n,
+                int64_t d, double x) {
+  float* p = (float*)t->data;
+  p[b * t->batch_stride + h * t->head_stride + n * t->row_stride + d] =
+      (float)x;
+}
+
+#ifdef QKNORM_EXAMPLE_F16_PV
+/* x rounded to IEEE binary16 (nearest even; beyond 65520 to infinity). */
+static double round_f16(double x) {
+  if (x == 0 || !isfinite(x)) return x;
+  const double a = fabs(x);
+  if (a >= 65520.0) return copysign(INFINITY, x);
+  int e;
+  frexp(a, &e); /* a in [2^(e-1), 2^e) */
+  int ex = e - 1;
+  if (ex < -14) ex = -14; /* subnormal spacing 2^-24 */
+  const double q = ldexp(1.0, ex - 10);
+  return copysign(nearbyint(a / q) * q, x);
+}
+#define ACC(x) round_f16(x)
+#else
+#define ACC(x) (x)
+#endif
+
+static int visible(const qknorm_attention_problem* p, int64_t b, int64_t i,
+                   int64_t j) {
+  if (p->causal && j > i + p->kv_len - p->q_len) return 0;
+  if (p->key_lengths != NULL && j >= p->key_lengths[b]) return 0;
+  return 1;
+}
+
+static int fail(char* err, size_t n, const char* msg) {
+  snprintf(err, n, "%s", msg);
+  return 1;
+}
+
+/* The logit operands of one (b, h): x_hat = x / max(||x||, eps) for qknorm
+ * (nrm receives ||x||), x itself for sdpa. out: [N, D]. */
+static void operand(const qknorm_attention_problem* p,
+                    const qknorm_const_tensor4* t, int64_t b, int64_t h,
+                    int64_t N, double* out, double* nrm) {
+  const int64_t D = p->head_dim;
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double x = ld4(t, b, h, n, d);
+      out[n * D + d] = x;
+      s += x * x;
+    }
+    nrm[n] = sqrt(s);
+    if (p->variant == QKNORM_VARIANT_QKNORM) {
+      const double den = nrm[n] > p->eps ? nrm[n] : p->eps;
+      for (int64_t d = 0; d < D; ++d) out[n * D + d] /= den;
+    }
+  }
+}
+
+static double logit_scale(const qknorm_attention_problem* p) {
+  return p->variant == QKNORM_VARIANT_QKNORM ? p->g
+                                             : 1.0 / sqrt((double)p->head_dim);
+}
+
+/* Row i of P (0 for masked keys); returns the log-sum-exp, -inf for a fully
+ * masked row. */
+static double probs_row(const qknorm_attention_problem* p, const double* qh,
+                        const double* kh, int64_t b, int64_t i, double* P) {
+  const int64_t D = p->head_dim, Nk = p->kv_len;
+  const double sc = logit_scale(p);
+  double m = -INFINITY;
+  for (int64_t j = 0; j < Nk; ++j) {
+    P[j] = 0;
+    if (!visible(p, b, i, j)) continue;
+    double c = 0;
+    for (int64_t d = 0; d < D; ++d) c += qh[i * D + d] * kh[j * D + d];
+    P[j] = sc * c;
+    if (P[j] > m) m = P[j];
+  }
+  if (m == -INFINITY) return -INFINITY;
+  double l = 0;
+  for (int64_t j = 0; j < Nk; ++j)
+    if (visible(p, b, i, j)) l += exp(P[j] - m);
+  for (int64_t j = 0; j < Nk; ++j)
+    P[j] = visible(p, b, i, j) ? exp(P[j] - m) / l : 0;
+  return m + log(l);
+}
+
+typedef struct {
+  double *qh, *kh, *qn, *kn, *P;
+} Scratch;
+
+static int scratch(const qknorm_attention_problem* p, Scratch* s) {
+  const int64_t D = p->head_dim;
+  s->qh = malloc(sizeof(double) * (size_t)(p->q_len * D));
+  s->kh = malloc(sizeof(double) * (size_t)(p->kv_len * D));
+  s->qn = malloc(sizeof(double) * (size_t)p->q_len);
+  s->kn = malloc(sizeof(double) * (size_t)p->kv_len);
+  s->P = malloc(sizeof(double) * (size_t)p->kv_len);
+  return s->qh && s->kh && s->qn && s->kn && s->P;
+}
+static void release(Scratch* s) {
+  free(s->qh);
+  free(s->kh);
+  free(s->qn);
+  free(s->kn);
+  free(s->P);
+}
+
+/* Forward; probs (may be NULL) receives P, dense [B, H, Nq, Nk]. */
+static int forward(const qknorm_attention_problem* p,
+                   const qknorm_forward_args* a, double* probs, char* err,
+                   size_t n) {
+  if (a->q.dtype != QKNORM_DTYPE_F32) return fail(err, n, "f32 storage only");
+  const int64_t B = p->batch, H = p->heads, Nq = p->q_len, Nk = p->kv_len,
+                D = p->head_dim, group = p->heads / p->kv_heads;
+  Scratch s;
+  if (!scratch(p, &s)) {
+    release(&s);
+    return fail(err, n, "out of memory");
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      operand(p, &a->q, b, h, Nq, s.qh, s.qn);
+      operand(p, &a->k, b, hk, Nk, s.kh, s.kn);
+      for (int64_t i = 0; i < Nq; ++i) {
+        const double lse = probs_row(p, s.qh, s.kh, b, i, s.P);
+        if (probs != NULL)
+          memcpy(probs + ((b * H + h) * Nq + i) * Nk, s.P,
+                 sizeof(double) * (size_t)Nk);
+        a->lse[(b * H + h) * Nq + i] = lse;
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            if (s.P[j] != 0) o = ACC(o + ACC(s.P[j] * ld4(&a->v, b, hk, j, d)));
+          st4(&a->o, b, h, i, d, o);
+        }
+      }
+    }
+  release(&s);
+  return 0;
+}
+
+static int attention_forward(void* ctx, void* ws,
+                             const qknorm_attention_problem* p,
+                             const qknorm_forward_args* a, char* err,
+                             size_t n) {
+  (void)ctx, (void)ws;
+  return forward(p, a, NULL, err, n);
+}
+
+static int attention_probabilities(void* ctx, void* ws,
+                                   const qknorm_attention_problem* p,
+                                   const qknorm_forward_args* a, double* probs,
+                                   char* err, size_t n) {
+  (void)ctx, (void)ws;
+  return forward(p, a, probs, err, n);
+}
+
+/* dx of x_hat = x / max(||x||, eps) from du (in place, one row). */
+static void unit_backward(const double* u, double nrm, double eps, int64_t D,
+                          double* du) {
+  if (nrm > eps) {
+    double c = 0;
+    for (int64_t d = 0; d < D; ++d) c += u[d] * du[d];
+    for (int64_t d = 0; d < D; ++d) du[d] = (du[d] - u[d] * c) / nrm;
+  } else {
+    for (int64_t d = 0; d < D; ++d) du[d] /= eps;
+  }
+}
+
+static int attention_backward(void* ctx, void* ws,
+                              const qknorm_attention_problem* p,
+                              const qknorm_backward_args* a, char* err,
+                              size_t n) {
+  (void)ctx, (void)ws;
+  if (a->q.dtype != QKNORM_DTYPE_F32) return fail(err, n, "f32 storage only");
+  const int64_t B = p->batch, H = p->heads, Hk = p->kv_heads, Nq = p->q_len,
+                Nk = p->kv_len, D = p->head_dim, group = H / Hk;
+  const int qk = p->variant == QKNORM_VARIANT_QKNORM;
+  const double sc = logit_scale(p);
+  Scratch s;
+  double* dq = malloc(sizeof(double) * (size_t)(Nq * D));
+  /* dK, dV of every kv head, summed over its group of query heads. */
+  double* dk = calloc((size_t)(B * Hk * Nk * D), sizeof(double));
+  double* dv = calloc((size_t)(B * Hk * Nk * D), sizeof(double));
+  double* O = malloc(sizeof(double) * (size_t)D);
+  if (!scratch(p, &s) || !dq || !dk || !dv || !O) {
+    release(&s);
+    free(dq), free(dk), free(dv), free(O);
+    return fail(err, n, "out of memory");
+  }
+  double dg = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      double* dkh = dk + (b * Hk + hk) * Nk * D;
+      double* dvh = dv + (b * Hk + hk) * Nk * D;
+      operand(p, &a->q, b, h, Nq, s.qh, s.qn);
+      operand(p, &a->k, b, hk, Nk, s.kh, s.kn);
+      for (int64_t i = 0; i < Nq; ++i) {
+        double* dqi = dq + i * D;
+        for (int64_t d = 0; d < D; ++d) dqi[d] = 0;
+        if (probs_row(p, s.qh, s.kh, b, i, s.P) == -INFINITY) continue;
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          O[d] = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            O[d] += s.P[j] * ld4(&a->v, b, hk, j, d);
+          delta += ld4(&a->d_o, b, h, i, d) * O[d];
+        }
+        for (int64_t j = 0; j < Nk; ++j) {
+          if (s.P[j] == 0) continue;
+          double dp = 0, c = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            const double doid = ld4(&a->d_o, b, h, i, d);
+            dp += doid * ld4(&a->v, b, hk, j, d);
+            dvh[j * D + d] += s.P[j] * doid;
+            c += s.qh[i * D + d] * s.kh[j * D + d];
+          }
+          const double ds = s.P[j] * (dp - delta);
+#ifdef QKNORM_EXAMPLE_CRASH
+          if (i == Nq - 1 && j == 0) *(volatile int*)NULL = 0; /* --isolate test */
+#endif
+          dg += ds * c;
+          for (int64_t d = 0; d < D; ++d) {
+            dqi[d] += sc * ds * s.kh[j * D + d];
+            dkh[j * D + d] += sc * ds * s.qh[i * D + d];
+          }
+        }
+      }
+      for (int64_t i = 0; i < Nq; ++i) {
+        if (qk) unit_backward(s.qh + i * D, s.qn[i], p->eps, D, dq + i * D);
+        for (int64_t d = 0; d < D; ++d) st4(&a->dq, b, h, i, d, dq[i * D + d]);
+      }
+    }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hk = 0; hk < Hk; ++hk) {
+      double* dkh = dk + (b * Hk + hk) * Nk * D;
+      double* dvh = dv + (b * Hk + hk) * Nk * D;
+      if (qk) operand(p, &a->k, b, hk, Nk, s.kh, s.kn);
+      for (int64_t j = 0; j < Nk; ++j) {
+        if (qk) unit_backward(s.kh + j * D, s.kn[j], p->eps, D, dkh + j * D);
+        for (int64_t d = 0; d < D; ++d) {
+          st4(&a->dk, b, hk, j, d, dkh[j * D + d]);
+          st4(&a->dv, b, hk, j, d, dvh[j * D + d]);
+        }
+      }
+    }
+  *a->dg = qk ? dg : 0;
+  release(&s);
+  free(dq), free(dk), free(dv), free(O);
+  return 0;
+}
+
+/* ---- ScaleNorm: y = g x / max(||x||, eps) per row ------------------------ */
+static int scalenorm_forward(void* ctx, void* ws,
+                             const qknorm_scalenorm_problem* p,
+                             const qknorm_scalenorm_forward_args* a, char* err,
+                             size_t n) {
+  (void)ctx, (void)ws;
+  if (a->x.dtype != QKNORM_DTYPE_F32) return fail(err, n, "f32 storage only");
+  const float* x = a->x.data;
+  float* y = a->y.data;
+  for (int64_t r = 0; r < p->rows; ++r) {
+    const float* xr = x + r * a->x.row_stride;
+    double s = 0;
+    for (int64_t d = 0; d < p->dim; ++d) s += (double)xr[d] * xr[d];
+    const double nrm = sqrt(s), den = nrm > p->eps ? nrm : p->eps;
+    for (int64_t d = 0; d < p->dim; ++d)
+      y[r * a->y.row_stride + d] = (float)(p->g * (xr[d] / den));
+  }
+  return 0;
+}
+
+static int scalenorm_backward(void* ctx, void* ws,
+                              const qknorm_scalenorm_problem* p,
+                              const qknorm_scalenorm_backward_args* a,
+                              char* err, size_t n) {
+  (void)ctx, (void)ws;
+  if (a->x.dtype != QKNORM_DTYPE_F32) return fail(err, n, "f32 storage only");
+  const float* x = a->x.data;
+  const float* dy = a->dy.data;
+  float* dx = a->dx.data;
+  double dg = 0;
+  for (int64_t r = 0; r < p->rows; ++r) {
+    const float* xr = x + r * a->x.row_stride;
+    const float* dyr = dy + r * a->dy.row_stride;
+    double s = 0, c = 0;
+    for (int64_t d = 0; d < p->dim; ++d) s += (double)xr[d] * xr[d];
+    const double nrm = sqrt(s), den = nrm > p->eps ? nrm : p->eps;
+    for (int64_t d = 0; d < p->dim; ++d) c += (xr[d] / den) * dyr[d];
+    dg += c;
+    for (int64_t d = 0; d < p->dim; ++d) {
+      const double u = xr[d] / den;
+      const double v =
+          nrm > p->eps ? p->g * (dyr[d] - u * c) / nrm : p->g * dyr[d] / p->eps;
+      dx[r * a->dx.row_stride + d] = (float)v;
+    }
+  }
+  *a->dg = dg;
+  return 0;
+}
+
+static const qknorm_plugin_entry kEntries[] = {{
+    "naive",
+    QKNORM_DTYPE_F32,
+    QKNORM_FEATURE_SDPA | QKNORM_FEATURE_GQA | QKNORM_FEATURE_MASK,
+    NULL,
+    NULL,
+    NULL,
+    attention_forward,
+    attention_backward,
+    attention_probabilities,
+    scalenorm_forward,
+    scalenorm_backward,
+}};
+
+static const qknorm_plugin kPlugin = {QKNORM_PLUGIN_ABI_VERSION, PLUGIN_NAME,
+                                      1, kEntries};
+
+#ifdef QKNORM_EXAMPLE_ABI_VERSION
+/* For the loader's own test: a descriptor of an ABI version it must refuse. */
+static const qknorm_plugin kFuture = {QKNORM_EXAMPLE_ABI_VERSION, "future", 1,
+                                      kEntries};
+const qknorm_plugin* qknorm_plugin_get(void) { return &kFuture; }
+#else
+const qknorm_plugin* qknorm_plugin_get(void) { return &kPlugin; }
+#endif

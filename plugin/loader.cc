@@ -1,0 +1,578 @@
+// Plug-in entries (include/qknorm/plugin.h): a Backend that forwards every
+// call across the C ABI, the loader, and --isolate (each call in a child
+// process). Nothing here computes attention: the plug-in does.
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "qknorm/error.h"
+#include "qknorm/formulation.h"
+#include "qknorm/plugin.h"
+#include "qknorm/plugin_loader.h"
+
+namespace qknorm {
+namespace {
+
+bool g_isolate = false;
+
+// ---- crash report without --isolate ---------------------------------------
+// The call in flight on this thread, for the fatal-signal handler: it writes
+// "qknorm: crash inside plug-in call: <entry> <call> on <problem>", puts the
+// previous action back and returns, so the fault repeats under the previous
+// handler (the default one, or a sanitizer's) and the process ends as it
+// would have.
+thread_local char t_call[768];
+struct sigaction g_old[32];
+const int kFatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+
+void on_fatal(int sig) {
+  if (t_call[0] != '\0') {
+    const char head[] = "\nqknorm: crash inside plug-in call: ";
+    ssize_t r = write(2, head, sizeof head - 1);
+    r = write(2, t_call, strnlen(t_call, sizeof t_call));
+    r = write(2, "\n", 1);
+    (void)r;
+  }
+  sigaction(sig, &g_old[sig], nullptr);
+}
+
+void install_crash_report() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int sig : kFatal) {
+      struct sigaction sa;
+      std::memset(&sa, 0, sizeof sa);
+      sa.sa_handler = on_fatal;
+      sigemptyset(&sa.sa_mask);
+      sigaction(sig, &sa, &g_old[sig]);
+    }
+  });
+}
+
+class CallScope {
+ public:
+  explicit CallScope(const std::string& what) {
+    std::strncpy(t_call, what.c_str(), sizeof t_call - 1);
+    t_call[sizeof t_call - 1] = '\0';
+  }
+  ~CallScope() { t_call[0] = '\0'; }
+};
+
+// ---- conversions ------------------------------------------------------------
+int32_t dtype_of(Precision p) {
+  switch (p) {
+    case Precision::kF64:
+      return QKNORM_DTYPE_F64;
+    case Precision::kF32:
+      return QKNORM_DTYPE_F32;
+    case Precision::kBF16:
+      return QKNORM_DTYPE_BF16;
+    case Precision::kF16:
+      return QKNORM_DTYPE_F16;
+  }
+  return -1;
+}
+
+qknorm_attention_problem to_c(const AttentionProblem& p) {
+  qknorm_attention_problem c{};
+  c.batch = p.batch;
+  c.heads = p.heads;
+  c.kv_heads = kv_heads_of(p);
+  c.q_len = p.q_len;
+  c.kv_len = p.kv_len;
+  c.head_dim = p.head_dim;
+  c.variant =
+      p.variant == Variant::kSDPA ? QKNORM_VARIANT_SDPA : QKNORM_VARIANT_QKNORM;
+  c.g = p.g;
+  c.eps = p.eps;
+  c.causal = p.mask.causal;
+  c.key_lengths =
+      p.mask.key_lengths.empty() ? nullptr : p.mask.key_lengths.data();
+  c.key_lengths_size = static_cast<int64_t>(p.mask.key_lengths.size());
+  const Normalization& n = p.norm;
+  c.norm_kind = n.kind == NormKind::kRms     ? QKNORM_NORM_RMS
+                : n.kind == NormKind::kLayer ? QKNORM_NORM_LAYER
+                : n.kind == NormKind::kNone  ? QKNORM_NORM_NONE
+                                             : QKNORM_NORM_L2;
+  c.norm_axis =
+      n.axis == NormAxis::kAllHeads ? QKNORM_AXIS_ALL_HEADS : QKNORM_AXIS_HEAD;
+  c.weight_shape = n.weight == ParamShape::kDim       ? QKNORM_PARAM_DIM
+                   : n.weight == ParamShape::kHeadDim ? QKNORM_PARAM_HEAD_DIM
+                                                      : QKNORM_PARAM_NONE;
+  c.one_plus_weight = n.one_plus_weight;
+  c.bias = n.bias;
+  c.shared_qk_weight = n.shared_qk_weight;
+  c.round_before_weight = n.round_before_weight;
+  c.fixed_scale = p.fixed_scale;
+  c.scale = p.scale;
+  return c;
+}
+
+qknorm_const_tensor4 to_c(const ConstTensor4& t, int32_t dt) {
+  return {t.data,
+          t.size,
+          t.layout.batch_stride,
+          t.layout.head_stride,
+          t.layout.row_stride,
+          dt};
+}
+qknorm_tensor4 to_c(const MutTensor4& t, int32_t dt) {
+  return {t.data,
+          t.size,
+          t.layout.batch_stride,
+          t.layout.head_stride,
+          t.layout.row_stride,
+          dt};
+}
+qknorm_params to_c(const NormParams& p) {
+  return {p.q_weight.data, p.k_weight.data, p.q_bias.data, p.k_bias.data,
+          p.q_weight.size, p.k_weight.size, p.q_bias.size, p.k_bias.size};
+}
+qknorm_param_grads to_c(const NormParamGrads& p) {
+  return {p.q_weight.data, p.k_weight.data, p.q_bias.data, p.k_bias.data,
+          p.q_weight.size, p.k_weight.size, p.q_bias.size, p.k_bias.size};
+}
+
+uint32_t required_features(const AttentionProblem& p) {
+  uint32_t f = 0;
+  if (p.variant == Variant::kSDPA) f |= QKNORM_FEATURE_SDPA;
+  if (kv_heads_of(p) != p.heads) f |= QKNORM_FEATURE_GQA;
+  if (p.mask.causal || !p.mask.key_lengths.empty()) f |= QKNORM_FEATURE_MASK;
+  if (p.variant != Variant::kQKNorm) return f;
+  const Normalization& n = p.norm;
+  if (n.kind == NormKind::kRms) f |= QKNORM_FEATURE_RMS;
+  if (n.kind == NormKind::kLayer) f |= QKNORM_FEATURE_LAYER;
+  if (n.kind == NormKind::kNone) f |= QKNORM_FEATURE_NO_NORM;
+  if (n.axis == NormAxis::kAllHeads) f |= QKNORM_FEATURE_ALL_HEADS;
+  if (n.weight != ParamShape::kNone) f |= QKNORM_FEATURE_WEIGHT;
+  if (n.one_plus_weight) f |= QKNORM_FEATURE_ONE_PLUS_W;
+  if (n.bias) f |= QKNORM_FEATURE_BIAS;
+  if (n.shared_qk_weight) f |= QKNORM_FEATURE_SHARED_W;
+  if (n.round_before_weight) f |= QKNORM_FEATURE_ROUND_FIRST;
+  if (p.fixed_scale) f |= QKNORM_FEATURE_FIXED_SCALE;
+  return f;
+}
+
+std::string num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.17g", x);
+  return b;
+}
+
+std::string describe(const AttentionProblem& p) {
+  std::string s = "attention B=" + std::to_string(p.batch) +
+                  " H=" + std::to_string(p.heads) +
+                  " kv_heads=" + std::to_string(kv_heads_of(p)) +
+                  " Nq=" + std::to_string(p.q_len) +
+                  " Nk=" + std::to_string(p.kv_len) +
+                  " D=" + std::to_string(p.head_dim) +
+                  (p.variant == Variant::kSDPA ? " sdpa" : " qknorm") +
+                  " g=" + num(p.g) + " eps=" + num(p.eps);
+  if (p.mask.causal) s += " causal";
+  if (!p.mask.key_lengths.empty()) s += " padded";
+  if (p.variant == Variant::kQKNorm && !is_paper_formulation(p))
+    s += " formulation=" + describe_formulation(p);
+  return s;
+}
+std::string describe(const ScaleNormProblem& p) {
+  return "scalenorm rows=" + std::to_string(p.rows) +
+         " dim=" + std::to_string(p.dim) + " g=" + num(p.g) +
+         " eps=" + num(p.eps);
+}
+
+// ---- one call, in process or in a child -------------------------------------
+// An output region of a call: the caller's buffer, redirected to shared
+// memory in a child process so that the parent sees what the child wrote.
+struct Out {
+  void** ptr;  // the pointer field inside the C argument struct
+  size_t bytes;
+};
+
+struct Shared {
+  int rc;
+  char err[1024];
+};
+
+// Runs fn(err, err_size) (which reads the C argument structs whose output
+// pointers `outs` point into) and throws Error("plugin <entry>", ...) on a
+// non-zero return, a crash or an exit.
+template <class F>
+void invoke(const std::string& entry, const std::string& what,
+            const std::vector<Out>& outs, F&& fn) {
+  const std::string call = entry + " " + what;
+  if (!g_isolate) {
+    char err[1024] = {0};
+    int rc;
+    {
+      CallScope scope(call);
+      rc = fn(err, sizeof err);
+    }
+    if (rc != 0) {
+      err[sizeof err - 1] = '\0';
+      throw Error("plugin " + entry, {},
+                  what + " returned " + std::to_string(rc) + ": " +
+                      (err[0] ? err : "(no message)"));
+    }
+    return;
+  }
+  // One anonymous shared mapping: the status block, then each output.
+  size_t total = sizeof(Shared);
+  std::vector<size_t> at;
+  for (const Out& o : outs) {
+    total = (total + 63) / 64 * 64;
+    at.push_back(total);
+    total += o.bytes;
+  }
+  void* map = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED)
+    throw Error("plugin " + entry, {},
+                "--isolate: mmap of " + std::to_string(total) +
+                    " bytes failed: " + std::strerror(errno));
+  auto* base = static_cast<unsigned char*>(map);
+  auto* sh = static_cast<Shared*>(map);
+  sh->rc = INT_MIN;
+  sh->err[0] = '\0';
+  std::vector<void*> orig;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    orig.push_back(*outs[i].ptr);
+    if (*outs[i].ptr != nullptr) {
+      std::memcpy(base + at[i], *outs[i].ptr, outs[i].bytes);
+      *outs[i].ptr = base + at[i];
+    }
+  }
+  auto restore = [&] {
+    for (size_t i = 0; i < outs.size(); ++i) *outs[i].ptr = orig[i];
+  };
+  const pid_t pid = fork();
+  if (pid == 0) {
+    sh->rc = fn(sh->err, sizeof sh->err);
+    _exit(0);
+  }
+  int status = 0;
+  const pid_t w = pid < 0 ? -1 : waitpid(pid, &status, 0);
+  restore();
+  std::string failure;
+  if (pid < 0 || w < 0) {
+    failure =
+        std::string("--isolate: fork/wait failed: ") + std::strerror(errno);
+  } else if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    failure = "crashed with signal " + std::to_string(sig) + " (SIG" +
+              (name ? name : "?") + ") in " + what + " (--isolate)";
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+             sh->rc == INT_MIN) {
+    failure = what + " ended the process (exit status " +
+              std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+              ") (--isolate)";
+  } else if (sh->rc != 0) {
+    sh->err[sizeof sh->err - 1] = '\0';
+    failure = what + " returned " + std::to_string(sh->rc) + ": " +
+              (sh->err[0] ? sh->err : "(no message)");
+  } else {
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (orig[i] != nullptr) std::memcpy(orig[i], base + at[i], outs[i].bytes);
+  }
+  munmap(map, total);
+  if (!failure.empty()) throw Error("plugin " + entry, {}, failure);
+}
+
+size_t bytes4(const qknorm_tensor4& t, Precision p) {
+  return t.data ? static_cast<size_t>(t.size) * element_bytes(p) : 0;
+}
+size_t bytes2(const qknorm_tensor2& t, Precision p) {
+  return t.data ? static_cast<size_t>(t.size) * element_bytes(p) : 0;
+}
+size_t doubles(const void* p, int64_t n) {
+  return p ? static_cast<size_t>(n) * sizeof(double) : 0;
+}
+
+// ---- the Backend ------------------------------------------------------------
+struct Library {
+  std::string path;
+  void* handle = nullptr;
+  const qknorm_plugin* desc = nullptr;
+};
+
+class PluginWorkspace : public Workspace {
+ public:
+  PluginWorkspace(const qknorm_plugin_entry* e, void* ws) : e_(e), ws_(ws) {}
+  ~PluginWorkspace() override {
+    if (ws_ != nullptr && e_->free_workspace != nullptr)
+      e_->free_workspace(e_->ctx, ws_);
+  }
+  void* get() const { return ws_; }
+
+ private:
+  const qknorm_plugin_entry* e_;
+  void* ws_;
+};
+
+Precision precision_of(int32_t dt) {
+  switch (dt) {
+    case QKNORM_DTYPE_F64:
+      return Precision::kF64;
+    case QKNORM_DTYPE_F32:
+      return Precision::kF32;
+    case QKNORM_DTYPE_BF16:
+      return Precision::kBF16;
+    default:
+      return Precision::kF16;
+  }
+}
+
+class PluginBackend : public Backend {
+ public:
+  PluginBackend(const std::string& plugin, const qknorm_plugin_entry* e)
+      : Backend("plugin", plugin + "." + e->name, precision_of(e->storage)),
+        e_(e) {}
+
+  bool supports(const AttentionProblem& p) const override {
+    return (required_features(p) & ~e_->features) == 0;
+  }
+  std::unique_ptr<Workspace> make_workspace() const override {
+    void* ws = e_->make_workspace ? e_->make_workspace(e_->ctx) : nullptr;
+    return std::make_unique<PluginWorkspace>(e_, ws);
+  }
+
+  void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
+                         Workspace* ws, const ExecConfig& cfg) const override {
+    const qknorm_attention_problem cp = to_c(p);
+    qknorm_forward_args ca = forward_args(a, cfg);
+    invoke(name(), "attention_forward on " + describe(p),
+           {{&ca.o.data, bytes4(ca.o, precision())},
+            {reinterpret_cast<void**>(&ca.lse), doubles(ca.lse, ca.lse_size)}},
+           [&](char* err, size_t n) {
+             return e_->attention_forward(e_->ctx, raw(ws), &cp, &ca, err, n);
+           });
+  }
+
+  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
+                          Workspace* ws, const ExecConfig& cfg) const override {
+    const qknorm_attention_problem cp = to_c(p);
+    const int32_t dt = dtype_of(precision());
+    qknorm_backward_args ca{};
+    ca.q = to_c(a.q, dt);
+    ca.k = to_c(a.k, dt);
+    ca.v = to_c(a.v, dt);
+    ca.o = to_c(a.o, dt);
+    ca.d_o = to_c(a.d_o, dt);
+    ca.lse = a.lse;
+    ca.lse_size = a.lse_size;
+    ca.dq = to_c(a.dq, dt);
+    ca.dk = to_c(a.dk, dt);
+    ca.dv = to_c(a.dv, dt);
+    ca.dg = a.dg;
+    ca.params = to_c(a.params);
+    ca.d_params = to_c(a.d_params);
+    ca.threads = cfg.threads;
+    qknorm_param_grads& g = ca.d_params;
+    invoke(name(), "attention_backward on " + describe(p),
+           {{&ca.dq.data, bytes4(ca.dq, precision())},
+            {&ca.dk.data, bytes4(ca.dk, precision())},
+            {&ca.dv.data, bytes4(ca.dv, precision())},
+            {reinterpret_cast<void**>(&ca.dg), doubles(ca.dg, 1)},
+            {reinterpret_cast<void**>(&g.q_weight),
+             doubles(g.q_weight, g.q_weight_size)},
+            {reinterpret_cast<void**>(&g.k_weight),
+             doubles(g.k_weight, g.k_weight_size)},
+            {reinterpret_cast<void**>(&g.q_bias),
+             doubles(g.q_bias, g.q_bias_size)},
+            {reinterpret_cast<void**>(&g.k_bias),
+             doubles(g.k_bias, g.k_bias_size)}},
+           [&](char* err, size_t n) {
+             return e_->attention_backward(e_->ctx, raw(ws), &cp, &ca, err, n);
+           });
+  }
+
+  bool attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
+                               double* probs, Workspace* ws) const override {
+    if (e_->attention_probabilities == nullptr) return false;
+    const qknorm_attention_problem cp = to_c(p);
+    qknorm_forward_args ca = forward_args(a, {});
+    const size_t n =
+        static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len) *
+        sizeof(double);
+    invoke(name(), "attention_probabilities on " + describe(p),
+           {{&ca.o.data, bytes4(ca.o, precision())},
+            {reinterpret_cast<void**>(&ca.lse), doubles(ca.lse, ca.lse_size)},
+            {reinterpret_cast<void**>(&probs), n}},
+           [&](char* err, size_t m) {
+             return e_->attention_probabilities(e_->ctx, raw(ws), &cp, &ca,
+                                                probs, err, m);
+           });
+    return true;
+  }
+
+  void scalenorm_forward(const ScaleNormProblem& p,
+                         const ScaleNormForwardArgs& a, Workspace* ws,
+                         const ExecConfig& cfg) const override {
+    const qknorm_scalenorm_problem cp{p.rows, p.dim, p.g, p.eps};
+    const int32_t dt = dtype_of(precision());
+    qknorm_scalenorm_forward_args ca{{a.x.data, a.x.size, a.x.row_stride, dt},
+                                     {a.y.data, a.y.size, a.y.row_stride, dt},
+                                     cfg.threads};
+    invoke(name(), "scalenorm_forward on " + describe(p),
+           {{&ca.y.data, bytes2(ca.y, precision())}}, [&](char* err, size_t n) {
+             return e_->scalenorm_forward(e_->ctx, raw(ws), &cp, &ca, err, n);
+           });
+  }
+
+  void scalenorm_backward(const ScaleNormProblem& p,
+                          const ScaleNormBackwardArgs& a, Workspace* ws,
+                          const ExecConfig& cfg) const override {
+    const qknorm_scalenorm_problem cp{p.rows, p.dim, p.g, p.eps};
+    const int32_t dt = dtype_of(precision());
+    qknorm_scalenorm_backward_args ca{
+        {a.x.data, a.x.size, a.x.row_stride, dt},
+        {a.dy.data, a.dy.size, a.dy.row_stride, dt},
+        {a.dx.data, a.dx.size, a.dx.row_stride, dt},
+        a.dg,
+        cfg.threads};
+    invoke(name(), "scalenorm_backward on " + describe(p),
+           {{&ca.dx.data, bytes2(ca.dx, precision())},
+            {reinterpret_cast<void**>(&ca.dg), doubles(ca.dg, 1)}},
+           [&](char* err, size_t n) {
+             return e_->scalenorm_backward(e_->ctx, raw(ws), &cp, &ca, err, n);
+           });
+  }
+
+ private:
+  static void* raw(Workspace* ws) {
+    auto* w = dynamic_cast<PluginWorkspace*>(ws);
+    return w ? w->get() : nullptr;
+  }
+  qknorm_forward_args forward_args(const ForwardArgs& a,
+                                   const ExecConfig& cfg) const {
+    const int32_t dt = dtype_of(precision());
+    qknorm_forward_args ca{};
+    ca.q = to_c(a.q, dt);
+    ca.k = to_c(a.k, dt);
+    ca.v = to_c(a.v, dt);
+    ca.o = to_c(a.o, dt);
+    ca.lse = a.lse;
+    ca.lse_size = a.lse_size;
+    ca.params = to_c(a.params);
+    ca.threads = cfg.threads;
+    return ca;
+  }
+
+  const qknorm_plugin_entry* e_;
+};
+
+bool valid_name(const char* s) {
+  if (s == nullptr || *s == '\0') return false;
+  for (const char* c = s; *c; ++c)
+    if (!(std::isalnum(static_cast<unsigned char>(*c)) || *c == '_' ||
+          *c == '-' || *c == '.'))
+      return false;
+  return std::strlen(s) <= 64;
+}
+
+std::mutex g_mu;
+std::vector<Library>& libraries() {
+  static auto* v = new std::vector<Library>;
+  return *v;
+}
+
+}  // namespace
+
+void set_plugin_isolation(bool on) { g_isolate = on; }
+bool plugin_isolation() { return g_isolate; }
+
+void load_plugin_into(Registry& r, const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  char resolved[PATH_MAX];
+  const std::string key =
+      realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+  for (const Library& l : libraries())
+    if (l.path == key) return;
+  const std::string who = "plugin " + path;
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    throw Error(who, {}, std::string("cannot load: ") + (e ? e : "?"));
+  }
+  auto get =
+      reinterpret_cast<qknorm_plugin_get_fn>(dlsym(h, "qknorm_plugin_get"));
+  if (get == nullptr) {
+    dlclose(h);
+    throw Error(who, {},
+                "exports no qknorm_plugin_get (include/qknorm/plugin.h)");
+  }
+  const qknorm_plugin* d = get();
+  auto fail = [&](const std::string& rule) {
+    dlclose(h);
+    throw Error(who, {}, rule);
+  };
+  if (d == nullptr) fail("qknorm_plugin_get returned NULL");
+  if (d->abi_version != QKNORM_PLUGIN_ABI_VERSION)
+    fail("declares plug-in ABI version " + std::to_string(d->abi_version) +
+         "; this qknorm knows version " +
+         std::to_string(QKNORM_PLUGIN_ABI_VERSION) + " only");
+  if (!valid_name(d->name))
+    fail("plug-in name must be 1 to 64 of [A-Za-z0-9_.-]");
+  if (d->entry_count < 1 || d->entries == nullptr)
+    fail("declares no entries (entry_count " + std::to_string(d->entry_count) +
+         ")");
+  std::set<std::string> seen;
+  for (int32_t i = 0; i < d->entry_count; ++i) {
+    const qknorm_plugin_entry& e = d->entries[i];
+    const std::string at = "entry " + std::to_string(i) + " ('" +
+                           (e.name ? e.name : "(null)") + "'): ";
+    if (!valid_name(e.name))
+      fail(at + "name must be 1 to 64 of [A-Za-z0-9_.-]");
+    if (e.storage < QKNORM_DTYPE_F64 || e.storage > QKNORM_DTYPE_F16)
+      fail(at + "unknown storage dtype " + std::to_string(e.storage));
+    if (!e.attention_forward || !e.attention_backward || !e.scalenorm_forward ||
+        !e.scalenorm_backward)
+      fail(at +
+           "attention_forward, attention_backward, scalenorm_forward and "
+           "scalenorm_backward are required");
+    if ((e.make_workspace == nullptr) != (e.free_workspace == nullptr))
+      fail(at + "make_workspace and free_workspace come together");
+    if (!seen.insert(std::string(e.name) + ":" + std::to_string(e.storage))
+             .second)
+      fail(at + "duplicate entry name and storage");
+  }
+  for (int32_t i = 0; i < d->entry_count; ++i)
+    if (r.find(PluginBackend(d->name, &d->entries[i]).name()) != nullptr)
+      fail("entry '" + std::string(d->entries[i].name) +
+           "' is already registered (another plug-in of the same name?)");
+  for (int32_t i = 0; i < d->entry_count; ++i)
+    r.add(std::make_unique<PluginBackend>(d->name, &d->entries[i]));
+  libraries().push_back({key, h, d});  // never closed: entries point into it
+  install_crash_report();
+}
+
+void load_plugins_from_env(Registry& r) {
+  const char* env = std::getenv("QKNORM_PLUGIN");
+  if (env == nullptr) return;
+  std::string s(env);
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = s.find(':', start);
+    const std::string path = s.substr(
+        start, end == std::string::npos ? std::string::npos : end - start);
+    if (!path.empty()) load_plugin_into(r, path);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+}
+
+}  // namespace qknorm
