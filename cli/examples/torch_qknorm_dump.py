@@ -7,7 +7,8 @@ O = P V. Autograd gives dQ, dK, dV and dg for a random upstream gradient dO.
 
 Writes q, k, v, g, dO (inputs) and O, dQ, dK, dV, dg (outputs) into OUTDIR as
 .npy files (float64 / float32 / float16) or as one dump.safetensors (any of
-those plus bfloat16; written by hand, no safetensors package needed).
+those plus bfloat16; python/qknorm_assert.py's writer, no safetensors
+package needed).
 
   /usr/bin/python3 torch_qknorm_dump.py OUTDIR [--dtype float32] [--causal]
       [--format npy|safetensors] [--wrong]
@@ -15,16 +16,17 @@ those plus bfloat16; written by hand, no safetensors package needed).
 --wrong scales O by (1 + 1e-2) before saving: the tool must report FAIL.
 """
 import argparse
-import json
 import math
 import os
-import struct
+import sys
 
 import numpy as np
 import torch
 
-ST_DTYPES = {torch.float64: "F64", torch.float32: "F32",
-             torch.float16: "F16", torch.bfloat16: "BF16"}
+# The safetensors writer of python/qknorm_assert.py (bfloat16 as BF16 bits).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "python"))
+from qknorm_assert import write_safetensors  # noqa: E402
 
 
 def qknorm_attention(q, k, v, g, eps, causal):
@@ -43,26 +45,6 @@ def qknorm_attention(q, k, v, g, eps, causal):
         j = torch.arange(nk).unsqueeze(0)
         s = s.masked_fill(j > i + nk - nq, float("-inf"))
     return (torch.softmax(s, dim=-1) @ v).to(storage)
-
-
-def raw_bytes(t):
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret bits
-        return t.view(torch.int16).numpy().tobytes()
-    return t.numpy().tobytes()
-
-
-def write_safetensors(path, tensors):
-    header, blob = {}, b""
-    for name, t in tensors.items():
-        data = raw_bytes(t)
-        header[name] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [len(blob), len(blob) + len(data)]}
-        blob += data
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + blob)
 
 
 def main():

@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""Tests of qknorm_assert (issue 17, part 6) with torch 1.13 autograd.
+
+QKNorm attention (cli/examples/torch_qknorm_dump.py's qknorm_attention) and
+ScaleNorm computed by torch in float32 with autograd pass; a corrupted
+output raises AssertionError whose message says FAIL and names the element;
+bad input raises QKNormInputError; bfloat16 tensors go through a
+.safetensors dump; the module never imports torch.
+
+  /usr/bin/python3 python/test_qknorm_assert.py [QKNORM_CHECK]
+  QKNORM_CHECK=... python3 -m pytest python/test_qknorm_assert.py
+
+Script mode exits 77 (ctest SKIP_RETURN_CODE) when torch or numpy is
+missing; under unittest or pytest the torch tests are skipped instead.
+ctest runs it as cli_python_assert.
+"""
+import os
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "cli", "examples"))
+
+try:
+    import numpy as np
+    import torch
+    from torch_qknorm_dump import qknorm_attention
+except ImportError:
+    torch = None
+
+if torch is not None:
+    import qknorm_assert as qa
+
+
+def scalenorm(x, g, eps=1e-5):
+    """ScaleNorm (Nguyen & Salazar 2019): g x / max(||x||, eps) per row."""
+    return g * x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
+
+
+def binary_or_skip(case):
+    try:
+        qa.find_qknorm_check()
+    except FileNotFoundError as e:
+        case.skipTest(str(e))
+
+
+@unittest.skipIf(torch is None, "needs torch and numpy")
+class AttentionTest(unittest.TestCase):
+    def setUp(self):
+        binary_or_skip(self)
+        torch.manual_seed(1)
+        shape = (1, 2, 12, 16)
+        self.q, self.k, self.v = (torch.randn(*shape, requires_grad=True)
+                                  for _ in range(3))
+        self.g = torch.tensor(12.3197, requires_grad=True)
+        self.d_o = torch.randn(*shape)
+        self.out = qknorm_attention(self.q, self.k, self.v, self.g, 1e-12, True)
+        self.out.backward(self.d_o)
+        self.grads = {"dO": self.d_o, "dQ": self.q.grad, "dK": self.k.grad,
+                      "dV": self.v.grad, "dg": self.g.grad}
+
+    def test_correct_results_pass(self):
+        report = qa.assert_qknorm_attention(self.q, self.k, self.v, self.g,
+                                            self.out, grads=self.grads,
+                                            mask="causal")
+        self.assertIn("files:f32", report)
+        self.assertIn("PASS", report)
+        # Forward only; numpy arrays work the same.
+        qa.assert_qknorm_attention(*(t.detach().numpy() for t in (
+            self.q, self.k, self.v, self.g, self.out)), mask="causal")
+
+    def test_corrupted_output_fails(self):
+        bad = self.out.detach().clone()
+        bad[0, 1, 5, 3] *= 1.01
+        with self.assertRaises(AssertionError) as cm:
+            qa.assert_qknorm_attention(self.q, self.k, self.v, self.g, bad,
+                                       grads=self.grads, mask="causal")
+        self.assertIn("FAIL", str(cm.exception))
+        self.assertIn("worst o[0,1,5,3]", str(cm.exception))
+        # The mask is part of the problem: without it the correct O fails.
+        with self.assertRaises(AssertionError):
+            qa.assert_qknorm_attention(self.q, self.k, self.v, self.g,
+                                       self.out)
+
+    def test_bad_input_is_an_input_error(self):
+        q = self.q.detach().clone()
+        q[0, 0, 2, 1] = float("nan")
+        with self.assertRaises(qa.QKNormInputError) as cm:
+            qa.assert_qknorm_attention(q, self.k, self.v, self.g, self.out)
+        self.assertIn("q[0,0,2,1]: element is NaN", str(cm.exception))
+        with self.assertRaises(qa.QKNormInputError) as cm:
+            qa.assert_qknorm_attention(self.q, self.k, self.v, self.g,
+                                       self.out, grads={"dQ": self.q.grad})
+        self.assertIn("no tensor named dO", str(cm.exception))
+        with self.assertRaises(qa.QKNormInputError):
+            qa.assert_qknorm_attention(self.q, self.k, self.v, self.g,
+                                       self.out, grads={"dz": self.q.grad})
+
+    def test_bfloat16_goes_through_safetensors(self):
+        # bf16 storage, f32 compute, outputs rounded once (our entries'
+        # contract); g stays f32 so that dg is not rounded to bf16.
+        q, k, v = (t.detach().bfloat16().requires_grad_()
+                   for t in (self.q, self.k, self.v))
+        g = self.g.detach().clone().requires_grad_()
+        out = qknorm_attention(q.float(), k.float(), v.float(), g, 1e-12,
+                               True).bfloat16()
+        d_o = self.d_o.bfloat16()
+        out.backward(d_o)
+        report = qa.assert_qknorm_attention(
+            q, k, v, g, out, mask="causal",
+            grads={"dO": d_o, "dQ": q.grad, "dK": k.grad, "dV": v.grad,
+                   "dg": g.grad})
+        self.assertIn("files:bf16", report)
+        bad = out.detach().clone()
+        bad[0, 0, 7, 2] *= 1.05
+        with self.assertRaises(AssertionError) as cm:
+            qa.assert_qknorm_attention(q, k, v, g, bad, mask="causal")
+        self.assertIn("FAIL", str(cm.exception))
+
+
+@unittest.skipIf(torch is None, "needs torch and numpy")
+class ScaleNormTest(unittest.TestCase):
+    def setUp(self):
+        binary_or_skip(self)
+        torch.manual_seed(2)
+        self.x = torch.randn(2, 8, 32, requires_grad=True)
+        self.g = torch.tensor(32 ** 0.5, requires_grad=True)
+        self.d_y = torch.randn(2, 8, 32)
+        self.y = scalenorm(self.x, self.g)
+        self.y.backward(self.d_y)
+        self.grads = {"dy": self.d_y, "dx": self.x.grad, "dg": self.g.grad}
+
+    def test_correct_results_pass(self):
+        report = qa.assert_scalenorm(self.x, self.g, self.y, grads=self.grads)
+        self.assertIn("scalenorm rows=16 dim=32", report)
+        self.assertIn("PASS", report)
+        qa.assert_scalenorm(self.x, self.g, self.y)  # forward only
+
+    def test_corrupted_output_fails(self):
+        dx = self.x.grad.clone()
+        dx[1, 2, 7] *= 1.01  # row 1 * 8 + 2 = 10 of the flattened rows
+        with self.assertRaises(AssertionError) as cm:
+            qa.assert_scalenorm(self.x, self.g, self.y,
+                                grads={"dy": self.d_y, "dx": dx})
+        self.assertIn("FAIL", str(cm.exception))
+        self.assertIn("worst dx[10,7]", str(cm.exception))
+        # The y of another g (1% off) fails.
+        with self.assertRaises(AssertionError):
+            qa.assert_scalenorm(self.x, self.g * 1.01, self.y)
+
+    def test_bad_input_is_an_input_error(self):
+        with self.assertRaises(qa.QKNormInputError) as cm:
+            qa.assert_scalenorm(self.x, self.g, self.y[:, :4])
+        self.assertIn("differs from x's", str(cm.exception))
+        with self.assertRaises(qa.QKNormInputError) as cm:
+            qa.assert_scalenorm(self.x, self.g, self.y,
+                                grads={"dx": self.x.grad})
+        self.assertIn("no tensor named dy", str(cm.exception))
+        with self.assertRaises(TypeError):
+            qa.assert_scalenorm(self.x, self.g, self.y, colour="red")
+
+    def test_module_does_not_import_torch(self):
+        code = ("import sys; sys.path.insert(0, %r); import qknorm_assert; "
+                "sys.exit('torch' in sys.modules)" % HERE)
+        self.assertEqual(subprocess.run([sys.executable, "-c", code]).returncode,
+                         0)
+
+
+def main():
+    if len(sys.argv) > 1:
+        os.environ["QKNORM_CHECK"] = sys.argv[1]
+    if torch is None:
+        print("SKIP: this python has no torch/numpy (apt-get install "
+              "python3-torch)")
+        sys.exit(77)
+    result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    sys.exit(0 if result.wasSuccessful() and not result.skipped else 1)
+
+
+if __name__ == "__main__":
+    main()
