@@ -149,8 +149,25 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // (OracleAttention), twice that in P's relative terms.
   // LayerNorm's computed mean shifts a row's x_hat: the logits move by up to
   // logit_shift u_c more (OracleAttention; 0 for the other kinds).
-  const double soft =
-      softmax_units(A) + 2 * orc.logit_flip / uc + 2 * orc.logit_shift;
+  // RMSNorm and LayerNorm divide each row by sqrt of an L-term sum of
+  // nonnegative terms; that sum's relative error can be coherent (a row of
+  // one outlier and near-equal rest: every addition rounds against the same
+  // running sum), so it is bounded deterministically, (L - 1) u_c (Higham
+  // 4.2), halved by the sqrt, plus kOpUnits for the row's own operations:
+  // div_units per side. It scales the row's x_hat, hence the logits by up to
+  // (div_q + div_k) u_c A and every gradient term that reads x_hat (found by
+  // the fuzzer, issue 16: layer across 4 heads, L = 52, f64, one q element
+  // 8.4e298: reference:f64's lse 280 u off, margin 2.8). The paper's l2 norm
+  // keeps the probabilistic sum_units inside kDotUnits.
+  auto div_units = [&](int side) {
+    if (p.variant != Variant::kQKNorm ||
+        (p.norm.kind != NormKind::kRms && p.norm.kind != NormKind::kLayer))
+      return 0.0;
+    return static_cast<double>(norm_rows(p, side).len() - 1) / 2 + kOpUnits;
+  };
+  const double div = div_units(0) + div_units(1);
+  const double soft = softmax_units(A) + 2 * std::fabs(A) * div +
+                      2 * orc.logit_flip / uc + 2 * orc.logit_shift;
   const int64_t Hk = kv_heads_of(p), group = H / Hk, Lq = norm_rows(p, 0).len(),
                 Lk = norm_rows(p, 1).len();
   // An exp may flush a result below the compute format's normal range to 0
@@ -187,10 +204,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] =
-          uc * (kDotUnits * std::fabs(A) + sum_units(static_cast<double>(Nk)) +
-                2 * d(std::fabs(x)) + orc.logit_shift) +
-          orc.logit_flip;
+      t.delta[e] = uc * ((kDotUnits + div) * std::fabs(A) +
+                         sum_units(static_cast<double>(Nk)) +
+                         2 * d(std::fabs(x)) + orc.logit_shift) +
+                   orc.logit_flip;
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));
@@ -218,7 +235,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   const std::vector<LD>& uf, const std::vector<LD>& p_sens,
                   const std::vector<LD>& shift) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
-    const double units = sum_units(static_cast<double>(n + L));
+    const double units = sum_units(static_cast<double>(n + L)) + div;
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
@@ -258,12 +275,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   {
     ToleranceTable t = table(Field::kDg, wf, 1, 1, 1, 1, {orc.dg});
     const double n = static_cast<double>(B * H * Nq * Nk);
-    t.delta[0] = uc *
-                     (sum_units(n) + sum_units(static_cast<double>(D)) + soft) *
-                     d(orc.dg_scale) +
-                 us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
-                 c_res * d(orc.dg_uf_sens) + p_res * d(orc.dg_p_sens) +
-                 uc * d(orc.dg_shift);
+    t.delta[0] =
+        uc * (sum_units(n) + sum_units(static_cast<double>(D)) + div + soft) *
+            d(orc.dg_scale) +
+        us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
+        c_res * d(orc.dg_uf_sens) + p_res * d(orc.dg_p_sens) +
+        uc * d(orc.dg_shift);
     t.cond[0] = condition(orc.dg_scale, orc.dg);
     out.push_back(std::move(t));
   }
@@ -280,7 +297,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     if (x.empty()) return;
     ToleranceTable t = table(f, wf, 1, 1, 1, static_cast<int64_t>(x.size()), x);
     const double units = sum_units(static_cast<double>(R)) +
-                         sum_units(static_cast<double>(n)) + kOpUnits;
+                         sum_units(static_cast<double>(n)) + kOpUnits + div;
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] =
           uc * (units * d(ch[0][e]) + soft * d(ch[4][e]) + d(ch[6][e])) +
