@@ -867,7 +867,8 @@ void layout(ByteReader& r) {
 
 // QKNORM_FUZZ_FORMULATIONS=0 skips FORMULATION-mode inputs: for an
 // exploration while that mode has an open finding of the verdict
-// (fuzz/findings/README.md; none is open, run_ci.sh keeps it on).
+// (fuzz/findings/README.md); run_ci.sh's fixed-seed exploration sets it
+// while one is open.
 bool formulations_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("QKNORM_FUZZ_FORMULATIONS");
