@@ -53,27 +53,14 @@ const char* kind_of(const Backend& m) {
   return i ? name(i->kind) : "?";
 }
 
-// True if the entry implements the formulations of issue 16 (the
-// formulation mutants and control); the other copies implement the paper's
-// formulation only (Backend::supports), so the formulation properties would
-// fail them with "does not implement", a failure that says nothing about
-// their bugs or their arithmetic.
-bool implements_formulations(const Backend& b) {
-  AttentionProblem p;
-  p.heads = 2;
-  p.kv_heads = 1;
-  apply_preset("qwen3", &p);
-  return b.supports(p);
-}
-
-bool is_formulation_property(const Property& p) {
-  return std::string(p.name).rfind("Formulation", 0) == 0;
-}
-
-// Which properties of the table judge an entry: a paper-only copy every
-// property but the formulation ones; a formulation mutant only the
-// formulation ones (its bug lives in code the paper's problems never run,
-// where it is a correct copy); the formulation control every property.
+// Which properties of the table judge an entry: a paper-only copy
+// (implements_formulations() false: the other copies implement the paper's
+// formulation only, and the formulation properties would fail them with
+// "does not implement", a failure that says nothing about their bugs or
+// their arithmetic) every property but the formulation ones; a formulation
+// mutant only the formulation ones (its bug lives in code the paper's problems
+// never run, where it is a correct copy); the formulation control every
+// property.
 bool applies(const Property& p, const Backend& b, bool mutant) {
   if (!implements_formulations(b)) return !is_formulation_property(p);
   return !mutant || is_formulation_property(p);

@@ -5,18 +5,14 @@
 // so --gtest_filter='*/simd_SSE4_*' picks one target and ctest shards by test.
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "property_tests/entry_checks.h"
 #include "property_tests/mutants.h"
-#include "property_tests/properties.h"
-#include "property_tests/rc_gens.h"
 #include "property_tests/support.h"
 #include "qknorm/backend.h"
-#include "validation/bounds.h"
-#include "validation/harness.h"
 
 namespace qknorm::property {
 namespace {
@@ -45,10 +41,7 @@ const Backend* find_entry(const std::string& name) {
 }
 
 std::string sanitize(const testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
+  return test_name_of(info.param);
 }
 
 class EntryProperty : public testing::TestWithParam<std::string> {
@@ -56,17 +49,7 @@ class EntryProperty : public testing::TestWithParam<std::string> {
   const Backend& entry() const { return *find_entry(GetParam()); }
 
   // Runs the named property on this test's entry under rapidcheck.
-  void Check(const char* property) {
-    const Backend& b = entry();
-    if (!b.available()) GTEST_SKIP() << b.name() << " cannot run on this CPU";
-    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-    const std::string id =
-        std::string(info->test_suite_name()) + "/" + info->name();
-    const RunResult r =
-        run_property(entry_property(property), b, id,
-                     /*shrink=*/true, /*honour_reproduce=*/true);
-    EXPECT_TRUE(r.pass) << r.message;
-  }
+  void Check(const char* property) { check_entry_property(entry(), property); }
 };
 
 TEST_P(EntryProperty, AttentionAgreement) { Check("AttentionAgreement"); }
@@ -105,55 +88,10 @@ TEST(PropertyTable, EveryPropertyHasATest) {
   }
 }
 
-// The negative control of non-saturation: sdpa has no bound. With q and k
-// scaled by 16 (logits x 256, exact in every format) the same checker that
-// passes every qknorm entry must report a violation of the qknorm bound at
-// |g| = kGMax on the sdpa probabilities, while the qknorm problem on the very
-// same inputs satisfies it and unscaled sdpa (logits of a few units) does too.
-// This shows the non-saturation property can fail.
+// The negative control of non-saturation (entry_checks.h): the same checker
+// that passes every qknorm entry reports a violation on saturating sdpa.
 TEST_P(EntryProperty, NegativeControlSdpaSaturates) {
-  const Backend& b = entry();
-  if (!b.available()) GTEST_SKIP() << b.name() << " cannot run on this CPU";
-  constexpr double kSaturatingScale = 16.0;
-  for (uint64_t seed : {1u, 2u, 3u, 4u}) {
-    AttentionProblem p;
-    p.batch = 1, p.heads = 2, p.q_len = 8, p.kv_len = 16, p.head_dim = 8;
-    p.g = kGMax;
-    p.variant = Variant::kQKNorm;
-    validation::AttentionCase qk = validation::round_inputs(
-        validation::make_attention_case(p, validation::Distribution::kGaussian,
-                                        seed, b.precision()),
-        b.precision());
-    // gamma of the bound at |g| = kGMax (the qknorm problem's, see
-    // properties.cc).
-    const double gamma = kTwoRuns * validation::reference_bounds(
-                                        qk, validation::oracle_attention(qk),
-                                        compute_roundoff(b.precision()))
-                                        .gamma_fwd;
-    auto verdict = [&](const validation::AttentionCase& c) {
-      std::vector<double> probs;
-      if (!hook_probabilities(b, c, &probs)) return std::string("NO HOOK");
-      const auto f = validation::run_attention_forward(b, c);
-      return check_nonsaturation(c.problem, probs, f.lse, kGMax, gamma);
-    };
-    const std::string qk_v = verdict(qk);
-    ASSERT_NE(qk_v, "NO HOOK")
-        << "entry " << b.name()
-        << ": no inspection hook (attention_probabilities returned false)";
-    EXPECT_EQ(qk_v, "") << "qknorm must satisfy the bound, seed " << seed;
-    validation::AttentionCase sd = qk;
-    sd.problem.variant = Variant::kSDPA;
-    EXPECT_EQ(verdict(sd), "")
-        << "unscaled sdpa (small logits) should satisfy it, seed " << seed;
-    for (double& x : sd.q) x *= kSaturatingScale;
-    for (double& x : sd.k) x *= kSaturatingScale;
-    const std::string sd_v = verdict(sd);
-    EXPECT_NE(sd_v, "") << "entry " << b.name()
-                        << ": sdpa with q, k scaled by 16 did not saturate "
-                           "(seed "
-                        << seed << "): the non-saturation check cannot fail";
-    if (seed == 1) std::cout << "sdpa saturates as expected: " << sd_v << "\n";
-  }
+  check_sdpa_saturates(entry());
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, EntryProperty,

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "qknorm/error.h"
+#include "qknorm/formulation.h"
 #include "qknorm/validate.h"
 
 namespace qknorm::property {
@@ -193,6 +194,18 @@ RunResult run_property(const Property& prop, const Backend& b,
       [&b, &prop] { prop.fn(b); },
       cases_override > 0 ? cases_override : prop.cases, id, shrink,
       honour_reproduce);
+}
+
+bool is_formulation_property(const Property& p) {
+  return std::string(p.name).rfind("Formulation", 0) == 0;
+}
+
+bool implements_formulations(const Backend& b) {
+  AttentionProblem p;
+  p.heads = 2;
+  p.kv_heads = 1;
+  apply_preset("qwen3", &p);
+  return b.supports(p);
 }
 
 const Property& entry_property(const std::string& name) {

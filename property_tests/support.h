@@ -88,6 +88,15 @@ struct Property {
 const std::vector<Property>& entry_properties();
 const Property& entry_property(const std::string& name);
 
+// FormulationAgreement and FormulationNonSaturation: the properties that
+// draw the formulations of issue 16 (presets, free combinations, GQA).
+bool is_formulation_property(const Property& p);
+// True if the entry implements those formulations (its supports() accepts
+// the qwen3 preset with GQA); an entry implementing the paper's formulation
+// only (the Backend default) fails every formulation property with "does
+// not implement".
+bool implements_formulations(const Backend& b);
+
 // QKNORM_SOAK=<n> multiplies every property's case count by n (QKNORM_SOAK=1
 // means 50x) and draws a fresh random seed per run (printed on failure);
 // without it, each property runs with a fixed seed derived from its test id so

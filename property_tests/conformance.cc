@@ -1,0 +1,163 @@
+// qknorm::conformance (include/qknorm/conformance.h) and the per-entry test
+// bodies the registry suite shares with it (entry_checks.h).
+#include "qknorm/conformance.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cstdint>
+#include <iostream>
+#include <set>
+#include <utility>
+
+#include "property_tests/entry_checks.h"
+#include "property_tests/properties.h"
+#include "property_tests/rc_gens.h"
+#include "property_tests/support.h"
+#include "qknorm/error.h"
+#include "validation/bounds.h"
+#include "validation/harness.h"
+
+namespace qknorm::property {
+
+std::string test_name_of(const std::string& entry) {
+  std::string s = entry;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+void check_entry_property(const Backend& b, const std::string& property) {
+  if (!b.available()) GTEST_SKIP() << b.name() << " cannot run on this CPU";
+  const Property& prop = entry_property(property);
+  if (is_formulation_property(prop) && !implements_formulations(b))
+    GTEST_SKIP() << b.name()
+                 << " implements the paper's formulation only "
+                    "(Backend::supports refuses the qwen3 preset with GQA)";
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  const std::string id =
+      std::string(info->test_suite_name()) + "/" + info->name();
+  const RunResult r = run_property(prop, b, id,
+                                   /*shrink=*/true, /*honour_reproduce=*/true);
+  EXPECT_TRUE(r.pass) << r.message;
+}
+
+// The negative control of non-saturation: sdpa has no bound. With q and k
+// scaled by 16 (logits x 256, exact in every format) the same checker that
+// passes every qknorm entry must report a violation of the qknorm bound at
+// |g| = kGMax on the sdpa probabilities, while the qknorm problem on the very
+// same inputs satisfies it and unscaled sdpa (logits of a few units) does too.
+// This shows the non-saturation property can fail.
+void check_sdpa_saturates(const Backend& b) {
+  if (!b.available()) GTEST_SKIP() << b.name() << " cannot run on this CPU";
+  constexpr double kSaturatingScale = 16.0;
+  for (uint64_t seed : {1u, 2u, 3u, 4u}) {
+    AttentionProblem p;
+    p.batch = 1, p.heads = 2, p.q_len = 8, p.kv_len = 16, p.head_dim = 8;
+    p.g = kGMax;
+    p.variant = Variant::kQKNorm;
+    validation::AttentionCase qk = validation::round_inputs(
+        validation::make_attention_case(p, validation::Distribution::kGaussian,
+                                        seed, b.precision()),
+        b.precision());
+    // gamma of the bound at |g| = kGMax (the qknorm problem's, see
+    // properties.cc).
+    const double gamma = kTwoRuns * validation::reference_bounds(
+                                        qk, validation::oracle_attention(qk),
+                                        compute_roundoff(b.precision()))
+                                        .gamma_fwd;
+    auto verdict = [&](const validation::AttentionCase& c) {
+      std::vector<double> probs;
+      if (!hook_probabilities(b, c, &probs)) return std::string("NO HOOK");
+      const auto f = validation::run_attention_forward(b, c);
+      return check_nonsaturation(c.problem, probs, f.lse, kGMax, gamma);
+    };
+    const std::string qk_v = verdict(qk);
+    ASSERT_NE(qk_v, "NO HOOK")
+        << "entry " << b.name()
+        << ": no inspection hook (attention_probabilities returned false)";
+    EXPECT_EQ(qk_v, "") << "qknorm must satisfy the bound, seed " << seed;
+    validation::AttentionCase sd = qk;
+    sd.problem.variant = Variant::kSDPA;
+    EXPECT_EQ(verdict(sd), "")
+        << "unscaled sdpa (small logits) should satisfy it, seed " << seed;
+    for (double& x : sd.q) x *= kSaturatingScale;
+    for (double& x : sd.k) x *= kSaturatingScale;
+    const std::string sd_v = verdict(sd);
+    EXPECT_NE(sd_v, "") << "entry " << b.name()
+                        << ": sdpa with q, k scaled by 16 did not saturate "
+                           "(seed "
+                        << seed << "): the non-saturation check cannot fail";
+    if (seed == 1) std::cout << "sdpa saturates as expected: " << sd_v << "\n";
+  }
+}
+
+}  // namespace qknorm::property
+
+namespace qknorm::conformance {
+namespace {
+
+constexpr const char* kNegativeControl = "NegativeControlSdpaSaturates";
+
+// One property on one entry.
+class PropertyTest : public testing::Test {
+ public:
+  PropertyTest(const Backend* entry, std::string property)
+      : entry_(entry), property_(std::move(property)) {}
+
+  void TestBody() override {
+    if (property_ == kNegativeControl) {
+      property::check_sdpa_saturates(*entry_);
+      return;
+    }
+    property::check_entry_property(*entry_, property_);
+  }
+
+ private:
+  const Backend* entry_;
+  std::string property_;
+};
+
+// Entries handed over by register_suite(unique_ptr), alive until exit (the
+// registered tests point at them), and every registered entry's name.
+std::vector<std::unique_ptr<Backend>>& owned() {
+  static auto* v = new std::vector<std::unique_ptr<Backend>>;
+  return *v;
+}
+std::set<std::string>& registered() {
+  static auto* s = new std::set<std::string>;
+  return *s;
+}
+
+}  // namespace
+
+std::vector<std::string> property_names() {
+  std::vector<std::string> names;
+  for (const property::Property& p : property::entry_properties())
+    names.emplace_back(p.name);
+  names.emplace_back(kNegativeControl);
+  return names;
+}
+
+void register_suite(const Backend& entry, const Options& o) {
+  if (!registered().insert(entry.name()).second)
+    throw Error("conformance", {},
+                "entry '" + entry.name() + "' is registered already");
+  const Backend* b = &entry;
+  for (const std::string& prop : property_names()) {
+    const std::string test = prop + "/" + property::test_name_of(entry.name());
+    testing::RegisterTest(
+        o.suite.c_str(), test.c_str(), nullptr, entry.name().c_str(), __FILE__,
+        __LINE__,
+        [b, prop]() -> PropertyTest* { return new PropertyTest(b, prop); });
+  }
+}
+
+void register_suite(std::unique_ptr<Backend> entry, const Options& o) {
+  if (entry == nullptr)
+    throw Error("conformance", {}, "register_suite: null entry");
+  register_suite(*entry, o);
+  owned().push_back(std::move(entry));
+}
+
+}  // namespace qknorm::conformance
