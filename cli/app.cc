@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/compare.h"
+#include "cli/cost.h"
 #include "cli/machine.h"
 #include "cli/mutants.h"
 #include "cli/options.h"
@@ -57,6 +58,7 @@ struct Common {
   bool no_timing = false;
   std::vector<std::string> plugins;
   bool isolate = false;
+  double max_seconds = 600;
 };
 
 void add_common(CLI::App& app, Common& c) {
@@ -149,6 +151,12 @@ void add_common(CLI::App& app, Common& c) {
                  "repeatable): its entries, plugin:<name>.<entry>:<prec>, "
                  "are judged beside ours (also QKNORM_PLUGIN=a.so:b.so)")
       ->type_name("LIB.so");
+  app.add_option("--max-seconds", c.max_seconds,
+                 "Budget of the default run: it estimates its work first "
+                 "(oracle, baselines, entries, timing; calibrated on this "
+                 "machine) and stops before starting if the estimate exceeds "
+                 "this (default 600)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--isolate", c.isolate,
                "Run every plug-in call in a child process: a crash is that "
                "entry's FAIL, not the end of the run");
@@ -178,7 +186,23 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
     err << "qknorm-check: " << e.what() << "\n";
     return kExitUsage;
   }
+  // The estimate comes first, and the budget stops a run that would take
+  // hours before it starts (issue 19).
+  const CostEstimate cost =
+      estimate_cost(entries, suite, ExecConfig{c.threads}, !c.no_timing);
+  err << "qknorm-check: " << describe(cost) << "\n" << std::flush;
+  if (cost.total() > c.max_seconds) {
+    err << fmt::format(
+        "qknorm-check: stopped before starting: the estimate ({:.0f} s) "
+        "exceeds --max-seconds {:.0f}. Judge fewer entries (--backend, "
+        "--target, --precision), smaller shapes (--shape), skip the timing "
+        "(--no-timing), or raise --max-seconds.\n",
+        cost.total(), c.max_seconds);
+    return kExitUsage;
+  }
   Report rep;
+  rep.estimate_s = cost.total();
+  rep.estimate = describe(cost);
   rep.machine = machine_info(all_backends());
   rep.seed = c.suite.seed;
   rep.threads = c.threads;
@@ -191,13 +215,20 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   RunOptions opt;
   opt.exec.threads = c.threads;
   opt.time_forward = !c.no_timing;
-  if (progress)
-    opt.progress = [](int done, int total, const std::string& name) {
-      std::cerr << fmt::format("\r[{:>4}/{}] {:<28}", done + 1, total, name)
+  if (progress)  // main sets `progress` only when stderr is a terminal
+    opt.progress = [t0](int done, int total, const std::string& name) {
+      const double el =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
+      const std::string eta =
+          done > 0 ? fmt::format(" ETA {:.0f} s", el * (total - done) / done)
+                   : std::string();
+      std::cerr << fmt::format("\r[{:>4}/{}] {:<28}{:<14}", done + 1, total,
+                               name, eta)
                 << std::flush;
     };
   rep.rows = run_suite(entries, suite, opt);
-  if (progress) std::cerr << "\r" << std::string(44, ' ') << "\r" << std::flush;
+  if (progress) std::cerr << "\r" << std::string(60, ' ') << "\r" << std::flush;
   finalize(&rep);
   rep.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)

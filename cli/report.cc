@@ -273,6 +273,10 @@ std::string to_json(const Report& rep) {
   j["seed"] = rep.seed;
   j["threads"] = rep.threads;
   j["seconds"] = rep.seconds;
+  if (!rep.estimate.empty()) {
+    j["estimate_seconds"] = rep.estimate_s;
+    j["estimate"] = rep.estimate;
+  }
   j["pass"] = rep.pass;
   j["machine"] = {{"cpu", rep.machine.cpu},
                   {"cores", rep.machine.cores},

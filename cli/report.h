@@ -22,6 +22,10 @@ struct Report {
   std::vector<std::string> cases;  // case descriptions, in suite order
   std::vector<EntryRow> rows;
   double seconds = 0;
+  // The default run's estimate made before it started (cli/cost.h; 0 and
+  // empty elsewhere).
+  double estimate_s = 0;
+  std::string estimate;
   bool pass = true;  // every available row passes
 };
 

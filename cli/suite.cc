@@ -1,11 +1,13 @@
 #include "cli/suite.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <exception>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
@@ -161,6 +163,80 @@ CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
       });
 }
 
+namespace {
+
+// What every entry of one storage precision shares on one attention case:
+// the rounded inputs, the oracle and the naive baseline's result. run_suite
+// computes them once per (case, precision), not once per entry: the
+// long-double oracle costs far more than any entry (issue 19), and the
+// verdict is the same (check_attention computes exactly these).
+struct SharedCase {
+  bool made = false, naive_made = false;
+  std::string error, naive_error;  // what computing them threw, if anything
+  validation::AttentionCase rc;
+  validation::OracleAttention orc;
+  validation::AttentionResult naive;
+};
+
+CaseResult judge_attention_shared(const Backend& entry,
+                                  const AttentionSpec& spec,
+                                  const ExecConfig& exec, SharedCase* sh) {
+  const Precision prec = entry.precision();
+  auto describe = [&] {
+    return validation::make_attention_case(spec.problem, spec.dist, spec.seed,
+                                           Precision::kF64)
+        .describe();
+  };
+  if (!entry.supports(spec.problem)) {
+    CaseResult r;
+    r.desc = describe();
+    r.pass = true;
+    r.unsupported = true;
+    r.error = "not implemented by " + entry.name();
+    return r;
+  }
+  try {
+    if (!sh->made) {
+      sh->made = true;
+      try {
+        sh->rc = validation::round_inputs(
+            validation::make_attention_case(spec.problem, spec.dist, spec.seed,
+                                            prec),
+            prec);
+        sh->orc = validation::oracle_attention(sh->rc);
+      } catch (const std::exception& e) {
+        sh->error = e.what();
+      }
+    }
+    if (!sh->error.empty()) throw std::runtime_error(sh->error);
+    const Backend& nb = validation::naive_for(prec);
+    const bool with_naive = !is_reference(entry);
+    if (with_naive && !sh->naive_made) {
+      sh->naive_made = true;
+      try {
+        sh->naive = validation::run_attention(nb, sh->rc);
+      } catch (const std::exception& e) {
+        sh->naive_error = e.what();
+      }
+    }
+    if (with_naive && !sh->naive_error.empty())
+      throw std::runtime_error(sh->naive_error);
+    const validation::AttentionResult er =
+        validation::run_attention(entry, sh->rc, exec);
+    return from_report(validation::judge_attention(
+        sh->rc, prec, sh->orc, er, with_naive ? &sh->naive : nullptr, false,
+        entry.name(), nb.name()));
+  } catch (const std::exception& e) {
+    CaseResult r;
+    r.desc = describe();
+    r.error = e.what();
+    r.failure = "entry " + entry.name() + " on " + r.desc + ": " + e.what();
+    return r;
+  }
+}
+
+}  // namespace
+
 CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
                            const ExecConfig& exec) {
   return judge(
@@ -284,50 +360,68 @@ double forward_gflops(const Backend& b, const AttentionProblem& p,
 
 std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
                                 const Suite& suite, const RunOptions& opt) {
-  std::vector<EntryRow> rows;
   const int per_entry =
       static_cast<int>(suite.attention.size() + suite.scalenorm.size());
   const int total = per_entry * static_cast<int>(entries.size());
   int done = 0;
+  auto make_row = [](const Backend& b, const char* kind) {
+    EntryRow row;
+    row.kind = kind;
+    row.name = b.name();
+    row.family = b.family();
+    row.target = b.target();
+    row.precision = std::string(name(b.precision()));
+    row.available = b.available();
+    return row;
+  };
+  std::vector<EntryRow> attn, sn;
   for (const Backend* b : entries) {
-    for (const char* kind : {"attention", "scalenorm"}) {
-      const bool attn = std::string(kind) == "attention";
-      if (attn ? suite.attention.empty() : suite.scalenorm.empty()) continue;
-      EntryRow row;
-      row.kind = kind;
-      row.name = b->name();
-      row.family = b->family();
-      row.target = b->target();
-      row.precision = std::string(name(b->precision()));
-      row.available = b->available();
-      if (!row.available) {
-        done += static_cast<int>(attn ? suite.attention.size()
-                                      : suite.scalenorm.size());
-        rows.push_back(row);
-        continue;
+    attn.push_back(make_row(*b, "attention"));
+    sn.push_back(make_row(*b, "scalenorm"));
+  }
+  // Attention: case by case, so that every entry of a precision shares the
+  // case's oracle and naive baseline (SharedCase).
+  for (const AttentionSpec& s : suite.attention) {
+    std::array<SharedCase, 4> shared;
+    for (size_t ei = 0; ei < entries.size(); ++ei) {
+      const Backend& b = *entries[ei];
+      if (attn[ei].available) {
+        if (opt.progress) opt.progress(done, total, b.name());
+        attn[ei].cases.push_back(judge_attention_shared(
+            b, s, opt.exec, &shared[static_cast<size_t>(b.precision())]));
       }
-      if (attn) {
-        for (const AttentionSpec& s : suite.attention) {
-          if (opt.progress) opt.progress(done, total, b->name());
-          row.cases.push_back(judge_attention(*b, s, opt.exec));
-          ++done;
-        }
-        if (opt.time_forward) {
-          try {
-            row.gflops = forward_gflops(*b, suite.timing, opt.exec);
-          } catch (const std::exception&) {
-            row.gflops = 0;  // the judged cases already report the error
-          }
-        }
-      } else {
-        for (const ScaleNormSpec& s : suite.scalenorm) {
-          if (opt.progress) opt.progress(done, total, b->name());
-          row.cases.push_back(judge_scalenorm(*b, s, opt.exec));
-          ++done;
-        }
+      ++done;
+    }
+  }
+  for (size_t ei = 0; ei < entries.size(); ++ei) {
+    const Backend& b = *entries[ei];
+    if (!attn[ei].available || suite.attention.empty() || !opt.time_forward)
+      continue;
+    try {
+      attn[ei].gflops = forward_gflops(b, suite.timing, opt.exec);
+    } catch (const std::exception&) {
+      attn[ei].gflops = 0;  // the judged cases already report the error
+    }
+  }
+  for (size_t ei = 0; ei < entries.size(); ++ei) {
+    const Backend& b = *entries[ei];
+    for (const ScaleNormSpec& s : suite.scalenorm) {
+      if (sn[ei].available) {
+        if (opt.progress) opt.progress(done, total, b.name());
+        sn[ei].cases.push_back(judge_scalenorm(b, s, opt.exec));
       }
-      summarize(&row);
-      rows.push_back(row);
+      ++done;
+    }
+  }
+  std::vector<EntryRow> rows;
+  for (size_t ei = 0; ei < entries.size(); ++ei) {
+    if (!suite.attention.empty()) {
+      if (attn[ei].available) summarize(&attn[ei]);
+      rows.push_back(std::move(attn[ei]));
+    }
+    if (!suite.scalenorm.empty()) {
+      if (sn[ei].available) summarize(&sn[ei]);
+      rows.push_back(std::move(sn[ei]));
     }
   }
   return rows;

@@ -188,10 +188,30 @@ TEST(CliOptions, SmallRunWritesParsableJsonAndCsv) {
   EXPECT_EQ(j["entries"][0]["rule"], "componentwise");
   EXPECT_TRUE(j["entries"][0].contains("worst"));
   EXPECT_TRUE(j["machine"].contains("openblas_core"));
+  // The estimate made before the run is recorded (issue 19) and printed.
+  EXPECT_GT(j["estimate_seconds"].get<double>(), 0);
+  EXPECT_NE(r.err.find("estimated work: 1 attention cases x 1 entries"),
+            std::string::npos)
+      << r.err;
   std::ifstream csv(dir.file("r.csv"));
   std::string header;
   std::getline(csv, header);
   EXPECT_EQ(header.rfind("kind,entry,", 0), 0u);
+}
+
+// Past the budget the run stops before it starts, with the estimate and
+// what to do about it (issue 19: a 100000-long problem used to run for ten
+// minutes without a word). The estimate of this shape is minutes of oracle.
+TEST(CliOptions, BudgetStopsARunBeforeItStarts) {
+  const testing::CliRun r =
+      run({"--shape", "1x1x4096x64", "--backend", "reference", "--precision",
+           "f64", "--no-timing", "--max-seconds", "1"});
+  EXPECT_EQ(r.code, kExitUsage) << r.out << r.err;
+  EXPECT_NE(r.err.find("estimated work: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stopped before starting"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exceeds --max-seconds 1"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_EQ(run({"--max-seconds", "0"}).code, kExitUsage);
 }
 
 }  // namespace
