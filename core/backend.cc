@@ -25,10 +25,22 @@ Backend::Backend(std::string family, std::string target, Precision precision)
 
 namespace {
 void check_supported(const Backend& b, const AttentionProblem& p) {
-  if (!b.supports(p))
-    throw Error(
-        "formulation", {},
-        "entry " + b.name() + " does not implement " + describe_formulation(p));
+  if (b.supports(p)) return;
+  // What else the problem asks for (a plug-in declares each separately).
+  std::string also;
+  auto add = [&](const std::string& s) {
+    also += (also.empty() ? "" : ", ") + s;
+  };
+  if (p.variant == Variant::kSDPA) add("sdpa");
+  if (kv_heads_of(p) != p.heads)
+    add("GQA " + std::to_string(p.heads) + ":" +
+        std::to_string(kv_heads_of(p)));
+  if (p.mask.causal) add("causal mask");
+  if (!p.mask.key_lengths.empty()) add("padding mask");
+  throw Error("formulation", {},
+              "entry " + b.name() + " does not implement " +
+                  describe_formulation(p) +
+                  (also.empty() ? "" : " (with " + also + ")"));
 }
 }  // namespace
 

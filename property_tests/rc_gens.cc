@@ -71,7 +71,38 @@ double draw_eps() {
       {{4, kDefaultQKNormEps}, {1, 1e-6}, {1, 1e-3}, {1, 0.25}});
 }
 
-AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o) {
+namespace {
+thread_local EntryLimits t_limits;
+}  // namespace
+
+EntryLimits entry_limits_of(const Backend& b) {
+  EntryLimits l;
+  AttentionProblem p;
+  p.variant = Variant::kSDPA;
+  l.sdpa = b.supports(p);
+  p = AttentionProblem{};
+  p.mask.causal = true;
+  l.causal = b.supports(p);
+  p = AttentionProblem{};
+  p.mask.key_lengths = {1};
+  l.padding = b.supports(p);
+  return l;
+}
+
+EntryLimitsScope::EntryLimitsScope(const EntryLimits& l) : saved_(t_limits) {
+  t_limits = l;
+}
+EntryLimitsScope::~EntryLimitsScope() { t_limits = saved_; }
+
+AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o0) {
+  SpecOptions o = o0;
+  if ((o.force_sdpa && !t_limits.sdpa) ||
+      (o.force_causal && !t_limits.causal) ||
+      (o.force_padding && !t_limits.padding))
+    RC_DISCARD("the entry does not implement what this property forces");
+  o.allow_sdpa = o.allow_sdpa && t_limits.sdpa;
+  o.allow_causal = o.allow_causal && t_limits.causal;
+  o.allow_padding = o.allow_padding && t_limits.padding;
   AttentionSpec s;
   AttentionProblem& p = s.problem;
   const bool sdpa =

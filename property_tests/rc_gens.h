@@ -14,6 +14,7 @@
 #include <string>
 
 #include "qknorm/attention.h"
+#include "qknorm/backend.h"
 #include "qknorm/precision.h"
 #include "qknorm/scalenorm.h"
 #include "validation/generators.h"
@@ -90,6 +91,25 @@ struct SpecOptions {
   // property that checks the backward outside the rule's budgets or falls
   // back to forward-only checks for them (AttentionSpec::saturated()).
   bool saturating_sdpa = false;
+};
+
+// What the entry under test implements, for entries that declare it (a
+// plug-in: include/qknorm/plugin.h): draw_attention_spec draws no sdpa,
+// causal or padding problem the entry refuses, and discards the case where
+// the property forces one. run_property sets it for the property's run
+// (EntryLimitsScope); every field is true otherwise, and the draws are
+// then exactly those of an unlimited entry.
+struct EntryLimits {
+  bool sdpa = true, causal = true, padding = true;
+};
+EntryLimits entry_limits_of(const Backend& b);
+class EntryLimitsScope {
+ public:
+  explicit EntryLimitsScope(const EntryLimits& l);
+  ~EntryLimitsScope();
+
+ private:
+  EntryLimits saved_;
 };
 
 // Draws inside a property (uses rapidcheck's implicit `*gen`). `prec` limits
