@@ -909,8 +909,8 @@ OracleAttention oracle_attention(const AttentionCase& c) {
             // olmo2, f64, k_e = 1e-323 in a row of rms 0.44: x_hat_e = 2e-323
             // to 25%, dk_weight 1.2e-320 off by 800 ulp(0) in reference:f64).
             const LD own = ch_in[0][static_cast<size_t>(nr.at(r0, e))];
-            (*dw)[2][pi] += a * std::fabs(u[static_cast<size_t>(e)]) +
-                            own_res * own;
+            (*dw)[2][pi] +=
+                a * std::fabs(u[static_cast<size_t>(e)]) + own_res * own;
             if (p.norm.bias && db) (*db)[2][pi] += a;
           }
         }

@@ -74,14 +74,20 @@ enum {
   QKNORM_FEATURE_FIXED_SCALE = 1u << 12  /* fixed logit scale, dg = 0 */
 };
 
-typedef enum { QKNORM_VARIANT_QKNORM = 0, QKNORM_VARIANT_SDPA = 1 } qknorm_variant;
+typedef enum {
+  QKNORM_VARIANT_QKNORM = 0,
+  QKNORM_VARIANT_SDPA = 1
+} qknorm_variant;
 typedef enum {
   QKNORM_NORM_L2 = 0,
   QKNORM_NORM_RMS = 1,
   QKNORM_NORM_LAYER = 2,
   QKNORM_NORM_NONE = 3
 } qknorm_norm_kind;
-typedef enum { QKNORM_AXIS_HEAD = 0, QKNORM_AXIS_ALL_HEADS = 1 } qknorm_norm_axis;
+typedef enum {
+  QKNORM_AXIS_HEAD = 0,
+  QKNORM_AXIS_ALL_HEADS = 1
+} qknorm_norm_axis;
 typedef enum {
   QKNORM_PARAM_NONE = 0,
   QKNORM_PARAM_DIM = 1,     /* [head_dim], shared by heads */
@@ -91,7 +97,7 @@ typedef enum {
 /* The attention problem (include/qknorm/attention.h, AttentionProblem). */
 typedef struct {
   int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
-  int32_t variant;            /* qknorm_variant */
+  int32_t variant; /* qknorm_variant */
   double g, eps;
   int32_t causal;             /* bottom-right aligned causal mask */
   const int64_t* key_lengths; /* NULL, or one per batch */
@@ -189,10 +195,9 @@ typedef int (*qknorm_probabilities_fn)(void* entry_ctx, void* workspace,
                                        const qknorm_forward_args* a,
                                        double* probs, char* err,
                                        size_t err_size);
-typedef int (*qknorm_scalenorm_forward_fn)(void* entry_ctx, void* workspace,
-                                           const qknorm_scalenorm_problem* p,
-                                           const qknorm_scalenorm_forward_args* a,
-                                           char* err, size_t err_size);
+typedef int (*qknorm_scalenorm_forward_fn)(
+    void* entry_ctx, void* workspace, const qknorm_scalenorm_problem* p,
+    const qknorm_scalenorm_forward_args* a, char* err, size_t err_size);
 typedef int (*qknorm_scalenorm_backward_fn)(
     void* entry_ctx, void* workspace, const qknorm_scalenorm_problem* p,
     const qknorm_scalenorm_backward_args* a, char* err, size_t err_size);
