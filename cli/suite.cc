@@ -117,22 +117,9 @@ CaseResult from_report(const validation::AgreementReport& rep) {
 
 namespace {
 
-bool supported(const Backend& entry, const AttentionSpec& spec) {
-  return entry.supports(spec.problem);
-}
-bool supported(const Backend&, const ScaleNormSpec&) { return true; }
-
 template <class Spec, class Make, class Check>
 CaseResult judge(const Backend& entry, const Spec& spec, Make make,
                  Check check) {
-  if (!supported(entry, spec)) {
-    CaseResult r;
-    r.desc = make(spec, Precision::kF64).describe();
-    r.pass = true;
-    r.unsupported = true;
-    r.error = "not implemented by " + entry.name();
-    return r;
-  }
   try {
     const Precision prec = entry.precision();
     // The case is drawn within what the entry's format represents (matters
@@ -149,19 +136,6 @@ CaseResult judge(const Backend& entry, const Spec& spec, Make make,
 }
 
 }  // namespace
-
-CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
-                           const ExecConfig& exec) {
-  return judge(
-      entry, spec,
-      [](const AttentionSpec& s, Precision range) {
-        return validation::make_attention_case(s.problem, s.dist, s.seed,
-                                               range);
-      },
-      [&](const validation::AttentionCase& c, bool naive) {
-        return validation::check_attention(entry, c, exec, false, naive);
-      });
-}
 
 namespace {
 
@@ -236,6 +210,13 @@ CaseResult judge_attention_shared(const Backend& entry,
 }
 
 }  // namespace
+
+// One entry alone: the same judgement with nothing shared.
+CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
+                           const ExecConfig& exec) {
+  SharedCase shared;
+  return judge_attention_shared(entry, spec, exec, &shared);
+}
 
 CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
                            const ExecConfig& exec) {
