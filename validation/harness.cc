@@ -10,11 +10,10 @@
 #include "qknorm/formulation.h"
 #include "qknorm/validate.h"
 #include "reference/reference.h"
+#include "validation/operands.h"
 
 namespace qknorm::validation {
 namespace {
-
-using LD = long double;
 
 const char* variant_name(Variant v) {
   return v == Variant::kQKNorm ? "qknorm" : "sdpa";
@@ -378,23 +377,6 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
   return r;
 }
 
-namespace {
-
-// One side's logit operands and what the magnitudes need (oracle_attention,
-// logit_amplitude): x_hat (unweighted, unrounded), x_tilde (signed, as the
-// logits use it), |x_hat| |w| + |beta| (the operand's magnitude before
-// cancellation), the weight per element (w or 1 + w; 1 without), each
-// row's divisor (l2: max(||x||, eps); rms: sqrt(mean x^2 + eps); layer:
-// sqrt(var + eps); 1 otherwise) and the largest |w|. Layer only: each
-// row's mean shift per u_c, sum_units(L) (sum |x| / L) / den (the computed
-// mean is an L-term sum; OracleAttention::logit_shift), and per element
-// that times |w| (0 for the other kinds).
-struct OperandMags {
-  NormRows rows;
-  std::vector<LD> xh, xt, xa, wv, den, shr, sh;
-  LD wmax = 1;
-};
-
 reference::NormArgs<LD> norm_args(const AttentionCase& c,
                                   std::array<std::vector<LD>, 4>* store) {
   (*store)[0] = widen(c.q_weight);
@@ -413,6 +395,8 @@ reference::NormArgs<LD> norm_args(const AttentionCase& c,
   return w;
 }
 
+namespace {
+
 // The normalization row (NormRows) holding dense element offset o.
 size_t row_of(const NormRows& nr, size_t o) {
   const auto D = static_cast<size_t>(nr.D);
@@ -420,6 +404,8 @@ size_t row_of(const NormRows& nr, size_t o) {
   const auto N = static_cast<size_t>(nr.N), H = static_cast<size_t>(nr.H);
   return o / (H * N * D) * N + (o / D) % N;
 }
+
+}  // namespace
 
 OperandMags operand_mags(const AttentionCase& c, int side) {
   const AttentionProblem& p = c.problem;
@@ -501,6 +487,8 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
   return m;
 }
 
+namespace {
+
 // |dx| magnitudes of one normalization row (length L) from its |du|
 // magnitudes (du: the gradient of x_hat), in place:
 //   l2:    (|du| + |u| (|u|.|du|)) / den
@@ -521,6 +509,8 @@ void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
     (*du)[static_cast<size_t>(e)] =
         ((*du)[static_cast<size_t>(e)] + m + std::fabs(u[e]) * c) / den;
 }
+
+}  // namespace
 
 // OracleAttention::logit_flip: an element of x_hat is ambiguous when its
 // distance to the storage format's rounding midpoint is within a correct
@@ -563,9 +553,8 @@ LD logit_flip(const AttentionCase& c, const OperandMags& qm,
   return s * (side_flip(qm) * max_abs(km.xa) + side_flip(km) * max_abs(qm.xa));
 }
 
-}  // namespace
-
-OracleAttention oracle_attention(const AttentionCase& c) {
+OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
+                                 const RowCounts& counts) {
   const AttentionProblem& p = c.problem;
   OracleAttention r;
   auto q = widen(c.q), k = widen(c.k), v = widen(c.v), d_o = widen(c.d_o);
@@ -573,8 +562,24 @@ OracleAttention oracle_attention(const AttentionCase& c) {
   const reference::NormArgs<LD> w = norm_args(c, &store);
   r.o.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  reference::attention_forward<LD>(p, q.data(), k.data(), v.data(), r.o.data(),
-                                   r.lse.data(), w);
+  if (given == nullptr) {
+    reference::attention_forward<LD>(p, q.data(), k.data(), v.data(),
+                                     r.o.data(), r.lse.data(), w);
+  } else {
+    // The rows' lse as given, and an O whose dO . O is the given delta (the
+    // backward reads delta from O): O_i = delta_i dO_i / ||dO_i||^2.
+    const auto D = static_cast<size_t>(p.head_dim);
+    r.lse = given->lse;
+    r.given_units = given->units;
+    r.given_soft_units = given->soft_units;
+    for (size_t row = 0; row < r.lse.size(); ++row) {
+      const LD* doi = d_o.data() + row * D;
+      LD ss = 0;
+      for (size_t d = 0; d < D; ++d) ss += doi[d] * doi[d];
+      for (size_t d = 0; d < D; ++d)
+        r.o[row * D + d] = ss > 0 ? given->delta[row] / ss * doi[d] : 0;
+    }
+  }
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
@@ -642,13 +647,34 @@ OracleAttention oracle_attention(const AttentionCase& c) {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
                   Hk = kv_heads_of(p), group = p.heads / Hk;
     const bool qk = p.variant == Variant::kQKNorm;
-    std::vector<LD> probs(ds.size());
-    reference::attention_probabilities<LD>(p, q.data(), k.data(), probs.data(),
-                                           w);
     // The logit operands of both sides (x_tilde signed, and its magnitude
     // before cancellation |x_hat| |w| + |beta|), x_hat and each row's
     // divisor (OperandMags).
     const OperandMags qm = operand_mags(c, 0), km = operand_mags(c, 1);
+    std::vector<LD> probs(ds.size());
+    if (given == nullptr) {
+      reference::attention_probabilities<LD>(p, q.data(), k.data(),
+                                             probs.data(), w);
+    } else {  // P_ij = exp(S_ij - lse_i) with the given lse
+      const LD sc = !qk             ? 1 / std::sqrt(static_cast<LD>(D))
+                    : p.fixed_scale ? static_cast<LD>(p.scale)
+                                    : static_cast<LD>(p.g);
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t hq = 0; hq < p.heads; ++hq) {
+          const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
+          for (int64_t i = 0; i < Nq; ++i) {
+            const LD* qt = qm.xt.data() + (bh * Nq + i) * D;
+            const LD l = r.lse[static_cast<size_t>(bh * Nq + i)];
+            for (int64_t j = 0; j < Nk; ++j) {
+              LD t = 0;
+              const LD* kt = km.xt.data() + (bk * Nk + j) * D;
+              for (int64_t d = 0; d < D; ++d) t += qt[d] * kt[d];
+              probs[static_cast<size_t>((bh * Nq + i) * Nk + j)] =
+                  visible(p.mask, b, i, j, Nq, Nk) ? std::exp(sc * t - l) : 0;
+            }
+          }
+        }
+    }
     const LD s = qk ? std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g))
                     : 1 / std::sqrt(static_cast<LD>(D));
     const bool learned = qk && !p.fixed_scale;
@@ -720,12 +746,19 @@ OracleAttention oracle_attention(const AttentionCase& c) {
           LD ds_l1 = 0;
           for (int64_t j = 0; j < Nk; ++j)
             ds_l1 += pi[j] * std::fabs(sdp[static_cast<size_t>(j)] - sdel);
+          const size_t row = static_cast<size_t>(bh * Nq + i);
+          if (given != nullptr) {  // the whole row's, not the sub-case's
+            del = given->del[row];
+            sdel = given->delta[row];
+            ds_l1 = given->ds_l1[row];
+          }
           const LD* oi = r.o.data() + qi;
           LD* odev = r.o_dev_mag.data() + qi;
           LD* ouf = r.o_p_sens_e.data() + qi;
           for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
           // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
-          const LD o_abs_dot = absdot(doi, oi);
+          const LD o_abs_dot =
+              given != nullptr ? given->o_abs[row] : absdot(doi, oi);
           for (int64_t j = 0; j < Nk; ++j) {
             const LD pij = pi[j];
             const LD dpd = sdp[static_cast<size_t>(j)] - sdel;
@@ -956,9 +989,11 @@ OracleAttention oracle_attention(const AttentionCase& c) {
         &r.dk_mag,    &r.dk_o_sens_e, &r.dk_uf_sens_e, &r.dk_o_rel_e,
         &r.dk_ds_mag, &r.dk_p_sens_e, &r.dk_shift_e};
     const bool shared = qk && p.norm.shared_qk_weight;
-    side(0, qm, mq, du_q, ads_q, Nk, dq_dst, &r.dq_weight_ch, &r.dq_bias_ch,
-         dq_out);
-    side(1, km, mk, du_k, ads_k, group * Nq, dk_dst, &r.dk_weight_ch,
+    const int64_t nk_terms = counts.kv_len > 0 ? counts.kv_len : Nk,
+                  nq_terms = counts.q_len > 0 ? counts.q_len : Nq;
+    side(0, qm, mq, du_q, ads_q, nk_terms, dq_dst, &r.dq_weight_ch,
+         &r.dq_bias_ch, dq_out);
+    side(1, km, mk, du_k, ads_k, group * nq_terms, dk_dst, &r.dk_weight_ch,
          &r.dk_bias_ch, dk_out);
     if (shared) {  // one weight: both sides' channels add
       for (int ch = 0; ch < kCh; ++ch)

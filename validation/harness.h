@@ -180,12 +180,42 @@ struct OracleAttention {
   std::vector<long double> dq_shift_e, dk_shift_e;
   long double dg_shift = 0;
   double logit_shift = 0;
+  // Sampled verdicts (validation/sampled.h) judge one row of a long problem
+  // on a sub-case holding that row and what it reads. The rule's counts and
+  // logit amplitude are then the whole case's, not the sub-case's (0: the
+  // case's own): the tables of a sampled row equal the full verdict's.
+  double amplitude = 0;
+  int64_t count_q_len = 0, count_kv_len = 0;
+  // Sampled key rows read every query row's lse and delta from a pass in
+  // double (GivenRows); its error per f64 unit roundoff, times the
+  // gradients' magnitudes (given_units) and their softmax terms
+  // (given_soft_units), joins dk, dv and dg (validation/tolerance.h).
+  double given_units = 0, given_soft_units = 0;
+};
+// The statistics of every query row (b, h, i) of a case, dense [B, H, Nq],
+// given instead of computed: lse_i, delta_i = dO_i . O_i, Del_i >= sum_j
+// P_ij |dO_i|.|v_j|, sum_j P_ij |dP_ij - delta_i| and o_abs_i >=
+// |dO_i|.|O_i|. A sampled key row's sub-case holds only the queries that see
+// that key, so its rows' softmax normalization must come from outside.
+struct GivenRows {
+  std::vector<long double> lse, delta, del, ds_l1, o_abs;
+  double units = 0, soft_units = 0;  // OracleAttention::given_*units
+};
+// The rule's counts of the whole case for a sub-case (0: the sub-case's
+// own): the subnormal counts of the sums forming du (OracleAttention
+// channel 2) then equal the full oracle's.
+struct RowCounts {
+  int64_t q_len = 0, kv_len = 0;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
   long double dg = 0, dg_scale = 0;
 };
-OracleAttention oracle_attention(const AttentionCase& c);
+// given (may be null): the query rows' statistics from outside (GivenRows);
+// then only dk, dv and their channels are meaningful.
+OracleAttention oracle_attention(const AttentionCase& c,
+                                 const GivenRows* given = nullptr,
+                                 const RowCounts& counts = {});
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
 
 struct AgreementReport {

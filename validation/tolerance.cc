@@ -116,6 +116,7 @@ double half_spacing(Precision fmt, double x, double delta) {
 }
 
 std::string ToleranceTable::index_text(int64_t i) const {
+  if (!index_of.empty()) i = index_of[static_cast<size_t>(i)];
   if (B * H * rows * cols == 1) return "[]";
   const int64_t c = i % cols, r = (i / cols) % rows, h = (i / cols / rows) % H,
                 b = i / cols / rows / H;
@@ -131,18 +132,35 @@ std::string ToleranceTable::index_text(int64_t i) const {
   return buf;
 }
 
-std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
-                                                 Precision s,
-                                                 const OracleAttention& orc,
-                                                 bool forward_only,
-                                                 double compute_unit) {
+namespace {
+
+// The scalars of the attention rule for one case and precision.
+struct RuleScalars {
+  int64_t B = 1, H = 1, Hk = 1, group = 1, D = 1, Lq = 1, Lk = 1;
+  int64_t Nq = 1, Nk = 1;  // the counts the rule uses (the whole case's)
+  double us = 0, uc = 0, A = 0, div = 0, soft = 0;
+  double o_res = 0, c_res = 0, p_res = 0;
+  // A pass in double whose error joins the bounds (OracleAttention::
+  // given_units): the f64 unit roundoff.
+  double u_given = 0;
+  Precision wf = Precision::kF64;
+};
+
+RuleScalars rule_scalars(const AttentionCase& c, Precision s,
+                         const OracleAttention& orc, double compute_unit) {
   const AttentionProblem& p = c.problem;
-  const int64_t B = p.batch, H = p.heads, Nq = p.q_len, Nk = p.kv_len,
-                D = p.head_dim;
-  const double us = unit_roundoff(s),
-               uc = compute_unit > 0 ? compute_unit : compute_roundoff(s);
-  const double A = logit_amplitude(c);
-  const Precision wf = wide_fmt(s);
+  RuleScalars r;
+  r.B = p.batch;
+  r.H = p.heads;
+  r.D = p.head_dim;
+  // A sampled row's sub-case counts and amplitude as the whole case
+  // (OracleAttention::amplitude, count_*).
+  r.Nq = orc.count_q_len > 0 ? orc.count_q_len : p.q_len;
+  r.Nk = orc.count_kv_len > 0 ? orc.count_kv_len : p.kv_len;
+  r.us = unit_roundoff(s);
+  r.uc = compute_unit > 0 ? compute_unit : compute_roundoff(s);
+  r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
+  r.wf = wide_fmt(s);
   // Round-before-weight formulations in 16-bit storage: x_hat flips to the
   // other storage neighbour where a correct kernel's x_hat lies within its
   // error of a midpoint; the logits move by up to logit_flip more
@@ -165,16 +183,64 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       return 0.0;
     return static_cast<double>(norm_rows(p, side).len() - 1) / 2 + kOpUnits;
   };
-  const double div = div_units(0) + div_units(1);
-  const double soft = softmax_units(A) + 2 * std::fabs(A) * div +
-                      2 * orc.logit_flip / uc + 2 * orc.logit_shift;
-  const int64_t Hk = kv_heads_of(p), group = H / Hk, Lq = norm_rows(p, 0).len(),
-                Lk = norm_rows(p, 1).len();
+  r.div = div_units(0) + div_units(1);
+  r.soft = softmax_units(r.A) + 2 * std::fabs(r.A) * r.div +
+           2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
+  r.Hk = kv_heads_of(p);
+  r.group = p.heads / r.Hk;
+  r.Lq = norm_rows(p, 0).len();
+  r.Lk = norm_rows(p, 1).len();
   // An exp may flush a result below the compute format's normal range to 0
   // (blas:f32's exp2 does below 2^-126): every probability is resolved
   // only to the smallest normal, p_res (found by the fuzzer, issue 15: f32,
   // g = 1e4, P ~ 1e-40 of a key whose v is O(1), O = -2e-40 returned as 0).
-  const double o_res = ulp(s, 0), c_res = ulp(wf, 0), p_res = min_normal(wf);
+  r.o_res = ulp(s, 0);
+  r.c_res = ulp(r.wf, 0);
+  r.p_res = min_normal(r.wf);
+  r.u_given = orc.given_units > 0 || orc.given_soft_units > 0
+                  ? unit_roundoff(Precision::kF64)
+                  : 0;
+  return r;
+}
+
+// dg = sum_ij dS_ij C_ij over every batch and head, returned in the
+// compute format: a B H Nq Nk-term sum of terms of magnitude dg_scale
+// (each dS_ij itself a D-term dot minus delta), the softmax's
+// conditioning, the stored O (relative u_s, absolute ulp_s(0)) and the
+// subnormal intermediates; plus a given pass's own error (sampled).
+ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
+  ToleranceTable t = table(Field::kDg, r.wf, 1, 1, 1, 1, {orc.dg});
+  const double n = static_cast<double>(r.B * r.H * r.Nq * r.Nk);
+  t.delta[0] =
+      r.uc *
+          (sum_units(n) + sum_units(static_cast<double>(r.D)) + r.div +
+           r.soft) *
+          d(orc.dg_scale) +
+      r.us * d(orc.dg_o_rel_sens) + r.o_res * d(orc.dg_o_sens) +
+      r.c_res * d(orc.dg_uf_sens) + r.p_res * d(orc.dg_p_sens) +
+      r.uc * d(orc.dg_shift) +
+      r.u_given * (orc.given_units + orc.given_soft_units) * d(orc.dg_scale);
+  t.cond[0] = condition(orc.dg_scale, orc.dg);
+  return t;
+}
+
+}  // namespace
+
+std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
+                                                 Precision s,
+                                                 const OracleAttention& orc,
+                                                 bool forward_only,
+                                                 double compute_unit) {
+  const AttentionProblem& p = c.problem;
+  const RuleScalars rs = rule_scalars(c, s, orc, compute_unit);
+  const int64_t B = p.batch, H = p.heads, Nq = p.q_len, Nk = p.kv_len,
+                D = p.head_dim, Hk = rs.Hk, group = rs.group, Lq = rs.Lq,
+                Lk = rs.Lk;
+  const double us = rs.us, uc = rs.uc, A = rs.A, div = rs.div, soft = rs.soft,
+               o_res = rs.o_res, c_res = rs.c_res, p_res = rs.p_res;
+  const Precision wf = rs.wf;
+  // The rule's counts (the whole case's for a sampled row's sub-case).
+  const auto nq = static_cast<double>(rs.Nq), nk = static_cast<double>(rs.Nk);
   std::vector<ToleranceTable> out;
   // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning,
   // and each P_ij resolved only to the smallest normal (o_p_sens_e).
@@ -182,12 +248,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
     // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
     // dS_ij (v_jd - O_id): at most A kDotUnits u_c o_dev_mag.
-    const double units = sum_units(static_cast<double>(Nk));
+    const double units = sum_units(nk);
     t.masked_row.assign(orc.o.size(), 0);
     for (size_t e = 0; e < orc.o.size(); ++e) {
       t.delta[e] =
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
-          p_res * d(orc.o_p_sens_e[e]) + c_res * static_cast<double>(Nk + 2);
+          p_res * d(orc.o_p_sens_e[e]) + c_res * (nk + 2);
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -204,8 +270,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] = uc * ((kDotUnits + div) * std::fabs(A) +
-                         sum_units(static_cast<double>(Nk)) +
+      t.delta[e] = uc * ((kDotUnits + div) * std::fabs(A) + sum_units(nk) +
                          2 * d(std::fabs(x)) + orc.logit_shift) +
                    orc.logit_flip;
       t.cond[e] = condition(mag, x);
@@ -229,61 +294,46 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // A kDotUnits u_c sum_k P_ik |dP_ik - delta_i| (ds_mag carries both, as
   // P_ij (|dP_ij - delta_i| + that sum / 2), through the same sums).
   auto grad = [&](Field f, const std::vector<LD>& x, int64_t heads,
-                  int64_t rows, int64_t n, int64_t L,
-                  const std::vector<LD>& mag, const std::vector<LD>& ds_mag,
-                  const std::vector<LD>& o_rel, const std::vector<LD>& o_sens,
-                  const std::vector<LD>& uf, const std::vector<LD>& p_sens,
-                  const std::vector<LD>& shift) {
+                  int64_t rows, double n, int64_t L, const std::vector<LD>& mag,
+                  const std::vector<LD>& ds_mag, const std::vector<LD>& o_rel,
+                  const std::vector<LD>& o_sens, const std::vector<LD>& uf,
+                  const std::vector<LD>& p_sens, const std::vector<LD>& shift) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
-    const double units = sum_units(static_cast<double>(n + L)) + div;
+    const double units = sum_units(n + static_cast<double>(L)) + div;
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
           us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
-          p_res * d(p_sens[e]);
+          p_res * d(p_sens[e]) +
+          rs.u_given * (orc.given_units * d(mag[e]) +
+                        orc.given_soft_units * d(ds_mag[e]));
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
   };
-  out.push_back(grad(Field::kDq, orc.dq, H, Nq, Nk, Lq, orc.dq_mag,
+  out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
                      orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
                      orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e));
-  out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * Nq, Lk, orc.dk_mag,
+  out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
                      orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
                      orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   {
     ToleranceTable t = table(Field::kDv, s, B, Hk, Nk, D, orc.dv);
-    const double units = sum_units(static_cast<double>(group * Nq)) + soft;
+    const double units = sum_units(group * nq) + soft;
     for (size_t e = 0; e < orc.dv.size(); ++e) {
       // Below the normal range each of the Nq products and sums rounds to
       // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
       // 1/4: four products of 0.5 ulp(0) rounded to even).
       t.delta[e] = uc * units * d(orc.dv_mag[e]) +
-                   p_res * d(orc.dv_p_sens_e[e]) +
-                   c_res * static_cast<double>(group * Nq + 2);
+                   p_res * d(orc.dv_p_sens_e[e]) + c_res * (group * nq + 2) +
+                   rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]);
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }
     out.push_back(std::move(t));
   }
-  // dg = sum_ij dS_ij C_ij over every batch and head, returned in the
-  // compute format: a B H Nq Nk-term sum of terms of magnitude dg_scale
-  // (each dS_ij itself a D-term dot minus delta), the softmax's
-  // conditioning, the stored O (relative u_s, absolute ulp_s(0)) and the
-  // subnormal intermediates.
-  {
-    ToleranceTable t = table(Field::kDg, wf, 1, 1, 1, 1, {orc.dg});
-    const double n = static_cast<double>(B * H * Nq * Nk);
-    t.delta[0] =
-        uc * (sum_units(n) + sum_units(static_cast<double>(D)) + div + soft) *
-            d(orc.dg_scale) +
-        us * d(orc.dg_o_rel_sens) + o_res * d(orc.dg_o_sens) +
-        c_res * d(orc.dg_uf_sens) + p_res * d(orc.dg_p_sens) +
-        uc * d(orc.dg_shift);
-    t.cond[0] = condition(orc.dg_scale, orc.dg);
-    out.push_back(std::move(t));
-  }
+  out.push_back(dg_table(rs, orc));  // dg: see dg_table
   // The parameter gradients (issue 16), returned in the compute format:
   // each element sums R rows' x_hat_e dx_tilde_e (weight) or dx_tilde_e
   // (bias), and each dx_tilde_e is itself an n-term sum (Nk keys for q,
@@ -309,15 +359,24 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     out.push_back(std::move(t));
   };
   param(Field::kDqWeight, orc.dq_weight, orc.dq_weight_ch, orc.q_param_rows,
-        std::max(Nk, group * Nq));
+        std::max(rs.Nk, group * rs.Nq));
   param(Field::kDkWeight, orc.dk_weight, orc.dk_weight_ch, orc.k_param_rows,
-        group * Nq);
-  param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, Nk);
+        group * rs.Nq);
+  param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, rs.Nk);
   param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
-        group * Nq);
+        group * rs.Nq);
   add_final_ops(&out, c_res);
   unresolved_softmax(&out, soft * uc);
   return out;
+}
+
+ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
+                                      const OracleAttention& orc) {
+  const RuleScalars rs = rule_scalars(c, s, orc, 0);
+  std::vector<ToleranceTable> out{dg_table(rs, orc)};
+  add_final_ops(&out, rs.c_res);
+  unresolved_softmax(&out, rs.soft * rs.uc);
+  return out[0];
 }
 
 std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,

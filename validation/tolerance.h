@@ -140,6 +140,9 @@ struct ToleranceTable {
   std::vector<double> cond;   // kappa_e (inf where x_e = 0 and M_e > 0)
   // Optional per-element note for diagnoses ("row fully masked").
   std::vector<unsigned char> masked_row;
+  // Optional: element i's index in the whole [B, H, rows, cols] tensor (a
+  // sampled verdict's table gathers a few elements of a long problem).
+  std::vector<int64_t> index_of;
   std::string index_text(int64_t i) const;  // "[b,h,n,d]"
 };
 
@@ -154,6 +157,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                                                  const OracleAttention& oracle,
                                                  bool forward_only,
                                                  double compute_unit = 0);
+// dg's table alone, from dg and its channels in `oracle` (the sampled
+// oracle's pass sets them; validation/sampled.h).
+ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
+                                      const OracleAttention& oracle);
 // Tables for y, dx, dg.
 std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
                                                  Precision s,

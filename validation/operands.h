@@ -1,0 +1,45 @@
+// The oracle's view of the logit operands, shared by oracle_attention
+// (validation/harness.cc) and the sampled oracle's pass
+// (validation/sampled.cc). Internal to the validation library.
+#ifndef QKNORM_VALIDATION_OPERANDS_H_
+#define QKNORM_VALIDATION_OPERANDS_H_
+
+#include <array>
+#include <vector>
+
+#include "reference/reference.h"
+#include "validation/harness.h"
+
+namespace qknorm::validation {
+
+using LD = long double;
+
+// One side's logit operands and what the magnitudes need (oracle_attention,
+// logit_amplitude): x_hat (unweighted, unrounded), x_tilde (signed, as the
+// logits use it), |x_hat| |w| + |beta| (the operand's magnitude before
+// cancellation), the weight per element (w or 1 + w; 1 without), each
+// row's divisor (l2: max(||x||, eps); rms: sqrt(mean x^2 + eps); layer:
+// sqrt(var + eps); 1 otherwise) and the largest |w|. Layer only: each
+// row's mean shift per u_c, sum_units(L) (sum |x| / L) / den (the computed
+// mean is an L-term sum; OracleAttention::logit_shift), and per element
+// that times |w| (0 for the other kinds).
+struct OperandMags {
+  NormRows rows;
+  std::vector<LD> xh, xt, xa, wv, den, shr, sh;
+  LD wmax = 1;
+};
+
+OperandMags operand_mags(const AttentionCase& c, int side);
+
+// The case's learned parameters widened to long double (store keeps them).
+reference::NormArgs<LD> norm_args(const AttentionCase& c,
+                                  std::array<std::vector<LD>, 4>* store);
+
+// OracleAttention::logit_flip of the case (0 unless round_before_weight in
+// 16-bit storage), s the logit scale's magnitude.
+LD logit_flip(const AttentionCase& c, const OperandMags& qm,
+              const OperandMags& km, LD s);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_OPERANDS_H_
