@@ -21,6 +21,10 @@ class BlasBackend final : public Backend {
   // Every formulation (issue 16: normalization kind and axis, weights,
   // biases, fixed or learned scale) and GQA, forward and backward.
   bool supports(const AttentionProblem&) const override { return true; }
+  // Query blocks of query_block() rows; rows padded to multiples of 16.
+  std::vector<int64_t> block_sizes(const AttentionProblem& p) const override {
+    return {query_block(p.kv_len, sizeof(T)), 16};
+  }
 
   std::unique_ptr<Workspace> make_workspace() const override {
     return std::make_unique<BlasWorkspace<T>>();

@@ -28,6 +28,11 @@ class SimdBackend final : public Backend {
   // Every formulation of attention.h (issue 16), forward and backward:
   // the paper's and sdpa as before, the others through formulation-inl.h.
   bool supports(const AttentionProblem&) const override { return true; }
+  // attention-inl.h: kQueryBlock = kKeyBlock = 64 rows, micro-GEMM panels of
+  // kGemmRows = 6 rows; formulation-inl.h: kRowBlock = 64.
+  std::vector<int64_t> block_sizes(const AttentionProblem&) const override {
+    return {64, 6};
+  }
 
   bool available() const override {
     return (hwy::SupportedTargets() & target_.bit) != 0;

@@ -56,6 +56,13 @@ class Backend {
 
   virtual std::unique_ptr<Workspace> make_workspace() const { return nullptr; }
 
+  // The row and column blocks (tiles) the entry cuts problem p into, for
+  // the sampled verdict's tile-boundary rows and the tile sweep
+  // (validation/sampled.h, issue 19). Default: none declared.
+  virtual std::vector<int64_t> block_sizes(const AttentionProblem&) const {
+    return {};
+  }
+
   virtual void attention_forward(const AttentionProblem& p,
                                  const ForwardArgs& a, Workspace* ws,
                                  const ExecConfig& cfg) const = 0;
