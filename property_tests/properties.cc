@@ -34,6 +34,7 @@
 #include "validation/bounds.h"
 #include "validation/gradcheck.h"
 #include "validation/rng.h"
+#include "validation/sampled.h"
 
 namespace qknorm::property {
 namespace {
@@ -244,6 +245,45 @@ void scalenorm_agreement(const Backend& b) {
     const std::string d = rounding_diff("y", s, r.y, oracle.y, delta);
     if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
   }
+}
+
+// Long sequences (issue 19): agreement with the sampled oracle
+// (validation/sampled.h) on a problem of 129 to 700 keys, most lengths not
+// a multiple of 64 (tile tails), head_dim up to 128, causal, padding or no
+// mask: the sampled rows (first, last, every tile boundary of the entry's
+// and the usual block sizes, masked and zero rows, random ones) by the
+// componentwise rule, every other row by the O(n D) properties. Lengths stay
+// below what would make the mutation test's copies slow; qknorm-check
+// --sample and the tile sweep run the production lengths (cli/README.md).
+void long_sequence(const Backend& b) {
+  const Precision s = b.precision();
+  const EntryLimits lim = entry_limits_of(b);
+  AttentionProblem p;
+  p.batch = 1;
+  p.heads = *rc::gen::inRange<int64_t>(1, 3);
+  p.kv_len = *rc::gen::inRange<int64_t>(129, 701);
+  p.q_len = *rc::gen::oneOf(rc::gen::just(p.kv_len),
+                            rc::gen::inRange<int64_t>(65, p.kv_len + 1));
+  p.head_dim = *rc::gen::element<int64_t>(16, 64, 128);
+  p.g = *rc::gen::inRange<int>(1, 30) * 1.0;
+  const int mask = *rc::gen::inRange(0, 3);
+  p.mask.causal = mask == 1 && lim.causal;
+  if (mask == 2 && lim.padding)
+    p.mask.key_lengths = {*rc::gen::inRange<int64_t>(1, p.kv_len + 1)};
+  const auto dist = *rc::gen::element(validation::Distribution::kGaussian,
+                                      validation::Distribution::kZeroRows,
+                                      validation::Distribution::kOutlierRows);
+  const uint64_t seed = *rc::gen::arbitrary<uint32_t>();
+  const AttentionCase c = validation::round_inputs(
+      validation::make_attention_case(p, dist, seed, s), s);
+  validation::SampleOptions opt;
+  opt.rows = 12;
+  opt.seed = seed + 1;
+  opt.blocks = b.block_sizes(p);
+  const validation::SampledOracle so = validation::sampled_oracle(c, s, opt);
+  const AttentionResult r = validation::run_attention(b, c);
+  const auto rep = validation::judge_sampled(c, so, r, b.name());
+  if (!rep.pass) RC_FAIL(rep.failure_message());
 }
 
 // ---------------------------------------------------------------------------
@@ -1168,6 +1208,7 @@ const std::vector<Property>& entry_properties() {
       {"Determinism", determinism, 160},
       {"FormulationAgreement", formulation_agreement, 160},
       {"FormulationNonSaturation", formulation_non_saturation, 80},
+      {"LongSequence", long_sequence, 2},
   };
   return table;
 }

@@ -72,6 +72,7 @@ TEST_P(EntryProperty, FormulationAgreement) { Check("FormulationAgreement"); }
 TEST_P(EntryProperty, FormulationNonSaturation) {
   Check("FormulationNonSaturation");
 }
+TEST_P(EntryProperty, LongSequence) { Check("LongSequence"); }
 
 // Every TEST_P above is in the table and vice versa.
 TEST(PropertyTable, EveryPropertyHasATest) {

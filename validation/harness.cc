@@ -803,10 +803,12 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
             for (int64_t d = 0; d < D; ++d) {
               const size_t qd = qi + static_cast<size_t>(d),
                            kd = kj + static_cast<size_t>(d);
-              for (int ch = 0; ch < kCh; ++ch) {
-                mq[ch][qd] += s * wt[ch] * kaj[d];
-                mk[ch][kd] += s * wt[ch] * qai[d];
-              }
+              if (counts.q_side)
+                for (int ch = 0; ch < kCh; ++ch)
+                  mq[ch][qd] += s * wt[ch] * kaj[d];
+              if (counts.k_side)
+                for (int ch = 0; ch < kCh; ++ch)
+                  mk[ch][kd] += s * wt[ch] * qai[d];
               if (layer) {  // dx_tilde = s sum dS x_tilde' of shifted x'
                 mq[6][qd] += s * std::fabs(dsv) * km.sh[kd];
                 mk[6][kd] += s * std::fabs(dsv) * qm.sh[qd];
@@ -991,10 +993,31 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     const bool shared = qk && p.norm.shared_qk_weight;
     const int64_t nk_terms = counts.kv_len > 0 ? counts.kv_len : Nk,
                   nq_terms = counts.q_len > 0 ? counts.q_len : Nq;
-    side(0, qm, mq, du_q, ads_q, nk_terms, dq_dst, &r.dq_weight_ch,
-         &r.dq_bias_ch, dq_out);
-    side(1, km, mk, du_k, ads_k, group * nq_terms, dk_dst, &r.dk_weight_ch,
-         &r.dk_bias_ch, dk_out);
+    // A side the caller does not need (a sampled row's sub-case,
+    // RowCounts): its channels stay 0, sized as the full ones.
+    auto zero_side = [&](int sd, const std::array<std::vector<LD>*, kCh>& dst,
+                         const std::vector<LD>& like,
+                         std::array<std::vector<LD>, kCh>* dw,
+                         std::array<std::vector<LD>, kCh>* db) {
+      const int64_t np = param_size(p, sd) > 0           ? param_size(p, sd)
+                         : p.norm.shared_qk_weight && qk ? param_size(p, 0)
+                                                         : 0;
+      for (int ch = 0; ch < kCh; ++ch) {
+        dst[ch]->assign(like.size(), 0);
+        (*dw)[ch].assign(static_cast<size_t>(np), 0);
+        (*db)[ch].assign(static_cast<size_t>(np), 0);
+      }
+    };
+    if (counts.q_side)
+      side(0, qm, mq, du_q, ads_q, nk_terms, dq_dst, &r.dq_weight_ch,
+           &r.dq_bias_ch, dq_out);
+    else
+      zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
+    if (counts.k_side)
+      side(1, km, mk, du_k, ads_k, group * nq_terms, dk_dst, &r.dk_weight_ch,
+           &r.dk_bias_ch, dk_out);
+    else
+      zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add
       for (int ch = 0; ch < kCh; ++ch)
         for (size_t e = 0; e < r.dq_weight_ch[ch].size(); ++e)

@@ -203,9 +203,12 @@ struct GivenRows {
 };
 // The rule's counts of the whole case for a sub-case (0: the sub-case's
 // own): the subnormal counts of the sums forming du (OracleAttention
-// channel 2) then equal the full oracle's.
+// channel 2) then equal the full oracle's. q_side / k_side false: the
+// channels of dq (resp. dk and the k parameters) are not needed and stay 0
+// (a sampled query row's sub-case needs no dk; a key row's no dq).
 struct RowCounts {
   int64_t q_len = 0, kv_len = 0;
+  bool q_side = true, k_side = true;
 };
 struct OracleScaleNorm {
   std::vector<long double> y, dx;
