@@ -76,7 +76,7 @@ const ToleranceTable& find(const std::vector<ToleranceTable>& ts, Field f) {
 // How much looser the sampled bounds of dK, dV and dg may be than the full
 // verdict's (measured on cases(), this file; the pass's channel and its
 // bounds Del_i >= sum_j P_ij |dO_i|.|v_j| by Cauchy-Schwarz): f64 up to 3.0x
-// (the channel is of the rule's own f64 size), f32 1.8x, 16-bit 1.08x.
+// (the channel is of the rule's own f64 size), f32 1.55x, 16-bit 1.08x.
 double looseness(Precision s) {
   return s == Precision::kF64 ? 4.0 : s == Precision::kF32 ? 2.0 : 1.2;
 }

@@ -57,6 +57,13 @@
 // sum|x| / L, and every x_hat of the row moves by that over the divisor
 // (x_hat_e near 0 keeps no relative accuracy). OracleAttention carries its
 // effect per u_c (*_shift_e, dg_shift, and logit_shift in the softmax term).
+// The sampled verdict (issue 19, validation/sampled.h) judges a sampled row
+// of a long problem on a sub-case of the oracle with the whole case's counts
+// and amplitude (OracleAttention::count_*, amplitude), so by these same
+// tables; its key rows and dg read every query row's lse and delta from a
+// pass in double, whose own error joins dk, dv and dg as u_f64 times
+// given_units (the magnitudes M_e) and given_soft_units (the softmax terms),
+// derived in sampled.cc (pass_units).
 // Where softmax_units(A) u_c > 1/8 the logits are not resolved to better
 // than a unit, the format does not determine O, dQ, dK, dV or dg, and every
 // finite value of those passes (lse keeps its bound).
