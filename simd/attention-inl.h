@@ -46,6 +46,18 @@
 // for the whole row. The backward reads it as an f32 pair hi + lo and forms
 // (S - hi) - lo.
 //
+// Bounded logits (issue 18): when both sides are unit l2 rows (the paper's
+// formulation, ||q_hat||, ||k_hat|| <= 1 with the eps clamp) and |scale| <=
+// kFixedShiftMax, every logit lies in [-|g|, |g|] (up to the dot's rounding,
+// |g| D u_f32, harmless), so the running max is replaced by the fixed shift
+// m = |g|: P = exp(S - |g|) cannot overflow, and exp's argument stays above
+// -2 kFixedShiftMax = -86 where f32's exp is still normal (e^-86 = 4e-38 >
+// 2^-126): no flush. The tile loop then drops the max pass and every
+// rescaling (alpha = 1 always). Rows with one visible key keep their
+// exactness by their own epilogue (O = V, lse = S of that key, as the online
+// path gives them); fully masked rows are unchanged. ExecConfig::
+// online_softmax forces the online path (bench compares the two).
+//
 // Exactness kept on purpose (the tolerance rule's bound is 0 where the exact
 // result is 0): S = RN(scale * c) and m is one of the S, so the largest P of
 // a tile is exp(0) = 1; a row with one visible key gets l = 1, lse = S,
@@ -96,6 +108,9 @@ inline constexpr size_t kQueryBlock = 64;
 inline constexpr int64_t kTargetTasks = 16;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// The largest |scale| for the fixed-shift softmax (above): exp(-2 * 43) is
+// 4.4e-38, above f32's smallest normal 1.18e-38.
+inline constexpr float kFixedShiftMax = 43.0f;
 
 struct AttnShape {
   int64_t B, H, BH, Nq, Nk, D;
@@ -276,6 +291,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
   const VF neg_inf = hn::Set(df, kNegInf);
   const VF vscale = hn::Set(df, s.scale);
+  // The fixed shift of bounded logits (top of file), or the online softmax.
+  const bool fixed = !ws.online_softmax && sd.q.mode == SideMode::kUnitL2 &&
+                     sd.k.mode == SideMode::kUnitL2 &&
+                     std::fabs(s.scale) <= kFixedShiftMax;
+  const float shift = std::fabs(s.scale);
+  const VF vshift = hn::Set(df, shift);
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
     const int64_t bh = task / static_cast<int64_t>(s.nqb);
     const size_t i0 =
@@ -291,7 +312,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     int64_t max_lim = 0;
     for (size_t r = 0; r < mr; ++r) {
       max_lim = std::max(max_lim, L[r]);
-      m[r] = kNegInf;
+      m[r] = fixed ? shift : kNegInf;
       l[r] = 0;
     }
     std::fill(O, O + mr * Dp, 0.0f);
@@ -313,6 +334,20 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
           continue;
         }
         kmax = std::max(kmax, kv);
+        if (fixed) {  // P = exp(S - |g|): one pass, no rescaling
+          VF vsum = hn::Zero(df);
+          for (size_t j = 0; j < Kb; j += N) {
+            const VF x = Logit(hn::LoadU(df, sr + j), vscale);
+            // A row's only visible key: keep its logit for the epilogue.
+            if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
+            const VF e = MaskColumns(hn::Exp(df, hn::Sub(x, vshift)), j, kv,
+                                     hn::Zero(df));
+            hn::StoreU(e, df, sr + j);
+            vsum = hn::Add(vsum, e);
+          }
+          l[r] += hn::GetLane(hn::SumOfLanes(df, vsum));
+          continue;
+        }
         // m is the running max of the logits S = RN(c * scale); P = exp(S -
         // m), so the key holding the max gets P = exp(0) = 1 exactly and a
         // row with one visible key gets l = 1, lse = S and O = V exactly (as
@@ -360,6 +395,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       if (L[r] == 0) {
         std::fill(orow, orow + Dp, 0.0f);
         lse = -std::numeric_limits<double>::infinity();
+      } else if (fixed && L[r] == 1) {
+        // One visible key (key 0): what the online path gives exactly,
+        // O = V, lse = S (held in m), P = exp(S - lse) = 1 in the backward.
+        std::copy(vb, vb + Dp, orow);
+        lse = static_cast<double>(m[r]);
+        m[r] = shift;  // the probabilities hook's shift (l = exp(S - |g|))
       } else {
         const VF vl = hn::Set(df, l[r]);
         for (size_t d = 0; d < Dp; d += N)

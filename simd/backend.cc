@@ -45,6 +45,7 @@ class SimdBackend final : public Backend {
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace* ws, const ExecConfig& cfg) const override {
     WithWorkspace(ws, [&](SimdWorkspace& w) {
+      w.online_softmax = cfg.online_softmax;
       target_.kernels.attention_forward(p, a, precision(), w,
                                         ResolveThreads(cfg), nullptr);
     });

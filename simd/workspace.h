@@ -59,6 +59,9 @@ class SimdWorkspace final : public Workspace {
     return *pool_;
   }
 
+  // ExecConfig::online_softmax of the current call.
+  bool online_softmax = false;
+
   // Operand buffers (f32, rows padded to a multiple of the vector length).
   GrowBuffer<float> qh, kh, kt, v, vt, d_o, row_stats, dq_partial, scratch;
   GrowBuffer<NormInfo> q_info, k_info;

@@ -134,9 +134,10 @@ TEST(Sampled, ElementsMatchTheFullOracle) {
           EXPECT_GE(t.delta[i], f.delta[at] * (1 - 1e-9) - 1e6 * ulp(wf, 0))
               << name(t.field) << t.index_text(static_cast<int64_t>(i));
           const double r = f.delta[at] > 0 ? t.delta[i] / f.delta[at] : 1;
-          if (!std::isinf(t.delta[i]))
+          if (!std::isinf(t.delta[i])) {
             EXPECT_LE(r, given ? looseness(s) : 1 + 1e-9)
                 << name(t.field) << t.index_text(static_cast<int64_t>(i));
+          }
           if (r < worst_lo)
             worst_lo = r, wlo = t.index_text(static_cast<int64_t>(i));
           if (r > worst_hi)

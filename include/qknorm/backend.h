@@ -23,6 +23,10 @@ struct ExecConfig {
   // Worker threads; 0 means the number of cores. Results must be bitwise
   // identical for every value.
   int threads = 0;
+  // Forward softmax: an entry may use a fixed shift where every logit is
+  // bounded (QKNorm: |S| <= |g|; simd, issue 18); true forces the online
+  // running-max softmax everywhere (benchmarks compare the two paths).
+  bool online_softmax = false;
 };
 
 // Scratch a backend keeps between calls so that no call allocates after

@@ -120,6 +120,48 @@ TEST_P(SimdAttentionSweep, OverflowingLogitsStayFinite) {
   }
 }
 
+// The forward's two softmax paths (issue 18; attention-inl.h): the fixed
+// shift of bounded QKNorm logits (|g| <= 43, the default) and the online
+// running max (ExecConfig::online_softmax). Both pass the verdict; both keep
+// the exactness of a row with one visible key (causal row 0: O = v_0, dq =
+// 0, and the same lse = S_00); the fixed path is really taken (some output
+// differs in its last bits) below |g| = 43 and not above.
+TEST_P(SimdAttentionSweep, SoftmaxPathsKeepExactness) {
+  const Backend& entry = *GetParam();
+  for (double g : {12.32, 43.0, 50.0}) {
+    AttentionProblem p;
+    p.batch = 1, p.heads = 2, p.q_len = 70, p.kv_len = 70, p.head_dim = 32;
+    p.g = g;
+    p.mask.causal = true;
+    const AttentionCase ac = validation::round_inputs(
+        MakeCase(entry, p, Distribution::kGaussian, 3), entry.precision());
+    ExecConfig online{2, true}, fixed{2, false};
+    const auto rf = validation::run_attention(entry, ac, fixed);
+    const auto ro = validation::run_attention(entry, ac, online);
+    for (const ExecConfig& cfg : {online, fixed}) {
+      const AgreementReport rep = validation::check_attention(entry, ac, cfg);
+      EXPECT_TRUE(rep.pass) << "g " << g << " online " << cfg.online_softmax
+                            << ": " << rep.failure_message();
+    }
+    for (const auto* r : {&rf, &ro})
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const size_t row = static_cast<size_t>(h * p.q_len) * 32;
+        for (size_t d = 0; d < 32; ++d) {
+          EXPECT_EQ(r->o[row + d], ac.v[row + d]) << "g " << g << " h " << h;
+          EXPECT_EQ(r->dq[row + d], 0.0) << "g " << g << " h " << h;
+        }
+      }
+    EXPECT_EQ(rf.lse[0], ro.lse[0]);
+    EXPECT_EQ(rf.lse[static_cast<size_t>(p.q_len)],
+              ro.lse[static_cast<size_t>(p.q_len)]);
+    if (g > 43)
+      EXPECT_EQ(rf.o, ro.o) << "g " << g << ": above 43 both are online";
+    else
+      EXPECT_NE(rf.lse, ro.lse)
+          << "g " << g << ": the fixed path was not taken";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Entries, SimdAttentionSweep,
                          ::testing::ValuesIn(RunnableEntries()),
                          EntryParamName);
