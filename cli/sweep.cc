@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/app.h"
+#include "cli/tiles.h"
 #include "qknorm/error.h"
 #include "reference/reference.h"
 #include "validation/metrics.h"
@@ -48,10 +49,13 @@ Defaults defaults_for(const std::string& over) {
   if (over == "magnitude")
     return {1e-20,       1e20, 21,
             "1x2x64x64", true, "input magnitude c (q, k scaled by c)"};
-  throw Error("--over", {}, "must be seq, g or magnitude (got '" + over + "')");
+  throw Error("--over", {},
+              "must be seq, g, magnitude or tiles (got '" + over + "')");
 }
 
-std::string color_of(Precision p) {
+}  // namespace
+
+std::string sweep_color(Precision p) {
   switch (p) {
     case Precision::kF64:
       return "#000000";
@@ -64,6 +68,8 @@ std::string color_of(Precision p) {
   }
   return "#777777";
 }
+
+namespace {
 
 // Mean over rows with a visible key of max_j P_ij, from the oracle.
 double mean_max_prob(const validation::AttentionCase& c) {
@@ -118,11 +124,17 @@ void add_sweep_options(CLI::App& app, SweepOptions& o) {
   app.add_option("--over", o.over,
                  "What to sweep: seq (n = 8..1024, g = g_init(n) unless --g), "
                  "g (0..30), "
-                 "magnitude (q, k scaled by 1e-20..1e20)")
+                 "magnitude (q, k scaled by 1e-20..1e20), "
+                 "tiles (n on the tile boundaries 2^k +- 1 and block +- 1 "
+                 "up to 32768, shape 1x2xnx128 causal, judged by the sampled "
+                 "oracle; cli/README.md)")
       ->required()
-      ->check(CLI::IsMember({"seq", "g", "magnitude"}));
-  app.add_option("--from", o.from, "First swept value (default per --over)");
-  app.add_option("--to", o.to, "Last swept value (default per --over)");
+      ->check(CLI::IsMember({"seq", "g", "magnitude", "tiles"}));
+  app.add_option("--from", o.from,
+                 "First swept value (default per --over; tiles: 1, and "
+                 "--from N --to N runs the one length N)");
+  app.add_option("--to", o.to,
+                 "Last swept value (default per --over; tiles: 32768)");
   app.add_option(
          "--points", o.points,
          "Number of values (seq default: powers of 2 from --from to --to)")
@@ -132,6 +144,20 @@ void add_sweep_options(CLI::App& app, SweepOptions& o) {
       ->capture_default_str();
   app.add_flag("--no-plot", o.no_plot, "Write the CSV only (no gnuplot)");
   app.add_flag("--no-sdpa", o.no_sdpa, "Leave out the sdpa baseline lines");
+  app.add_option("--sample", o.sample,
+                 "--over tiles: query rows and key rows (each, at least) the "
+                 "sampled oracle computes per length (validation/sampled.h)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+}
+
+std::vector<Precision> precisions_of(
+    const std::vector<const Backend*>& entries) {
+  std::vector<Precision> precs;
+  for (const Backend* b : entries)
+    if (std::find(precs.begin(), precs.end(), b->precision()) == precs.end())
+      precs.push_back(b->precision());
+  return precs;
 }
 
 std::vector<double> sweep_values(const SweepOptions& o) {
@@ -173,10 +199,7 @@ std::vector<SweepPoint> run_sweep_points(
   const validation::Distribution dist =
       s.dists.empty() ? validation::Distribution::kGaussian
                       : parse_dist(s.dists.front());
-  std::vector<Precision> precs;
-  for (const Backend* b : entries)
-    if (std::find(precs.begin(), precs.end(), b->precision()) == precs.end())
-      precs.push_back(b->precision());
+  const std::vector<Precision> precs = precisions_of(entries);
   ExecConfig exec;
   exec.threads = threads;
   std::vector<SweepPoint> pts;
@@ -261,6 +284,8 @@ std::vector<SweepPoint> run_sweep_points(
 
 int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
               std::ostream& out, std::ostream& err, bool progress) {
+  if (o.over == "tiles")
+    return run_tile_sweep(o, s, threads, out, err, progress);
   std::vector<SweepPoint> pts;
   try {
     const std::vector<const Backend*> entries =
@@ -324,9 +349,10 @@ int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
       parse_precision(p.precision, &prec);
       const bool sdpa = p.variant == "sdpa";
       gp << (i ? ", \\\n     " : "") << "'" << o.out << ".dat' index " << i
-         << " using 1:" << col << " with linespoints lc rgb '" << color_of(prec)
-         << "' dt " << (sdpa ? 2 : 1 + i % 4) << " lw " << (sdpa ? 3 : 1.5)
-         << " pt " << (sdpa ? 6 : 1 + i % 13) << " title '" << p.line << "'";
+         << " using 1:" << col << " with linespoints lc rgb '"
+         << sweep_color(prec) << "' dt " << (sdpa ? 2 : 1 + i % 4) << " lw "
+         << (sdpa ? 3 : 1.5) << " pt " << (sdpa ? 6 : 1 + i % 13) << " title '"
+         << p.line << "'";
     }
     gp << "\n";
   };
@@ -349,26 +375,34 @@ int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
        << p.variant << "'";
   }
   gp << "\nunset multiplot\n";
+  return write_sweep_files(o.out, csv.str(), dat.str(), gp.str(), pts.size(),
+                           lines.size(), o.no_plot, kExitPass, out, err);
+}
+
+int write_sweep_files(const std::string& prefix, const std::string& csv,
+                      const std::string& dat, const std::string& gp,
+                      size_t points, size_t lines, bool no_plot, int verdict,
+                      std::ostream& out, std::ostream& err) {
   try {
-    validation::write_file_bytes(o.out + ".csv", csv.str());
-    validation::write_file_bytes(o.out + ".dat", dat.str());
-    validation::write_file_bytes(o.out + ".gp", gp.str());
+    validation::write_file_bytes(prefix + ".csv", csv);
+    validation::write_file_bytes(prefix + ".dat", dat);
+    validation::write_file_bytes(prefix + ".gp", gp);
   } catch (const Error& e) {
     err << "qknorm-check sweep: " << e.what() << "\n";
     return kExitInput;
   }
-  out << "wrote " << o.out << ".csv (" << pts.size() << " points, "
-      << lines.size() << " lines)\n";
-  if (o.no_plot) return kExitPass;
-  const int rc = run_gnuplot(o.out + ".gp");
+  out << "wrote " << prefix << ".csv (" << points << " points, " << lines
+      << " lines)\n";
+  if (no_plot || lines == 0) return verdict;
+  const int rc = run_gnuplot(prefix + ".gp");
   if (rc != 0) {
     err << "qknorm-check sweep: gnuplot "
         << (rc == 127 ? "not found" : "failed") << " (exit " << rc
-        << "); the CSV and " << o.out << ".gp are written\n";
-    return kExitTool;
+        << "); the CSV and " << prefix << ".gp are written\n";
+    return verdict == kExitPass ? kExitTool : verdict;
   }
-  out << "wrote " << o.out << ".png\n";
-  return kExitPass;
+  out << "wrote " << prefix << ".png\n";
+  return verdict;
 }
 
 }  // namespace qknorm::cli

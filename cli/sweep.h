@@ -1,9 +1,11 @@
 // Sweep mode: error against sequence length, g or input magnitude, one line
 // per registry entry plus the sdpa baseline, written as CSV and drawn as a PNG
-// by gnuplot (run as a subprocess).
+// by gnuplot (run as a subprocess). `--over tiles` (cli/tiles.h) judges every
+// entry at the tile-boundary lengths up to 32768 by the sampled oracle.
 #ifndef QKNORM_CLI_SWEEP_H_
 #define QKNORM_CLI_SWEEP_H_
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -17,12 +19,13 @@ class App;
 namespace qknorm::cli {
 
 struct SweepOptions {
-  std::string over;                  // seq | g | magnitude
+  std::string over;                  // seq | g | magnitude | tiles
   double from = NAN, to = NAN;       // NaN: the defaults of `over`
   int points = 0;                    // 0: the default of `over`
   std::string out = "qknorm-sweep";  // writes OUT.csv, OUT.dat, OUT.gp, OUT.png
   bool no_plot = false;
   bool no_sdpa = false;
+  int64_t sample = 64;  // tiles: sampled query and key rows (each), at least
 };
 
 void add_sweep_options(CLI::App& app, SweepOptions& o);
@@ -51,6 +54,22 @@ std::vector<SweepPoint> run_sweep_points(
 // Runs gnuplot on `script` (argv, no shell; also used by power mode).
 // Returns its exit status (127: gnuplot could not be started).
 int run_gnuplot(const std::string& script);
+
+// The precisions of `entries`, in first-seen order.
+std::vector<Precision> precisions_of(
+    const std::vector<const Backend*>& entries);
+
+// The plots' colour of a precision ("#1f77b4", ...).
+std::string sweep_color(Precision p);
+
+// Writes PREFIX.csv, PREFIX.dat and PREFIX.gp, then (unless no_plot) runs
+// gnuplot on the script, saying what it wrote (`points`, `lines`: counts for
+// the message). Returns `verdict`, kExitInput if a file cannot be written,
+// or kExitTool if gnuplot fails while `verdict` is kExitPass.
+int write_sweep_files(const std::string& prefix, const std::string& csv,
+                      const std::string& dat, const std::string& gp,
+                      size_t points, size_t lines, bool no_plot, int verdict,
+                      std::ostream& out, std::ostream& err);
 
 int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
               std::ostream& out, std::ostream& err, bool progress);
