@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -153,5 +154,27 @@ TEST(Sampled, ElementsMatchTheFullOracle) {
   }
 }
 
+}  // namespace
+}  // namespace qknorm
+
+namespace qknorm {
+namespace {
+// Not a test: the sampled oracle's cost at a long shape, run by hand
+// (--gtest_also_run_disabled_tests): QKNORM_SAMPLED_N (default 8192) keys,
+// 1 head, D = 128, causal, 64 rows.
+TEST(Sampled, DISABLED_Timing) {
+  const char* env = std::getenv("QKNORM_SAMPLED_N");
+  const int64_t n = env ? std::atoll(env) : 8192;
+  AttentionProblem p = shape(1, 1, 1, n, n, 128);
+  p.mask.causal = true;
+  const AttentionCase c = validation::round_inputs(
+      validation::make_attention_case(p, Distribution::kGaussian, 1,
+                                      Precision::kF32),
+      Precision::kF32);
+  SampleOptions opt;
+  opt.rows = 64;
+  const SampledOracle so = validation::sampled_oracle(c, Precision::kF32, opt);
+  std::printf("n=%lld: %s\n", static_cast<long long>(n), so.describe().c_str());
+}
 }  // namespace
 }  // namespace qknorm

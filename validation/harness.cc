@@ -703,26 +703,34 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     // through the weight and the normalization backward per row.
     constexpr int kCh = 7;
     std::array<std::vector<LD>, kCh> mq, mk;
+    // A side the caller does not judge (RowCounts) gets none of its
+    // per-element arrays: a sampled row's sub-case of a long problem would
+    // otherwise fill hundreds of MB it never reads.
+    const bool qs = counts.q_side, ks = counts.k_side;
     for (int ch = 0; ch < kCh; ++ch) {
-      mq[ch].assign(q.size(), 0);
-      mk[ch].assign(k.size(), 0);
+      if (qs) mq[ch].assign(q.size(), 0);
+      if (ks) mk[ch].assign(k.size(), 0);
     }
     // Signed du (the true gradients of q_tilde, k_tilde) and s sum |dS| per
     // logit-operand row, for unit_resolution.
-    std::vector<LD> du_q(q.size(), 0), du_k(k.size(), 0),
+    std::vector<LD> du_q(qs ? q.size() : 0, 0), du_k(ks ? k.size() : 0, 0),
         ads_q(static_cast<size_t>(p.batch * p.heads * Nq), 0),
         ads_k(static_cast<size_t>(p.batch * Hk * Nk), 0);
-    r.o_mag.assign(q.size(), 0);
-    r.o_dev_mag.assign(q.size(), 0);
-    r.o_p_sens_e.assign(q.size(), 0);
-    r.dv_p_sens_e.assign(v.size(), 0);
-    r.dv_mag.assign(v.size(), 0);
+    if (qs) {
+      r.o_mag.assign(q.size(), 0);
+      r.o_dev_mag.assign(q.size(), 0);
+      r.o_p_sens_e.assign(q.size(), 0);
+    }
+    if (ks) {
+      r.dv_p_sens_e.assign(v.size(), 0);
+      r.dv_mag.assign(v.size(), 0);
+    }
     std::vector<LD> sdp(static_cast<size_t>(Nk)), av(static_cast<size_t>(Nk));
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hq = 0; hq < p.heads; ++hq) {
         const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
-        LD* dv_mag = r.dv_mag.data() + bk * Nk * D;
-        LD* dv_uf = r.dv_p_sens_e.data() + bk * Nk * D;
+        LD* dv_mag = ks ? r.dv_mag.data() + bk * Nk * D : nullptr;
+        LD* dv_uf = ks ? r.dv_p_sens_e.data() + bk * Nk * D : nullptr;
         for (int64_t i = 0; i < Nq; ++i) {
           const size_t qi = static_cast<size_t>((bh * Nq + i) * D);
           const LD* doi = d_o.data() + qi;
@@ -730,7 +738,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           const LD* qti = qm.xt.data() + qi;
           const LD* qai = qm.xa.data() + qi;
           const LD qan = norm2(qai);
-          LD* omag = r.o_mag.data() + qi;
+          LD* omag = qs ? r.o_mag.data() + qi : nullptr;
           LD del = 0, do_l1 = 0, sdel = 0;
           for (int64_t j = 0; j < Nk; ++j) {
             const LD* vj = v.data() + (bk * Nk + j) * D;
@@ -753,8 +761,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
             ds_l1 = given->ds_l1[row];
           }
           const LD* oi = r.o.data() + qi;
-          LD* odev = r.o_dev_mag.data() + qi;
-          LD* ouf = r.o_p_sens_e.data() + qi;
+          LD* odev = qs ? r.o_dev_mag.data() + qi : nullptr;
+          LD* ouf = qs ? r.o_p_sens_e.data() + qi : nullptr;
           for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
           // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
           const LD o_abs_dot =
@@ -803,25 +811,25 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
             for (int64_t d = 0; d < D; ++d) {
               const size_t qd = qi + static_cast<size_t>(d),
                            kd = kj + static_cast<size_t>(d);
-              if (counts.q_side)
+              // layer: dx_tilde = s sum dS x_tilde' of shifted x' (ch 6);
+              // pij > 0: P_ij's absolute resolution (smallest normal).
+              if (qs) {
                 for (int ch = 0; ch < kCh; ++ch)
                   mq[ch][qd] += s * wt[ch] * kaj[d];
-              if (counts.k_side)
+                if (layer) mq[6][qd] += s * std::fabs(dsv) * km.sh[kd];
+                du_q[qd] += s * dsv * ktj[d];
+                omag[d] += pij * std::fabs(vj[d]);
+                if (pij > 0) ouf[d] += std::fabs(vj[d]);
+                odev[d] += pij * std::fabs(vj[d] - oi[d]);
+              }
+              if (ks) {
                 for (int ch = 0; ch < kCh; ++ch)
                   mk[ch][kd] += s * wt[ch] * qai[d];
-              if (layer) {  // dx_tilde = s sum dS x_tilde' of shifted x'
-                mq[6][qd] += s * std::fabs(dsv) * km.sh[kd];
-                mk[6][kd] += s * std::fabs(dsv) * qm.sh[qd];
+                if (layer) mk[6][kd] += s * std::fabs(dsv) * qm.sh[qd];
+                du_k[kd] += s * dsv * qti[d];
+                dv_mag[j * D + d] += pij * std::fabs(doi[d]);
+                if (pij > 0) dv_uf[j * D + d] += std::fabs(doi[d]);
               }
-              du_q[qd] += s * dsv * ktj[d];
-              du_k[kd] += s * dsv * qti[d];
-              dv_mag[j * D + d] += pij * std::fabs(doi[d]);
-              omag[d] += pij * std::fabs(vj[d]);
-              if (pij > 0) {  // P_ij's absolute resolution (smallest normal)
-                ouf[d] += std::fabs(vj[d]);
-                dv_uf[j * D + d] += std::fabs(doi[d]);
-              }
-              odev[d] += pij * std::fabs(vj[d] - oi[d]);
             }
             ads_q[static_cast<size_t>(bh * Nq + i)] += s * std::fabs(dsv);
             ads_k[static_cast<size_t>(bk * Nk + j)] += s * std::fabs(dsv);
@@ -994,7 +1002,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     const int64_t nk_terms = counts.kv_len > 0 ? counts.kv_len : Nk,
                   nq_terms = counts.q_len > 0 ? counts.q_len : Nq;
     // A side the caller does not need (a sampled row's sub-case,
-    // RowCounts): its channels stay 0, sized as the full ones.
+    // RowCounts): no per-element channels (attention_tolerances then makes
+    // no table for its fields); the parameter channels stay 0.
     auto zero_side = [&](int sd, const std::array<std::vector<LD>*, kCh>& dst,
                          const std::vector<LD>& like,
                          std::array<std::vector<LD>, kCh>* dw,
@@ -1003,10 +1012,11 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                          : p.norm.shared_qk_weight && qk ? param_size(p, 0)
                                                          : 0;
       for (int ch = 0; ch < kCh; ++ch) {
-        dst[ch]->assign(like.size(), 0);
+        dst[ch]->clear();
         (*dw)[ch].assign(static_cast<size_t>(np), 0);
         (*db)[ch].assign(static_cast<size_t>(np), 0);
       }
+      (void)like;
     };
     if (counts.q_side)
       side(0, qm, mq, du_q, ads_q, nk_terms, dq_dst, &r.dq_weight_ch,
@@ -1039,7 +1049,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     if (shared) r.q_param_rows *= 2;
     r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
     r.logit_shift = static_cast<double>(logit_shift);
-    for (int64_t e = 0; e < Nk * D * p.batch * Hk; ++e)
+    for (int64_t e = 0; ks && e < Nk * D * p.batch * Hk; ++e)
       r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
     r.dq_scale = dq_out[0];
     r.dk_scale = dk_out[0];

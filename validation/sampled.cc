@@ -176,7 +176,20 @@ struct Pass {
   double flops = 0;
 };
 
-double dot(const double* a, const double* b, int64_t D) {
+// The pass's two O(n^2 D) loops, for one block of query rows (rows r of
+// the block see keys [0, nv[r])): S[r][j] = q_r . k_j and dP[r][j] = dO_r .
+// v_j; then O_r += P[r][j] v_j. Eight partial sums per dot (a fixed order);
+// compiled twice, for AVX2 and for the baseline, and chosen once by the CPU
+// (the validation library is built for the baseline).
+struct BlockArgs {
+  const double *q, *d_o, *k, *v;  // q, dO rows of the block; k, v of the head
+  const int64_t* nv;
+  int64_t rows, jmax, D, ld;  // ld: the S, dP, P row stride (Nk)
+  double *S, *dP, *P, *O;
+};
+
+__attribute__((always_inline)) inline double dot8(const double* a,
+                                                  const double* b, int64_t D) {
   double acc[8] = {};
   int64_t d = 0;
   for (; d + 8 <= D; d += 8)
@@ -185,6 +198,42 @@ double dot(const double* a, const double* b, int64_t D) {
   for (; d < D; ++d) t += a[d] * b[d];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
          ((acc[2] + acc[6]) + (acc[3] + acc[7])) + t;
+}
+
+__attribute__((always_inline)) inline void dots_body(const BlockArgs& a) {
+  for (int64_t j = 0; j < a.jmax; ++j) {
+    const double* kj = a.k + j * a.D;
+    const double* vj = a.v + j * a.D;
+    for (int64_t r = 0; r < a.rows; ++r) {
+      if (j >= a.nv[r]) continue;
+      a.S[r * a.ld + j] = dot8(a.q + r * a.D, kj, a.D);
+      a.dP[r * a.ld + j] = dot8(a.d_o + r * a.D, vj, a.D);
+    }
+  }
+}
+
+__attribute__((always_inline)) inline void pv_body(const BlockArgs& a) {
+  for (int64_t j = 0; j < a.jmax; ++j) {
+    const double* vj = a.v + j * a.D;
+    for (int64_t r = 0; r < a.rows; ++r) {
+      if (j >= a.nv[r]) continue;
+      const double pij = a.P[r * a.ld + j];
+      double* o = a.O + r * a.D;
+      for (int64_t d = 0; d < a.D; ++d) o[d] += pij * vj[d];
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void dots_avx2(const BlockArgs& a) {
+  dots_body(a);
+}
+__attribute__((target("avx2"))) void pv_avx2(const BlockArgs& a) { pv_body(a); }
+void dots_base(const BlockArgs& a) { dots_body(a); }
+void pv_base(const BlockArgs& a) { pv_body(a); }
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
 }
 
 Pass run_pass(const AttentionCase& c, double A, int threads) {
@@ -320,19 +369,22 @@ Pass run_pass(const AttentionCase& c, double A, int threads) {
         nv[i - i0] = visible_keys(p, b, i);
         jmax = std::max(jmax, nv[i - i0]);
       }
-      for (int64_t j = 0; j < jmax; ++j) {
-        const double* kj = kt.data() + (bk * Nk + j) * D;
-        const double* vj = c.v.data() + (bk * Nk + j) * D;
-        for (int64_t i = i0; i < i1; ++i) {
-          if (j >= nv[i - i0]) continue;
-          const size_t r = static_cast<size_t>(bh * Nq + i);
-          S[static_cast<size_t>((i - i0) * Nk + j)] =
-              dot(qt.data() + r * static_cast<size_t>(D), kj, D);
-          dP[static_cast<size_t>((i - i0) * Nk + j)] =
-              dot(c.d_o.data() + r * static_cast<size_t>(D), vj, D);
-          a.flops += 4.0 * static_cast<double>(D);
-        }
-      }
+      BlockArgs ba{qt.data() + (bh * Nq + i0) * D,
+                   c.d_o.data() + (bh * Nq + i0) * D,
+                   kt.data() + bk * Nk * D,
+                   c.v.data() + bk * Nk * D,
+                   nv,
+                   i1 - i0,
+                   jmax,
+                   D,
+                   Nk,
+                   S.data(),
+                   dP.data(),
+                   P.data(),
+                   O.data()};
+      (has_avx2() ? dots_avx2 : dots_base)(ba);
+      for (int64_t i = i0; i < i1; ++i)
+        a.flops += 6.0 * static_cast<double>(D * nv[i - i0]);
       // Per row: lse (chunked sums of exp(S - m)), P = exp(S - m) / l.
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t n = nv[i - i0];
@@ -358,16 +410,7 @@ Pass run_pass(const AttentionCase& c, double A, int threads) {
       // O_i = sum_j P_ij v_j (for |dO_i|.|O_i|, the stored-O relative
       // channel), over the keys once per block.
       std::fill(O.begin(), O.end(), 0.0);
-      for (int64_t j = 0; j < jmax; ++j) {
-        const double* vj = c.v.data() + (bk * Nk + j) * D;
-        for (int64_t i = i0; i < i1; ++i) {
-          if (j >= nv[i - i0]) continue;
-          const double pij = P[static_cast<size_t>((i - i0) * Nk + j)];
-          double* oi = O.data() + (i - i0) * D;
-          for (int64_t d = 0; d < D; ++d) oi[d] += pij * vj[d];
-          a.flops += 2.0 * static_cast<double>(D);
-        }
-      }
+      (has_avx2() ? pv_avx2 : pv_base)(ba);
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t n = nv[i - i0];
         const size_t r = static_cast<size_t>(bh * Nq + i);

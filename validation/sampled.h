@@ -12,7 +12,8 @@
 //   - key rows (b, hk, j): dK_j, dV_j. They read P_ij and dS_ij of every
 //     query row i that sees key j, and those need the whole row's lse_i and
 //     delta_i = dO_i . O_i. One pass over the whole problem in double (the
-//     pass, O(B H Nq Nk D), two D-term dots per visible pair, both cores)
+//     pass, O(B H Nq Nk D): two D-term dots and a D-term axpy per visible
+//     pair, both cores)
 //     gives lse_i, delta_i and the magnitudes Del_i, sum_k P_ik |dP_ik -
 //     delta_i| of every row (GivenRows); the key row's sub-case (the queries
 //     that see it, one key) runs the oracle with those given;
@@ -43,7 +44,7 @@
 // (dq_weight, ...), which sum every row (finiteness only).
 //
 // Cost: O(s Nk D) long-double work for s sampled query rows, O(s Nq D) for
-// s key rows, plus the pass's 4 B H Nq Nk D flops in double (causal: the
+// s key rows, plus the pass's 6 B H Nq Nk D flops in double (causal: the
 // visible pairs only).
 #ifndef QKNORM_VALIDATION_SAMPLED_H_
 #define QKNORM_VALIDATION_SAMPLED_H_
@@ -82,7 +83,7 @@ struct SampledOracle {
   double amplitude = 0, lse_units = 0, lse_abs = 0;
   double given_units = 0;  // the pass's error channel (GivenRows::units)
   double pass_seconds = 0, rows_seconds = 0;
-  double pass_flops = 0;  // 4 D per visible (query, key) pair and head
+  double pass_flops = 0;  // 6 D per visible (query, key) pair and head
   // "sample seed 7: 262 query rows (first/last 8, tile boundary 38, fully
   // masked 2, zero 3, random 211), 259 key rows (...); pass 1.2e12 flops in
   // 41 s, rows in 12 s"

@@ -242,9 +242,11 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // The rule's counts (the whole case's for a sampled row's sub-case).
   const auto nq = static_cast<double>(rs.Nq), nk = static_cast<double>(rs.Nk);
   std::vector<ToleranceTable> out;
+  // A sub-case oracle without one side's channels (RowCounts: a sampled
+  // row's) gets no table for that side's fields.
   // O_id = sum_j P_ij v_jd / l_i: an Nk-term sum, the softmax's conditioning,
   // and each P_ij resolved only to the smallest normal (o_p_sens_e).
-  {
+  if (!orc.o_mag.empty()) {
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
     // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
     // dS_ij (v_jd - O_id): at most A kDotUnits u_c o_dev_mag.
@@ -311,15 +313,17 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     }
     return t;
   };
-  out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
-                     orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
-                     orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e));
-  out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
-                     orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
-                     orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e));
+  if (!orc.dq_mag.empty())
+    out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
+                       orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
+                       orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e));
+  if (!orc.dk_mag.empty())
+    out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
+                       orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
+                       orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
-  {
+  if (!orc.dv_mag.empty()) {
     ToleranceTable t = table(Field::kDv, s, B, Hk, Nk, D, orc.dv);
     const double units = sum_units(group * nq) + soft;
     for (size_t e = 0; e < orc.dv.size(); ++e) {
