@@ -3,9 +3,14 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "cli/compare.h"
 #include "cli/cost.h"
@@ -27,6 +32,8 @@ constexpr const char* kExamples = R"(Examples:
   qknorm-check --backend 'simd:*' --precision bf16 --precision f16
   qknorm-check --target AVX2 --json report.json # machine-readable report as well
   qknorm-check --shape 1x4x128x64 --g 0 --g 25 --mask causal+pad --dist heavy
+  qknorm-check --shape 1x4x32768x128 --mask causal --sample 256 --backend 'blas:*'
+                                                # long sequences: judge a sample of rows
   qknorm-check sweep --over magnitude --out mag # mag.csv + mag.png, qknorm vs sdpa
   qknorm-check sweep --over seq --from 8 --to 4096 --precision f32
   qknorm-check power --out power                # detection power of the verdict: table, power.csv + power.png
@@ -59,6 +66,12 @@ struct Common {
   std::vector<std::string> plugins;
   bool isolate = false;
   double max_seconds = 600;
+  // --sample N: the sampled oracle on N query and N key rows at least per
+  // attention case (0: the full oracle); --sample-seed (default: --seed if
+  // given, else 1).
+  int64_t sample = 0;
+  uint64_t sample_seed = 1;
+  bool seed_given = false, sample_seed_given = false;
 };
 
 void add_common(CLI::App& app, Common& c) {
@@ -117,7 +130,8 @@ void add_common(CLI::App& app, Common& c) {
                  "ScaleNorm shape ROWSxDIM (repeatable)")
       ->type_name("SHAPE");
   app.add_option("--seed", s.seed, "Base seed; case i uses seed + i")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&c](const std::string&) { c.seed_given = true; });
   app.add_option(
          "--precision", s.precisions,
          "Only entries of these precisions (repeatable): f64, f32, bf16, f16")
@@ -157,6 +171,20 @@ void add_common(CLI::App& app, Common& c) {
                  "machine) and stops before starting if the estimate exceeds "
                  "this (default 600)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--sample", c.sample,
+                 "Judge every attention case on a sample of at least N query "
+                 "rows and N key rows (validation/sampled.h: first/last, tile "
+                 "boundaries, masked and zero rows, random rows, each exactly "
+                 "in long double, plus O(n D) checks of every row) instead of "
+                 "the full O(n^2 D) oracle, for long sequences; the naive "
+                 "baseline is not run. 0: the full oracle")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--sample-seed", c.sample_seed,
+                 "Seed of the sample's random rows (default: --seed if given, "
+                 "else 1); the report prints it, so any failure replays")
+      ->type_name("S")
+      ->each([&c](const std::string&) { c.sample_seed_given = true; });
   app.add_flag("--isolate", c.isolate,
                "Run every plug-in call in a child process: a crash is that "
                "entry's FAIL, not the end of the run");
@@ -174,6 +202,89 @@ bool load_plugins(const Common& c, std::ostream& err) {
   return true;
 }
 
+// The progress line on a terminal (issue 19): a bar, the step, the time
+// spent and an ETA, redrawn on every step and once a second in between (a
+// long step, the sampled oracle's pass, keeps the clock moving). The ETA is
+// the estimate of the steps left (cli/cost.h), scaled by how the finished
+// steps' time compared with their estimate; without an estimate, by count.
+class ProgressLine {
+ public:
+  ProgressLine() : t0_(Clock::now()), ticker_([this] { tick(); }) {}
+  ~ProgressLine() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    ticker_.join();
+    std::cerr << "\r" << std::string(kWidth, ' ') << "\r" << std::flush;
+  }
+  void update(const Progress& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = p;
+    t_event_ = Clock::now();
+    seen_ = true;
+    draw();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr size_t kWidth = 79;
+
+  static double since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  void tick() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; }))
+      if (seen_) draw();
+  }
+
+  // Seconds left, or < 0 if unknown.
+  double eta() const {
+    const Progress& p = last_;
+    const double at_event =
+        std::chrono::duration<double>(t_event_ - t0_).count();
+    if (p.est_total > 0) {
+      const double speed = p.est_done > 0 && at_event > 1
+                               ? std::clamp(at_event / p.est_done, 0.2, 5.0)
+                               : 1.0;
+      return std::max(0.0,
+                      (p.est_total - p.est_done) * speed - since(t_event_));
+    }
+    if (p.done == 0) return -1;
+    return std::max(0.0,
+                    at_event * (p.total - p.done) / p.done - since(t_event_));
+  }
+
+  void draw() {
+    const double el = since(t0_), left = eta();
+    const double frac =
+        left >= 0 ? el / std::max(el + left, 1e-9)
+                  : static_cast<double>(last_.done) / std::max(1, last_.total);
+    constexpr int kBar = 16;
+    const int fill = std::clamp(static_cast<int>(frac * kBar), 0, kBar);
+    std::string what = last_.what;
+    if (what.size() > 30) what = what.substr(0, 29) + "~";
+    std::string line =
+        fmt::format("[{}{}] {:>3}/{} {:<30} {:>7}{}", std::string(fill, '#'),
+                    std::string(kBar - fill, '.'), last_.done + 1, last_.total,
+                    what, duration_text(el),
+                    left >= 0 ? " ETA " + duration_text(left) : std::string());
+    if (line.size() > kWidth) line.resize(kWidth);
+    std::cerr << "\r" << line << std::string(kWidth - line.size(), ' ')
+              << std::flush;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, seen_ = false;
+  Progress last_;
+  Clock::time_point t0_, t_event_;
+  std::thread ticker_;  // last: starts once the rest is initialized
+};
+
 int run_default(const Common& c, std::ostream& out, std::ostream& err,
                 bool progress) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -186,49 +297,98 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
     err << "qknorm-check: " << e.what() << "\n";
     return kExitUsage;
   }
+  const uint64_t sample_seed = c.sample_seed_given ? c.sample_seed
+                               : c.seed_given      ? c.suite.seed
+                                                   : 1;
   // The estimate comes first, and the budget stops a run that would take
   // hours before it starts (issue 19).
-  const CostEstimate cost =
-      estimate_cost(entries, suite, ExecConfig{c.threads}, !c.no_timing);
+  const ExecConfig exec{c.threads};
+  CostRates rates;
+  CostEstimate cost;
+  if (!suite.attention.empty() && !entries.empty()) {
+    rates = calibrate(entries, exec, c.sample > 0);
+    cost = estimate(rates, entries, suite, !c.no_timing, c.sample, c.threads);
+  } else {
+    cost = estimate_cost(entries, suite, exec, !c.no_timing, c.sample);
+  }
   err << "qknorm-check: " << describe(cost) << "\n" << std::flush;
-  if (cost.total() > c.max_seconds) {
+  // The full oracle's [B, H, Nq, Nk] arrays must fit in memory, whatever
+  // the budget (n = 32768, H = 4: 137 GB).
+  const double mem = physical_memory();
+  if (c.sample == 0 && mem > 0 && cost.oracle_bytes > mem) {
     err << fmt::format(
-        "qknorm-check: stopped before starting: the estimate ({:.0f} s) "
-        "exceeds --max-seconds {:.0f}. Judge fewer entries (--backend, "
-        "--target, --precision), smaller shapes (--shape), skip the timing "
-        "(--no-timing), or raise --max-seconds.\n",
-        cost.total(), c.max_seconds);
+        "qknorm-check: stopped before starting: the full oracle needs at "
+        "least {:.1f} GiB (long-double [B, H, Nq, Nk] arrays) and this "
+        "machine has {:.1f} GiB. Judge a sample of rows instead: --sample "
+        "256, or use smaller shapes (--shape).\n",
+        cost.oracle_bytes / (1 << 30), mem / (1 << 30));
+    return kExitUsage;
+  }
+  if (cost.total() > c.max_seconds) {
+    std::string largest;
+    for (const auto& [entry, s] : cost.top_entries)
+      largest +=
+          (largest.empty() ? "" : ", ") + entry + " ~" + duration_text(s);
+    std::string sample_hint;
+    constexpr int64_t kSuggested = 256;
+    if (c.sample == 0 && !suite.attention.empty()) {
+      // The same run on a sample of rows: the sampled oracle's rates cost
+      // a fraction of a second more to measure.
+      calibrate_sampled(&rates, exec);
+      const CostEstimate s =
+          estimate(rates, entries, suite, !c.no_timing, kSuggested, c.threads);
+      sample_hint = fmt::format(
+          ", or judge a sample of rows: --sample {} (estimated ~{}{})",
+          kSuggested, duration_text(s.total()),
+          s.total() > c.max_seconds ? ", still over the budget: also filter "
+                                      "entries"
+                                    : "");
+    }
+    err << fmt::format(
+        "qknorm-check: stopped before starting: the estimate ({}) exceeds "
+        "--max-seconds {:.0f}. Judge fewer entries (--backend, --target, "
+        "--precision; largest: {}), smaller shapes (--shape), skip the "
+        "timing (--no-timing), raise --max-seconds{}.\n",
+        duration_text(cost.total()), c.max_seconds, largest, sample_hint);
     return kExitUsage;
   }
   Report rep;
   rep.estimate_s = cost.total();
   rep.estimate = describe(cost);
+  rep.est_oracle_s = cost.oracle_s;
+  rep.est_pass_s = cost.pass_s;
+  rep.est_rows_s = cost.rows_s;
+  rep.est_naive_s = cost.naive_s;
+  rep.est_entries_s = cost.entries_s;
+  rep.est_timing_s = cost.timing_s;
+  rep.calibration_s = cost.calibration_s;
+  rep.case_estimates = cost.case_s;
+  rep.sample_rows = c.sample;
+  rep.sample_seed = c.sample > 0 ? sample_seed : 0;
   rep.machine = machine_info(all_backends());
   rep.seed = c.suite.seed;
   rep.threads = c.threads;
   for (const AttentionSpec& s : suite.attention)
-    rep.cases.push_back(
-        validation::make_attention_case(s.problem, s.dist, s.seed).describe());
+    rep.cases.push_back(describe_case(s));
   for (const ScaleNormSpec& s : suite.scalenorm)
     rep.cases.push_back(
         validation::make_scalenorm_case(s.problem, s.dist, s.seed).describe());
   RunOptions opt;
   opt.exec.threads = c.threads;
   opt.time_forward = !c.no_timing;
-  if (progress)  // main sets `progress` only when stderr is a terminal
-    opt.progress = [t0](int done, int total, const std::string& name) {
-      const double el =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-              .count();
-      const std::string eta =
-          done > 0 ? fmt::format(" ETA {:.0f} s", el * (total - done) / done)
-                   : std::string();
-      std::cerr << fmt::format("\r[{:>4}/{}] {:<28}{:<14}", done + 1, total,
-                               name, eta)
-                << std::flush;
-    };
-  rep.rows = run_suite(entries, suite, opt);
-  if (progress) std::cerr << "\r" << std::string(60, ' ') << "\r" << std::flush;
+  opt.sample_rows = c.sample;
+  opt.sample_seed = sample_seed;
+  opt.costs = &cost.steps;
+  opt.case_costs = &rep.case_costs;
+  {
+    // main sets `progress` only when stderr is a terminal.
+    std::unique_ptr<ProgressLine> line;
+    if (progress) {
+      line = std::make_unique<ProgressLine>();
+      opt.progress = [&line](const Progress& p) { line->update(p); };
+    }
+    rep.rows = run_suite(entries, suite, opt);
+  }
   finalize(&rep);
   rep.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -308,6 +468,14 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e, out, err);
     return code == 0 ? kExitPass : kExitUsage;
+  }
+  if ((*sweep || *power || *compare || *mutants) &&
+      (common.sample > 0 || common.sample_seed_given)) {
+    err << "qknorm-check: --sample/--sample-seed before a subcommand apply "
+           "to the default run only (not to sweep, power, compare or "
+           "mutants; the tile sweep takes its own: sweep --over tiles "
+           "--sample N)\n";
+    return kExitUsage;
   }
   if (!load_plugins(common, err)) return kExitInput;
   if (*sweep)

@@ -1,13 +1,17 @@
 #include "cli/cost.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <exception>
+#include <set>
+#include <thread>
 
 #include "validation/harness.h"
+#include "validation/sampled.h"
 
 namespace qknorm::cli {
 namespace {
@@ -24,6 +28,99 @@ double work_of(const AttentionProblem& p) {
          static_cast<double>(p.head_dim);
 }
 
+// Visible (query, key) pairs of one head, summed over the batch.
+double visible_pairs(const AttentionProblem& p) {
+  double n = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.q_len; ++i)
+      n += static_cast<double>(validation::visible_keys(p, b, i));
+  return n;
+}
+
+// B H D x visible pairs: what an entry, the naive loops and the pass do.
+double visible_work(const AttentionProblem& p) {
+  return static_cast<double>(p.heads) * static_cast<double>(p.head_dim) *
+         visible_pairs(p);
+}
+
+int64_t kv_heads(const AttentionProblem& p) {
+  return p.kv_heads > 0 ? p.kv_heads : p.heads;
+}
+
+// Input elements of a case: q and dO [B, H, Nq, D], k and v [B, Hk, Nk, D].
+double elements(const AttentionProblem& p) {
+  return 2.0 * static_cast<double>(p.batch) * static_cast<double>(p.head_dim) *
+         (static_cast<double>(p.heads) * static_cast<double>(p.q_len) +
+          static_cast<double>(kv_heads(p)) * static_cast<double>(p.kv_len));
+}
+
+// The queries of batch b that see key j (a suffix of the query rows).
+int64_t queries_seeing(const AttentionProblem& p, int64_t b, int64_t j) {
+  if (!p.mask.key_lengths.empty() &&
+      j >= p.mask.key_lengths[static_cast<size_t>(b)])
+    return 0;
+  if (!p.mask.causal) return p.q_len;
+  const int64_t first = std::clamp<int64_t>(j - p.kv_len + p.q_len, 0, p.q_len);
+  return p.q_len - first;
+}
+
+// Heads of a sampled row's sub-case on the other side: a query row reads its
+// kv head (every head when the norm spans heads), a key row its group.
+double query_row_heads(const AttentionProblem& p) {
+  return p.variant == Variant::kQKNorm && p.norm.axis == NormAxis::kAllHeads
+             ? static_cast<double>(p.heads)
+             : 1.0;
+}
+double key_row_heads(const AttentionProblem& p) {
+  return p.variant == Variant::kQKNorm && p.norm.axis == NormAxis::kAllHeads
+             ? static_cast<double>(p.heads)
+             : static_cast<double>(p.heads / kv_heads(p));
+}
+
+// About how many rows the sample of an axis of N rows holds (the rule of
+// validation/sampled.cc's pick_rows: first and last, tile boundaries up to
+// half the budget but always the first two, the last full block's and the
+// last partial block's, then random rows up to `rows`; fully masked and
+// zero rows, a handful at most, are left out).
+double expected_rows(int64_t B, int64_t H, int64_t N,
+                     const validation::SampleOptions& o) {
+  const int64_t total = B * H * N;
+  const int64_t ends =
+      N == 1 ? std::min<int64_t>(B * H, 8) : (B * H <= 8 ? 2 * B * H : 8);
+  std::set<int64_t> blocks = {16, 32, 64, 128, 256};
+  for (int64_t b : o.blocks)
+    if (b > 1) blocks.insert(b);
+  std::set<int64_t> all, must;
+  for (int64_t blk : blocks) {
+    const int64_t K = (N - 1) / blk;
+    if (K <= 4096)  // beyond, `all` exceeds any sensible budget anyway
+      for (int64_t k = 1; k <= K; ++k) all.insert({k * blk - 1, k * blk});
+    else
+      all.insert(-blk);  // a marker: too many
+    for (int64_t k : {int64_t{1}, int64_t{2}, K - 1, K})
+      if (k >= 1 && k <= K) must.insert({k * blk - 1, k * blk});
+    if (N / blk >= 1 && N % blk != 0) must.insert(N / blk * blk);
+  }
+  const auto half = std::max<int64_t>(o.rows / 2, 1);
+  const bool every =
+      static_cast<int64_t>(all.size()) <= half &&
+      std::none_of(all.begin(), all.end(), [](int64_t x) { return x < 0; });
+  const int64_t tiles = every
+                            ? static_cast<int64_t>(all.size())
+                            : std::max(static_cast<int64_t>(must.size()), half);
+  return static_cast<double>(std::min(total, std::max(o.rows, ends + tiles)));
+}
+
+// The sampled rows' long-double work: D x the pairs of their sub-cases,
+// for a sample of `nq` query rows and `nk` key rows at random positions.
+double rows_work(const AttentionProblem& p, double nq, double nk) {
+  const double pairs = visible_pairs(p);  // = sum over keys of queries
+  const double per_q = pairs / static_cast<double>(p.batch * p.q_len);
+  const double per_k = pairs / static_cast<double>(p.batch * p.kv_len);
+  return static_cast<double>(p.head_dim) *
+         (nq * per_q * query_row_heads(p) + nk * per_k * key_row_heads(p));
+}
+
 // The calibration problem: small enough to time in milliseconds, large
 // enough that the O(n^2 D) loops dominate the per-call overheads.
 AttentionProblem calibration_problem() {
@@ -33,76 +130,405 @@ AttentionProblem calibration_problem() {
   return p;
 }
 
+// The fast entries' second problem: 7x the calibration problem's work.
+AttentionProblem large_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.q_len = p.kv_len = 256;
+  return p;
+}
+
+// Below this a calibration call is mostly per-call overhead.
+constexpr double kSlowCall = 0.02;
+
+// The sampled oracle's: causal as the long runs are, small enough that its
+// sampled rows (about 30 query and 30 key rows, forced by the tile
+// boundaries of 16 ... 256) take a few tenths of a second.
+AttentionProblem sampled_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.heads = 1;
+  p.q_len = p.kv_len = 256;
+  p.mask.causal = true;
+  return p;
+}
+
+// The pass's work per visible pair, as validation/sampled.cc's run_pass
+// does it (a copy of its loop, kept in step by hand): two D-term dots in
+// double with eight partial sums (S_ij = q_i . k_j, dP_ij = dO_i . v_j),
+// exp(S_ij - m_i) and the row sums, O_i += P_ij v_j, then the row
+// statistics and dg's channels (about 20 scalar operations per pair); the
+// dots and the update compiled for AVX2 when the CPU has it, as the pass
+// is. A small sampled_oracle cannot time the pass: at n <= 4096 its pass
+// is mostly the O(n D) long-double preparation (measured 0.3 GFLOP/s at
+// n = 256, 3.4 at n = 4096), and its sampled rows cost far more than its
+// pass below n ~ 10^5. Returns wall seconds per pair x D with `threads`
+// threads sharing the pairs.
+struct PassBlock {
+  static constexpr int64_t kD = 128, kRows = 16, kKeys = 1024;
+  std::vector<double> q, dout, k, v, S, dP, O;
+  explicit PassBlock(int seed)
+      : q(kRows * kD),
+        dout(kRows * kD),
+        k(kKeys * kD),
+        v(kKeys * kD),
+        S(kRows * kKeys),
+        dP(kRows * kKeys),
+        O(kRows * kD) {
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = 1e-2 * static_cast<double>((i * 7 + seed) % 13) - 0.06;
+      v[i] = 1e-2 * static_cast<double>((i * 5 + seed) % 11) - 0.05;
+    }
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = 1e-2 * static_cast<double>(i % 17) - 0.08;
+      dout[i] = 1e-2 * static_cast<double>(i % 19) - 0.09;
+    }
+  }
+};
+
+__attribute__((always_inline)) inline double dot8(const double* a,
+                                                  const double* b) {
+  double acc[8] = {};
+  for (int64_t d = 0; d < PassBlock::kD; d += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[d + j] * b[d + j];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
+         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+__attribute__((always_inline)) inline void dots_body(PassBlock& b) {
+  constexpr int64_t D = PassBlock::kD, R = PassBlock::kRows,
+                    K = PassBlock::kKeys;
+  for (int64_t j = 0; j < K; ++j)
+    for (int64_t r = 0; r < R; ++r) {
+      b.S[r * K + j] = dot8(&b.q[r * D], &b.k[j * D]);
+      b.dP[r * K + j] = dot8(&b.dout[r * D], &b.v[j * D]);
+    }
+}
+__attribute__((always_inline)) inline void pv_body(PassBlock& b) {
+  constexpr int64_t D = PassBlock::kD, R = PassBlock::kRows,
+                    K = PassBlock::kKeys;
+  for (int64_t j = 0; j < K; ++j)
+    for (int64_t r = 0; r < R; ++r) {
+      const double pij = b.S[r * K + j];
+      for (int64_t d = 0; d < D; ++d) b.O[r * D + d] += pij * b.v[j * D + d];
+    }
+}
+__attribute__((target("avx2"))) void dots_avx2(PassBlock& b) { dots_body(b); }
+__attribute__((target("avx2"))) void pv_avx2(PassBlock& b) { pv_body(b); }
+void dots_base(PassBlock& b) { dots_body(b); }
+void pv_base(PassBlock& b) { pv_body(b); }
+
+double pass_block(PassBlock& b) {
+  constexpr int64_t R = PassBlock::kRows, K = PassBlock::kKeys;
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  (avx2 ? dots_avx2 : dots_base)(b);
+  double stats = 0;
+  for (int64_t r = 0; r < R; ++r) {  // P = exp(S - m) / l, per row
+    double* s = &b.S[r * K];
+    double m = -1e300;
+    for (int64_t j = 0; j < K; ++j) m = std::max(m, 12.0 * s[j]);
+    long double l = 0;
+    for (int64_t j0 = 0; j0 < K; j0 += 16) {
+      double t = 0;
+      for (int64_t j = j0; j < j0 + 16; ++j)
+        t += (s[j] = std::exp(12.0 * s[j] - m));
+      l += t;
+    }
+    const double inv = static_cast<double>(1 / l);
+    for (int64_t j = 0; j < K; ++j) s[j] *= inv;
+  }
+  (avx2 ? pv_avx2 : pv_base)(b);
+  for (int64_t r = 0; r < R; ++r) {  // delta, Del, sum |dS|, dg's channels
+    const double* p = &b.S[r * K];
+    const double* dp = &b.dP[r * K];
+    long double delta = 0, ds = 0, ch[6] = {};
+    for (int64_t j = 0; j < K; ++j) delta += p[j] * dp[j];
+    const double dl = static_cast<double>(delta);
+    for (int64_t j = 0; j < K; ++j) {
+      const double dpd = dp[j] - dl, cm = std::max(1.0, 0.5 + p[j]);
+      ds += p[j] * std::fabs(dpd);
+      ch[0] += static_cast<long double>(p[j] * dpd) * p[j];
+      ch[1] += p[j] * (0.3 + dl) * cm;
+      ch[2] += p[j] * 0.7 * cm;
+      ch[3] += (p[j] * 257.0 + 1) * cm + 1;
+      if (p[j] > 0) ch[4] += std::fabs(dpd) * cm;
+      ch[5] += p[j] * std::fabs(dpd) * 0.1;
+    }
+    stats +=
+        static_cast<double>(ds + ch[0] + ch[1] + ch[2] + ch[3] + ch[4] + ch[5]);
+  }
+  return stats + b.O[0];
+}
+
+double pass_pair_rate(int threads) {
+  const int n = std::max(1, threads);
+  std::vector<PassBlock> blocks;
+  for (int t = 0; t < n; ++t) blocks.emplace_back(t);
+  std::vector<double> sinks(static_cast<size_t>(n));
+  double best = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {  // the best of three (shared cores)
+    const auto t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 1; t < n; ++t)
+      pool.emplace_back([&, t] {
+        sinks[static_cast<size_t>(t)] =
+            pass_block(blocks[static_cast<size_t>(t)]);
+      });
+    sinks[0] = pass_block(blocks[0]);
+    for (auto& t : pool) t.join();
+    best = std::min(best, seconds_since(t0));
+  }
+  volatile double keep = sinks[0];  // the loops' results are used
+  (void)keep;
+  return best / (static_cast<double>(n) * PassBlock::kRows * PassBlock::kKeys *
+                 PassBlock::kD);
+}
+
+int resolve_threads(int threads) {
+  return threads > 0
+             ? threads
+             : std::max(1,
+                        static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 }  // namespace
 
-CostEstimate estimate_cost(const std::vector<const Backend*>& entries,
-                           const Suite& suite, const ExecConfig& exec,
-                           bool time_forward) {
+void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
+  if (r->sampled) return;
   const auto t_start = Clock::now();
-  CostEstimate c;
-  c.attention_cases = static_cast<int>(suite.attention.size());
-  c.entries = static_cast<int>(entries.size());
-  for (const AttentionSpec& s : suite.attention) c.work += work_of(s.problem);
-  if (suite.attention.empty() || entries.empty()) return c;
+  const AttentionProblem p = sampled_calibration_problem();
+  const validation::AttentionCase c =
+      validation::round_inputs(validation::make_attention_case(
+                                   p, validation::Distribution::kGaussian, 1),
+                               Precision::kF64);
+  validation::SampleOptions o;
+  o.rows = 16;
+  o.seed = 1;
+  o.threads = resolve_threads(exec.threads);
+  const validation::SampledOracle so =
+      validation::sampled_oracle(c, Precision::kF64, o);
+  // The pass: its arithmetic per pair x D (pass_pair_rate: wall time with
+  // the run's threads sharing the pairs, as the pass does), and its
+  // preparation per input element, what the small pass took beyond it.
+  r->pass = pass_pair_rate(o.threads);
+  r->pass_setup =
+      std::max(0.0, so.pass_seconds - r->pass * visible_work(p)) / elements(p);
+  double w = 0;
+  for (const validation::SampledRow& row : so.query_rows)
+    w += static_cast<double>(validation::visible_keys(p, row.b, row.n)) *
+         query_row_heads(p);
+  for (const validation::SampledRow& row : so.key_rows)
+    w +=
+        static_cast<double>(queries_seeing(p, row.b, row.n)) * key_row_heads(p);
+  r->rows =
+      so.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
+  r->sampled = true;
+  r->seconds += seconds_since(t_start);
+}
+
+CostRates calibrate(const std::vector<const Backend*>& entries,
+                    const ExecConfig& exec, bool sampled) {
+  const auto t_start = Clock::now();
+  CostRates r;
+  r.entry.assign(entries.size(), 0);
   const AttentionProblem cp = calibration_problem();
   const double cw = work_of(cp);
+  auto t0 = Clock::now();
   const validation::AttentionCase cal =
       validation::round_inputs(validation::make_attention_case(
                                    cp, validation::Distribution::kGaussian, 1),
                                Precision::kF64);
-  auto t0 = Clock::now();
-  (void)validation::oracle_attention(cal);
-  const double oracle_rate = seconds_since(t0) / cw;
+  r.setup = seconds_since(t0) / elements(cp);
+  // The full oracle only when it is used (it is the slow part).
+  if (!sampled) {
+    t0 = Clock::now();
+    (void)validation::oracle_attention(cal);
+    r.oracle = seconds_since(t0) / cw;
+  }
   t0 = Clock::now();
   (void)validation::run_attention(validation::naive_for(Precision::kF64), cal);
-  const double naive_rate = seconds_since(t0) / cw;
-  // Per (case, precision): one oracle, and one naive run if an entry other
-  // than the reference family has that precision.
-  std::array<bool, 4> prec{}, naive{};
-  for (const Backend* b : entries) {
+  r.naive = seconds_since(t0) / cw;
+  // Fast entries again on a problem 7x the work (drawn when needed).
+  const AttentionProblem bp = large_calibration_problem();
+  const double bw = work_of(bp);
+  validation::AttentionCase big;
+  r.entry_call.assign(entries.size(), 0);
+  for (size_t ei = 0; ei < entries.size(); ++ei) {
+    const Backend* b = entries[ei];
+    r.entry[ei] = r.naive;  // an entry that cannot run the calibration
     if (!b->available()) continue;
-    prec[static_cast<size_t>(b->precision())] = true;
-    if (b->family() != "reference")
-      naive[static_cast<size_t>(b->precision())] = true;
-  }
-  double n_prec = 0, n_naive = 0;
-  for (size_t i = 0; i < 4; ++i) n_prec += prec[i], n_naive += naive[i];
-  c.oracle_s = oracle_rate * c.work * n_prec;
-  c.naive_s = naive_rate * c.work * n_naive;
-  for (const Backend* b : entries) {
-    if (!b->available()) continue;
-    double rate = naive_rate;  // an entry that cannot run the calibration
     try {
       const validation::AttentionCase rc =
           validation::round_inputs(cal, b->precision());
       (void)validation::run_attention(*b, rc, exec);  // warm-up
       t0 = Clock::now();
       (void)validation::run_attention(*b, rc, exec);
-      rate = seconds_since(t0) / cw;
+      const double t1 = seconds_since(t0);
+      r.entry[ei] = t1 / cw;
+      if (t1 >= kSlowCall) continue;  // the overhead does not matter
+      if (big.q.empty())
+        big = validation::make_attention_case(
+            bp, validation::Distribution::kGaussian, 1);
+      const validation::AttentionCase rb =
+          validation::round_inputs(big, b->precision());
+      double t2 = 1e300;
+      for (int rep = 0; rep < 2; ++rep) {  // the better of two (shared cores)
+        t0 = Clock::now();
+        (void)validation::run_attention(*b, rb, exec);
+        t2 = std::min(t2, seconds_since(t0));
+      }
+      // t = call + rate * work through both points, the rate at least a
+      // third of the large problem's average (noise).
+      const double rate = std::max((t2 - t1) / (bw - cw), t2 / bw / 3);
+      r.entry[ei] = rate;
+      r.entry_call[ei] = std::max(0.0, t1 - rate * cw);
     } catch (const std::exception&) {
     }
-    c.entries_s += rate * c.work;
-    // forward_gflops: at least 3 forward calls and 0.05 s (about a third of
-    // a forward-and-backward call each), plus a warm-up.
-    if (time_forward)
-      c.timing_s += std::max(0.05, 4 * rate * work_of(suite.timing) / 3) + 0.01;
   }
-  c.calibration_s = seconds_since(t_start);
+  r.seconds = seconds_since(t_start);
+  if (sampled) calibrate_sampled(&r, exec);
+  return r;
+}
+
+CostEstimate estimate(const CostRates& rates,
+                      const std::vector<const Backend*>& entries,
+                      const Suite& suite, bool time_forward,
+                      int64_t sample_rows, int threads) {
+  CostEstimate c;
+  c.sampled = sample_rows > 0;
+  c.sample_rows = sample_rows;
+  c.calibration_s = rates.seconds;
+  c.attention_cases = static_cast<int>(suite.attention.size());
+  c.entries = static_cast<int>(entries.size());
+  c.steps.timing.assign(entries.size(), 0);
+  std::vector<double> per_entry(entries.size(), 0);
+  for (size_t ci = 0; ci < suite.attention.size(); ++ci) {
+    const AttentionProblem& p = suite.attention[ci].problem;
+    const double work = work_of(p), vis = visible_work(p);
+    c.work += work;
+    c.visible += vis;
+    if (!c.sampled)
+      c.oracle_bytes =
+          std::max(c.oracle_bytes, 2.0 * sizeof(long double) * work /
+                                       static_cast<double>(p.head_dim));
+    std::array<double, 4> oracle{}, naive{};
+    std::vector<double> entry(entries.size(), 0);
+    // Which precisions get an oracle (some entry runs the case) and a naive
+    // baseline (some entry outside the reference family, full mode).
+    std::array<bool, 4> prec{}, with_naive{};
+    for (size_t ei = 0; ei < entries.size(); ++ei) {
+      const Backend* b = entries[ei];
+      if (!b->available() || !b->supports(p)) continue;
+      const auto pi = static_cast<size_t>(b->precision());
+      prec[pi] = true;
+      if (b->family() != "reference" && !c.sampled) with_naive[pi] = true;
+      entry[ei] = rates.entry_call[ei] + rates.entry[ei] * vis;
+      // Sampled: the verdict's O(n D) properties on every row, about as
+      // much as drawing the inputs.
+      if (c.sampled) entry[ei] += rates.setup * elements(p);
+    }
+    double pass = 0, rows = 0, flops = 0;
+    if (c.sampled) {
+      const validation::SampleOptions so =
+          sample_options(entries, p, sample_rows, 1, threads);
+      pass = rates.pass * vis + rates.pass_setup * elements(p);
+      flops = 6 * vis;  // two D-term dots and O's D-term update per pair
+      rows = rates.rows *
+             rows_work(p, expected_rows(p.batch, p.heads, p.q_len, so),
+                       expected_rows(p.batch, kv_heads(p), p.kv_len, so));
+    }
+    double case_s = 0;
+    for (size_t pi = 0; pi < 4; ++pi) {
+      if (prec[pi]) {
+        const double setup = rates.setup * elements(p);
+        oracle[pi] = setup + (c.sampled ? pass + rows : rates.oracle * work);
+        c.oracle_s += oracle[pi];
+        if (c.sampled) {
+          c.pass_s += pass;
+          c.rows_s += rows;
+          c.pass_flops += flops;
+        }
+      }
+      if (with_naive[pi]) {
+        naive[pi] = rates.naive * vis;
+        c.naive_s += naive[pi];
+      }
+      case_s += oracle[pi] + naive[pi];
+    }
+    for (size_t ei = 0; ei < entries.size(); ++ei) {
+      c.entries_s += entry[ei];
+      per_entry[ei] += entry[ei];
+      case_s += entry[ei];
+    }
+    c.steps.oracle.push_back(oracle);
+    c.steps.naive.push_back(naive);
+    c.steps.entry.push_back(std::move(entry));
+    c.case_s.push_back(case_s);
+  }
+  if (time_forward && !suite.attention.empty()) {
+    for (size_t ei = 0; ei < entries.size(); ++ei) {
+      if (!entries[ei]->available()) continue;
+      // forward_gflops: at least 3 forward calls and 0.05 s (about a third
+      // of a forward-and-backward call each), plus a warm-up.
+      const double call =
+          rates.entry_call[ei] + rates.entry[ei] * work_of(suite.timing);
+      const double t = std::max(0.05, 4 * call / 3) + 0.01;
+      c.steps.timing[ei] = t;
+      c.timing_s += t;
+      per_entry[ei] += t;
+    }
+  }
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return per_entry[a] > per_entry[b]; });
+  for (size_t k = 0; k < std::min<size_t>(3, order.size()); ++k)
+    c.top_entries.push_back({entries[order[k]]->name(), per_entry[order[k]]});
   return c;
 }
 
+CostEstimate estimate_cost(const std::vector<const Backend*>& entries,
+                           const Suite& suite, const ExecConfig& exec,
+                           bool time_forward, int64_t sample_rows) {
+  if (suite.attention.empty() || entries.empty()) {
+    CostEstimate c;
+    c.attention_cases = static_cast<int>(suite.attention.size());
+    c.entries = static_cast<int>(entries.size());
+    return c;
+  }
+  const CostRates r = calibrate(entries, exec, sample_rows > 0);
+  return estimate(r, entries, suite, time_forward, sample_rows, exec.threads);
+}
+
+double physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0
+             ? static_cast<double>(pages) * static_cast<double>(size)
+             : 0;
+}
+
+std::string duration_text(double s) {
+  return s < 120    ? fmt::format("{:.1f} s", s)
+         : s < 7200 ? fmt::format("{:.1f} min", s / 60)
+                    : fmt::format("{:.1f} h", s / 3600);
+}
+
 std::string describe(const CostEstimate& c) {
-  auto t = [](double s) {
-    return s < 120    ? fmt::format("{:.1f} s", s)
-           : s < 7200 ? fmt::format("{:.1f} min", s / 60)
-                      : fmt::format("{:.1f} h", s / 3600);
-  };
+  const auto t = duration_text;
+  const std::string work =
+      fmt::format("sum of B H Nq Nk D {:.3g}, visible pairs x B H D {:.3g}",
+                  c.work, c.visible);
+  const std::string oracle =
+      c.sampled
+          ? fmt::format(
+                "sampled oracle (--sample {}) ~{} (pass {:.3g} flops ~{}, "
+                "sampled rows ~{}), no naive baselines",
+                c.sample_rows, t(c.oracle_s), c.pass_flops, t(c.pass_s),
+                t(c.rows_s))
+          : fmt::format("oracle ~{}, naive baselines ~{}", t(c.oracle_s),
+                        t(c.naive_s));
   return fmt::format(
-      "estimated work: {} attention cases x {} entries (sum of B H Nq Nk D "
-      "{:.3g}): oracle ~{}, naive baselines ~{}, entries ~{}, timing ~{}; "
-      "total ~{} (rates measured on this machine in {:.2f} s)",
-      c.attention_cases, c.entries, c.work, t(c.oracle_s), t(c.naive_s),
-      t(c.entries_s), t(c.timing_s), t(c.total()), c.calibration_s);
+      "estimated work: {} attention cases x {} entries ({}): {}, entries ~{}, "
+      "timing ~{}; total ~{} (rates measured on this machine in {:.2f} s)",
+      c.attention_cases, c.entries, work, oracle, t(c.entries_s), t(c.timing_s),
+      t(c.total()), c.calibration_s);
 }
 
 }  // namespace qknorm::cli

@@ -1,14 +1,33 @@
-// What a qknorm-check run will cost, estimated before it starts (issue 19):
-// the long-double oracle and the naive baseline once per (attention case,
-// storage precision), every entry once per case, and the forward timing.
-// Each is calibrated on this machine by timing one small attention problem
-// (oracle, naive f64, each entry, forward and backward), then scaled by the
-// work of each case, B * H * Nq * Nk * D (the O(n^2 D) part; masks are not
-// discounted, so the estimate is an upper bound for masked cases). ScaleNorm
-// is O(rows * dim) and left out.
+// What a qknorm-check run will cost, estimated before it starts (issue 19).
+//
+// Full mode: the long-double oracle and the naive baseline once per
+// (attention case, storage precision), every entry once per case, and the
+// forward timing. Sampled mode (--sample N): per (case, precision) the
+// sampled oracle instead, whose pass costs 4 B H (visible pairs) D flops in
+// double (validation/sampled.h) and whose sampled rows are long-double
+// sub-cases of O(rows x visible keys x D) each; no naive baseline, no full
+// oracle. Each rate is calibrated on this machine by timing one small
+// problem (the oracle, the naive f64 baseline, the sampled oracle when it is
+// used, each entry forward and backward; a fast entry also on a second,
+// larger problem, which separates its per-call overhead from its rate: at
+// n = 96 simd bf16 and f16 calls are mostly overhead, and one size alone
+// overestimated n = 4096 40-fold), then scaled by the work of each case:
+//   - entries and the naive baseline: B H D x (visible (query, key) pairs)
+//     (validation::visible_keys; causal masks and padding discounted: every
+//     entry skips masked key blocks and the naive loops skip masked pairs);
+//   - the full oracle: B H Nq Nk D, not discounted (its tolerance channels
+//     visit every pair: measured causal/unmasked 0.75-0.9);
+//   - the pass: B H D x visible pairs at the rate of its own loop (two
+//     D-term dots and an update of O per pair, timed on this machine: a
+//     small sampled oracle's pass is mostly its O(n D) preparation) plus
+//     that preparation per input element; the sampled rows: D x the pairs
+//     of their sub-cases, from a small sampled oracle;
+//   - per (case, precision): drawing and rounding the inputs, B H (Nq + Nk) D.
+// ScaleNorm is O(rows * dim) and left out.
 #ifndef QKNORM_CLI_COST_H_
 #define QKNORM_CLI_COST_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,21 +36,70 @@
 
 namespace qknorm::cli {
 
+// Seconds per unit of work, measured on this machine.
+struct CostRates {
+  double oracle = 0;  // per B H Nq Nk D
+  double naive = 0;   // per B H D x visible pair (naive f64)
+  double setup = 0;   // per input element, B H (Nq + Nk) D
+  // Per entry: seconds per B H D x visible pair, and per call (the
+  // overhead the two calibration sizes show; 0 for slow entries).
+  std::vector<double> entry, entry_call;
+  // Sampled oracle (calibrated only when asked for): the pass per
+  // B H D x visible pair plus its long-double preparation per input
+  // element, the rows per sub-case pair x D.
+  bool sampled = false;
+  double pass = 0, pass_setup = 0, rows = 0;
+  double seconds = 0;  // what measuring took
+};
+
+// Measures the rates for `entries` (the sampled oracle's too if `sampled`).
+CostRates calibrate(const std::vector<const Backend*>& entries,
+                    const ExecConfig& exec, bool sampled);
+// Adds the sampled oracle's rates to r (no-op if it has them).
+void calibrate_sampled(CostRates* r, const ExecConfig& exec);
+
 struct CostEstimate {
   double oracle_s = 0, naive_s = 0, entries_s = 0, timing_s = 0;
+  // Sampled mode: oracle_s = setup + pass_s + rows_s.
+  bool sampled = false;
+  int64_t sample_rows = 0;
+  double pass_s = 0, rows_s = 0, pass_flops = 0;
   double calibration_s = 0;  // what measuring the rates took
   int attention_cases = 0, entries = 0;
-  double work = 0;  // sum over attention cases of B * H * Nq * Nk * D
+  double work = 0;     // sum over attention cases of B * H * Nq * Nk * D
+  double visible = 0;  // the same over visible pairs only
+  // Full mode: the largest case's oracle arrays, at least two long-double
+  // [B, H, Nq, Nk] arrays (dS and P in validation::oracle_attention).
+  double oracle_bytes = 0;
+  StepCosts steps;             // per step, for the progress line's ETA
+  std::vector<double> case_s;  // per attention case: oracle, naive, entries
+  // The three most expensive entries (name, seconds), for the stop message.
+  std::vector<std::pair<std::string, double>> top_entries;
   double total() const { return oracle_s + naive_s + entries_s + timing_s; }
 };
 
+// The estimate of a run of `entries` on `suite`; sample_rows > 0: sampled
+// mode with that many rows (rates must then have the sampled rates).
+CostEstimate estimate(const CostRates& rates,
+                      const std::vector<const Backend*>& entries,
+                      const Suite& suite, bool time_forward,
+                      int64_t sample_rows, int threads);
+
+// calibrate + estimate.
 CostEstimate estimate_cost(const std::vector<const Backend*>& entries,
                            const Suite& suite, const ExecConfig& exec,
-                           bool time_forward);
+                           bool time_forward, int64_t sample_rows = 0);
 
-// "estimated work: 9 attention cases x 21 entries (work 6.4e+07): oracle
-// ~3.1 s, naive ~0.4 s, entries ~2.2 s, timing ~1.1 s; total ~6.8 s"
+// "estimated work: 9 attention cases x 21 entries (sum of B H Nq Nk D
+// 6.4e+07, visible pairs 4.1e+07): oracle ~3.1 s, naive baselines ~0.4 s,
+// entries ~2.2 s, timing ~1.1 s; total ~6.8 s (rates measured on this
+// machine in 0.71 s)"; sampled: "sampled oracle ~41 s (pass 1.2e+12 flops
+// ~35 s, rows ~6 s)" in place of oracle and naive.
 std::string describe(const CostEstimate& c);
+// This machine's physical memory in bytes (0: unknown).
+double physical_memory();
+// "12.3 s", "4.1 min", "2.0 h".
+std::string duration_text(double seconds);
 
 }  // namespace qknorm::cli
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,7 @@ std::string verdict(const EntryRow& r) {
 
 std::string ratio_text(const EntryRow& r) {
   if (r.family == "reference") return "self";
+  if (!r.has_naive) return "-";  // not run (sampled mode)
   if (!std::isfinite(r.ratio)) return "inf";
   return fmt::format("{:.2f}", r.ratio);
 }
@@ -174,6 +176,30 @@ nlohmann::json worst_json(const WorstElement& w) {
           {"bound", finite_or_string(w.bound)}};
 }
 
+// True if two sampled oracles drew the same rows.
+bool same_rows(const validation::SampledOracle& a,
+               const validation::SampledOracle& b) {
+  auto eq = [](const std::vector<validation::SampledRow>& x,
+               const std::vector<validation::SampledRow>& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(),
+                                              [](const auto& u, const auto& v) {
+                                                return u.b == v.b &&
+                                                       u.h == v.h && u.n == v.n;
+                                              });
+  };
+  return eq(a.query_rows, b.query_rows) && eq(a.key_rows, b.key_rows);
+}
+
+// "first 4, tile boundary 124, random 128" as {"first": 4, ...}.
+nlohmann::json reasons_json(const std::vector<validation::SampledRow>& rows) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const validation::SampledRow& r : rows) {
+    const std::string why = r.why;
+    j[why] = j.contains(why) ? j[why].get<int>() + 1 : 1;
+  }
+  return j;
+}
+
 }  // namespace
 
 namespace {
@@ -236,8 +262,24 @@ void print_table(std::ostream& out, const Report& rep) {
       rep.threads == 0 ? std::string("all cores")
                        : std::to_string(rep.threads));
   out << "cases:\n";
-  for (size_t i = 0; i < rep.cases.size(); ++i)
+  for (size_t i = 0; i < rep.cases.size(); ++i) {
     out << fmt::format("  [{}] {}\n", i, rep.cases[i]);
+    if (i >= rep.case_costs.size()) continue;
+    // Sampled mode: the sample once per case (the same rows in every
+    // precision; each precision's own pass and rows timings).
+    const std::vector<validation::SampledOracle>& ss =
+        rep.case_costs[i].samples;
+    for (size_t k = 0; k < ss.size(); ++k) {
+      const std::string prec(name(ss[k].storage));
+      if (k > 0 && same_rows(ss[k], ss[0]))
+        out << fmt::format(
+            "      {}: same rows, pass {:.3g} flops in {:.1f} s, rows in "
+            "{:.1f} s\n",
+            prec, ss[k].pass_flops, ss[k].pass_seconds, ss[k].rows_seconds);
+      else
+        out << fmt::format("      {}: {}\n", prec, ss[k].describe());
+    }
+  }
   out << fmt::format(
       "rule (validation/tolerance.h), per element: |x - oracle| <= "
       "u_c (sum_units(n) + {:g} |A|) M + ulp_fmt(|oracle|)/2 (+ stored-O and "
@@ -263,8 +305,11 @@ void print_table(std::ostream& out, const Report& rep) {
   if (shown > kMaxFailuresShown)
     out << fmt::format("... and {} more failing cases (see --json)\n",
                        shown - kMaxFailuresShown);
-  out << fmt::format("\n{}: {} in {:.1f} s\n", rep.title,
-                     rep.pass ? "PASS" : "FAIL", rep.seconds);
+  out << fmt::format("\n{}: {} in {:.1f} s{}\n", rep.title,
+                     rep.pass ? "PASS" : "FAIL", rep.seconds,
+                     rep.estimate.empty() ? std::string()
+                                          : fmt::format(" (estimated {:.1f} s)",
+                                                        rep.estimate_s));
 }
 
 std::string to_json(const Report& rep) {
@@ -276,6 +321,74 @@ std::string to_json(const Report& rep) {
   if (!rep.estimate.empty()) {
     j["estimate_seconds"] = rep.estimate_s;
     j["estimate"] = rep.estimate;
+    // The estimate per phase beside what each took (measured sums over the
+    // attention cases; "other": timing, ScaleNorm and the calibration).
+    double oracle = 0, pass = 0, rows = 0, naive = 0, entries = 0, cases = 0;
+    for (const CaseCost& c : rep.case_costs) {
+      oracle += c.oracle_seconds;
+      naive += c.naive_seconds;
+      entries += c.entries_seconds;
+      cases += c.seconds;
+      for (const validation::SampledOracle& so : c.samples) {
+        pass += so.pass_seconds;
+        rows += so.rows_seconds;
+      }
+    }
+    j["cost"] = {{"calibration_seconds", rep.calibration_s},
+                 {"estimate",
+                  {{"oracle", rep.est_oracle_s},
+                   {"pass", rep.est_pass_s},
+                   {"rows", rep.est_rows_s},
+                   {"naive", rep.est_naive_s},
+                   {"entries", rep.est_entries_s},
+                   {"timing", rep.est_timing_s},
+                   {"total", rep.estimate_s}}},
+                 {"measured",
+                  {{"oracle", oracle},
+                   {"pass", pass},
+                   {"rows", rows},
+                   {"naive", naive},
+                   {"entries", entries},
+                   {"other", rep.seconds - cases},
+                   {"total", rep.seconds}}}};
+  }
+  if (rep.sample_rows > 0)
+    j["sample"] = {{"rows", rep.sample_rows}, {"seed", rep.sample_seed}};
+  else
+    j["sample"] = nullptr;
+  if (!rep.case_costs.empty()) {
+    nlohmann::json cc = nlohmann::json::array();
+    for (size_t i = 0; i < rep.case_costs.size(); ++i) {
+      const CaseCost& c = rep.case_costs[i];
+      nlohmann::json jc = {
+          {"case", i},
+          {"estimate_seconds",
+           i < rep.case_estimates.size() ? rep.case_estimates[i] : 0.0},
+          {"seconds", c.seconds},
+          {"oracle_seconds", c.oracle_seconds},
+          {"naive_seconds", c.naive_seconds},
+          {"entries_seconds", c.entries_seconds}};
+      nlohmann::json samples = nlohmann::json::array();
+      for (const validation::SampledOracle& so : c.samples)
+        samples.push_back({{"precision", std::string(name(so.storage))},
+                           {"seed", so.options.seed},
+                           {"rows_requested", so.options.rows},
+                           {"blocks", so.options.blocks},
+                           {"query_rows",
+                            {{"count", so.query_rows.size()},
+                             {"by_reason", reasons_json(so.query_rows)}}},
+                           {"key_rows",
+                            {{"count", so.key_rows.size()},
+                             {"by_reason", reasons_json(so.key_rows)}}},
+                           {"pass_seconds", so.pass_seconds},
+                           {"pass_flops", so.pass_flops},
+                           {"rows_seconds", so.rows_seconds},
+                           {"given_units", so.given_units},
+                           {"describe", so.describe()}});
+      jc["samples"] = samples;
+      cc.push_back(jc);
+    }
+    j["case_costs"] = cc;
   }
   j["pass"] = rep.pass;
   j["machine"] = {{"cpu", rep.machine.cpu},
@@ -297,19 +410,22 @@ std::string to_json(const Report& rep) {
   j["cases"] = rep.cases;
   nlohmann::json rows = nlohmann::json::array();
   for (const EntryRow& r : rep.rows) {
-    nlohmann::json jr = {{"kind", r.kind},
-                         {"entry", r.name},
-                         {"family", r.family},
-                         {"target", r.target},
-                         {"precision", r.precision},
-                         {"rule", r.rule},
-                         {"available", r.available},
-                         {"pass", r.pass},
-                         {"ratio_to_naive", finite_or_string(r.ratio)},
-                         {"margin", finite_or_string(r.worst.margin)},
-                         {"worst", worst_json(r.worst)},
-                         {"forward_gflops", r.gflops},
-                         {"cases_not_implemented", r.unsupported}};
+    nlohmann::json jr = {
+        {"kind", r.kind},
+        {"entry", r.name},
+        {"family", r.family},
+        {"target", r.target},
+        {"precision", r.precision},
+        {"rule", r.rule},
+        {"available", r.available},
+        {"pass", r.pass},
+        {"ratio_to_naive", r.has_naive || r.family == "reference"
+                               ? finite_or_string(r.ratio)
+                               : nlohmann::json()},
+        {"margin", finite_or_string(r.worst.margin)},
+        {"worst", worst_json(r.worst)},
+        {"forward_gflops", r.gflops},
+        {"cases_not_implemented", r.unsupported}};
     for (const FieldSummary& f : r.fields)
       jr["fields"][f.field] = {
           {"worst", stats_json(f.worst)},

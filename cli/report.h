@@ -26,6 +26,17 @@ struct Report {
   // empty elsewhere).
   double estimate_s = 0;
   std::string estimate;
+  // The estimate's phases (seconds; pass and rows in sampled mode) and
+  // what measuring the rates took.
+  double est_oracle_s = 0, est_pass_s = 0, est_rows_s = 0, est_naive_s = 0,
+         est_entries_s = 0, est_timing_s = 0, calibration_s = 0;
+  // Sampled mode (--sample; 0: the full oracle) and its seed.
+  int64_t sample_rows = 0;
+  uint64_t sample_seed = 0;
+  // Per attention case of the default run: the estimate and the measured
+  // cost, with the sampled oracles (text: describe() once per case).
+  std::vector<double> case_estimates;
+  std::vector<CaseCost> case_costs;
   bool pass = true;  // every available row passes
 };
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
@@ -139,28 +140,79 @@ CaseResult judge(const Backend& entry, const Spec& spec, Make make,
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // What every entry of one storage precision shares on one attention case:
-// the rounded inputs, the oracle and the naive baseline's result. run_suite
-// computes them once per (case, precision), not once per entry: the
-// long-double oracle costs far more than any entry (issue 19), and the
-// verdict is the same (check_attention computes exactly these).
+// the rounded inputs, the oracle (or, sampled, the sampled oracle) and the
+// naive baseline's result. run_suite computes them once per (case,
+// precision), not once per entry: the long-double oracle costs far more
+// than any entry (issue 19), and the verdict is the same (check_attention
+// computes exactly these).
 struct SharedCase {
   bool made = false, naive_made = false;
   std::string error, naive_error;  // what computing them threw, if anything
   validation::AttentionCase rc;
   validation::OracleAttention orc;
   validation::AttentionResult naive;
+  // Sampled mode iff sample.rows > 0 (run_suite sets it; SampleOptions'
+  // own default is 256).
+  validation::SampleOptions sample = [] {
+    validation::SampleOptions o;
+    o.rows = 0;
+    return o;
+  }();
+  validation::SampledOracle so;
+  double oracle_seconds = 0, naive_seconds = 0;
+  bool sampled() const { return sample.rows > 0; }
 };
+
+// Makes the shared inputs and oracle of precision `prec` (once).
+void make_oracle(const AttentionSpec& spec, Precision prec, SharedCase* sh) {
+  if (sh->made) return;
+  sh->made = true;
+  const auto t0 = Clock::now();
+  try {
+    sh->rc =
+        validation::round_inputs(validation::make_attention_case(
+                                     spec.problem, spec.dist, spec.seed, prec),
+                                 prec);
+    if (sh->sampled())
+      sh->so = validation::sampled_oracle(sh->rc, prec, sh->sample);
+    else
+      sh->orc = validation::oracle_attention(sh->rc);
+  } catch (const std::exception& e) {
+    sh->error = e.what();
+  }
+  sh->oracle_seconds = seconds_since(t0);
+}
+
+// Runs the naive baseline of precision `prec` on the shared inputs (once;
+// full mode only).
+void make_naive(Precision prec, SharedCase* sh) {
+  if (sh->naive_made || sh->sampled() || !sh->error.empty()) return;
+  sh->naive_made = true;
+  const auto t0 = Clock::now();
+  try {
+    sh->naive = validation::run_attention(validation::naive_for(prec), sh->rc);
+  } catch (const std::exception& e) {
+    sh->naive_error = e.what();
+  }
+  sh->naive_seconds = seconds_since(t0);
+}
+
+bool wants_naive(const Backend& entry, const SharedCase& sh) {
+  return !is_reference(entry) && !sh.sampled();
+}
 
 CaseResult judge_attention_shared(const Backend& entry,
                                   const AttentionSpec& spec,
                                   const ExecConfig& exec, SharedCase* sh) {
   const Precision prec = entry.precision();
-  auto describe = [&] {
-    return validation::make_attention_case(spec.problem, spec.dist, spec.seed,
-                                           Precision::kF64)
-        .describe();
-  };
+  auto describe = [&] { return describe_case(spec); };
   if (!entry.supports(spec.problem)) {
     CaseResult r;
     r.desc = describe();
@@ -170,33 +222,20 @@ CaseResult judge_attention_shared(const Backend& entry,
     return r;
   }
   try {
-    if (!sh->made) {
-      sh->made = true;
-      try {
-        sh->rc = validation::round_inputs(
-            validation::make_attention_case(spec.problem, spec.dist, spec.seed,
-                                            prec),
-            prec);
-        sh->orc = validation::oracle_attention(sh->rc);
-      } catch (const std::exception& e) {
-        sh->error = e.what();
-      }
-    }
+    make_oracle(spec, prec, sh);
     if (!sh->error.empty()) throw std::runtime_error(sh->error);
     const Backend& nb = validation::naive_for(prec);
-    const bool with_naive = !is_reference(entry);
-    if (with_naive && !sh->naive_made) {
-      sh->naive_made = true;
-      try {
-        sh->naive = validation::run_attention(nb, sh->rc);
-      } catch (const std::exception& e) {
-        sh->naive_error = e.what();
-      }
-    }
+    // The naive baseline runs beside every entry but the reference ones
+    // (not at all in sampled mode: it is O(n^2 D) naive loops).
+    const bool with_naive = wants_naive(entry, *sh);
+    if (with_naive) make_naive(prec, sh);
     if (with_naive && !sh->naive_error.empty())
       throw std::runtime_error(sh->naive_error);
     const validation::AttentionResult er =
         validation::run_attention(entry, sh->rc, exec);
+    if (sh->sampled())
+      return from_report(
+          validation::judge_sampled(sh->rc, sh->so, er, entry.name()));
     return from_report(validation::judge_attention(
         sh->rc, prec, sh->orc, er, with_naive ? &sh->naive : nullptr, false,
         entry.name(), nb.name()));
@@ -210,6 +249,46 @@ CaseResult judge_attention_shared(const Backend& entry,
 }
 
 }  // namespace
+
+std::string describe_case(const AttentionSpec& spec) {
+  validation::AttentionCase c;  // describe() reads no input
+  c.problem = spec.problem;
+  c.dist = spec.dist;
+  c.seed = spec.seed;
+  return c.describe();
+}
+
+double StepCosts::total() const {
+  double t = 0;
+  for (const auto& a : oracle)
+    for (double x : a) t += x;
+  for (const auto& a : naive)
+    for (double x : a) t += x;
+  for (const auto& a : entry)
+    for (double x : a) t += x;
+  for (double x : timing) t += x;
+  return t;
+}
+
+validation::SampleOptions sample_options(
+    const std::vector<const Backend*>& entries, const AttentionProblem& p,
+    int64_t rows, uint64_t seed, int threads) {
+  validation::SampleOptions o;
+  o.rows = rows;
+  o.seed = seed;
+  o.threads =
+      threads > 0
+          ? threads
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  for (const Backend* b : entries) {
+    if (!b->available() || !b->supports(p)) continue;
+    for (int64_t blk : b->block_sizes(p))
+      if (std::find(o.blocks.begin(), o.blocks.end(), blk) == o.blocks.end())
+        o.blocks.push_back(blk);
+  }
+  std::sort(o.blocks.begin(), o.blocks.end());
+  return o;
+}
 
 // One entry alone: the same judgement with nothing shared.
 CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
@@ -237,6 +316,7 @@ void summarize(EntryRow* row) {
   row->unsupported = 0;
   row->ratio = 0;
   row->worst = WorstElement{};
+  row->has_naive = false;
   for (size_t ci = 0; ci < row->cases.size(); ++ci) {
     const CaseResult& c = row->cases[ci];
     if (c.unsupported) {
@@ -273,6 +353,7 @@ void summarize(EntryRow* row) {
       w.ulp_max = std::max(w.ulp_max, f.entry.ulp_max);
       w.scale = std::max(w.scale, f.entry.scale);
       w.nonfinite_mismatch = w.nonfinite_mismatch || f.entry.nonfinite_mismatch;
+      row->has_naive = row->has_naive || f.has_naive;
       if (f.has_naive)
         it->ratio =
             std::max(it->ratio, ratio_of(f.entry.max_abs, f.naive.max_abs));
@@ -343,8 +424,20 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
                                 const Suite& suite, const RunOptions& opt) {
   const int per_entry =
       static_cast<int>(suite.attention.size() + suite.scalenorm.size());
-  const int total = per_entry * static_cast<int>(entries.size());
-  int done = 0;
+  Progress pr;
+  pr.total = per_entry * static_cast<int>(entries.size());
+  pr.est_total = opt.costs ? opt.costs->total() : 0;
+  // The estimate of step [i][j] of a StepCosts table (0 without one).
+  auto step_cost = [&](auto table, size_t i, size_t j) {
+    if (!opt.costs) return 0.0;
+    const auto& t = opt.costs->*table;
+    return i < t.size() && j < t[i].size() ? static_cast<double>(t[i][j]) : 0.0;
+  };
+  auto report = [&](const std::string& what) {
+    if (!opt.progress) return;
+    pr.what = what;
+    opt.progress(pr);
+  };
   auto make_row = [](const Backend& b, const char* kind) {
     EntryRow row;
     row.kind = kind;
@@ -360,38 +453,81 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     attn.push_back(make_row(*b, "attention"));
     sn.push_back(make_row(*b, "scalenorm"));
   }
+  const bool sampled = opt.sample_rows > 0;
   // Attention: case by case, so that every entry of a precision shares the
-  // case's oracle and naive baseline (SharedCase).
-  for (const AttentionSpec& s : suite.attention) {
+  // case's oracle and naive baseline (SharedCase). A precision's shared
+  // data is dropped after its last entry (long cases hold 0.5 GB each).
+  for (size_t ci = 0; ci < suite.attention.size(); ++ci) {
+    const AttentionSpec& s = suite.attention[ci];
+    const auto t_case = Clock::now();
+    CaseCost cost;
     std::array<SharedCase, 4> shared;
+    std::array<size_t, 4> last{};
+    for (size_t ei = 0; ei < entries.size(); ++ei)
+      last[static_cast<size_t>(entries[ei]->precision())] = ei;
+    if (sampled) {
+      const validation::SampleOptions so =
+          sample_options(entries, s.problem, opt.sample_rows, opt.sample_seed,
+                         opt.exec.threads);
+      for (SharedCase& sh : shared) sh.sample = so;
+    }
     for (size_t ei = 0; ei < entries.size(); ++ei) {
       const Backend& b = *entries[ei];
+      const auto pi = static_cast<size_t>(b.precision());
+      SharedCase& sh = shared[pi];
       if (attn[ei].available) {
-        if (opt.progress) opt.progress(done, total, b.name());
-        attn[ei].cases.push_back(judge_attention_shared(
-            b, s, opt.exec, &shared[static_cast<size_t>(b.precision())]));
+        if (b.supports(s.problem) && !sh.made) {
+          report(std::string(sampled ? "sampled oracle " : "oracle ") +
+                 std::string(name(b.precision())));
+          make_oracle(s, b.precision(), &sh);
+          pr.est_done += step_cost(&StepCosts::oracle, ci, pi);
+          cost.oracle_seconds += sh.oracle_seconds;
+          if (sampled && sh.error.empty()) {
+            cost.samples.push_back(sh.so);
+            cost.samples.back().tables.clear();
+          }
+        }
+        if (b.supports(s.problem) && wants_naive(b, sh) && !sh.naive_made &&
+            sh.error.empty()) {
+          report(validation::naive_for(b.precision()).name() +
+                 " (naive baseline)");
+          make_naive(b.precision(), &sh);
+          pr.est_done += step_cost(&StepCosts::naive, ci, pi);
+          cost.naive_seconds += sh.naive_seconds;
+        }
+        report(b.name());
+        const auto t0 = Clock::now();
+        attn[ei].cases.push_back(judge_attention_shared(b, s, opt.exec, &sh));
+        cost.entries_seconds += seconds_since(t0);
+        pr.est_done += step_cost(&StepCosts::entry, ci, ei);
       }
-      ++done;
+      ++pr.done;
+      if (ei == last[pi]) sh = SharedCase{};
     }
+    cost.seconds = seconds_since(t_case);
+    if (opt.case_costs) opt.case_costs->push_back(std::move(cost));
   }
   for (size_t ei = 0; ei < entries.size(); ++ei) {
     const Backend& b = *entries[ei];
     if (!attn[ei].available || suite.attention.empty() || !opt.time_forward)
       continue;
+    report("timing " + b.name());
     try {
       attn[ei].gflops = forward_gflops(b, suite.timing, opt.exec);
     } catch (const std::exception&) {
       attn[ei].gflops = 0;  // the judged cases already report the error
     }
+    if (opt.costs && ei < opt.costs->timing.size())
+      pr.est_done += opt.costs->timing[ei];
   }
   for (size_t ei = 0; ei < entries.size(); ++ei) {
     const Backend& b = *entries[ei];
     for (const ScaleNormSpec& s : suite.scalenorm) {
       if (sn[ei].available) {
-        if (opt.progress) opt.progress(done, total, b.name());
+        report(b.name());
         sn[ei].cases.push_back(judge_scalenorm(b, s, opt.exec));
       }
-      ++done;
+      ++pr.done;
     }
   }
   std::vector<EntryRow> rows;

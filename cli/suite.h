@@ -7,9 +7,18 @@
 // reference:<prec> is run beside each other entry for the report's ratio and
 // its own margin (a naive margin above 1 would mean the rule is unsound
 // there); it is no part of the entry's bound.
+//
+// Sampled mode (RunOptions::sample_rows > 0, issue 19): every attention case
+// is judged by the sampled oracle (validation/sampled.h) instead: per
+// (case, storage precision) one SampledOracle, whose sampled rows every
+// entry of that precision is judged on (validation::judge_sampled), with the
+// O(n D) properties on every other row. The naive baseline is not run there
+// (it is O(n^2 D) naive loops) and is reported absent; the reference entries
+// still run if selected. ScaleNorm cases are unchanged.
 #ifndef QKNORM_CLI_SUITE_H_
 #define QKNORM_CLI_SUITE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -17,6 +26,7 @@
 
 #include "qknorm/backend.h"
 #include "validation/harness.h"
+#include "validation/sampled.h"
 
 namespace qknorm::cli {
 
@@ -99,19 +109,65 @@ struct EntryRow {
   std::vector<FieldSummary> fields;
   std::vector<CaseResult> cases;
   double ratio = 0;
-  WorstElement worst;   // over every field and case
-  double gflops = 0;    // forward, 4 * Nq * Nk * D per head (0: not timed)
+  WorstElement worst;      // over every field and case
+  bool has_naive = false;  // some field was compared with the naive baseline
+  double gflops = 0;       // forward, 4 * Nq * Nk * D per head (0: not timed)
   int unsupported = 0;  // cases whose formulation the entry does not implement
   bool available = true;
   bool pass = true;
 };
 
+// Estimated seconds of each step of run_suite (cli/cost.h fills them), for
+// the progress line's ETA. Indexed [attention case][storage precision] for
+// the oracle (full, or the sampled oracle's pass and rows) and the naive
+// baseline, [attention case][entry] for the entries, [entry] for the timing.
+struct StepCosts {
+  std::vector<std::array<double, 4>> oracle, naive;
+  std::vector<std::vector<double>> entry;
+  std::vector<double> timing;
+  double total() const;
+};
+
+// Where a run is, for the progress line.
+struct Progress {
+  int done = 0, total = 0;  // (entry, case) checks
+  std::string what;         // the entry, or the oracle being computed
+  // Estimated seconds of the finished steps and of the whole run
+  // (StepCosts; both 0 without an estimate).
+  double est_done = 0, est_total = 0;
+};
+
+// What one attention case of a run cost (measured), and its sampled
+// oracles (sampled mode: one per storage precision computed, `tables`
+// dropped).
+struct CaseCost {
+  double seconds = 0;          // the whole case, wall time
+  double oracle_seconds = 0;   // the oracles (sampled: pass + rows + setup)
+  double naive_seconds = 0;    // the naive baselines (full mode)
+  double entries_seconds = 0;  // the entries' runs and verdicts
+  std::vector<validation::SampledOracle> samples;
+};
+
 struct RunOptions {
   ExecConfig exec;
   bool time_forward = true;
-  // Called before each (entry, case) check: done, total, entry name.
-  std::function<void(int, int, const std::string&)> progress;
+  // Sampled mode: at least this many query rows and key rows per attention
+  // case (0: the full oracle), drawn with this seed.
+  int64_t sample_rows = 0;
+  uint64_t sample_seed = 1;
+  // Called before each step (an (entry, case) check, an oracle, a naive
+  // baseline, a timing).
+  std::function<void(const Progress&)> progress;
+  const StepCosts* costs = nullptr;  // for Progress::est_*; may be null
+  std::vector<CaseCost>* case_costs = nullptr;  // filled per attention case
 };
+
+// The sample options run_suite uses on attention case p: the union of the
+// tile sizes every entry declares for p (Backend::block_sizes), the rows,
+// seed and threads (0: every core).
+validation::SampleOptions sample_options(
+    const std::vector<const Backend*>& entries, const AttentionProblem& p,
+    int64_t rows, uint64_t seed, int threads);
 
 // Judges every entry on every case (see the top of this file).
 std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
@@ -122,6 +178,9 @@ CaseResult judge_attention(const Backend& entry, const AttentionSpec& spec,
                            const ExecConfig& exec);
 CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
                            const ExecConfig& exec);
+// validation::AttentionCase::describe() of the spec's case, without drawing
+// its inputs (a long case holds gigabytes).
+std::string describe_case(const AttentionSpec& spec);
 // The case result of a finished verdict.
 CaseResult from_report(const validation::AgreementReport& rep);
 
