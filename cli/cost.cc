@@ -130,15 +130,16 @@ AttentionProblem calibration_problem() {
   return p;
 }
 
-// The fast entries' second problem: 7x the calibration problem's work.
+// The fast entries' second problem: 7.1x the calibration problem's work,
+// 2.7x its input elements.
 AttentionProblem large_calibration_problem() {
   AttentionProblem p = calibration_problem();
   p.q_len = p.kv_len = 256;
   return p;
 }
 
-// Below this a calibration call is mostly per-call overhead.
-constexpr double kSlowCall = 0.02;
+// Below this a calibration call is timed on the second problem too.
+constexpr double kSlowCall = 0.1;
 
 // The sampled oracle's: causal as the long runs are, small enough that its
 // sampled rows (about 30 query and 30 key rows, forced by the tile
@@ -163,7 +164,7 @@ AttentionProblem sampled_calibration_problem() {
 // pass below n ~ 10^5. Returns wall seconds per pair x D with `threads`
 // threads sharing the pairs.
 struct PassBlock {
-  static constexpr int64_t kD = 128, kRows = 16, kKeys = 1024;
+  static constexpr int64_t kD = 128, kRows = 16, kKeys = 2048;
   std::vector<double> q, dout, k, v, S, dP, O;
   explicit PassBlock(int seed)
       : q(kRows * kD),
@@ -263,7 +264,7 @@ double pass_pair_rate(int threads) {
   for (int t = 0; t < n; ++t) blocks.emplace_back(t);
   std::vector<double> sinks(static_cast<size_t>(n));
   double best = 1e300;
-  for (int rep = 0; rep < 3; ++rep) {  // the best of three (shared cores)
+  for (int rep = 0; rep < 6; ++rep) {  // the best of six (shared cores)
     const auto t0 = Clock::now();
     std::vector<std::thread> pool;
     for (int t = 1; t < n; ++t)
@@ -345,11 +346,21 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
   t0 = Clock::now();
   (void)validation::run_attention(validation::naive_for(Precision::kF64), cal);
   r.naive = seconds_since(t0) / cw;
-  // Fast entries again on a problem 7x the work (drawn when needed).
+  // Fast entries again on a problem 7.1x the work (drawn when needed).
   const AttentionProblem bp = large_calibration_problem();
-  const double bw = work_of(bp);
+  const double bw = work_of(bp), ce = elements(cp), be = elements(bp);
   validation::AttentionCase big;
-  r.entry_call.assign(entries.size(), 0);
+  r.entry_elem.assign(entries.size(), 0);
+  auto best_of = [&](int reps, const Backend& b,
+                     const validation::AttentionCase& rc) {
+    double t = 1e300;
+    for (int rep = 0; rep < reps; ++rep) {  // shared cores: the best
+      t0 = Clock::now();
+      (void)validation::run_attention(b, rc, exec);
+      t = std::min(t, seconds_since(t0));
+    }
+    return t;
+  };
   for (size_t ei = 0; ei < entries.size(); ++ei) {
     const Backend* b = entries[ei];
     r.entry[ei] = r.naive;  // an entry that cannot run the calibration
@@ -358,27 +369,28 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
       const validation::AttentionCase rc =
           validation::round_inputs(cal, b->precision());
       (void)validation::run_attention(*b, rc, exec);  // warm-up
-      t0 = Clock::now();
-      (void)validation::run_attention(*b, rc, exec);
-      const double t1 = seconds_since(t0);
+      const double t1 = best_of(2, *b, rc);
       r.entry[ei] = t1 / cw;
-      if (t1 >= kSlowCall) continue;  // the overhead does not matter
+      if (t1 >= kSlowCall) continue;
       if (big.q.empty())
         big = validation::make_attention_case(
             bp, validation::Distribution::kGaussian, 1);
-      const validation::AttentionCase rb =
-          validation::round_inputs(big, b->precision());
-      double t2 = 1e300;
-      for (int rep = 0; rep < 2; ++rep) {  // the better of two (shared cores)
-        t0 = Clock::now();
-        (void)validation::run_attention(*b, rb, exec);
-        t2 = std::min(t2, seconds_since(t0));
+      const double t2 =
+          best_of(2, *b, validation::round_inputs(big, b->precision()));
+      // t = elem * elements + rate * work through both points (a fast
+      // entry's conversions and normalization, O(n D), outweigh its
+      // O(n^2 D) part at these sizes: simd f16 at n = 96 / 256 / 1024,
+      // 18 / 50 / 240 ms, fits elem = 3.6e-7 s, rate = 3.8e-10 s); if the
+      // noise makes either negative, the large problem's average rate.
+      const double det = ce * bw - be * cw;
+      const double rate = (ce * t2 - be * t1) / det;
+      const double elem = (t1 * bw - t2 * cw) / det;
+      if (rate > 0 && elem >= 0) {
+        r.entry[ei] = rate;
+        r.entry_elem[ei] = elem;
+      } else {
+        r.entry[ei] = t2 / bw;
       }
-      // t = call + rate * work through both points, the rate at least a
-      // third of the large problem's average (noise).
-      const double rate = std::max((t2 - t1) / (bw - cw), t2 / bw / 3);
-      r.entry[ei] = rate;
-      r.entry_call[ei] = std::max(0.0, t1 - rate * cw);
     } catch (const std::exception&) {
     }
   }
@@ -419,7 +431,7 @@ CostEstimate estimate(const CostRates& rates,
       const auto pi = static_cast<size_t>(b->precision());
       prec[pi] = true;
       if (b->family() != "reference" && !c.sampled) with_naive[pi] = true;
-      entry[ei] = rates.entry_call[ei] + rates.entry[ei] * vis;
+      entry[ei] = rates.entry_elem[ei] * elements(p) + rates.entry[ei] * vis;
       // Sampled: the verdict's O(n D) properties on every row, about as
       // much as drawing the inputs.
       if (c.sampled) entry[ei] += rates.setup * elements(p);
@@ -467,8 +479,8 @@ CostEstimate estimate(const CostRates& rates,
       if (!entries[ei]->available()) continue;
       // forward_gflops: at least 3 forward calls and 0.05 s (about a third
       // of a forward-and-backward call each), plus a warm-up.
-      const double call =
-          rates.entry_call[ei] + rates.entry[ei] * work_of(suite.timing);
+      const double call = rates.entry_elem[ei] * elements(suite.timing) +
+                          rates.entry[ei] * work_of(suite.timing);
       const double t = std::max(0.05, 4 * call / 3) + 0.01;
       c.steps.timing[ei] = t;
       c.timing_s += t;

@@ -9,10 +9,12 @@
 // oracle. Each rate is calibrated on this machine by timing one small
 // problem (the oracle, the naive f64 baseline, the sampled oracle when it is
 // used, each entry forward and backward; a fast entry also on a second,
-// larger problem, which separates its per-call overhead from its rate: at
-// n = 96 simd bf16 and f16 calls are mostly overhead, and one size alone
-// overestimated n = 4096 40-fold), then scaled by the work of each case:
+// larger problem, which separates its O(n D) part (conversions,
+// normalization) from its O(n^2 D) rate: at n = 96 simd bf16 and f16 calls
+// are mostly the former, and one size alone overestimated n = 4096
+// 40-fold), then scaled by the work of each case:
 //   - entries and the naive baseline: B H D x (visible (query, key) pairs)
+//     (+ the input elements B H (Nq + Nk) D for fast entries)
 //     (validation::visible_keys; causal masks and padding discounted: every
 //     entry skips masked key blocks and the naive loops skip masked pairs);
 //   - the full oracle: B H Nq Nk D, not discounted (its tolerance channels
@@ -41,9 +43,9 @@ struct CostRates {
   double oracle = 0;  // per B H Nq Nk D
   double naive = 0;   // per B H D x visible pair (naive f64)
   double setup = 0;   // per input element, B H (Nq + Nk) D
-  // Per entry: seconds per B H D x visible pair, and per call (the
-  // overhead the two calibration sizes show; 0 for slow entries).
-  std::vector<double> entry, entry_call;
+  // Per entry: seconds per B H D x visible pair, and per input element
+  // (its O(n D) part, from the two calibration sizes; 0 for slow entries).
+  std::vector<double> entry, entry_elem;
   // Sampled oracle (calibrated only when asked for): the pass per
   // B H D x visible pair plus its long-double preparation per input
   // element, the rows per sub-case pair x D.
