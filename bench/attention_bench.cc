@@ -2,10 +2,12 @@
 // (never a hard-coded kernel list) and registers, in one binary and one run:
 //   attn/<entry>/<fwd|bwd>/d:<d>/n:<n>/mask:<none|causal>/T:<threads>
 //       an entry's attention_forward / attention_backward, fp32, B = 1, H = 8;
-//   gemm/<qk|pv>/d:<d>/n:<n>/T:<threads>
-//       the anchor: bare cblas_sgemm on the same attention-shaped GEMMs
-//       (QK^T: n x n x d, PV: n x d x n, per head) with
-//       openblas_set_num_threads(T);
+//   gemm/<qk|pv|dv|dp|dq|dk>/d:<d>/n:<n>/T:<threads>
+//       the anchors: bare cblas_sgemm on the same attention-shaped GEMMs,
+//       per head, with openblas_set_num_threads(T): the forward's QK^T
+//       (n x n x d) and PV (n x d x n); the backward's own dV = P^T dO,
+//       dP = dO V^T, dQ = dS K, dK = dS^T Q (registered when bwd is
+//       measured; report.py weights each set by its FLOPs);
 //   fma/<avx2|avx512>/T:<threads>
 //       the FMA-peak microbenchmark (independent FMA chains, fma_peak.h).
 // Every benchmark reports real (wall) time, since the kernels run their own
@@ -218,7 +220,7 @@ void attention_benchmark(benchmark::State& state, const Backend* entry,
       flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void gemm_benchmark(benchmark::State& state, bool pv, Shape shape,
+void gemm_benchmark(benchmark::State& state, GemmOp op, Shape shape,
                     int threads) {
   static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<GemmAnchor>>
       cache;
@@ -226,9 +228,9 @@ void gemm_benchmark(benchmark::State& state, bool pv, Shape shape,
   if (!slot) slot = std::make_unique<GemmAnchor>(shape);
   set_openblas_threads(threads);
   used_openblas(threads);
-  pv ? slot->pv() : slot->qk();  // untimed warm-up
+  slot->run(op);  // untimed warm-up
   for (auto _ : state) {
-    pv ? slot->pv() : slot->qk();
+    slot->run(op);
     benchmark::ClobberMemory();
   }
   state.counters["flops"] = slot->flops_per_gemm();
@@ -326,18 +328,23 @@ void register_anchors(const Options& o) {
     for (int64_t n : o.form_ns)
       if (std::find(ns.begin(), ns.end(), n) == ns.end()) ns.push_back(n);
   }
+  // The forward's GEMMs always (every row's table group names them); the
+  // backward's own four when backward rows are measured.
+  std::vector<GemmOp> ops = {GemmOp::kQK, GemmOp::kPV};
+  if (std::find(o.dirs.begin(), o.dirs.end(), "bwd") != o.dirs.end())
+    ops.insert(ops.end(), {GemmOp::kDV, GemmOp::kDP, GemmOp::kDQ, GemmOp::kDK});
   for (int64_t d : ds) {
     for (int64_t n : ns) {
       for (int64_t t : o.threads) {
-        for (bool pv : {false, true}) {
+        for (GemmOp op : ops) {
           const Shape s{8, n, d, false};
-          const std::string name = std::string("gemm/") + (pv ? "pv" : "qk") +
+          const std::string name = std::string("gemm/") + gemm_op_name(op) +
                                    "/d:" + std::to_string(d) +
                                    "/n:" + std::to_string(n) +
                                    "/T:" + std::to_string(t);
           benchmark::RegisterBenchmark(name.c_str(),
                                        [=](benchmark::State& st) {
-                                         gemm_benchmark(st, pv, s,
+                                         gemm_benchmark(st, op, s,
                                                         static_cast<int>(t));
                                        })
               ->UseRealTime()

@@ -168,6 +168,24 @@ void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads) {
                              ws_.get(), ExecConfig{threads});
 }
 
+const char* gemm_op_name(GemmOp op) {
+  switch (op) {
+    case GemmOp::kQK:
+      return "qk";
+    case GemmOp::kPV:
+      return "pv";
+    case GemmOp::kDV:
+      return "dv";
+    case GemmOp::kDP:
+      return "dp";
+    case GemmOp::kDQ:
+      return "dq";
+    case GemmOp::kDK:
+      return "dk";
+  }
+  return "?";
+}
+
 GemmAnchor::GemmAnchor(const Shape& s) : shape_(s) {
   const size_t hnd = static_cast<size_t>(s.heads * s.n * s.d);
   // Values in the range attention sees (unit-norm rows, probabilities); the
@@ -175,30 +193,61 @@ GemmAnchor::GemmAnchor(const Shape& s) : shape_(s) {
   q_.resize(hnd);
   k_.resize(hnd);
   v_.resize(hnd);
+  d_o_.resize(hnd);
   o_.assign(hnd, 0.0f);
+  dq_.assign(hnd, 0.0f);
+  dk_.assign(hnd, 0.0f);
+  dv_.assign(hnd, 0.0f);
   for (size_t i = 0; i < hnd; ++i) {
     q_[i] = 0.125f + 0.001f * static_cast<float>(i % 97);
     k_[i] = 0.125f - 0.001f * static_cast<float>(i % 89);
     v_[i] = 1.0f - 0.01f * static_cast<float>(i % 83);
+    d_o_[i] = 0.5f - 0.01f * static_cast<float>(i % 79);
   }
-  s_.assign(static_cast<size_t>(s.n * s.n), 1.0f / static_cast<float>(s.n));
+  const size_t nn = static_cast<size_t>(s.n * s.n);
+  s_.assign(nn, 1.0f / static_cast<float>(s.n));
+  ds_.assign(nn, 0.25f / static_cast<float>(s.n));
 }
 
-void GemmAnchor::qk() {
+void GemmAnchor::run(GemmOp op) {
   const int n = static_cast<int>(shape_.n), d = static_cast<int>(shape_.d);
+  // The n x n products (S = Q K^T, dP = dO V^T) are n x n x d, NoTrans x
+  // Trans; the others n x d x n with A = P or dS, transposed for dV and dK.
+  const bool square = op == GemmOp::kQK || op == GemmOp::kDP;
+  const CBLAS_TRANSPOSE ta =
+      op == GemmOp::kDV || op == GemmOp::kDK ? CblasTrans : CblasNoTrans;
   for (int64_t h = 0; h < shape_.heads; ++h) {
     const size_t off = static_cast<size_t>(h * shape_.n * shape_.d);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f,
-                q_.data() + off, d, k_.data() + off, d, 0.0f, s_.data(), n);
-  }
-}
-
-void GemmAnchor::pv() {
-  const int n = static_cast<int>(shape_.n), d = static_cast<int>(shape_.d);
-  for (int64_t h = 0; h < shape_.heads; ++h) {
-    const size_t off = static_cast<size_t>(h * shape_.n * shape_.d);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f,
-                s_.data(), n, v_.data() + off, d, 0.0f, o_.data() + off, d);
+    const float *q = q_.data() + off, *k = k_.data() + off,
+                *v = v_.data() + off, *d_o = d_o_.data() + off;
+    const float *a = nullptr, *b = nullptr;
+    float* c = nullptr;
+    switch (op) {
+      case GemmOp::kQK:  // S = Q K^T
+        a = q, b = k, c = s_.data();
+        break;
+      case GemmOp::kPV:  // O = P V
+        a = s_.data(), b = v, c = o_.data() + off;
+        break;
+      case GemmOp::kDV:  // dV = P^T dO
+        a = s_.data(), b = d_o, c = dv_.data() + off;
+        break;
+      case GemmOp::kDP:  // dP = dO V^T
+        a = d_o, b = v, c = ds_.data();
+        break;
+      case GemmOp::kDQ:  // dQ = dS K
+        a = ds_.data(), b = k, c = dq_.data() + off;
+        break;
+      case GemmOp::kDK:  // dK = dS^T Q
+        a = ds_.data(), b = q, c = dk_.data() + off;
+        break;
+    }
+    if (square)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, a, d,
+                  b, d, 0.0f, c, n);
+    else
+      cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, n, d, n, 1.0f, a, n, b, d,
+                  0.0f, c, d);
   }
 }
 

@@ -3,7 +3,7 @@
 // the bare OpenBLAS GEMMs an attention head performs (the anchor).
 //
 // Nothing here is timed: callers time (or count) only the calls
-// AttentionRun::forward / backward and GemmAnchor::qk / pv make.
+// AttentionRun::forward / backward and GemmAnchor::run make.
 #ifndef QKNORM_BENCH_ATTENTION_SETUP_H_
 #define QKNORM_BENCH_ATTENTION_SETUP_H_
 
@@ -85,18 +85,26 @@ class AttentionRun {
   std::unique_ptr<Workspace> ws_;
 };
 
-// The bare GEMMs of one attention forward, per head, on dense f32 buffers:
-// S = Q K^T (n x n x d; cblas_sgemm NoTrans x Trans) and O = P V (n x d x n).
-// One n x n buffer serves every head, as a head-by-head BLAS path would.
+// The bare GEMMs of one attention head, on dense f32 buffers, every head in
+// turn. Forward: S = Q K^T (n x n x d; cblas_sgemm NoTrans x Trans) and
+// O = P V (n x d x n). Backward, the four GEMMs the backward's own shapes
+// need: dV = P^T dO (n x d x n, Trans x NoTrans), dP = dO V^T (n x n x d,
+// NoTrans x Trans), dQ = dS K (n x d x n, NoTrans x NoTrans) and
+// dK = dS^T Q (n x d x n, Trans x NoTrans). Two n x n buffers (P, dS) serve
+// every head, as a head-by-head BLAS path would.
+enum class GemmOp { kQK, kPV, kDV, kDP, kDQ, kDK };
+// "qk", "pv", "dv", "dp", "dq", "dk" (the benchmark names gemm/<op>/...).
+const char* gemm_op_name(GemmOp op);
 class GemmAnchor {
  public:
   explicit GemmAnchor(const Shape& s);
-  void qk();                      // all heads
-  void pv();                      // all heads
-  double flops_per_gemm() const;  // 2 n^2 d per head, all heads
+  void run(GemmOp op);  // all heads
+  void qk() { run(GemmOp::kQK); }
+  void pv() { run(GemmOp::kPV); }
+  double flops_per_gemm() const;  // 2 n^2 d per head, all heads (every op)
  private:
   Shape shape_;
-  std::vector<float> q_, k_, v_, s_, o_;
+  std::vector<float> q_, k_, v_, d_o_, s_, ds_, o_, dq_, dk_, dv_;
 };
 
 // OpenBLAS thread control for the anchors (openblas_set_num_threads).

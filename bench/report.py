@@ -16,10 +16,13 @@ Definitions (bench/README.md):
              backward 10 n^2 d, causal counting only n (n + 1) / 2 pairs),
              one sample per repetition, median over the pooled samples;
              spread = min-max of the samples.
-  GEMM rate  (F_qk + F_pv) / (t_qk + t_pv) from the median times of the
-             bare cblas_sgemm QK^T and PV of the same (d, n, threads): the
-             rate of the GEMM work of one attention forward.
-  xGEMM      rate / GEMM rate; xpeer: rate / torch rate of the same config.
+  GEMM rate  per direction, sum F / sum t over that direction's bare
+             cblas_sgemm GEMMs of the same (d, n, threads), median times:
+             forward QK^T and PV (the rate of the GEMM work of one attention
+             forward), backward dV = P^T dO, dP = dO V^T, dQ = dS K and
+             dK = dS^T Q (the backward's own shapes).
+  xGEMM      rate / GEMM rate of the row's direction; xpeer: rate / torch
+             rate of the same config.
   %peak      rate / (threads x per-core FMA peak of the entry's ISA measured
              in the same run, best sample: simd AVX3* -> avx512, other simd
              -> avx2, everything else -> the widest ISA measured).
@@ -35,6 +38,12 @@ import re
 import statistics
 import subprocess
 import sys
+
+# Each direction's anchor: the bare GEMMs (gemm/<op>/... benchmarks) whose
+# FLOP-weighted rate its rows are compared with.
+ANCHOR_OPS = {"fwd": ("qk", "pv"), "bwd": ("dv", "dp", "dq", "dk")}
+ANCHOR_ENTRY = {"fwd": "sgemm(qk+pv)", "bwd": "sgemm(dv+dp+dq+dk)"}
+ANCHOR_LABEL = {"fwd": "QK^T+PV", "bwd": "dV+dP+dQ+dK"}
 
 GOALS = [
     # (family, direction, versus, threshold): issue 8, "Goals to report".
@@ -161,7 +170,7 @@ def cmd_bench(args):
             # machine disturbed least (the median would track the load).
             peak_core[(p["op"], p["T"])] = (
                 stats(flops[name], secs)["max"] / p["T"] * 1e-9)
-    # GEMM anchor per (d, n, T).
+    # GEMM anchor per (dir, d, n, T): each direction's own GEMMs.
     gemm = {}
     for name, secs in samples.items():
         p = parse_name(name)
@@ -170,14 +179,17 @@ def cmd_bench(args):
                 flops[name], secs)
     gemm_rate = {}
     for key, ops in gemm.items():
-        if "qk" in ops and "pv" in ops:
-            f = ops["qk"][0] + ops["pv"][0]
-            med = [statistics.median(ops[o][1]) for o in ("qk", "pv")]
-            lo = [min(ops[o][1]) for o in ("qk", "pv")]
-            hi = [max(ops[o][1]) for o in ("qk", "pv")]
-            gemm_rate[key] = {"median": f / sum(med), "min": f / sum(hi),
-                              "max": f / sum(lo), "samples": min(
-                                  len(ops["qk"][1]), len(ops["pv"][1]))}
+        for dr, names in ANCHOR_OPS.items():
+            if not all(o in ops for o in names):
+                continue
+            f = sum(ops[o][0] for o in names)
+            med = [statistics.median(ops[o][1]) for o in names]
+            lo = [min(ops[o][1]) for o in names]
+            hi = [max(ops[o][1]) for o in names]
+            gemm_rate[(dr,) + key] = {
+                "median": f / sum(med), "min": f / sum(hi),
+                "max": f / sum(lo),
+                "samples": min(len(ops[o][1]) for o in names)}
     # Torch peer per config.
     peer = {}
     for name, secs in tsamples.items():
@@ -206,7 +218,7 @@ def cmd_bench(args):
                         "samples": st["samples"],
                         "cpu_gflops": cpu_rate(flops[name], cpu.get(name),
                                                p["T"])})
-            g = gemm_rate.get((p["d"], p["n"], p["T"]))
+            g = gemm_rate.get((p["dir"], p["d"], p["n"], p["T"]))
             row["gemm_gflops"] = g["median"] * 1e-9 if g else None
             row["x_gemm"] = st["median"] / g["median"] if g else None
             pr = peer.get(key)
@@ -225,7 +237,7 @@ def cmd_bench(args):
         pk = peak_core.get((isa_for("torch", {k[0]: v for k, v in
                                               peak_core.items()
                                               if k[1] == t}), t))
-        g = gemm_rate.get((dd, n, t))
+        g = gemm_rate.get((d_, dd, n, t))
         rows.append({"entry": "torch", "family": "peer", "dir": d_, "d": dd,
                      "n": n, "mask": mask, "threads": t,
                      "gflops": pr["median"] * 1e-9, "min": pr["min"] * 1e-9,
@@ -235,11 +247,12 @@ def cmd_bench(args):
                      "x_peer": 1.0,
                      "frac_peak": (pr["median"] * 1e-9 / (pk * t)
                                    if pk else None)})
-    for (dd, n, t), g in gemm_rate.items():
+    for (dr, dd, n, t), g in gemm_rate.items():
         pk = peak_core.get((isa_for("gemm", {k[0]: v for k, v in
                                              peak_core.items()
                                              if k[1] == t}), t))
-        rows.append({"entry": "sgemm(qk+pv)", "family": "anchor",
+        rows.append({"entry": ANCHOR_ENTRY[dr], "family": "anchor",
+                     "anchor_for": dr,
                      "dir": "gemm", "d": dd, "n": n, "mask": "none",
                      "threads": t, "gflops": g["median"] * 1e-9,
                      "min": g["min"] * 1e-9, "max": g["max"] * 1e-9,
@@ -272,8 +285,14 @@ def cmd_bench(args):
         json.dump({"meta": meta, "context": context, "torch": tinfo,
                    "fma_peak_per_core_gflops": {
                        "%s/T:%d" % k: v for k, v in peak_core.items()},
-                   "gemm_gflops": {"d:%d/n:%d/T:%d" % k: v["median"] * 1e-9
-                                   for k, v in gemm_rate.items()},
+                   "gemm_gflops": {"d:%d/n:%d/T:%d" % k[1:]:
+                                   v["median"] * 1e-9
+                                   for k, v in gemm_rate.items()
+                                   if k[0] == "fwd"},
+                   "gemm_bwd_gflops": {"d:%d/n:%d/T:%d" % k[1:]:
+                                       v["median"] * 1e-9
+                                       for k, v in gemm_rate.items()
+                                       if k[0] == "bwd"},
                    "rows": rows, "goals": goals}, f, indent=1)
     print("\nwrote %s/bench.csv and %s/bench.json" % (args.out_dir,
                                                      args.out_dir))
@@ -297,7 +316,7 @@ def print_table(rows, peak_core, context, tinfo):
     print()
     print(hdr)
     print("-" * len(hdr))
-    gemm = {(r["d"], r["n"], r["threads"]): r for r in rows
+    gemm = {(r["anchor_for"], r["d"], r["n"], r["threads"]): r for r in rows
             if r["family"] == "anchor"}
     last = None
     for r in rows:
@@ -305,10 +324,10 @@ def print_table(rows, peak_core, context, tinfo):
             continue
         group = (r["dir"], r["d"], r["n"], r["mask"], r["threads"])
         if group != last:
-            g = gemm.get((r["d"], r["n"], r["threads"]))
-            print("%s%s d%d n%d %s T%d: sgemm QK^T+PV %s" % (
+            g = gemm.get((r["dir"], r["d"], r["n"], r["threads"]))
+            print("%s%s d%d n%d %s T%d: sgemm %s %s" % (
                 "" if last is None else "\n", r["dir"], r["d"], r["n"],
-                r["mask"], r["threads"],
+                r["mask"], r["threads"], ANCHOR_LABEL.get(r["dir"], "?"),
                 "%.1f GFLOP/s (%.1f-%.1f)" % (g["gflops"], g["min"], g["max"])
                 if g else "not measured"))
         last = group
@@ -341,7 +360,9 @@ def print_side_by_side(rows):
                                    r["family"] == "anchor"):
             cell[(r["entry"], r["dir"], r["d"], r["n"], r["mask"],
                   r["threads"])] = r
-    print("\nSide by side: GFLOP/s (xGEMM / xpeer); sgemm = QK^T+PV rate")
+    print("\nSide by side: GFLOP/s (xGEMM / xpeer); sgemm = the direction's "
+          "GEMM rate (fwd %s, bwd %s)" % (ANCHOR_LABEL["fwd"],
+                                          ANCHOR_LABEL["bwd"]))
     hdr = "%-4s %-17s %2s %7s" % ("dir", "shape", "T", "sgemm") + "".join(
         " %19s" % c for c in cols)
     print(hdr)
@@ -354,7 +375,7 @@ def print_side_by_side(rows):
         dr, d, n, mask, t = k
         if not any((c,) + k in cell for c in full):
             continue
-        g = cell.get(("sgemm(qk+pv)", "gemm", d, n, "none", t))
+        g = cell.get((ANCHOR_ENTRY.get(dr), "gemm", d, n, "none", t))
         line = "%-4s %-17s %2d %7s" % (dr, "d%d n%d %s" % (d, n, mask), t,
                                        fmt(g["gflops"] if g else None,
                                            ".1f"))
