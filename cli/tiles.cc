@@ -303,7 +303,7 @@ std::vector<TilePoint> run_tile_points(
       *log << fmt::format(
                   "n={:<6} {:<28} worst margin {:<9} {:<40} {}{:.1f} s", n,
                   "[" + L.why.at(n) + "]",
-                  worst < 0 ? std::string("-") : fmt::format("{:.3g}", worst),
+                  worst < 0 ? std::string("-") : fmt::format("{:.4g}", worst),
                   worst_at, fails ? fmt::format("{} FAIL ", fails) : "",
                   since(tn))
            << "\n"
@@ -397,7 +397,7 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
     }
     failures += fail;
     out << fmt::format("{:<22} {:>6} {:>5} {:>10}  {}{}\n", l, run, fail,
-                       at ? fmt::format("{:.3g}", worst) : std::string("-"),
+                       at ? fmt::format("{:.4g}", worst) : std::string("-"),
                        at ? fmt::format("n={} {}{} ({:.0f} s in all)", at->n,
                                         at->worst_field, at->worst_where, secs)
                           : std::string(),
