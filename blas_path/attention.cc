@@ -85,6 +85,73 @@ struct VisiblePrefix {
   }
 };
 
+// The GEMM tiles of one query block (attention.h, "Masks"). Block row r is
+// query i0 + r and sees keys [0, m_r), m_r = vis(i0 + r) >= 1 for every row
+// (fully masked rows are taken off the block first), m_r non-decreasing. A
+// tile is the GEMM rectangle rows [r0, r1) x keys [c0, c1); the tiles cover
+// every visible (row, key) pair, so the GEMMs skip the masked upper
+// triangle and the padded keys instead of computing and discarding them:
+//   rect   rows [0, R) x keys [0, m_0): the keys every row of the block
+//          sees, one tall GEMM (the whole product when no causal mask cuts
+//          the block); left out when narrower than kTileRows keys (then
+//          the leaves start at key 0);
+//   leaves rows [r0, r0 + kTileRows) x keys [c0, m_{r1-1}), c0 = m_0 if
+//          the rect was taken, else 0: a staircase down the diagonal.
+// The masked work left is the part of each leaf above the diagonal, under
+// kTileRows / 2 keys per row (about kTileRows / n of the visible pairs).
+// kTileRows balances that waste against OpenBLAS's cost per call (packing
+// both operands, its beta pass): measured (f32, H = 8, one thread, Zen 3,
+// CPU time) 32 rows beat 64 rows and a recursive split into squares of
+// 256, 128, ... rows at n = 128 (by 5-9% of the causal forward's time and
+// 6-13% of the backward's, d = 64 and 128) and tied with them within the
+// noise (3%) at n = 512. The tiling depends on the shape
+// and the mask only, so the backward recomputes the forward's logits bit
+// for bit. Per row, its leaf's c1 (ext) is how far its scores were
+// computed: entries [m_r, ext) are set to exactly 0 by the row kernels,
+// because the leaf's P V, P^T dO, dS K and dS^T Q GEMMs read them. first
+// marks the tiles that write their rows of O (dQ) first: beta = 0 there, so
+// no output row is cleared beforehand.
+constexpr int64_t kTileRows = kCausalTileRows;
+// query_block()'s upper bound.
+constexpr int64_t kMaxBlockRows = 512;
+
+struct Tile {
+  int64_t r0, r1, c0, c1;
+  bool first, leaf;
+};
+
+class BlockTiles {
+ public:
+  template <class Vis>
+  BlockTiles(const Vis& vis, int64_t i0, int64_t rows) {
+    const int64_t m0 = vis(i0), mlast = vis(i0 + rows - 1);
+    int64_t c0 = 0;
+    if (m0 >= kTileRows || m0 == mlast) {
+      t_[n_++] = {0, rows, 0, m0, true, false};
+      c0 = m0;
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      const int64_t r1 = std::min(rows, r0 + kTileRows);
+      t_[n_++] = {r0, r1, c0, vis(i0 + r1 - 1), c0 == 0, true};
+    }
+  }
+  const Tile* begin() const { return t_; }
+  const Tile* end() const { return t_ + n_; }
+
+ private:
+  Tile t_[1 + kMaxBlockRows / kTileRows];
+  int n_ = 0;
+};
+
+// Rows at the start of a query block whose queries see no key (m_i is
+// non-decreasing, so they are a prefix of the block).
+template <class Vis>
+int64_t masked_rows(const Vis& vis, int64_t i0, int64_t rows) {
+  int64_t z = 0;
+  while (z < rows && vis(i0 + z) == 0) ++z;
+  return z;
+}
+
 // log(e) in the row kernels' exponential base: log2(e) for float (exp2), 1
 // for double (exp), see row_kernels.h.
 template <class T>
@@ -135,6 +202,12 @@ Operands<T> head_operands(const AttentionProblem& p, const T* q, int64_t rsq,
   return {qh, D, kh, D, qn, kn};
 }
 
+template <class T>
+void zero_rows(T* x, int64_t rows, int64_t ld, int64_t D) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(x + r * ld, x + r * ld + D, T(0));
+}
+
 // Forward of query head h (reading kv head hk) on its logit operands;
 // probs (dense [Nq, Nk]) selects the inspection mode, which skips the PV
 // GEMM and writes no o/lse.
@@ -164,49 +237,58 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
                 rso = blas_ld(a.o.layout, Nq, D);
   double* lse = probs ? nullptr : a.lse + (b * p.heads + h) * Nq;
 
-  for (int64_t i0 = 0; i0 < Nq; i0 += bq) {
-    const int64_t rows = std::min(bq, Nq - i0);
-    const int64_t mb = vis(i0 + rows - 1);  // columns this block needs
-    if (mb > 0)
-      gemm(CblasNoTrans, CblasTrans, rows, mb, D, T(1), op.a + i0 * op.lda,
-           op.lda, op.b, op.ldb, T(0), s, ld);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r, m = vis(i);
-      T* sr = s + r * ld;
-      if (m == 0) {
-        rowsum[r] = 0;
-        std::fill(sr, sr + mb, T(0));
-        if (lse) lse[i] = -std::numeric_limits<double>::infinity();
-        if (probs) std::fill(probs + i * Nk, probs + (i + 1) * Nk, 0.0);
-        continue;
-      }
-      const T cm = alpha >= 0 ? row_max(sr, m) : row_min(sr, m);
-      const T sum = exp_affine_row(sr, m, mb, alpha, alpha * cm);
-      rowsum[r] = static_cast<double>(sum);
-      // lse in natural units from the extreme logit itself (scale * C in
-      // double: one rounding, as the naive g * dot) plus log(sum) in double,
-      // rounded to T once.
-      if (lse)
-        lse[i] = static_cast<double>(
-            static_cast<T>(scale_d * static_cast<double>(cm) +
-                           std::log(static_cast<double>(sum))));
-      if (probs) {
-        double* pr = probs + i * Nk;
-        for (int64_t j = 0; j < Nk; ++j)
-          pr[j] = j < m ? static_cast<double>(sr[j] / sum) : 0.0;
+  for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
+    const int64_t brows = std::min(bq, Nq - b0);
+    // Rows that see no key: O = 0, lse = -inf, P = 0, and no GEMM.
+    const int64_t z = masked_rows(vis, b0, brows);
+    for (int64_t i = b0; i < b0 + z; ++i) {
+      if (lse) lse[i] = -std::numeric_limits<double>::infinity();
+      if (probs) std::fill(probs + i * Nk, probs + (i + 1) * Nk, 0.0);
+      if (o) std::fill(o + i * rso, o + i * rso + D, T(0));
+    }
+    const int64_t i0 = b0 + z, rows = brows - z;
+    if (rows == 0) continue;
+    const BlockTiles tiles(vis, i0, rows);
+    for (const Tile& t : tiles)
+      if (t.c1 > t.c0)
+        gemm(CblasNoTrans, CblasTrans, t.r1 - t.r0, t.c1 - t.c0, D, T(1),
+             op.a + (i0 + t.r0) * op.lda, op.lda, op.b + t.c0 * op.ldb, op.ldb,
+             T(0), s + t.r0 * ld + t.c0, ld);
+    for (const Tile& t : tiles) {
+      if (!t.leaf) continue;
+      for (int64_t r = t.r0; r < t.r1; ++r) {
+        const int64_t i = i0 + r, m = vis(i);
+        T* sr = s + r * ld;
+        const T cm = alpha >= 0 ? row_max(sr, m) : row_min(sr, m);
+        // Zeroes [m, t.c1): the leaf's P V GEMM reads them.
+        const T sum = exp_affine_row(sr, m, t.c1, alpha, alpha * cm);
+        rowsum[r] = static_cast<double>(sum);
+        // lse in natural units from the extreme logit itself (scale * C in
+        // double: one rounding, as the naive g * dot) plus log(sum) in
+        // double, rounded to T once.
+        if (lse)
+          lse[i] = static_cast<double>(
+              static_cast<T>(scale_d * static_cast<double>(cm) +
+                             std::log(static_cast<double>(sum))));
+        if (probs) {
+          double* pr = probs + i * Nk;
+          for (int64_t j = 0; j < Nk; ++j)
+            pr[j] = j < m ? static_cast<double>(sr[j] / sum) : 0.0;
+        }
       }
     }
     if (probs) continue;
-    if (mb > 0)
-      gemm(CblasNoTrans, CblasNoTrans, rows, D, mb, T(1), s, ld, v, rsv, T(0),
-           o + i0 * rso, rso);
-    for (int64_t r = 0; r < rows; ++r) {
-      T* orow = o + (i0 + r) * rso;
-      if (rowsum[r] == 0)
-        std::fill(orow, orow + D, T(0));
-      else
-        divide_row(orow, D, static_cast<T>(rowsum[r]));
+    for (const Tile& t : tiles) {
+      T* ot = o + (i0 + t.r0) * rso;
+      if (t.c1 > t.c0)
+        gemm(CblasNoTrans, CblasNoTrans, t.r1 - t.r0, D, t.c1 - t.c0, T(1),
+             s + t.r0 * ld + t.c0, ld, v + t.c0 * rsv, rsv,
+             t.first ? T(0) : T(1), ot, rso);
+      else if (t.first)  // not reached: every row sees a key (m_r >= 1)
+        zero_rows(ot, t.r1 - t.r0, rso, D);
     }
+    for (int64_t r = 0; r < rows; ++r)
+      divide_row(o + (i0 + r) * rso, D, static_cast<T>(rowsum[r]));
   }
 }
 
@@ -224,17 +306,44 @@ void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   forward_core(p, a, b, h, h, op, probs, ws);
 }
 
-// Backward of query head h (reading kv head hk) on its logit operands:
-// accumulates dV into dv and dB = s dS^T A into dbacc (both zeroed by the
-// caller), hands each query block's dA = s dS B to the sink (sink.dst(i0,
-// &ld) gives its destination, sink.done(i0, rows, dst, ld) follows the
-// GEMM; sink.masked(i0, rows) for a block whose rows see no key). Returns
-// sum dS C (this head's dg before the variant's choice).
+// Keys [0, *written) of the key-indexed accumulators (dV and dB) hold sums;
+// the rows above are not written yet (no accumulator is cleared
+// beforehand). Before a tile adds into keys [c0, c1): returns the GEMMs'
+// beta, 0 when the tile's keys are all new (rows between *written and c0,
+// none in practice, are cleared), else 1 after clearing the new keys
+// [*written, c1) (a staircase leaf's last kTileRows keys: clearing
+// kTileRows x D elements costs less than a second GEMM call for them).
+// Advances *written.
+template <class T>
+T key_beta(int64_t c0, int64_t c1, int64_t* written, T* dv, int64_t rsdv,
+           T* dbacc, int64_t lddb, int64_t D) {
+  const int64_t w = *written;
+  *written = std::max(w, c1);
+  if (c0 >= w) {
+    zero_rows(dv + w * rsdv, c0 - w, rsdv, D);
+    zero_rows(dbacc + w * lddb, c0 - w, lddb, D);
+    return T(0);
+  }
+  if (c1 > w) {
+    zero_rows(dv + w * rsdv, c1 - w, rsdv, D);
+    zero_rows(dbacc + w * lddb, c1 - w, lddb, D);
+  }
+  return T(1);
+}
+
+// Backward of query head h (reading kv head hk) on its logit operands, over
+// the forward's tiles (BlockTiles): accumulates dV into dv and dB = s dS^T A
+// into dbacc, keys [0, *written) of both already holding sums (key_beta;
+// the caller clears [*written, Nk) after its last call), hands each query
+// block's dA = s dS B to the sink (sink.dst(i0, &ld) gives its destination,
+// sink.done(i0, rows, dst, ld) follows the GEMMs; sink.masked(i0, rows) for
+// rows that see no key). Returns sum dS C (this head's dg before the
+// variant's choice).
 template <class T, class Sink>
 double backward_core(const AttentionProblem& p, const BackwardArgs& a,
                      int64_t b, int64_t h, int64_t hk, const Operands<T>& op,
                      T* dbacc, int64_t lddb, T* dv, int64_t rsdv,
-                     Scratch<T>& ws, Sink& sink) {
+                     int64_t* written, Scratch<T>& ws, Sink& sink) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
   const VisiblePrefix vis(p, b);
   const T* v = head_ptr<T>(a.v, b, hk);
@@ -250,40 +359,54 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
   T* c = ws.blk0.get(static_cast<size_t>(bq * ld));
   T* dp = ws.blk1.get(static_cast<size_t>(bq * ld));
   double dg = 0;
-  for (int64_t i0 = 0; i0 < Nq; i0 += bq) {
-    const int64_t rows = std::min(bq, Nq - i0);
-    const int64_t mb = vis(i0 + rows - 1);
-    if (mb == 0) {  // every row of the block is fully masked
-      sink.masked(i0, rows);
-      continue;
+  for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
+    const int64_t brows = std::min(bq, Nq - b0);
+    const int64_t z = masked_rows(vis, b0, brows);
+    if (z > 0) sink.masked(b0, z);  // rows that see no key: no gradient
+    const int64_t i0 = b0 + z, rows = brows - z;
+    if (rows == 0) continue;
+    // The forward's tiles: C is bit for bit the forward's logits.
+    const BlockTiles tiles(vis, i0, rows);
+    for (const Tile& t : tiles) {
+      if (t.c1 == t.c0) continue;
+      const int64_t tr = t.r1 - t.r0, tc = t.c1 - t.c0;
+      gemm(CblasNoTrans, CblasTrans, tr, tc, D, T(1),
+           op.a + (i0 + t.r0) * op.lda, op.lda, op.b + t.c0 * op.ldb, op.ldb,
+           T(0), c + t.r0 * ld + t.c0, ld);
+      gemm(CblasNoTrans, CblasTrans, tr, tc, D, T(1), d_o + (i0 + t.r0) * rsdo,
+           rsdo, v + t.c0 * rsv, rsv, T(0), dp + t.r0 * ld + t.c0, ld);
     }
-    const T* a_blk = op.a + i0 * op.lda;
-    const T* do_blk = d_o + i0 * rsdo;
-    gemm(CblasNoTrans, CblasTrans, rows, mb, D, T(1), a_blk, op.lda, op.b,
-         op.ldb, T(0), c, ld);
-    gemm(CblasNoTrans, CblasTrans, rows, mb, D, T(1), do_blk, rsdo, v, rsv,
-         T(0), dp, ld);
-    for (int64_t r = 0; r < rows; ++r)
-      dg += static_cast<double>(softmax_backward_row(c + r * ld, dp + r * ld,
-                                                     vis(i0 + r), mb, alpha2));
+    for (const Tile& t : tiles) {
+      if (!t.leaf) continue;
+      // Zeroes P and dS in [m, t.c1): the leaf's GEMMs below read them.
+      for (int64_t r = t.r0; r < t.r1; ++r)
+        dg += static_cast<double>(softmax_backward_row(
+            c + r * ld, dp + r * ld, vis(i0 + r), t.c1, alpha2));
+    }
     // c now holds P, dp holds dS.
-    gemm(CblasTrans, CblasNoTrans, mb, D, rows, T(1), c, ld, do_blk, rsdo, T(1),
-         dv, rsdv);
     int64_t lda_out = 0;
     T* da = sink.dst(i0, &lda_out);
-    gemm(CblasNoTrans, CblasNoTrans, rows, D, mb, scale, dp, ld, op.b, op.ldb,
-         T(0), da, lda_out);
-    gemm(CblasTrans, CblasNoTrans, mb, D, rows, scale, dp, ld, a_blk, op.lda,
-         T(1), dbacc, lddb);
+    for (const Tile& t : tiles) {
+      const int64_t tr = t.r1 - t.r0, tc = t.c1 - t.c0;
+      T* dat = da + t.r0 * lda_out;
+      if (tc == 0) {
+        if (t.first) zero_rows(dat, tr, lda_out, D);  // not reached (m >= 1)
+        continue;
+      }
+      const T* pt = c + t.r0 * ld + t.c0;
+      const T* dst = dp + t.r0 * ld + t.c0;
+      const T* at = op.a + (i0 + t.r0) * op.lda;
+      const T kb = key_beta(t.c0, t.c1, written, dv, rsdv, dbacc, lddb, D);
+      gemm(CblasTrans, CblasNoTrans, tc, D, tr, T(1), pt, ld,
+           d_o + (i0 + t.r0) * rsdo, rsdo, kb, dv + t.c0 * rsdv, rsdv);
+      gemm(CblasNoTrans, CblasNoTrans, tr, D, tc, scale, dst, ld,
+           op.b + t.c0 * op.ldb, op.ldb, t.first ? T(0) : T(1), dat, lda_out);
+      gemm(CblasTrans, CblasNoTrans, tc, D, tr, scale, dst, ld, at, op.lda, kb,
+           dbacc + t.c0 * lddb, lddb);
+    }
     sink.done(i0, rows, da, lda_out);
   }
   return dg;
-}
-
-template <class T>
-void zero_rows(T* x, int64_t rows, int64_t ld, int64_t D) {
-  for (int64_t r = 0; r < rows; ++r)
-    std::fill(x + r * ld, x + r * ld + D, T(0));
 }
 
 // dA of a block written straight to its destination rows (sdpa's dq, the
@@ -323,8 +446,7 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
   // follows), in place in dk for sdpa; dv accumulates in place.
   T* dkacc = qk ? ws.dkh.get(static_cast<size_t>(Nk * D)) : dk;
   const int64_t lddk = qk ? D : rsdk;
-  zero_rows(dkacc, Nk, lddk, D);
-  zero_rows(dv, Nk, rsdv, D);
+  int64_t written = 0;  // keys of dkacc and dv holding sums (key_beta)
   double dg = 0;
   if (qk) {
     // dq_hat per block in the scratch, then the normalization backward.
@@ -349,7 +471,8 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
         zero_rows(dq + i0 * rsdq, rows, rsdq, D);
       }
     } sink{ws.dqh.get(static_cast<size_t>(bq * D)), dq, rsdq, D, op, p.eps};
-    dg = backward_core(p, a, b, h, h, op, dkacc, lddk, dv, rsdv, ws, sink);
+    dg = backward_core(p, a, b, h, h, op, dkacc, lddk, dv, rsdv, &written, ws,
+                       sink);
     for (int64_t j = 0; j < Nk; ++j) {
       T* dkj = dk + j * rsdk;
       if (j < nk_used)
@@ -360,8 +483,10 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
     }
   } else {
     DirectSink<T> sink{dq, rsdq, D};
-    backward_core(p, a, b, h, h, op, dkacc, lddk, dv, rsdv, ws, sink);
+    backward_core(p, a, b, h, h, op, dkacc, lddk, dv, rsdv, &written, ws, sink);
+    zero_rows(dk + written * rsdk, Nk - written, rsdk, D);  // never visible
   }
+  zero_rows(dv + written * rsdv, Nk - written, rsdv, D);  // never visible
   return qk ? dg : 0.0;
 }
 
@@ -417,7 +542,7 @@ int64_t query_block(int64_t nk, size_t elem_bytes) {
   // ran the forward at 0.82-0.83 of the bare GEMM rate, 256 rows and more at
   // 0.93 (OpenBLAS's own M blocking wants a tall A; the L2-sized blocks did
   // not pay). 2 MiB gives 256 rows at n = 2048 and whole heads up to n = 512.
-  constexpr int64_t kMinRows = 32, kMaxRows = 512;
+  constexpr int64_t kMinRows = 32, kMaxRows = kMaxBlockRows;
   constexpr int64_t kBlockBytes = 2 * 1024 * 1024;
   const int64_t rows =
       kBlockBytes / (block_ld(nk) * static_cast<int64_t>(elem_bytes));
@@ -776,8 +901,7 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
     const int64_t rsdv = blas_ld(a.dv.layout, Nk, D);
     T* dkacc = qk ? dkt + i * Nk * D : head_ptr<T>(a.dk, b, hk);
     const int64_t lddk = qk ? D : blas_ld(a.dk.layout, Nk, D);
-    zero_rows(dkacc, Nk, lddk, D);
-    zero_rows(dv, Nk, rsdv, D);
+    int64_t written = 0;  // keys of dkacc and dv holding sums (key_beta)
     double dg = 0;
     for (int64_t t = 0; t < group; ++t) {
       const int64_t h = hk * group + t;
@@ -786,8 +910,12 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
           qk ? DirectSink<T>{dqt + (b * p.heads + h) * Nq * D, D, D}
              : DirectSink<T>{head_ptr<T>(a.dq, b, h),
                              blas_ld(a.dq.layout, Nq, D), D};
-      dg += backward_core(p, a, b, h, hk, op, dkacc, lddk, dv, rsdv, s, sink);
+      dg += backward_core(p, a, b, h, hk, op, dkacc, lddk, dv, rsdv, &written,
+                          s, sink);
     }
+    // Keys no query of the group sees: no gradient.
+    zero_rows(dkacc + written * lddk, Nk - written, lddk, D);
+    zero_rows(dv + written * rsdv, Nk - written, rsdv, D);
     dg_items[i] = dg;
   };
   ws.pool.run(threads, p.batch * Hk, item);

@@ -21,8 +21,12 @@ class BlasBackend final : public Backend {
   // Every formulation (issue 16: normalization kind and axis, weights,
   // biases, fixed or learned scale) and GQA, forward and backward.
   bool supports(const AttentionProblem&) const override { return true; }
-  // Query blocks of query_block() rows; rows padded to multiples of 16.
+  // Query blocks of query_block() rows; rows padded to multiples of 16;
+  // under a causal mask, staircase tiles of kCausalTileRows rows in each
+  // block (attention.h, Masks).
   std::vector<int64_t> block_sizes(const AttentionProblem& p) const override {
+    if (p.mask.causal)
+      return {query_block(p.kv_len, sizeof(T)), kCausalTileRows, 16};
     return {query_block(p.kv_len, sizeof(T)), 16};
   }
 
