@@ -57,6 +57,14 @@
 // exactness by their own epilogue (O = V, lse = S of that key, as the online
 // path gives them); fully masked rows are unchanged. ExecConfig::
 // online_softmax forces the online path (bench compares the two).
+// Subnormal products: the online path's largest P is 1, the fixed path's
+// P = exp(S - |g|) may be as small as e^-2|g| before the division by l, so
+// a product P v that is subnormal in f32 keeps only ulp(0) absolutely, which
+// the division by l < 1 then amplifies (found by the fuzz corpus,
+// crash-simd-f32-stored-o-subnormal-dq: v ~ 1e-42, O = 0 against 4.7e-43).
+// A head whose v holds a nonzero |v| below e^(2|g|) times f32's smallest
+// normal (5.9e-28 at g = 12.32) therefore takes the online path: every
+// product of the fixed path is then normal.
 //
 // Exactness kept on purpose (the tolerance rule's bound is 0 where the exact
 // result is 0): S = RN(scale * c) and m is one of the S, so the largest P of
@@ -262,6 +270,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   // and v, one task per (batch, kv head).
   const Sides sd =
       PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
+  // The fixed shift needs every product P v of a head normal (below).
+  const float v_floor =
+      std::exp(std::min(2.0f * std::fabs(s.scale), 2.0f * kFixedShiftMax)) *
+      std::numeric_limits<float>::min();
+  unsigned char* v_tiny = ws.v_tiny.Get(BHk);
+  std::fill(v_tiny, v_tiny + BHk, 0);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
     const int64_t b = bk / s.Hk, h = bk % s.Hk;
     float* zero = scratch + per_worker * static_cast<size_t>(worker);
@@ -274,6 +288,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       if (j < Nk) {
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
+        for (size_t d = 0; d < Dp; ++d) {
+          const float x = std::fabs(vb[j * Dp + d]);
+          if (x != 0 && x < v_floor) v_tiny[static_cast<size_t>(bk)] = 1;
+        }
         const float* kr = khb + j * Dp;
         if (sd.k.mode != SideMode::kGeneric) {
           LoadRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)),
@@ -292,9 +310,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   const VF neg_inf = hn::Set(df, kNegInf);
   const VF vscale = hn::Set(df, s.scale);
   // The fixed shift of bounded logits (top of file), or the online softmax.
-  const bool fixed = !ws.online_softmax && sd.q.mode == SideMode::kUnitL2 &&
-                     sd.k.mode == SideMode::kUnitL2 &&
-                     std::fabs(s.scale) <= kFixedShiftMax;
+  const bool fixed_ok = !ws.online_softmax && sd.q.mode == SideMode::kUnitL2 &&
+                        sd.k.mode == SideMode::kUnitL2 &&
+                        std::fabs(s.scale) <= kFixedShiftMax;
   const float shift = std::fabs(s.scale);
   const VF vshift = hn::Set(df, shift);
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
@@ -304,6 +322,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const int64_t b = bh / s.H, h = bh % s.H;
     const size_t bk = static_cast<size_t>(b * s.Hk + h / s.group);
     const size_t mr = std::min(Mq, Nq - i0);
+    const bool fixed = fixed_ok && v_tiny[bk] == 0;
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
     float* O = S + Mq * Kb;

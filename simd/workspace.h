@@ -66,6 +66,8 @@ class SimdWorkspace final : public Workspace {
   GrowBuffer<float> qh, kh, kt, v, vt, d_o, row_stats, dq_partial, scratch;
   GrowBuffer<NormInfo> q_info, k_info;
   GrowBuffer<int64_t> limits;
+  // Per (batch, kv head): v holds a value too small for the fixed shift.
+  GrowBuffer<unsigned char> v_tiny;
   GrowBuffer<double> task_sums;
   // Formulations: dk_tilde (dense, padded), per-row statistics of q and k,
   // the parameters in f64 (padded) and the per-task parameter gradients.
