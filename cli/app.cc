@@ -306,44 +306,55 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   CostRates rates;
   CostEstimate cost;
   if (!suite.attention.empty() && !entries.empty()) {
-    rates = calibrate(entries, exec, c.sample > 0);
+    rates = calibrate(entries, exec, c.sample > 0, largest_work(suite));
     cost = estimate(rates, entries, suite, !c.no_timing, c.sample, c.threads);
   } else {
     cost = estimate_cost(entries, suite, exec, !c.no_timing, c.sample);
   }
   err << "qknorm-check: " << describe(cost) << "\n" << std::flush;
-  // The full oracle's [B, H, Nq, Nk] arrays must fit in memory, whatever
-  // the budget (n = 32768, H = 4: 137 GB).
+  // Stops: past the budget, or (whatever the budget) when the full
+  // oracle's [B, H, Nq, Nk] arrays cannot fit in memory (n = 32768, H = 4:
+  // 137 GB). Both suggest --sample with that run's own estimate.
   const double mem = physical_memory();
-  if (c.sample == 0 && mem > 0 && cost.oracle_bytes > mem) {
-    err << fmt::format(
-        "qknorm-check: stopped before starting: the full oracle needs at "
-        "least {:.1f} GiB (long-double [B, H, Nq, Nk] arrays) and this "
-        "machine has {:.1f} GiB. Judge a sample of rows instead: --sample "
-        "256, or use smaller shapes (--shape).\n",
-        cost.oracle_bytes / (1 << 30), mem / (1 << 30));
-    return kExitUsage;
-  }
-  if (cost.total() > c.max_seconds) {
+  const bool no_memory = c.sample == 0 && mem > 0 && cost.oracle_bytes > mem;
+  if (no_memory || cost.total() > c.max_seconds) {
+    constexpr int64_t kSuggested = 256;
+    std::string sample_est;
+    bool sample_over = false;
+    if (c.sample == 0 && !suite.attention.empty()) {
+      // The sampled oracle's rates cost a fraction of a second to measure.
+      calibrate_sampled(&rates, exec);
+      const CostEstimate s =
+          estimate(rates, entries, suite, !c.no_timing, kSuggested, c.threads);
+      sample_est = duration_text(s.total());
+      sample_over = s.total() > c.max_seconds;
+    }
+    if (no_memory) {
+      err << fmt::format(
+          "qknorm-check: stopped before starting: the full oracle needs at "
+          "least {:.1f} GiB (long-double [B, H, Nq, Nk] arrays) and this "
+          "machine has {:.1f} GiB. Judge a sample of rows instead: --sample "
+          "{} (estimated ~{}{}), or use smaller shapes (--shape).\n",
+          cost.oracle_bytes / (1 << 30), mem / (1 << 30), kSuggested,
+          sample_est,
+          sample_over ? fmt::format(", over --max-seconds {:.0f}: also "
+                                    "filter entries",
+                                    c.max_seconds)
+                      : "");
+      return kExitUsage;
+    }
     std::string largest;
     for (const auto& [entry, s] : cost.top_entries)
       largest +=
           (largest.empty() ? "" : ", ") + entry + " ~" + duration_text(s);
-    std::string sample_hint;
-    constexpr int64_t kSuggested = 256;
-    if (c.sample == 0 && !suite.attention.empty()) {
-      // The same run on a sample of rows: the sampled oracle's rates cost
-      // a fraction of a second more to measure.
-      calibrate_sampled(&rates, exec);
-      const CostEstimate s =
-          estimate(rates, entries, suite, !c.no_timing, kSuggested, c.threads);
-      sample_hint = fmt::format(
-          ", or judge a sample of rows: --sample {} (estimated ~{}{})",
-          kSuggested, duration_text(s.total()),
-          s.total() > c.max_seconds ? ", still over the budget: also filter "
-                                      "entries"
-                                    : "");
-    }
+    const std::string sample_hint =
+        sample_est.empty()
+            ? std::string()
+            : fmt::format(
+                  ", or judge a sample of rows: --sample {} (estimated ~{}{})",
+                  kSuggested, sample_est,
+                  sample_over ? ", still over the budget: also filter entries"
+                              : "");
     err << fmt::format(
         "qknorm-check: stopped before starting: the estimate ({}) exceeds "
         "--max-seconds {:.0f}. Judge fewer entries (--backend, --target, "

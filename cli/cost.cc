@@ -138,6 +138,16 @@ AttentionProblem large_calibration_problem() {
   return p;
 }
 
+// The third problem of fast entries in long runs: n = 1024, one head (8x
+// the second's work).
+AttentionProblem refine_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.heads = 1;
+  p.q_len = p.kv_len = 1024;
+  return p;
+}
+constexpr double kRefine = 5;  // seconds of one entry on the largest case
+
 // Below this a calibration call is timed on the second problem too.
 constexpr double kSlowCall = 0.1;
 
@@ -291,6 +301,13 @@ int resolve_threads(int threads) {
 
 }  // namespace
 
+double largest_work(const Suite& suite) {
+  double w = 0;
+  for (const AttentionSpec& s : suite.attention)
+    w = std::max(w, visible_work(s.problem));
+  return w;
+}
+
 void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
   if (r->sampled) return;
   const auto t_start = Clock::now();
@@ -325,7 +342,7 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
 }
 
 CostRates calibrate(const std::vector<const Backend*>& entries,
-                    const ExecConfig& exec, bool sampled) {
+                    const ExecConfig& exec, bool sampled, double largest_work) {
   const auto t_start = Clock::now();
   CostRates r;
   r.entry.assign(entries.size(), 0);
@@ -349,7 +366,8 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
   // Fast entries again on a problem 7.1x the work (drawn when needed).
   const AttentionProblem bp = large_calibration_problem();
   const double bw = work_of(bp), ce = elements(cp), be = elements(bp);
-  validation::AttentionCase big;
+  validation::AttentionCase big, huge;
+  const AttentionProblem hp = refine_calibration_problem();
   r.entry_elem.assign(entries.size(), 0);
   auto best_of = [&](int reps, const Backend& b,
                      const validation::AttentionCase& rc) {
@@ -377,19 +395,31 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
             bp, validation::Distribution::kGaussian, 1);
       const double t2 =
           best_of(2, *b, validation::round_inputs(big, b->precision()));
-      // t = elem * elements + rate * work through both points (a fast
+      // t = elem * elements + rate * work through two points (a fast
       // entry's conversions and normalization, O(n D), outweigh its
       // O(n^2 D) part at these sizes: simd f16 at n = 96 / 256 / 1024,
       // 18 / 50 / 240 ms, fits elem = 3.6e-7 s, rate = 3.8e-10 s); if the
-      // noise makes either negative, the large problem's average rate.
-      const double det = ce * bw - be * cw;
-      const double rate = (ce * t2 - be * t1) / det;
-      const double elem = (t1 * bw - t2 * cw) / det;
-      if (rate > 0 && elem >= 0) {
-        r.entry[ei] = rate;
-        r.entry_elem[ei] = elem;
-      } else {
-        r.entry[ei] = t2 / bw;
+      // noise makes either negative, the larger problem's average rate.
+      auto fit = [&](double ea, double wa, double ta, double eb, double wb,
+                     double tb) {
+        const double det = ea * wb - eb * wa;
+        const double rate = (ea * tb - eb * ta) / det;
+        const double elem = (ta * wb - tb * wa) / det;
+        r.entry[ei] = rate > 0 && elem >= 0 ? rate : tb / wb;
+        r.entry_elem[ei] = rate > 0 && elem >= 0 ? elem : 0;
+      };
+      fit(ce, cw, t1, be, bw, t2);
+      // Where the run's largest case would take this entry more than
+      // kRefine seconds, the rate from n = 256 and 1024 instead: at
+      // n = 256 the kernels are not yet at their long-row speed (the fit
+      // through 96 and 256 put n = 32768 at 5x its time).
+      if (r.entry[ei] * largest_work > kRefine && t2 < kSlowCall) {
+        if (huge.q.empty())
+          huge = validation::make_attention_case(
+              hp, validation::Distribution::kGaussian, 1);
+        const double t3 =
+            best_of(2, *b, validation::round_inputs(huge, b->precision()));
+        fit(be, bw, t2, elements(hp), work_of(hp), t3);
       }
     } catch (const std::exception&) {
     }
@@ -505,7 +535,8 @@ CostEstimate estimate_cost(const std::vector<const Backend*>& entries,
     c.entries = static_cast<int>(entries.size());
     return c;
   }
-  const CostRates r = calibrate(entries, exec, sample_rows > 0);
+  const CostRates r =
+      calibrate(entries, exec, sample_rows > 0, largest_work(suite));
   return estimate(r, entries, suite, time_forward, sample_rows, exec.threads);
 }
 

@@ -9,10 +9,13 @@
 // oracle. Each rate is calibrated on this machine by timing one small
 // problem (the oracle, the naive f64 baseline, the sampled oracle when it is
 // used, each entry forward and backward; a fast entry also on a second,
-// larger problem, which separates its O(n D) part (conversions,
+// larger problem (n = 256), which separates its O(n D) part (conversions,
 // normalization) from its O(n^2 D) rate: at n = 96 simd bf16 and f16 calls
 // are mostly the former, and one size alone overestimated n = 4096
-// 40-fold), then scaled by the work of each case:
+// 40-fold; and, when the run is long, at n = 1024, where the kernels reach
+// their long-row speed: the fit through 96 and 256 overestimated the five
+// simd AVX2 and blas entries at 1x4x32768x128 causal 5-fold, 59 min against
+// 11), then scaled by the work of each case:
 //   - entries and the naive baseline: B H D x (visible (query, key) pairs)
 //     (+ the input elements B H (Nq + Nk) D for fast entries)
 //     (validation::visible_keys; causal masks and padding discounted: every
@@ -55,8 +58,13 @@ struct CostRates {
 };
 
 // Measures the rates for `entries` (the sampled oracle's too if `sampled`).
+// largest_work (largest_work(suite)): a fast entry that would take more than
+// a few seconds on it is timed at n = 1024 too, for its long-row rate.
 CostRates calibrate(const std::vector<const Backend*>& entries,
-                    const ExecConfig& exec, bool sampled);
+                    const ExecConfig& exec, bool sampled,
+                    double largest_work = 0);
+// The largest attention case's B H D x visible pairs.
+double largest_work(const Suite& suite);
 // Adds the sampled oracle's rates to r (no-op if it has them).
 void calibrate_sampled(CostRates* r, const ExecConfig& exec);
 
