@@ -641,8 +641,13 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   // ulp_c(0), carried through the normalization backward (found by the
   // fuzzer, issue 7: f32, zero q rows, eps = 2.9e-36, dO ~ 4.6e-40: dP is a
   // subnormal with a few bits, a correct blas:f32 dq returned 0 for -3.9e-9,
-  // the naive -5.7e-9). Outside subnormal intermediates both terms are far
-  // below u * scale.
+  // the naive -5.7e-9). A kernel that scales dS before the product with the
+  // other operand, (s dS_ij) k_j, rounds s dS_ij once more: one ulp_c(0)
+  // per pair not scaled by s, so the count adds |x_tilde'| per pair outside
+  // the factor s (found by the CI's fixed-seed fuzz run of issue 19: sdpa,
+  // f32, dP ~ 1e-40 and dS ~ 7 ulp(0): reference:f32, which forms
+  // scale * dS first, had dk 1.0-1.5 bounds off on a whole row).
+  // Outside subnormal intermediates both terms are far below u * scale.
   {
     const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
                   Hk = kv_heads_of(p), group = p.heads / Hk;
@@ -697,7 +702,13 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     // the stored-O relative sensitivity (P_ij |dO_i|.|O_i|), 4 |dS_ij| =
     // P_ij |dP_ij - delta_i| (exact), the size of the terms the softmax's
     // conditioning perturbs (tolerance.cc), 5 P_ij's own resolution
-    // (|dP_ij - delta_i| for every visible P_ij). They are accumulated per
+    // (|dP_ij - delta_i| for every visible P_ij, plus P_ij p_del_i: every
+    // P_ik's resolution moves delta_i by up to |dO_i|.|v_k|, and dS_ij by
+    // P_ij times that; found by the fuzzer in the CI's fixed-seed run of
+    // issue 19: sdpa, f32, a key of P = 7e-45 (five ulp(0)) with |v| ~ 2^66
+    // beside the key of P = 1: delta, so dS of that key and dq, 2% off in
+    // reference:f32, margin 167; the CI's case returned dq = 0 for 7.8e-20,
+    // margin 7.9e3). They are accumulated per
     // element of the logit operands' gradients (dq_tilde, dk_tilde; dk's
     // summed over each kv head's group of query heads), then carried
     // through the weight and the normalization backward per row.
@@ -754,11 +765,18 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           LD ds_l1 = 0;
           for (int64_t j = 0; j < Nk; ++j)
             ds_l1 += pi[j] * std::fabs(sdp[static_cast<size_t>(j)] - sdel);
+          // sum_k |dO_i|.|v_k| over the visible keys: delta_i's error per
+          // unit of absolute error in every P_ik (summed directly, sum_k P_ik
+          // dP_ik, or through O, dO_i . O_i), channel 5's term P_ij p_del_i.
+          LD p_del = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            if (pi[j] > 0) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
             sdel = given->delta[row];
             ds_l1 = given->ds_l1[row];
+            p_del = given->p_del[row];
           }
           const LD* oi = r.o.data() + qi;
           LD* odev = qs ? r.o_dev_mag.data() + qi : nullptr;
@@ -775,7 +793,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                                 pij * (2 * D + 1) + 1,
                                 pij * o_abs_dot,
                                 pij * (std::fabs(dpd) + ds_l1 / 2),
-                                pij > 0 ? std::fabs(dpd) : 0,
+                                pij > 0 ? std::fabs(dpd) + pij * p_del : 0,
                                 0};  // 6: added below, from the shifts
             const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
             const LD* ktj = km.xt.data() + kj;
@@ -816,6 +834,9 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               if (qs) {
                 for (int ch = 0; ch < kCh; ++ch)
                   mq[ch][qd] += s * wt[ch] * kaj[d];
+                // (s dS_ij) x_tilde': the scaled dS rounds once more to
+                // ulp_c(0), unscaled (above).
+                mq[2][qd] += kaj[d];
                 if (layer) mq[6][qd] += s * std::fabs(dsv) * km.sh[kd];
                 du_q[qd] += s * dsv * ktj[d];
                 omag[d] += pij * std::fabs(vj[d]);
@@ -825,6 +846,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               if (ks) {
                 for (int ch = 0; ch < kCh; ++ch)
                   mk[ch][kd] += s * wt[ch] * qai[d];
+                mk[2][kd] += qai[d];
                 if (layer) mk[6][kd] += s * std::fabs(dsv) * qm.sh[qd];
                 du_k[kd] += s * dsv * qti[d];
                 dv_mag[j * D + d] += pij * std::fabs(doi[d]);

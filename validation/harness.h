@@ -194,11 +194,12 @@ struct OracleAttention {
 };
 // The statistics of every query row (b, h, i) of a case, dense [B, H, Nq],
 // given instead of computed: lse_i, delta_i = dO_i . O_i, Del_i >= sum_j
-// P_ij |dO_i|.|v_j|, sum_j P_ij |dP_ij - delta_i| and o_abs_i >=
-// |dO_i|.|O_i|. A sampled key row's sub-case holds only the queries that see
-// that key, so its rows' softmax normalization must come from outside.
+// P_ij |dO_i|.|v_j|, sum_j P_ij |dP_ij - delta_i|, o_abs_i >= |dO_i|.|O_i|
+// and p_del_i >= sum_j |dO_i|.|v_j| over the visible keys. A sampled key row's
+// sub-case holds only the queries that see that key, so its rows' softmax
+// normalization must come from outside.
 struct GivenRows {
-  std::vector<long double> lse, delta, del, ds_l1, o_abs;
+  std::vector<long double> lse, delta, del, ds_l1, o_abs, p_del;
   double units = 0, soft_units = 0;  // OracleAttention::given_*units
 };
 // The rule's counts of the whole case for a sub-case (0: the sub-case's

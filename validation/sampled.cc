@@ -236,7 +236,52 @@ bool has_avx2() {
   return yes;
 }
 
-Pass run_pass(const AttentionCase& c, double A, int threads) {
+// p_del_i = sum_j |dO_i|.|v_j| over row i's visible keys (GivenRows), for
+// every query row [B, H, Nq]: per (b, h) the rows in order of their visible
+// prefix, against the running column sums of |v|. O((Nq + Nk) D) per head.
+// Each value is raised by the sums' relative rounding (positive terms), so
+// it bounds the exact one.
+std::vector<LD> row_p_del(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const int64_t H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len, Nk = p.kv_len,
+                D = p.head_dim, group = H / Hk;
+  std::vector<LD> out(static_cast<size_t>(p.batch * H * Nq), 0);
+  const double up = 1 + 2 *
+                            (sum_units(static_cast<double>(Nk)) +
+                             sum_units(static_cast<double>(D))) *
+                            unit_roundoff(Precision::kF64);
+  std::vector<int64_t> order(static_cast<size_t>(Nq)), nv(order.size());
+  std::vector<double> col(static_cast<size_t>(D));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t i = 0; i < Nq; ++i) {
+      order[static_cast<size_t>(i)] = i;
+      nv[static_cast<size_t>(i)] = visible_keys(p, b, i);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+      return nv[static_cast<size_t>(x)] < nv[static_cast<size_t>(y)];
+    });
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t bh = b * H + h, bk = b * Hk + h / group;
+      std::fill(col.begin(), col.end(), 0.0);
+      int64_t j = 0;
+      for (const int64_t i : order) {
+        for (; j < nv[static_cast<size_t>(i)]; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            col[static_cast<size_t>(d)] +=
+                std::fabs(c.v[static_cast<size_t>((bk * Nk + j) * D + d)]);
+        double t = 0;
+        for (int64_t d = 0; d < D; ++d)
+          t += std::fabs(c.d_o[static_cast<size_t>((bh * Nq + i) * D + d)]) *
+               col[static_cast<size_t>(d)];
+        out[static_cast<size_t>(bh * Nq + i)] = t * up;
+      }
+    }
+  }
+  return out;
+}
+
+Pass run_pass(const AttentionCase& c, double A, const std::vector<LD>& p_del,
+              int threads) {
   const AttentionProblem& p = c.problem;
   const int64_t B = p.batch, H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len,
                 Nk = p.kv_len, D = p.head_dim, group = H / Hk;
@@ -474,7 +519,9 @@ Pass run_pass(const AttentionCase& c, double A, int threads) {
           a.o_sens += pij * dol1[r] * cm;
           a.o_rel += pij * o_abs * cm;
           a.uf += (pij * static_cast<double>(2 * D + 1) + 1) * cm + 1;
-          if (pij > 0) a.p_sens += std::fabs(dpd) * cm;
+          if (pij > 0)
+            a.p_sens +=
+                (std::fabs(dpd) + pij * static_cast<double>(p_del[r])) * cm;
           a.shift += pij * std::fabs(dpd) * dc;
         }
       }
@@ -675,7 +722,8 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         logit_flip(c, operand_mags(c, 0), operand_mags(c, 1), sc));
   }
   const auto t0 = Clock::now();
-  Pass pass = run_pass(c, so.amplitude, opt.threads);
+  const std::vector<LD> p_del = row_p_del(c);
+  Pass pass = run_pass(c, so.amplitude, p_del, opt.threads);
   so.pass_seconds = seconds_since(t0);
   so.pass_flops = pass.flops;
   so.given_units = pass.rows.units + pass.rows.soft_units;
@@ -725,6 +773,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
               g.del.push_back(pass.rows.del[row]);
               g.ds_l1.push_back(pass.rows.ds_l1[row]);
               g.o_abs.push_back(pass.rows.o_abs[row]);
+              g.p_del.push_back(p_del[row]);
             }
           o = oracle_attention(sc, &g, {Nq, Nk, false, true});
         } else {
