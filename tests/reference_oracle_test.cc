@@ -161,14 +161,16 @@ TEST(OracleScales, DeltaCancellationAndStoredOSensitivity) {
   // Subnormal compute intermediates, per ulp_c(0): dS_j counts
   // P_j (2D + 1) + 1 = 2.5, du = s sum_j 2.5 |k_j| = 5, plus (1 + s)(Nk + D
   // + 2) = 10 for du's sums and the normalization backward, which the scale
-  // s may multiply: 15 (no normalization for sdpa). dk: q = 0, so only
+  // s may multiply, and one unscaled rounding of s dS_j per pair, sum_j
+  // |k_j| = 2: 17 (no normalization for sdpa). dk: q = 0, so only
   // (1 + s)(Nq + D + 2) = 8.
-  EXPECT_EQ(orc.dq_uf_sens, 15.0L);
+  EXPECT_EQ(orc.dq_uf_sens, 17.0L);
   EXPECT_EQ(orc.dk_uf_sens, 8.0L);
   // P_j's own resolution (per smallest normal of the compute format):
-  // |dP_j - delta| = 1 through s |k_j|: 2 for dq; O and dV: sum_j |v_j| = 2
-  // and |dO| = 1 per key.
-  EXPECT_EQ(orc.dq_p_sens_e[0], 2.0L);
+  // |dP_j - delta| = 1, plus P_j p_del with p_del = sum_k |dO||v_k| = 2
+  // (delta moved by every P_k's resolution), 2 per key, through s |k_j|: 4
+  // for dq; O and dV: sum_j |v_j| = 2 and |dO| = 1 per key.
+  EXPECT_EQ(orc.dq_p_sens_e[0], 4.0L);
   EXPECT_EQ(orc.dk_p_sens_e[0], 0.0L);
   EXPECT_EQ(orc.o_p_sens_e[0], 2.0L);
   EXPECT_EQ(orc.dv_p_sens_e[0], 1.0L);
