@@ -53,6 +53,13 @@ std::vector<Named> cases() {
   p = shape(1, 2, 2, 17, 5, 8);
   p.mask.causal = true;  // 12 fully masked rows
   out.push_back({"kv < q causal", p, Distribution::kZeroRows});
+  // The pass's tiles (sampled.cc: 64-row blocks, 4-row groups, 3- and
+  // 12-wide kernels over 4-lane vectors) do not divide these: every ragged
+  // edge of its kernels (rows, keys, columns) runs.
+  p = shape(1, 2, 1, 37, 37, 17);
+  p.mask.causal = true;
+  p.mask.key_lengths = {30};
+  out.push_back({"odd D causal padding", p, Distribution::kGaussian});
   p = shape(1, 2, 2, 40, 40, 16);
   p.variant = Variant::kSDPA;
   p.mask.causal = true;
