@@ -407,29 +407,32 @@ size_t row_of(const NormRows& nr, size_t o) {
 
 }  // namespace
 
-OperandMags operand_mags(const AttentionCase& c, int side) {
+void fill_operand_mags(const AttentionCase& c, int side, const LD* x,
+                       const reference::NormArgs<LD>& w, OperandMags* mp) {
   const AttentionProblem& p = c.problem;
   const bool qk = p.variant == Variant::kQKNorm;
-  const std::vector<LD> x = widen(side == 0 ? c.q : c.k);
-  OperandMags m;
+  OperandMags& m = *mp;
   m.rows = norm_rows(p, side);
-  m.xh.resize(x.size());
-  m.xt.resize(x.size());
-  AttentionProblem p0 = p;  // x_hat alone: no weight, bias or rounding
-  p0.norm.weight = ParamShape::kNone;
-  p0.norm.bias = p0.norm.one_plus_weight = p0.norm.shared_qk_weight =
-      p0.norm.round_before_weight = false;
-  reference::normalized_operand<LD>(p0, side, x.data(), {}, m.xh.data());
-  std::array<std::vector<LD>, 4> store;
-  reference::normalized_operand<LD>(p, side, x.data(), norm_args(c, &store),
-                                    m.xt.data());
   const NormRows& nr = m.rows;
   const int64_t L = nr.len();
-  m.wv.assign(x.size(), 1);
-  m.xa.resize(x.size());
+  const auto size = static_cast<size_t>(nr.rows() * L);
+  // One normalization gives both x_hat (unrounded, unweighted) and x_tilde:
+  // where the formulation rounds x_hat before the weight, the rounded x_hat
+  // goes to xr and the unrounded one to xh.
+  const bool round = reference::rounds_x_hat(p, c.storage);
+  m.xh.resize(size);
+  m.xt.resize(size);
+  m.xr.resize(round ? size : 0);
+  m.stats.resize(static_cast<size_t>(nr.rows()));
+  reference::prepare_operand<LD>(
+      p, side, x, w, round ? m.xr.data() : m.xh.data(),
+      round ? m.xh.data() : nullptr, m.xt.data(), m.stats.data());
+  m.wv.assign(size, 1);
+  m.xa.resize(size);
   m.den.assign(static_cast<size_t>(nr.rows()), 1);
   m.shr.assign(static_cast<size_t>(nr.rows()), 0);
-  m.sh.assign(x.size(), 0);
+  m.sh.assign(size, 0);
+  m.wmax = 1;
   const Normalization& n = p.norm;
   const std::vector<double>& wt =
       side == 0 || n.shared_qk_weight ? c.q_weight : c.k_weight;
@@ -484,7 +487,19 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
       m.sh[o] = m.shr[static_cast<size_t>(r0)] * std::fabs(wv);
     }
   }
+}
+
+OperandMags operand_mags(const AttentionCase& c, int side) {
+  const std::vector<LD> x = widen(side == 0 ? c.q : c.k);
+  std::array<std::vector<LD>, 4> store;
+  OperandMags m;
+  fill_operand_mags(c, side, x.data(), norm_args(c, &store), &m);
   return m;
+}
+
+reference::OperandView<LD> OperandMags::view() const {
+  return {rows, xr.empty() ? xh.data() : xr.data(), xh.data(), xt.data(),
+          stats.data()};
 }
 
 namespace {
@@ -553,18 +568,43 @@ LD logit_flip(const AttentionCase& c, const OperandMags& qm,
   return s * (side_flip(qm) * max_abs(km.xa) + side_flip(km) * max_abs(qm.xa));
 }
 
+// The oracle's scratch arrays, kept from call to call (OracleWorkspace).
+struct OracleWorkspace::Arrays {
+  std::vector<LD> q, k, v, d_o, probs, sdp, av, du_q, du_k, ads_q, ads_k;
+  OperandMags qm, km;
+  std::array<std::vector<LD>, 7> mq, mk;
+};
+
+OracleWorkspace::OracleWorkspace() : arrays(std::make_unique<Arrays>()) {}
+OracleWorkspace::~OracleWorkspace() = default;
+
 OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
-                                 const RowCounts& counts) {
+                                 const RowCounts& counts, OracleWorkspace* ws) {
   const AttentionProblem& p = c.problem;
   OracleAttention r;
-  auto q = widen(c.q), k = widen(c.k), v = widen(c.v), d_o = widen(c.d_o);
+  OracleWorkspace::Arrays own;
+  OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : own;
+  std::vector<LD>&q = a.q, &k = a.k, &v = a.v, &d_o = a.d_o;
+  q.assign(c.q.begin(), c.q.end());
+  k.assign(c.k.begin(), c.k.end());
+  v.assign(c.v.begin(), c.v.end());
+  d_o.assign(c.d_o.begin(), c.d_o.end());
   std::array<std::vector<LD>, 4> store;
   const reference::NormArgs<LD> w = norm_args(c, &store);
+  // Both sides' logit operands, normalized once: the forward, backward,
+  // probabilities and magnitudes below all read them (OperandMags::view).
+  fill_operand_mags(c, 0, q.data(), w, &a.qm);
+  fill_operand_mags(c, 1, k.data(), w, &a.km);
+  const OperandMags &qm = a.qm, &km = a.km;
+  const reference::OperandView<LD> qv = qm.view(), kv = km.view();
+  // RowCounts: the outputs of a side the caller does not need are not
+  // formed, nor, in a sub-case (either side off), the case-wide scalars.
+  const bool qs = counts.q_side, ks = counts.k_side, whole = qs && ks;
   r.o.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
   if (given == nullptr) {
-    reference::attention_forward<LD>(p, q.data(), k.data(), v.data(),
-                                     r.o.data(), r.lse.data(), w);
+    reference::attention_forward<LD>(p, qv, kv, v.data(), r.o.data(),
+                                     r.lse.data());
   } else {
     // The rows' lse as given, and an O whose dO . O is the given delta (the
     // backward reads delta from O): O_i = delta_i dO_i / ||dO_i||^2.
@@ -580,9 +620,9 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         r.o[row * D + d] = ss > 0 ? given->delta[row] / ss * doi[d] : 0;
     }
   }
-  r.dq.resize(q.size());
-  r.dk.resize(k.size());
-  r.dv.resize(v.size());
+  r.dq.resize(qs ? q.size() : 0);
+  r.dk.resize(ks ? k.size() : 0);
+  r.dv.resize(ks ? v.size() : 0);
   r.dq_weight.resize(c.q_weight.size());
   r.dk_weight.resize(c.k_weight.size());
   r.dq_bias.resize(c.q_bias.size());
@@ -593,11 +633,10 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   dw.k_weight = ptr(r.dk_weight);
   dw.q_bias = ptr(r.dq_bias);
   dw.k_bias = ptr(r.dk_bias);
-  std::vector<LD> ds(
-      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
   reference::attention_backward<LD>(
-      p, q.data(), k.data(), v.data(), r.o.data(), d_o.data(), r.lse.data(),
-      r.dq.data(), r.dk.data(), r.dv.data(), &r.dg, ds.data(), w, dw);
+      p, q.data(), k.data(), qv, kv, v.data(), r.o.data(), d_o.data(),
+      r.lse.data(), qs ? r.dq.data() : nullptr, ks ? r.dk.data() : nullptr,
+      ks ? r.dv.data() : nullptr, whole ? &r.dg : nullptr, nullptr, w, dw);
   // dg sums dS_ij C_ij with dS_ij = P_ij (dP_ij - delta_i): the rounding
   // error of those terms scales with P_ij (|dP_ij| + |delta_i|), not with
   // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the
@@ -650,11 +689,10 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     // The logit operands of both sides (x_tilde signed, and its magnitude
     // before cancellation |x_hat| |w| + |beta|), x_hat and each row's
     // divisor (OperandMags).
-    const OperandMags qm = operand_mags(c, 0), km = operand_mags(c, 1);
-    std::vector<LD> probs(ds.size());
+    std::vector<LD>& probs = a.probs;
+    probs.resize(static_cast<size_t>(p.batch * p.heads * Nq * Nk));
     if (given == nullptr) {
-      reference::attention_probabilities<LD>(p, q.data(), k.data(),
-                                             probs.data(), w);
+      reference::attention_probabilities<LD>(p, qv, kv, probs.data());
     } else {  // P_ij = exp(S_ij - lse_i) with the given lse
       const LD sc = !qk             ? 1 / std::sqrt(static_cast<LD>(D))
                     : p.fixed_scale ? static_cast<LD>(p.scale)
@@ -702,20 +740,22 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     // summed over each kv head's group of query heads), then carried
     // through the weight and the normalization backward per row.
     constexpr int kCh = 7;
-    std::array<std::vector<LD>, kCh> mq, mk;
+    std::array<std::vector<LD>, kCh>&mq = a.mq, &mk = a.mk;
     // A side the caller does not judge (RowCounts) gets none of its
     // per-element arrays: a sampled row's sub-case of a long problem would
     // otherwise fill hundreds of MB it never reads.
-    const bool qs = counts.q_side, ks = counts.k_side;
     for (int ch = 0; ch < kCh; ++ch) {
       if (qs) mq[ch].assign(q.size(), 0);
       if (ks) mk[ch].assign(k.size(), 0);
     }
     // Signed du (the true gradients of q_tilde, k_tilde) and s sum |dS| per
     // logit-operand row, for unit_resolution.
-    std::vector<LD> du_q(qs ? q.size() : 0, 0), du_k(ks ? k.size() : 0, 0),
-        ads_q(static_cast<size_t>(p.batch * p.heads * Nq), 0),
-        ads_k(static_cast<size_t>(p.batch * Hk * Nk), 0);
+    std::vector<LD>&du_q = a.du_q, &du_k = a.du_k, &ads_q = a.ads_q,
+    &ads_k = a.ads_k;
+    du_q.assign(qs ? q.size() : 0, 0);
+    du_k.assign(ks ? k.size() : 0, 0);
+    ads_q.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
+    ads_k.assign(static_cast<size_t>(p.batch * Hk * Nk), 0);
     if (qs) {
       r.o_mag.assign(q.size(), 0);
       r.o_dev_mag.assign(q.size(), 0);
@@ -725,7 +765,9 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
       r.dv_p_sens_e.assign(v.size(), 0);
       r.dv_mag.assign(v.size(), 0);
     }
-    std::vector<LD> sdp(static_cast<size_t>(Nk)), av(static_cast<size_t>(Nk));
+    std::vector<LD>&sdp = a.sdp, &av = a.av;
+    sdp.resize(static_cast<size_t>(Nk));
+    av.resize(static_cast<size_t>(Nk));
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hq = 0; hq < p.heads; ++hq) {
         const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
@@ -785,7 +827,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
             // w_e k_tilde_je (signed: 0 for a layer-normed k with a uniform
             // weight), and k's the same way.
             LD dc = 0;
-            if (layer) {
+            if (layer && whole) {
               LD wk = 0, wq = 0;
               for (int64_t d = 0; d < D; ++d) {
                 wk += qm.wv[qi + static_cast<size_t>(d)] * ktj[d];
@@ -795,7 +837,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                    km.shr[row_of(km.rows, kj)] * std::fabs(wq);
             }
             logit_shift = std::max(logit_shift, s * dc);
-            if (learned) {
+            if (learned && whole) {
               // dS_ij C_ij with |C_ij| <= ||q_a|| ||k_a|| (1 for the paper's
               // unit rows).
               const LD cm = std::max<LD>(1, qan * norm2(kaj));
@@ -1047,7 +1089,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         shared ? r.q_param_rows
                : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
     if (shared) r.q_param_rows *= 2;
-    r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    if (whole) r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
     r.logit_shift = static_cast<double>(logit_shift);
     for (int64_t e = 0; ks && e < Nk * D * p.batch * Hk; ++e)
       r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
