@@ -374,16 +374,21 @@ void attention_forward(const AttentionProblem& p, const T* q, const T* k,
 
 template <class T>
 void attention_forward(const AttentionProblem& p, const OperandView<T>& qo,
-                       const OperandView<T>& ko, const T* v, T* o, T* lse) {
+                       const OperandView<T>& ko, const T* v, T* o, T* lse,
+                       T* probs, T* logits) {
   const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-  std::vector<T> s(Nk), acc(D);
+  std::vector<T> s_own(Nk), acc(D);
   each_head(p, qo, ko,
             [&](int64_t b, int64_t bh, int64_t bk, const T* qt, const T* kt,
                 T scale) {
               const T* vb = v + bk * Nk * D;
               for (int64_t i = 0; i < Nq; ++i) {
                 T* oi = o + (bh * Nq + i) * D;
-                if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) {
+                T* s = logits ? logits + (bh * Nq + i) * Nk : s_own.data();
+                T* pr = probs ? probs + (bh * Nq + i) * Nk : nullptr;
+                if (pr)
+                  for (int64_t j = 0; j < Nk; ++j) pr[j] = 0;
+                if (logits_row(p, qt, kt, scale, b, i, s) == 0) {
                   for (int64_t d = 0; d < D; ++d) oi[d] = 0;
                   lse[bh * Nq + i] = -std::numeric_limits<T>::infinity();
                   continue;
@@ -397,10 +402,15 @@ void attention_forward(const AttentionProblem& p, const OperandView<T>& qo,
                   if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
                   T e = std::exp(s[j] - mx);
                   sum += e;
+                  if (pr) pr[j] = e;
                   for (int64_t d = 0; d < D; ++d) acc[d] += e * vb[j * D + d];
                 }
                 for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
                 lse[bh * Nq + i] = mx + std::log(sum);
+                // P as attention_probabilities forms it: the same exponentials
+                // over the same sum.
+                if (pr)
+                  for (int64_t j = 0; j < Nk; ++j) pr[j] /= sum;
               }
             });
 }
@@ -448,7 +458,7 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
   side_operand(p, 0, q, w, &qo);
   side_operand(p, 1, k, w, &ko);
   attention_backward(p, q, k, qo.view(), ko.view(), v, o, d_o, lse, dq, dk, dv,
-                     dg, ds, w, dw);
+                     dg, ds, w, dw, static_cast<const T*>(nullptr));
 }
 
 template <class T>
@@ -456,7 +466,7 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
                         const OperandView<T>& qo, const OperandView<T>& ko,
                         const T* v, const T* o, const T* d_o, const T* lse,
                         T* dq, T* dk, T* dv, T* dg, T* ds, const NormArgs<T>& w,
-                        const NormGrads<T>& dw) {
+                        const NormGrads<T>& dw, const T* logits) {
   const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
                 Hk = kv_heads_of(p), group = p.heads / Hk;
   const bool learned =
@@ -486,13 +496,22 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
         if (ds_row)
           for (int64_t j = 0; j < Nk; ++j) ds_row[j] = 0;
         T* dqi = dq ? dqt.data() + (bh * Nq + i) * D : nullptr;
-        if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) continue;
+        const T* si = s.data();
+        if (logits != nullptr) {  // given: skip the row if nothing is visible
+          si = logits + (bh * Nq + i) * Nk;
+          bool any = false;
+          for (int64_t j = 0; j < Nk && !any; ++j)
+            any = visible(p.mask, b, i, j, Nq, Nk);
+          if (!any) continue;
+        } else if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) {
+          continue;
+        }
         const T li = lse[bh * Nq + i];
         const T delta = dot(doi, ob + i * D, D);
         const T* qti = qt + i * D;
         for (int64_t j = 0; j < Nk; ++j) {
           if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
-          const T pij = std::exp(s[j] - li);
+          const T pij = std::exp(si[j] - li);
           if (dvb)
             for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
           const T dp = dot(doi, vb + j * D, D);
@@ -553,34 +572,34 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
   *dg = dg_sum;
 }
 
-#define QKNORM_REFERENCE_INSTANTIATE(T)                                        \
-  template T nrm2<T>(const T*, int64_t);                                       \
-  template void attention_forward<T>(const AttentionProblem&, const T*,        \
-                                     const T*, const T*, T*, T*,               \
-                                     const NormArgs<T>&);                      \
-  template void attention_backward<T>(                                         \
-      const AttentionProblem&, const T*, const T*, const T*, const T*,         \
-      const T*, const T*, T*, T*, T*, T*, T*, const NormArgs<T>&,              \
-      const NormGrads<T>&);                                                    \
-  template void attention_probabilities<T>(const AttentionProblem&, const T*,  \
-                                           const T*, T*, const NormArgs<T>&);  \
-  template void normalized_operand<T>(const AttentionProblem&, int, const T*,  \
-                                      const NormArgs<T>&, T*);                 \
-  template void prepare_operand<T>(const AttentionProblem&, int, const T*,     \
-                                   const NormArgs<T>&, T*, T*, T*,             \
-                                   RowStats<T>*);                              \
-  template void attention_forward<T>(const AttentionProblem&,                  \
-                                     const OperandView<T>&,                    \
-                                     const OperandView<T>&, const T*, T*, T*); \
-  template void attention_backward<T>(                                         \
-      const AttentionProblem&, const T*, const T*, const OperandView<T>&,      \
-      const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,   \
-      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&);                    \
-  template void attention_probabilities<T>(const AttentionProblem&,            \
-                                           const OperandView<T>&,              \
-                                           const OperandView<T>&, T*);         \
-  template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);   \
-  template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,       \
+#define QKNORM_REFERENCE_INSTANTIATE(T)                                       \
+  template T nrm2<T>(const T*, int64_t);                                      \
+  template void attention_forward<T>(const AttentionProblem&, const T*,       \
+                                     const T*, const T*, T*, T*,              \
+                                     const NormArgs<T>&);                     \
+  template void attention_backward<T>(                                        \
+      const AttentionProblem&, const T*, const T*, const T*, const T*,        \
+      const T*, const T*, T*, T*, T*, T*, T*, const NormArgs<T>&,             \
+      const NormGrads<T>&);                                                   \
+  template void attention_probabilities<T>(const AttentionProblem&, const T*, \
+                                           const T*, T*, const NormArgs<T>&); \
+  template void normalized_operand<T>(const AttentionProblem&, int, const T*, \
+                                      const NormArgs<T>&, T*);                \
+  template void prepare_operand<T>(const AttentionProblem&, int, const T*,    \
+                                   const NormArgs<T>&, T*, T*, T*,            \
+                                   RowStats<T>*);                             \
+  template void attention_forward<T>(                                         \
+      const AttentionProblem&, const OperandView<T>&, const OperandView<T>&,  \
+      const T*, T*, T*, T*, T*);                                              \
+  template void attention_backward<T>(                                        \
+      const AttentionProblem&, const T*, const T*, const OperandView<T>&,     \
+      const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,  \
+      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&, const T*);         \
+  template void attention_probabilities<T>(const AttentionProblem&,           \
+                                           const OperandView<T>&,             \
+                                           const OperandView<T>&, T*);        \
+  template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);  \
+  template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,      \
                                       const T*, T*, T*);
 QKNORM_REFERENCE_INSTANTIATE(float)
 QKNORM_REFERENCE_INSTANTIATE(double)

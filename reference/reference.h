@@ -113,15 +113,20 @@ void attention_probabilities(const AttentionProblem& p, const T* q, const T* k,
 // be null: that output is not formed, nor what only it reads (a side's
 // gradient accumulation and normalization backward, which the sampled
 // oracle's one-row sub-cases do not judge: validation/sampled.cc).
+// The forward may also return P (probs, as attention_probabilities forms
+// it) and S (logits, dense [B,H,q_len,kv_len], written where visible), and
+// the backward read S from there instead of forming it again: the same
+// D-term dots, formed once instead of three times.
 template <class T>
 void attention_forward(const AttentionProblem& p, const OperandView<T>& q,
-                       const OperandView<T>& k, const T* v, T* o, T* lse);
+                       const OperandView<T>& k, const T* v, T* o, T* lse,
+                       T* probs = nullptr, T* logits = nullptr);
 template <class T>
 void attention_backward(const AttentionProblem& p, const T* q, const T* k,
                         const OperandView<T>& qo, const OperandView<T>& ko,
                         const T* v, const T* o, const T* d_o, const T* lse,
                         T* dq, T* dk, T* dv, T* dg, T* ds, const NormArgs<T>& w,
-                        const NormGrads<T>& dw);
+                        const NormGrads<T>& dw, const T* logits = nullptr);
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const OperandView<T>& q,
                              const OperandView<T>& k, T* probs);
@@ -156,11 +161,11 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
                                           T*, T*, RowStats<T>*);               \
   extern template void attention_forward<T>(                                   \
       const AttentionProblem&, const OperandView<T>&, const OperandView<T>&,   \
-      const T*, T*, T*);                                                       \
+      const T*, T*, T*, T*, T*);                                               \
   extern template void attention_backward<T>(                                  \
       const AttentionProblem&, const T*, const T*, const OperandView<T>&,      \
       const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,   \
-      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&);                    \
+      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&, const T*);          \
   extern template void attention_probabilities<T>(const AttentionProblem&,     \
                                                   const OperandView<T>&,       \
                                                   const OperandView<T>&, T*);  \

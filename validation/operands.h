@@ -34,6 +34,7 @@ struct OperandMags {
   std::vector<LD> xh, xt, xa, wv, den, shr, sh, xr;
   std::vector<reference::RowStats<LD>> stats;
   LD wmax = 1;
+  bool xa_finite = true;  // every element of xa
   reference::OperandView<LD> view() const;
 };
 
