@@ -101,12 +101,6 @@ void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
 //   amax <  sqrt(eps): d1 = sqrt(eps), d2 = sqrt(1 + m (amax / sqrt(eps))^2)
 // and x_hat = y (amax / d1) / d2.
 template <class T>
-struct RowStats {
-  T nrm = 0;         // l2: ||x||
-  T d1 = 1, d2 = 1;  // rms, layer: the divisor d1 * d2
-};
-
-template <class T>
 RowStats<T> normalize_row(NormKind kind, const T* x, int64_t n, T eps, T* xh) {
   RowStats<T> st;
   switch (kind) {
@@ -191,12 +185,17 @@ void normalize_row_backward(NormKind kind, const T* x, const T* xh,
   }
 }
 
-// x_hat and x_tilde of one side, and the per-row statistics.
+// x_hat and x_tilde of one side, and the per-row statistics, owned (the
+// functions that take no prepared operands).
 template <class T>
 struct SideOperand {
   NormRows sh{};
-  std::vector<T> xh, xt;  // dense [B,H_x,N,D]
+  std::vector<T> xh, xu, xt;  // dense [B,H_x,N,D]; xu empty: == xh
   std::vector<RowStats<T>> stats;
+  OperandView<T> view() const {
+    return {sh, xh.data(), xu.empty() ? xh.data() : xu.data(), xt.data(),
+            stats.data()};
+  }
 };
 
 template <class T>
@@ -204,46 +203,24 @@ void side_operand(const AttentionProblem& p, int side, const T* x,
                   const NormArgs<T>& w, SideOperand<T>* out) {
   const NormRows sh = norm_rows(p, side);
   out->sh = sh;
-  const size_t total = static_cast<size_t>(sh.rows() * sh.len());
-  out->xh.assign(x, x + total);
-  out->xt.assign(x, x + total);
+  const auto total = static_cast<size_t>(sh.rows() * sh.len());
+  out->xh.resize(total);
+  out->xt.resize(total);
+  out->xu.resize(rounds_x_hat(p, w.storage) ? total : 0);
   out->stats.assign(static_cast<size_t>(sh.rows()), RowStats<T>{});
-  if (p.variant != Variant::kQKNorm) return;
-  const Normalization& nm = p.norm;
-  const T* weight = side == 0 || nm.shared_qk_weight ? w.q_weight : w.k_weight;
-  const T* bias = side == 0 ? w.q_bias : w.k_bias;
-  const bool round = nm.round_before_weight && (w.storage == Precision::kBF16 ||
-                                                w.storage == Precision::kF16);
-  const int64_t L = sh.len();
-  std::vector<T> row(static_cast<size_t>(L)), rh(static_cast<size_t>(L));
-  for (int64_t r = 0; r < sh.rows(); ++r) {
-    for (int64_t e = 0; e < L; ++e) row[e] = x[sh.at(r, e)];
-    out->stats[static_cast<size_t>(r)] =
-        normalize_row(nm.kind, row.data(), L, static_cast<T>(p.eps), rh.data());
-    for (int64_t e = 0; e < L; ++e) {
-      T xh = rh[e];
-      if (round)
-        xh = static_cast<T>(round_to(w.storage, static_cast<double>(xh)));
-      T xt = xh;
-      if (nm.weight != ParamShape::kNone) {
-        const int64_t pi = sh.param(r, e, nm.weight);
-        const T g = nm.one_plus_weight ? 1 + weight[pi] : weight[pi];
-        xt = xh * g;
-        if (nm.bias) xt += bias[pi];
-      }
-      out->xh[sh.at(r, e)] = xh;
-      out->xt[sh.at(r, e)] = xt;
-    }
-  }
+  prepare_operand(p, side, x, w, out->xh.data(),
+                  out->xu.empty() ? nullptr : out->xu.data(), out->xt.data(),
+                  out->stats.data());
 }
 
-// Backward of side_operand: dxt (the gradient of x_tilde, dense) -> dx, and
-// the parameter gradients accumulated into dweight / dbias (may be null).
+// Backward of the side's operands: dxt (the gradient of x_tilde, dense) ->
+// dx, and the parameter gradients accumulated into dweight / dbias (may be
+// null).
 template <class T>
 void side_operand_backward(const AttentionProblem& p, int side, const T* x,
-                           const NormArgs<T>& w, const SideOperand<T>& op,
+                           const NormArgs<T>& w, const OperandView<T>& op,
                            const T* dxt, T* dx, T* dweight, T* dbias) {
-  const NormRows& sh = op.sh;
+  const NormRows& sh = op.rows;
   const int64_t L = sh.len();
   if (p.variant != Variant::kQKNorm) {
     for (int64_t i = 0; i < sh.rows() * L; ++i) dx[i] = dxt[i];
@@ -268,9 +245,10 @@ void side_operand_backward(const AttentionProblem& p, int side, const T* x,
       du[e] = dxt[o] * g;
     }
     // The normalization backward reads the unrounded x_hat (rounding to
-    // storage is the identity for the gradient, as a cast is in autograd).
+    // storage is the identity for the gradient, as a cast is in autograd):
+    // prepare_operand kept it (normalize_row's own result, bit for bit).
     if (nm.round_before_weight)
-      normalize_row(nm.kind, row.data(), L, static_cast<T>(p.eps), rh.data());
+      for (int64_t e = 0; e < L; ++e) rh[e] = op.xu[sh.at(r, e)];
     normalize_row_backward(nm.kind, row.data(), rh.data(),
                            op.stats[static_cast<size_t>(r)],
                            static_cast<T>(p.eps), L, du.data());
@@ -315,6 +293,52 @@ T nrm2(const T* x, int64_t n) {
   return amax * std::sqrt(s);
 }
 
+bool rounds_x_hat(const AttentionProblem& p, Precision storage) {
+  return p.variant == Variant::kQKNorm && p.norm.round_before_weight &&
+         (storage == Precision::kBF16 || storage == Precision::kF16);
+}
+
+template <class T>
+void prepare_operand(const AttentionProblem& p, int side, const T* x,
+                     const NormArgs<T>& w, T* xh_out, T* xu_out, T* xt_out,
+                     RowStats<T>* stats) {
+  const NormRows sh = norm_rows(p, side);
+  const int64_t L = sh.len();
+  for (int64_t r = 0; r < sh.rows(); ++r) stats[r] = RowStats<T>{};
+  if (p.variant != Variant::kQKNorm) {
+    std::copy(x, x + sh.rows() * L, xh_out);
+    std::copy(x, x + sh.rows() * L, xt_out);
+    if (xu_out) std::copy(x, x + sh.rows() * L, xu_out);
+    return;
+  }
+  const Normalization& nm = p.norm;
+  const T* weight = side == 0 || nm.shared_qk_weight ? w.q_weight : w.k_weight;
+  const T* bias = side == 0 ? w.q_bias : w.k_bias;
+  const bool round = rounds_x_hat(p, w.storage);
+  std::vector<T> row(static_cast<size_t>(L)), rh(static_cast<size_t>(L));
+  for (int64_t r = 0; r < sh.rows(); ++r) {
+    for (int64_t e = 0; e < L; ++e) row[e] = x[sh.at(r, e)];
+    stats[r] =
+        normalize_row(nm.kind, row.data(), L, static_cast<T>(p.eps), rh.data());
+    for (int64_t e = 0; e < L; ++e) {
+      T xh = rh[e];
+      if (round)
+        xh = static_cast<T>(round_to(w.storage, static_cast<double>(xh)));
+      T xt = xh;
+      if (nm.weight != ParamShape::kNone) {
+        const int64_t pi = sh.param(r, e, nm.weight);
+        const T g = nm.one_plus_weight ? 1 + weight[pi] : weight[pi];
+        xt = xh * g;
+        if (nm.bias) xt += bias[pi];
+      }
+      const int64_t o = sh.at(r, e);
+      xh_out[o] = xh;
+      xt_out[o] = xt;
+      if (xu_out) xu_out[o] = rh[e];
+    }
+  }
+}
+
 template <class T>
 void normalized_operand(const AttentionProblem& p, int side, const T* x,
                         const NormArgs<T>& w, T* out) {
@@ -327,18 +351,14 @@ namespace {
 // f(b, bh, bk, qt, kt, scale) for every (batch, query head): bh indexes the
 // query head's rows, bk its kv head's; qt and kt are their logit operands.
 template <class T, class F>
-void each_head(const AttentionProblem& p, const T* q, const T* k,
-               const NormArgs<T>& w, F&& f) {
+void each_head(const AttentionProblem& p, const OperandView<T>& qo,
+               const OperandView<T>& ko, F&& f) {
   const int64_t D = p.head_dim, group = p.heads / kv_heads_of(p);
-  SideOperand<T> qo, ko;
-  side_operand(p, 0, q, w, &qo);
-  side_operand(p, 1, k, w, &ko);
   const T scale = logit_scale<T>(p);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t hd = 0; hd < p.heads; ++hd) {
       const int64_t bh = b * p.heads + hd, bk = b * kv_heads_of(p) + hd / group;
-      f(b, bh, bk, qo.xt.data() + bh * p.q_len * D,
-        ko.xt.data() + bk * p.kv_len * D, scale);
+      f(b, bh, bk, qo.xt + bh * p.q_len * D, ko.xt + bk * p.kv_len * D, scale);
     }
 }
 }  // namespace
@@ -346,15 +366,29 @@ void each_head(const AttentionProblem& p, const T* q, const T* k,
 template <class T>
 void attention_forward(const AttentionProblem& p, const T* q, const T* k,
                        const T* v, T* o, T* lse, const NormArgs<T>& w) {
+  SideOperand<T> qo, ko;
+  side_operand(p, 0, q, w, &qo);
+  side_operand(p, 1, k, w, &ko);
+  attention_forward(p, qo.view(), ko.view(), v, o, lse);
+}
+
+template <class T>
+void attention_forward(const AttentionProblem& p, const OperandView<T>& qo,
+                       const OperandView<T>& ko, const T* v, T* o, T* lse,
+                       T* probs, T* logits) {
   const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-  std::vector<T> s(Nk), acc(D);
-  each_head(p, q, k, w,
+  std::vector<T> s_own(Nk), acc(D);
+  each_head(p, qo, ko,
             [&](int64_t b, int64_t bh, int64_t bk, const T* qt, const T* kt,
                 T scale) {
               const T* vb = v + bk * Nk * D;
               for (int64_t i = 0; i < Nq; ++i) {
                 T* oi = o + (bh * Nq + i) * D;
-                if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) {
+                T* s = logits ? logits + (bh * Nq + i) * Nk : s_own.data();
+                T* pr = probs ? probs + (bh * Nq + i) * Nk : nullptr;
+                if (pr)
+                  for (int64_t j = 0; j < Nk; ++j) pr[j] = 0;
+                if (logits_row(p, qt, kt, scale, b, i, s) == 0) {
                   for (int64_t d = 0; d < D; ++d) oi[d] = 0;
                   lse[bh * Nq + i] = -std::numeric_limits<T>::infinity();
                   continue;
@@ -368,10 +402,15 @@ void attention_forward(const AttentionProblem& p, const T* q, const T* k,
                   if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
                   T e = std::exp(s[j] - mx);
                   sum += e;
+                  if (pr) pr[j] = e;
                   for (int64_t d = 0; d < D; ++d) acc[d] += e * vb[j * D + d];
                 }
                 for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
                 lse[bh * Nq + i] = mx + std::log(sum);
+                // P as attention_probabilities forms it: the same exponentials
+                // over the same sum.
+                if (pr)
+                  for (int64_t j = 0; j < Nk; ++j) pr[j] /= sum;
               }
             });
 }
@@ -379,10 +418,20 @@ void attention_forward(const AttentionProblem& p, const T* q, const T* k,
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const T* q, const T* k,
                              T* probs, const NormArgs<T>& w) {
+  SideOperand<T> qo, ko;
+  side_operand(p, 0, q, w, &qo);
+  side_operand(p, 1, k, w, &ko);
+  attention_probabilities(p, qo.view(), ko.view(), probs);
+}
+
+template <class T>
+void attention_probabilities(const AttentionProblem& p,
+                             const OperandView<T>& qo, const OperandView<T>& ko,
+                             T* probs) {
   const int64_t Nq = p.q_len, Nk = p.kv_len;
   std::vector<T> s(Nk);
   each_head(
-      p, q, k, w,
+      p, qo, ko,
       [&](int64_t b, int64_t bh, int64_t, const T* qt, const T* kt, T scale) {
         for (int64_t i = 0; i < Nq; ++i) {
           T* pr = probs + (bh * Nq + i) * Nk;
@@ -405,50 +454,76 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
                         const T* v, const T* o, const T* d_o, const T* lse,
                         T* dq, T* dk, T* dv, T* dg, T* ds, const NormArgs<T>& w,
                         const NormGrads<T>& dw) {
-  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
-                Hk = kv_heads_of(p), group = p.heads / Hk;
-  const bool learned = p.variant == Variant::kQKNorm && !p.fixed_scale;
   SideOperand<T> qo, ko;
   side_operand(p, 0, q, w, &qo);
   side_operand(p, 1, k, w, &ko);
+  attention_backward(p, q, k, qo.view(), ko.view(), v, o, d_o, lse, dq, dk, dv,
+                     dg, ds, w, dw, static_cast<const T*>(nullptr));
+}
+
+template <class T>
+void attention_backward(const AttentionProblem& p, const T* q, const T* k,
+                        const OperandView<T>& qo, const OperandView<T>& ko,
+                        const T* v, const T* o, const T* d_o, const T* lse,
+                        T* dq, T* dk, T* dv, T* dg, T* ds, const NormArgs<T>& w,
+                        const NormGrads<T>& dw, const T* logits) {
+  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
+                Hk = kv_heads_of(p), group = p.heads / Hk;
+  const bool learned =
+      p.variant == Variant::kQKNorm && !p.fixed_scale && dg != nullptr;
   const T scale = logit_scale<T>(p);
-  // Gradients of q_tilde and k_tilde (k summed over each kv head's group).
-  std::vector<T> dqt(qo.xt.size(), 0), dkt(ko.xt.size(), 0), s(Nk);
-  for (size_t x = 0; x < ko.xt.size(); ++x) dv[x] = 0;
+  const auto q_size = static_cast<size_t>(p.batch * p.heads * Nq * D),
+             k_size = static_cast<size_t>(p.batch * Hk * Nk * D);
+  // Gradients of q_tilde and k_tilde (k summed over each kv head's group),
+  // for the outputs asked for.
+  std::vector<T> dqt(dq ? q_size : 0, 0), dkt(dk ? k_size : 0, 0), s(Nk);
+  if (dv)
+    for (size_t x = 0; x < k_size; ++x) dv[x] = 0;
   T dg_sum = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t hd = 0; hd < p.heads; ++hd) {
       const int64_t bh = b * p.heads + hd, bk = b * Hk + hd / group;
-      const T* qt = qo.xt.data() + bh * Nq * D;
-      const T* kt = ko.xt.data() + bk * Nk * D;
+      const T* qt = qo.xt + bh * Nq * D;
+      const T* kt = ko.xt + bk * Nk * D;
       const T* vb = v + bk * Nk * D;
       const T* ob = o + bh * Nq * D;
       const T* dob = d_o + bh * Nq * D;
-      T* dvb = dv + bk * Nk * D;
-      T* dkb = dkt.data() + bk * Nk * D;
+      T* dvb = dv ? dv + bk * Nk * D : nullptr;
+      T* dkb = dk ? dkt.data() + bk * Nk * D : nullptr;
       for (int64_t i = 0; i < Nq; ++i) {
         const T* doi = dob + i * D;
         T* ds_row = ds ? ds + (bh * Nq + i) * Nk : nullptr;
         if (ds_row)
           for (int64_t j = 0; j < Nk; ++j) ds_row[j] = 0;
-        T* dqi = dqt.data() + (bh * Nq + i) * D;
-        if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) continue;
+        T* dqi = dq ? dqt.data() + (bh * Nq + i) * D : nullptr;
+        const T* si = s.data();
+        if (logits != nullptr) {  // given: skip the row if nothing is visible
+          si = logits + (bh * Nq + i) * Nk;
+          bool any = false;
+          for (int64_t j = 0; j < Nk && !any; ++j)
+            any = visible(p.mask, b, i, j, Nq, Nk);
+          if (!any) continue;
+        } else if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) {
+          continue;
+        }
         const T li = lse[bh * Nq + i];
         const T delta = dot(doi, ob + i * D, D);
+        const T* qti = qt + i * D;
         for (int64_t j = 0; j < Nk; ++j) {
           if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
-          const T pij = std::exp(s[j] - li);
-          for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
+          const T pij = std::exp(si[j] - li);
+          if (dvb)
+            for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
           const T dp = dot(doi, vb + j * D, D);
           const T dsij = pij * (dp - delta);
           if (ds_row) ds_row[j] = dsij;
           const T* ktj = kt + j * D;
-          const T* qti = qt + i * D;
           if (learned) dg_sum += dsij * dot(qti, ktj, D);
-          for (int64_t d = 0; d < D; ++d) {
-            dqi[d] += scale * dsij * ktj[d];
-            dkb[j * D + d] += scale * dsij * qti[d];
-          }
+          if (dqi)
+            for (int64_t d = 0; d < D; ++d) dqi[d] += scale * dsij * ktj[d];
+          if (dkb)
+            for (int64_t d = 0; d < D; ++d)
+              dkb[j * D + d] += scale * dsij * qti[d];
         }
       }
     }
@@ -459,11 +534,14 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
   for (T* g : {dw.k_weight, dw.k_bias})
     if (g)
       for (int64_t x = 0; x < nk; ++x) g[x] = 0;
-  side_operand_backward(p, 0, q, w, qo, dqt.data(), dq, dw.q_weight, dw.q_bias);
-  side_operand_backward(p, 1, k, w, ko, dkt.data(), dk,
-                        p.norm.shared_qk_weight ? dw.q_weight : dw.k_weight,
-                        dw.k_bias);
-  *dg = dg_sum;
+  if (dq)
+    side_operand_backward(p, 0, q, w, qo, dqt.data(), dq, dw.q_weight,
+                          dw.q_bias);
+  if (dk)
+    side_operand_backward(p, 1, k, w, ko, dkt.data(), dk,
+                          p.norm.shared_qk_weight ? dw.q_weight : dw.k_weight,
+                          dw.k_bias);
+  if (dg) *dg = dg_sum;
 }
 
 template <class T>
@@ -507,6 +585,19 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
                                            const T*, T*, const NormArgs<T>&); \
   template void normalized_operand<T>(const AttentionProblem&, int, const T*, \
                                       const NormArgs<T>&, T*);                \
+  template void prepare_operand<T>(const AttentionProblem&, int, const T*,    \
+                                   const NormArgs<T>&, T*, T*, T*,            \
+                                   RowStats<T>*);                             \
+  template void attention_forward<T>(                                         \
+      const AttentionProblem&, const OperandView<T>&, const OperandView<T>&,  \
+      const T*, T*, T*, T*, T*);                                              \
+  template void attention_backward<T>(                                        \
+      const AttentionProblem&, const T*, const T*, const OperandView<T>&,     \
+      const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,  \
+      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&, const T*);         \
+  template void attention_probabilities<T>(const AttentionProblem&,           \
+                                           const OperandView<T>&,             \
+                                           const OperandView<T>&, T*);        \
   template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);  \
   template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,      \
                                       const T*, T*, T*);

@@ -51,6 +51,44 @@ struct NormGrads {
     *k_bias = nullptr;
 };
 
+// One normalization row's statistics, what its backward needs: l2 the norm;
+// rms and layer the divisor d1 * d2 (reference.cc, normalize_row).
+template <class T>
+struct RowStats {
+  T nrm = 0;
+  T d1 = 1, d2 = 1;
+};
+
+// One side's logit operands, prepared once (prepare_operand) and read by the
+// overloads below that take them: the oracle computes them once per case
+// instead of once in each of forward, backward and probabilities (with the
+// magnitudes of validation/operands.h, the unrounded x_hat once more): at
+// n = 4096 those repeated normalizations were a third of a sampled
+// sub-case's time. Dense arrays in the layout of x, owned by the caller.
+template <class T>
+struct OperandView {
+  NormRows rows{};
+  const T* xh = nullptr;  // x_hat as the weight multiplies it (rounded to
+                          // storage where the formulation rounds)
+  const T* xu = nullptr;  // x_hat unrounded, as the normalization backward
+                          // reads it (== xh where nothing rounds)
+  const T* xt = nullptr;  // x_tilde, as the logits read it
+  const RowStats<T>* stats = nullptr;  // per normalization row
+};
+
+// True where x_hat is rounded to storage before the weight (then xh and xu
+// differ and need two arrays).
+bool rounds_x_hat(const AttentionProblem& p, Precision storage);
+
+// Fills side `side`'s x_hat (xh), x_tilde (xt), the row statistics and,
+// where xu is not null, the unrounded x_hat (the same values as xh unless
+// rounds_x_hat). xh, xu, xt: as many elements as x; stats: norm_rows(p,
+// side).rows().
+template <class T>
+void prepare_operand(const AttentionProblem& p, int side, const T* x,
+                     const NormArgs<T>& w, T* xh, T* xu, T* xt,
+                     RowStats<T>* stats);
+
 // k, v, dk, dv are [B, kv_heads, kv_len, D] (GQA: attention.h).
 template <class T>
 void attention_forward(const AttentionProblem& p, const T* q, const T* k,
@@ -69,6 +107,29 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const T* q, const T* k,
                              T* probs, const NormArgs<T>& w = {});
+
+// The same three on prepared operands (q, k: prepare_operand's views of
+// both sides), with the same results. The backward's dq, dk, dv and dg may
+// be null: that output is not formed, nor what only it reads (a side's
+// gradient accumulation and normalization backward, which the sampled
+// oracle's one-row sub-cases do not judge: validation/sampled.cc).
+// The forward may also return P (probs, as attention_probabilities forms
+// it) and S (logits, dense [B,H,q_len,kv_len], written where visible), and
+// the backward read S from there instead of forming it again: the same
+// D-term dots, formed once instead of three times.
+template <class T>
+void attention_forward(const AttentionProblem& p, const OperandView<T>& q,
+                       const OperandView<T>& k, const T* v, T* o, T* lse,
+                       T* probs = nullptr, T* logits = nullptr);
+template <class T>
+void attention_backward(const AttentionProblem& p, const T* q, const T* k,
+                        const OperandView<T>& qo, const OperandView<T>& ko,
+                        const T* v, const T* o, const T* d_o, const T* lse,
+                        T* dq, T* dk, T* dv, T* dg, T* ds, const NormArgs<T>& w,
+                        const NormGrads<T>& dw, const T* logits = nullptr);
+template <class T>
+void attention_probabilities(const AttentionProblem& p, const OperandView<T>& q,
+                             const OperandView<T>& k, T* probs);
 
 // The normalized, weighted rows x_tilde of q (side 0, [B,H,q_len,D]) or k
 // (side 1, [B,kv_heads,kv_len,D]) as the attention uses them.
@@ -95,6 +156,19 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
       const AttentionProblem&, const T*, const T*, T*, const NormArgs<T>&);    \
   extern template void normalized_operand<T>(                                  \
       const AttentionProblem&, int, const T*, const NormArgs<T>&, T*);         \
+  extern template void prepare_operand<T>(const AttentionProblem&, int,        \
+                                          const T*, const NormArgs<T>&, T*,    \
+                                          T*, T*, RowStats<T>*);               \
+  extern template void attention_forward<T>(                                   \
+      const AttentionProblem&, const OperandView<T>&, const OperandView<T>&,   \
+      const T*, T*, T*, T*, T*);                                               \
+  extern template void attention_backward<T>(                                  \
+      const AttentionProblem&, const T*, const T*, const OperandView<T>&,      \
+      const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,   \
+      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&, const T*);          \
+  extern template void attention_probabilities<T>(const AttentionProblem&,     \
+                                                  const OperandView<T>&,       \
+                                                  const OperandView<T>&, T*);  \
   extern template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, \
                                             T*);                               \
   extern template void scalenorm_backward<T>(const ScaleNormProblem&,          \

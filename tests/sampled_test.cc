@@ -161,6 +161,164 @@ TEST(Sampled, ElementsMatchTheFullOracle) {
   }
 }
 
+// cases() and more: the formulations with a padding mask and outlier rows,
+// and chameleon (layer, a [heads, D] weight).
+std::vector<Named> more_cases() {
+  std::vector<Named> out = cases();
+  const char* padded[][2] = {{"qwen3", "qwen3 padding"},
+                             {"gemma3", "gemma3 padding"},
+                             {"olmo2", "olmo2 padding"},
+                             {"timm", "timm padding"}};
+  for (const auto& [preset, label] : padded) {
+    for (const Named& n : cases())
+      if (std::string(n.name) == preset) {
+        Named m = n;
+        m.name = label;
+        m.p.mask.causal = false;
+        m.p.mask.key_lengths = {37};
+        m.dist = Distribution::kOutlierRows;
+        out.push_back(m);
+      }
+  }
+  AttentionProblem f = shape(1, 4, 2, 48, 48, 16);
+  apply_preset("chameleon", &f);
+  f.mask.causal = true;
+  out.push_back({"chameleon", f, Distribution::kGaussian});
+  return out;
+}
+
+// Not a test: every case's sampled tables in hexadecimal, to the file
+// QKNORM_SAMPLED_DUMP (compare two builds with cmp), on
+// QKNORM_SAMPLED_THREADS threads (default 2). dg's value differs from run
+// to run on 2 threads (the pass's per-thread sums take blocks in whatever
+// order the threads reach them); on 1 thread every line is reproducible.
+TEST(SampledTables, DISABLED_Dump) {
+  const char* path = std::getenv("QKNORM_SAMPLED_DUMP");
+  ASSERT_NE(path, nullptr) << "set QKNORM_SAMPLED_DUMP";
+  FILE* f = std::fopen(path, "w");
+  ASSERT_NE(f, nullptr);
+  for (Precision s :
+       {Precision::kF64, Precision::kF32, Precision::kBF16, Precision::kF16}) {
+    for (const Named& n : more_cases()) {
+      const AttentionCase c = validation::round_inputs(
+          validation::make_attention_case(n.p, n.dist, 7, s), s);
+      SampleOptions opt;
+      opt.rows = 24;
+      opt.seed = 3;
+      if (const char* t = std::getenv("QKNORM_SAMPLED_THREADS"))
+        opt.threads = std::atoi(t);
+      const SampledOracle so = validation::sampled_oracle(c, s, opt);
+      std::fprintf(f, "case %s %s A %a lse %a %a given %a\n", n.name,
+                   std::string(name(s)).c_str(), so.amplitude, so.lse_units,
+                   so.lse_abs, so.given_units);
+      for (const ToleranceTable& t : so.tables) {
+        std::fprintf(f, "table %s %zu\n", name(t.field), t.expected.size());
+        for (size_t i = 0; i < t.expected.size(); ++i)
+          std::fprintf(
+              f, "%lld %La %a %a %d\n",
+              static_cast<long long>(t.index_of.empty() ? -1 : t.index_of[i]),
+              t.expected[i], t.delta[i], t.cond[i],
+              t.masked_row.empty() ? -1 : t.masked_row[i]);
+      }
+    }
+  }
+  std::fclose(f);
+}
+
+// The lean oracle a sampled sub-case runs (RowCounts with one side off, a
+// reused workspace) gives the judged side's tables bit for bit as the
+// general oracle does: values, bounds and condition numbers, with and
+// without given row statistics, the workspace carried from case to case
+// (larger, smaller, other formulations and precisions).
+TEST(SampledTables, LeanOracleMatchesTheGeneralOne) {
+  validation::OracleWorkspace ws;
+  int compared = 0;
+  // f64 and bf16 (the formats whose x_hat does not and does round before
+  // the weight), the paper's cases at 2 heads of 40 rows (at 4 heads of 70
+  // the test took 26 s).
+  for (Precision s : {Precision::kF64, Precision::kBF16}) {
+    for (Named n : more_cases()) {
+      SCOPED_TRACE(std::string(n.name) + " " + std::string(name(s)));
+      if (n.p.q_len == 70) {
+        n.p.heads = n.p.kv_heads = 2;
+        n.p.q_len = n.p.kv_len = 40;
+        if (!n.p.mask.key_lengths.empty()) n.p.mask.key_lengths = {40, 23};
+      }
+      const AttentionCase c = validation::round_inputs(
+          validation::make_attention_case(n.p, n.dist, 5, s), s);
+      const AttentionProblem& p = c.problem;
+      // Given statistics: the full oracle's own lse, and delta from its O.
+      validation::OracleAttention full0 = validation::oracle_attention(c);
+      validation::GivenRows g;
+      const auto D = static_cast<size_t>(p.head_dim);
+      for (size_t row = 0; row < full0.lse.size(); ++row) {
+        long double delta = 0, del = 0;
+        for (size_t d = 0; d < D; ++d) {
+          delta += c.d_o[row * D + d] * full0.o[row * D + d];
+          del += std::fabs(c.d_o[row * D + d] * full0.o[row * D + d]);
+        }
+        g.lse.push_back(full0.lse[row]);
+        g.delta.push_back(delta);
+        g.del.push_back(2 * del);
+        g.ds_l1.push_back(del);
+        g.o_abs.push_back(del);
+        g.p_del.push_back(3 * del);
+      }
+      g.units = 3;
+      g.soft_units = 5;
+      for (const validation::GivenRows* given :
+           {static_cast<const validation::GivenRows*>(nullptr),
+            static_cast<const validation::GivenRows*>(&g)}) {
+        const validation::OracleAttention full =
+            validation::oracle_attention(c, given);
+        const auto ft = validation::attention_tolerances(c, s, full, false);
+        for (int side = 0; side < 2; ++side) {
+          validation::OracleAttention lean = validation::oracle_attention(
+              c, given, {0, 0, side == 0, side == 1}, &ws);
+          // The case-wide scalars a sub-case leaves to its caller.
+          lean.logit_flip = full.logit_flip;
+          lean.logit_shift = full.logit_shift;
+          const auto lt = validation::attention_tolerances(c, s, lean, false);
+          const std::vector<validation::Field> fields =
+              side == 0
+                  ? std::vector<validation::Field>{validation::Field::kO,
+                                                   validation::Field::kLse,
+                                                   validation::Field::kDq}
+                  : std::vector<validation::Field>{validation::Field::kLse,
+                                                   validation::Field::kDk,
+                                                   validation::Field::kDv};
+          for (validation::Field f : fields) {
+            if (given != nullptr && f == validation::Field::kO) continue;
+            const ToleranceTable* a = nullptr;
+            const ToleranceTable* b = nullptr;
+            for (const ToleranceTable& t : ft)
+              if (t.field == f) a = &t;
+            for (const ToleranceTable& t : lt)
+              if (t.field == f) b = &t;
+            ASSERT_NE(a, nullptr) << name(f);
+            ASSERT_NE(b, nullptr) << name(f);
+            ASSERT_EQ(a->expected.size(), b->expected.size()) << name(f);
+            for (size_t i = 0; i < a->expected.size(); ++i) {
+              // Bit for bit: equal values, or NaN on both sides.
+              ASSERT_TRUE(
+                  a->expected[i] == b->expected[i] ||
+                  (std::isnan(a->expected[i]) && std::isnan(b->expected[i])))
+                  << name(f) << a->index_text(static_cast<int64_t>(i));
+              ASSERT_EQ(a->delta[i], b->delta[i])
+                  << name(f) << a->index_text(static_cast<int64_t>(i));
+              ASSERT_TRUE(a->cond[i] == b->cond[i] ||
+                          (std::isnan(a->cond[i]) && std::isnan(b->cond[i])))
+                  << name(f) << a->index_text(static_cast<int64_t>(i));
+            }
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  std::printf("%d tables compared\n", compared);
+}
+
 }  // namespace
 }  // namespace qknorm
 
@@ -182,6 +340,11 @@ TEST(Sampled, DISABLED_Timing) {
   opt.rows = 64;
   const SampledOracle so = validation::sampled_oracle(c, Precision::kF32, opt);
   std::printf("n=%lld: %s\n", static_cast<long long>(n), so.describe().c_str());
+  const double subs =
+      static_cast<double>(so.query_rows.size() + so.key_rows.size());
+  std::printf("n=%lld: %.0f sub-cases, %.4f s CPU and %.4f s wall each\n",
+              static_cast<long long>(n), subs, so.rows_cpu_seconds / subs,
+              so.rows_seconds / subs);
 }
 }  // namespace
 }  // namespace qknorm

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -206,7 +207,12 @@ struct GivenRows {
 // own): the subnormal counts of the sums forming du (OracleAttention
 // channel 2) then equal the full oracle's. q_side / k_side false: the
 // channels of dq (resp. dk and the k parameters) are not needed and stay 0
-// (a sampled query row's sub-case needs no dk; a key row's no dq).
+// (a sampled query row's sub-case needs no dk; a key row's no dq), and
+// neither are the values: dq (resp. dk and dv) stay empty. With either side
+// off (a sub-case) the case-wide scalars are not formed either (dg and its
+// channels, logit_flip, logit_shift stay 0; the parameter gradients lack
+// the other side's terms): a sub-case's are not the whole case's, and the
+// sampled oracle sets or judges the whole case's itself.
 struct RowCounts {
   int64_t q_len = 0, kv_len = 0;
   bool q_side = true, k_side = true;
@@ -215,11 +221,25 @@ struct OracleScaleNorm {
   std::vector<long double> y, dx;
   long double dg = 0, dg_scale = 0;
 };
+// Scratch arrays oracle_attention reuses from call to call (one per
+// thread): the sampled oracle runs hundreds of sub-cases of n keys or
+// queries, and allocating and zero-filling their n x D long-double arrays
+// afresh, page faults included, was a fifth of each sub-case's time (perf,
+// n = 4096). The arrays keep their largest size until the workspace goes.
+class OracleWorkspace {
+ public:
+  OracleWorkspace();
+  ~OracleWorkspace();
+  struct Arrays;
+  std::unique_ptr<Arrays> arrays;
+};
 // given (may be null): the query rows' statistics from outside (GivenRows);
-// then only dk, dv and their channels are meaningful.
+// then only dk, dv and their channels are meaningful. ws (may be null): the
+// scratch arrays to use; the result does not depend on them.
 OracleAttention oracle_attention(const AttentionCase& c,
                                  const GivenRows* given = nullptr,
-                                 const RowCounts& counts = {});
+                                 const RowCounts& counts = {},
+                                 OracleWorkspace* ws = nullptr);
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
 
 struct AgreementReport {

@@ -23,13 +23,26 @@ using LD = long double;
 // row's mean shift per u_c, sum_units(L) (sum |x| / L) / den (the computed
 // mean is an L-term sum; OracleAttention::logit_shift), and per element
 // that times |w| (0 for the other kinds).
+//
+// They come from the one normalization the reference's forward, backward
+// and probabilities read too (view(); reference::prepare_operand): xr holds
+// x_hat rounded to storage where the formulation rounds it before the
+// weight (else it is empty and xh serves both), stats each row's
+// statistics for the normalization backward.
 struct OperandMags {
   NormRows rows;
-  std::vector<LD> xh, xt, xa, wv, den, shr, sh;
+  std::vector<LD> xh, xt, xa, wv, den, shr, sh, xr;
+  std::vector<reference::RowStats<LD>> stats;
   LD wmax = 1;
+  bool xa_finite = true;  // every element of xa
+  reference::OperandView<LD> view() const;
 };
 
 OperandMags operand_mags(const AttentionCase& c, int side);
+// The same into *m, from x (the side's inputs widened to long double) and
+// the case's parameters w (norm_args), reusing m's arrays.
+void fill_operand_mags(const AttentionCase& c, int side, const LD* x,
+                       const reference::NormArgs<LD>& w, OperandMags* m);
 
 // The case's learned parameters widened to long double (store keeps them).
 reference::NormArgs<LD> norm_args(const AttentionCase& c,

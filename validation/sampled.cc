@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <limits>
 #include <set>
@@ -35,6 +36,13 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The calling thread's CPU time in seconds.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // The first query row of batch b that sees key j (q_len: none does).
 int64_t first_query(const AttentionProblem& p, int64_t b, int64_t j) {
   if (!p.mask.key_lengths.empty() &&
@@ -44,16 +52,17 @@ int64_t first_query(const AttentionProblem& p, int64_t b, int64_t j) {
   return std::clamp<int64_t>(j - p.kv_len + p.q_len, 0, p.q_len);
 }
 
-// Runs f(0 .. n-1) on `threads` threads.
+// Runs f(i, t) for i = 0 .. n-1 on `threads` threads, t the thread's index
+// (0 .. threads - 1).
 void parallel_for(int64_t n, int threads,
-                  const std::function<void(int64_t)>& f) {
+                  const std::function<void(int64_t, int)>& f) {
   std::atomic<int64_t> next{0};
-  auto work = [&] {
-    for (int64_t i = next++; i < n; i = next++) f(i);
+  auto work = [&](int t) {
+    for (int64_t i = next++; i < n; i = next++) f(i, t);
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
-  work();
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work, t);
+  work(0);
   for (auto& t : pool) t.join();
 }
 
@@ -918,7 +927,15 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   std::vector<std::vector<ToleranceTable>> sub(nqr + nkr);
   std::vector<int64_t> sub_head(nqr + nkr, 0);
   std::vector<std::string> errors(nqr + nkr);
-  parallel_for(static_cast<int64_t>(nqr + nkr), opt.threads, [&](int64_t w) {
+  std::vector<double> cpu(nqr + nkr, 0);
+  // One oracle workspace per thread: its n x D arrays are allocated once,
+  // not once per sub-case.
+  std::vector<OracleWorkspace> workspaces(
+      static_cast<size_t>(std::max(1, opt.threads)));
+  const auto items = static_cast<int64_t>(nqr + nkr);
+  parallel_for(items, opt.threads, [&](int64_t w, int t) {
+    OracleWorkspace* ws = &workspaces[static_cast<size_t>(t)];
+    const double cpu0 = thread_cpu_seconds();
     try {
       if (static_cast<size_t>(w) < nqr) {
         const SampledRow& r = so.query_rows[static_cast<size_t>(w)];
@@ -927,7 +944,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         const int64_t n = visible_keys(p, r.b, r.n);
         const AttentionCase sc = sub_case(c, r.b, qh, kh, r.n, 1, 0, n);
         OracleAttention o =
-            oracle_attention(sc, nullptr, {Nq, Nk, true, false});
+            oracle_attention(sc, nullptr, {Nq, Nk, true, false}, ws);
         scope(&o);
         sub[static_cast<size_t>(w)] = attention_tolerances(sc, s, o, false);
         sub_head[static_cast<size_t>(w)] = all_heads ? r.h : 0;
@@ -952,9 +969,9 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
               g.o_abs.push_back(pass.rows.o_abs[row]);
               g.p_del.push_back(p_del[row]);
             }
-          o = oracle_attention(sc, &g, {Nq, Nk, false, true});
+          o = oracle_attention(sc, &g, {Nq, Nk, false, true}, ws);
         } else {
-          o = oracle_attention(sc, nullptr, {Nq, Nk, false, true});
+          o = oracle_attention(sc, nullptr, {Nq, Nk, false, true}, ws);
         }
         scope(&o);
         sub[static_cast<size_t>(w)] = attention_tolerances(sc, s, o, false);
@@ -963,10 +980,12 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
     } catch (const std::exception& e) {
       errors[static_cast<size_t>(w)] = e.what();
     }
+    cpu[static_cast<size_t>(w)] = thread_cpu_seconds() - cpu0;
   });
   for (const std::string& e : errors)
     if (!e.empty()) throw Error("sampled oracle", {}, e);
   so.rows_seconds = seconds_since(t1);
+  for (double x : cpu) so.rows_cpu_seconds += x;
 
   // Gather the sampled rows' elements into tables of the whole tensors.
   const Precision wf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;

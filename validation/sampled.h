@@ -83,6 +83,9 @@ struct SampledOracle {
   double amplitude = 0, lse_units = 0, lse_abs = 0;
   double given_units = 0;  // the pass's error channel (GivenRows::units)
   double pass_seconds = 0, rows_seconds = 0;
+  // The sampled rows' CPU time, summed over their threads: unlike the wall
+  // time it does not grow with other processes' share of the cores.
+  double rows_cpu_seconds = 0;
   double pass_flops = 0;  // 6 D per visible (query, key) pair and head
   // "sample seed 7: 262 query rows (first/last 8, tile boundary 38, fully
   // masked 2, zero 3, random 211), 259 key rows (...); pass 1.2e12 flops in
