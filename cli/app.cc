@@ -81,12 +81,13 @@ void add_common(CLI::App& app, Common& c) {
          "Attention shape BxHxNxD or BxHxNqxNkxD (repeatable). Giving any of "
          "--shape/--g/--mask/--dist/--eps/--variant replaces the built-in "
          "suite by "
-         "the product of the lists (defaults 2x8x72x64; g_init(72), 20; "
-         "causal, pad; "
+         "the product of the lists (defaults 2x8x72x64; g_init(72), 20 "
+         "for that shape, g_init(Nk) for a --shape; causal, pad; "
          "gaussian, wide)")
       ->type_name("SHAPE");
   app.add_option("--g", s.g,
-                 "QKNorm scale g (repeatable); g_init(72) = 12.3197")
+                 "QKNorm scale g (repeatable); g_init(L) = log2(L^2 - L), "
+                 "g_init(72) = 12.3197")
       ->type_name("G");
   app.add_option("--eps", s.eps,
                  "Normalization eps (l2: clamp; rms, layer: in the sqrt); "

@@ -507,11 +507,14 @@ CostEstimate estimate(const CostRates& rates,
   if (time_forward && !suite.attention.empty()) {
     for (size_t ei = 0; ei < entries.size(); ++ei) {
       if (!entries[ei]->available()) continue;
-      // forward_gflops: at least 3 forward calls and 0.05 s (about a third
-      // of a forward-and-backward call each), plus a warm-up.
+      // forward_gflops (suite.h): a warm-up, then kTimingMinReps forward
+      // calls and kTimingMinSeconds, or one call after a long warm-up; a
+      // forward call is about a third of a forward-and-backward one.
       const double call = rates.entry_elem[ei] * elements(suite.timing) +
                           rates.entry[ei] * work_of(suite.timing);
-      const double t = std::max(0.05, 4 * call / 3) + 0.01;
+      const double fwd = call / 3;
+      const int calls = 1 + (fwd >= kTimingLongCall ? 1 : kTimingMinReps);
+      const double t = std::max(kTimingMinSeconds, calls * fwd) + 0.01;
       c.steps.timing[ei] = t;
       c.timing_s += t;
       per_entry[ei] += t;

@@ -174,8 +174,17 @@ Suite build_suite(const SuiteOptions& o) {
   Suite s = default_suite(o.seed);
   const std::vector<std::string> shapes =
       o.shapes.empty() ? std::vector<std::string>{"2x8x72x64"} : o.shapes;
-  const std::vector<double> gs =
-      o.g.empty() ? std::vector<double>{g_init(72), 20} : o.g;
+  // Without --g: the built-in shape keeps its pair {g_init(72), 20}; a
+  // shape of the user's gets the paper's initialisation for its own key
+  // length, g_init(Nk) (g_init(2) for Nk = 1), one case per mask and
+  // distribution. Each case of a production shape costs a whole problem per
+  // entry, and g_init(72) is no more representative of Nk = 32768 than 20.
+  auto gs_for = [&](const AttentionProblem& shape) {
+    if (!o.g.empty()) return o.g;
+    if (o.shapes.empty()) return std::vector<double>{g_init(72), 20};
+    return std::vector<double>{
+        g_init(static_cast<double>(std::max<int64_t>(shape.kv_len, 2)))};
+  };
   const std::vector<std::string> masks =
       o.masks.empty() ? std::vector<std::string>{"causal", "pad"} : o.masks;
   const std::vector<std::string> dists =
@@ -187,7 +196,7 @@ Suite build_suite(const SuiteOptions& o) {
   s.attention.clear();
   for (const auto& sh : shapes)
     for (const auto& f : forms)
-      for (double g : gs)
+      for (double g : gs_for(parse_shape(sh)))
         for (const auto& m : masks)
           for (const auto& d : dists) {
             AttentionProblem p = parse_shape(sh);

@@ -398,13 +398,17 @@ double forward_gflops(const Backend& b, const AttentionProblem& p,
                       static_cast<int64_t>(lse.size()),
                       {}};
   std::unique_ptr<Workspace> ws = b.make_workspace();
-  // Warm-up through the validating door (sizes the workspace, touches pages).
-  checked_attention_forward(b, p, a, ws.get(), exec);
-  // Best of several calls: at least kMinReps, until kMinSeconds have passed
-  // (short calls are noisy on a shared 2-core machine), at most kMaxReps.
-  constexpr int kMinReps = 3, kMaxReps = 200;
-  constexpr double kMinSeconds = 0.05;
   using Clock = std::chrono::steady_clock;
+  // Warm-up through the validating door (sizes the workspace, touches pages).
+  const auto w0 = Clock::now();
+  checked_attention_forward(b, p, a, ws.get(), exec);
+  const double warm = std::chrono::duration<double>(Clock::now() - w0).count();
+  // Best of several calls: at least kMinReps, until kTimingMinSeconds have
+  // passed (short calls are noisy on a shared 2-core machine), at most
+  // kMaxReps; one call after a long warm-up (suite.h).
+  const int kMinReps = warm >= kTimingLongCall ? 1 : kTimingMinReps;
+  constexpr int kMaxReps = 200;
+  constexpr double kMinSeconds = kTimingMinSeconds;
   double best = std::numeric_limits<double>::infinity(), total = 0;
   for (int rep = 0; rep < kMaxReps && (rep < kMinReps || total < kMinSeconds);
        ++rep) {

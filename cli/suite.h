@@ -187,7 +187,13 @@ CaseResult from_report(const validation::AgreementReport& rep);
 // Folds case results into the per-field summary of a row.
 void summarize(EntryRow* row);
 
-// Best-of-several wall time of one forward call, as GFLOP/s.
+// Best-of-several wall time of one forward call, as GFLOP/s: after an
+// untimed warm-up, at least kTimingMinReps calls and kTimingMinSeconds, at
+// most 200 calls. A warm-up of kTimingLongCall seconds or more is followed by
+// one timed call only: a shared machine's noise is a small part of such a
+// call, and three forward calls of 1x4x32768x128 cost minutes per entry.
+inline constexpr int kTimingMinReps = 3;
+inline constexpr double kTimingMinSeconds = 0.05, kTimingLongCall = 0.5;
 double forward_gflops(const Backend& b, const AttentionProblem& p,
                       const ExecConfig& exec);
 

@@ -159,6 +159,26 @@ TEST(CliOptions, CustomSuiteIsTheProduct) {
   EXPECT_TRUE(s.attention[3].problem.mask.causal);
 }
 
+// A --shape without --g gets the paper's initialisation for its own key
+// length, one g per shape; the built-in shape keeps {g_init(72), 20}.
+TEST(CliOptions, CustomShapeDefaultsToThePapersGForItsLength) {
+  SuiteOptions o;
+  o.shapes = {"1x4x32768x128", "1x1x3x1x4"};
+  o.masks = {"causal"};
+  o.dists = {"gaussian"};
+  const Suite s = build_suite(o);
+  ASSERT_EQ(s.attention.size(), 2u);
+  EXPECT_EQ(s.attention[0].problem.g, g_init(32768));
+  EXPECT_NEAR(s.attention[0].problem.g, 30.0, 1e-3);
+  EXPECT_EQ(s.attention[1].problem.g, g_init(2));  // Nk = 1: L = 2
+  o.shapes.clear();
+  o.masks = {"none"};
+  std::set<double> gs;
+  for (const AttentionSpec& a : build_suite(o).attention)
+    gs.insert(a.problem.g);
+  EXPECT_EQ(gs, (std::set<double>{g_init(72), 20}));
+}
+
 TEST(CliOptions, FiltersSelectByGlob) {
   SuiteOptions o;
   o.backends = {"reference"};
