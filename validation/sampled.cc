@@ -565,15 +565,18 @@ Pass run_pass(const AttentionCase& c, double A, const std::vector<LD>& p_del,
     LD dg = 0, scale = 0, o_sens = 0, o_rel = 0, uf = 0, p_sens = 0, shift = 0;
     double logit_shift = 0, flops = 0;
   };
-  std::vector<Acc> acc(static_cast<size_t>(std::max(1, threads)));
+  // One accumulator per work item, summed in item order after the threads
+  // join: dg and its channels are then the same whichever thread took which
+  // block (per-thread sums made dg differ between runs in its last bits).
   std::atomic<int64_t> next{0};
   const int64_t items = B * H * blocks_per_head;
-  auto work = [&](int tid) {
-    Acc& a = acc[static_cast<size_t>(tid)];
+  std::vector<Acc> acc(static_cast<size_t>(items));
+  auto work = [&](int) {
     std::vector<double> S(static_cast<size_t>(kRows * Nk)),
         dP(static_cast<size_t>(kRows * Nk)), P(static_cast<size_t>(kRows * Nk)),
         O(static_cast<size_t>(kRows * D));
     for (int64_t it = next++; it < items; it = next++) {
+      Acc& a = acc[static_cast<size_t>(it)];
       const int64_t bh = it / blocks_per_head, b = bh / H, h = bh % H,
                     bk = b * Hk + h / group;
       const int64_t i0 = (it % blocks_per_head) * kRows,
