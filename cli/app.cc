@@ -167,10 +167,10 @@ void add_common(CLI::App& app, Common& c) {
                  "are judged beside ours (also QKNORM_PLUGIN=a.so:b.so)")
       ->type_name("LIB.so");
   app.add_option("--max-seconds", c.max_seconds,
-                 "Budget of the default run: it estimates its work first "
-                 "(oracle, baselines, entries, timing; calibrated on this "
-                 "machine) and stops before starting if the estimate exceeds "
-                 "this (default 600)")
+                 "Budget of the default run and of sweep --over tiles: it "
+                 "estimates its work first (oracle, baselines, entries, "
+                 "timing; calibrated on this machine) and stops before "
+                 "starting if the estimate exceeds this (default 600)")
       ->check(CLI::PositiveNumber);
   app.add_option("--sample", c.sample,
                  "Judge every attention case on a sample of at least N query "
@@ -490,9 +490,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
     return kExitUsage;
   }
   if (!load_plugins(common, err)) return kExitInput;
-  if (*sweep)
+  if (*sweep) {
+    sweep_opt.max_seconds = common.max_seconds;
     return run_sweep(sweep_opt, common.suite, common.threads, out, err,
                      progress);
+  }
   if (*power)
     return run_power(power_opt, common.suite, common.threads, out, err,
                      progress);

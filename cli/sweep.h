@@ -26,6 +26,9 @@ struct SweepOptions {
   bool no_plot = false;
   bool no_sdpa = false;
   int64_t sample = 64;  // tiles: sampled query and key rows (each), at least
+  // tiles: the budget (the top-level --max-seconds): the sweep estimates its
+  // work first and stops before starting past it.
+  double max_seconds = 600;
 };
 
 void add_sweep_options(CLI::App& app, SweepOptions& o);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/app.h"
+#include "cli/cost.h"
 #include "qknorm/error.h"
 #include "validation/sampled.h"
 #include "validation/tensor_io.h"
@@ -155,10 +156,11 @@ AttentionProblem tile_problem(const SuiteOptions& s, int64_t n) {
   return p;
 }
 
-std::vector<TilePoint> run_tile_points(
-    const SweepOptions& o, const SuiteOptions& s,
-    const std::vector<const Backend*>& entries, int threads, bool progress,
-    TileLengths* lengths_out, std::ostream* log) {
+namespace {
+
+// The sweep's lengths for the options (validated; throws qknorm::Error).
+TileLengths lengths_of(const SweepOptions& o, const SuiteOptions& s,
+                       const std::vector<const Backend*>& entries) {
   const double from = std::isnan(o.from) ? 1 : o.from,
                to = std::isnan(o.to) ? kDefaultTo : o.to;
   if (from != std::round(from) || to != std::round(to) || from < 1 ||
@@ -172,14 +174,42 @@ std::vector<TilePoint> run_tile_points(
                 "boundaries)");
   if (o.sample < 1) throw Error("--sample", {}, "must be >= 1");
   const auto problem_at = [&](int64_t n) { return tile_problem(s, n); };
-  const TileLengths L =
-      tile_lengths(static_cast<int64_t>(from), static_cast<int64_t>(to),
-                   entries, problem_at);
-  if (lengths_out) *lengths_out = L;
+  TileLengths L = tile_lengths(static_cast<int64_t>(from),
+                               static_cast<int64_t>(to), entries, problem_at);
   for (int64_t n : L.n) (void)problem_at(n);  // every length is valid
-  const validation::Distribution dist =
-      s.dists.empty() ? validation::Distribution::kGaussian
-                      : parse_dist(s.dists.front());
+  return L;
+}
+
+validation::Distribution dist_of(const SuiteOptions& s) {
+  return s.dists.empty() ? validation::Distribution::kGaussian
+                         : parse_dist(s.dists.front());
+}
+
+}  // namespace
+
+CostEstimate estimate_tile_sweep(const SweepOptions& o, const SuiteOptions& s,
+                                 const std::vector<const Backend*>& entries,
+                                 int threads) {
+  const TileLengths L = lengths_of(o, s, entries);
+  // One sampled case per length, with one oracle per (length, precision)
+  // and every entry once: what run_tile_points does.
+  Suite est;
+  for (int64_t n : L.n)
+    est.attention.push_back(
+        {tile_problem(s, n), dist_of(s), s.seed + static_cast<uint64_t>(n)});
+  const ExecConfig exec{threads};
+  const CostRates r = calibrate(entries, exec, true, largest_work(est));
+  return estimate(r, entries, est, false, o.sample, threads);
+}
+
+std::vector<TilePoint> run_tile_points(
+    const SweepOptions& o, const SuiteOptions& s,
+    const std::vector<const Backend*>& entries, int threads, bool progress,
+    TileLengths* lengths_out, std::ostream* log) {
+  const auto problem_at = [&](int64_t n) { return tile_problem(s, n); };
+  const TileLengths L = lengths_of(o, s, entries);
+  if (lengths_out) *lengths_out = L;
+  const validation::Distribution dist = dist_of(s);
   const std::vector<Precision> precs = precisions_of(entries);
   std::vector<const Backend*> registry(all_backends().entries().begin(),
                                        all_backends().entries().end());
@@ -323,6 +353,24 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
   try {
     entries = select_entries(all_backends(), s);
     const double to = std::isnan(o.to) ? kDefaultTo : o.to;
+    // The estimate first; past the budget the sweep stops before it starts
+    // (issue 19: the sweep to 32768 took 14 to 41 minutes here, silently).
+    const CostEstimate cost = estimate_tile_sweep(o, s, entries, threads);
+    err << "qknorm-check sweep: " << describe(cost) << "\n" << std::flush;
+    if (cost.total() > o.max_seconds) {
+      std::string largest;
+      for (const auto& [entry, sec] : cost.top_entries)
+        largest +=
+            (largest.empty() ? "" : ", ") + entry + " ~" + duration_text(sec);
+      err << fmt::format(
+          "qknorm-check sweep: stopped before starting: the estimate ({}) "
+          "exceeds --max-seconds {:.0f}. Sweep to a shorter length (--to), "
+          "judge fewer entries (--backend, --target, --precision; largest: "
+          "{}), sample fewer rows (sweep --sample), or raise --max-seconds "
+          "(before the subcommand).\n",
+          duration_text(cost.total()), o.max_seconds, largest);
+      return kExitUsage;
+    }
     out << fmt::format(
                "tile sweep: shape {} (q_len = kv_len = n), mask {}, dist {}, "
                "g {}, sample {} rows, seed {} + n, up to n = {:g}; {} "

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cost.h"
 #include "cli/options.h"
 #include "cli/sweep.h"
 
@@ -68,6 +69,12 @@ std::vector<TilePoint> run_tile_points(
     const SweepOptions& o, const SuiteOptions& s,
     const std::vector<const Backend*>& entries, int threads, bool progress,
     TileLengths* lengths = nullptr, std::ostream* log = nullptr);
+
+// The sweep's estimated work (one sampled oracle per length and precision,
+// every entry once per length), calibrated on this machine.
+CostEstimate estimate_tile_sweep(const SweepOptions& o, const SuiteOptions& s,
+                                 const std::vector<const Backend*>& entries,
+                                 int threads);
 
 int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
                    std::ostream& out, std::ostream& err, bool progress);

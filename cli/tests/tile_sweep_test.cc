@@ -91,6 +91,33 @@ TEST(TileSweep, SmallRunPassesAndWritesCsvAndPng) {
   EXPECT_GT(std::filesystem::file_size(prefix + ".png"), 1000u);
 }
 
+// The sweep estimates its work first and stops before starting past the
+// budget (the top-level --max-seconds), naming what to cut; nothing is
+// written. The small run above prints its estimate too.
+TEST(TileSweep, EstimateFirstAndBudgetStop) {
+  testing::TempDir dir;
+  const std::string prefix = dir.file("tiles");
+  const testing::CliRun r =
+      testing::run({"--max-seconds", "1", "sweep", "--over", "tiles",
+                    "--backend", "blas:f32", "--out", prefix});
+  EXPECT_EQ(r.code, kExitUsage) << r.out << r.err;
+  EXPECT_EQ(r.err.rfind("qknorm-check sweep: estimated work: ", 0), 0u)
+      << r.err;
+  EXPECT_NE(r.err.find("stopped before starting: the estimate"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("exceeds --max-seconds 1."), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--to"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".csv"));
+  const testing::CliRun small =
+      testing::run({"sweep", "--over", "tiles", "--from", "17", "--to", "17",
+                    "--backend", "blas:f32", "--out", prefix, "--no-plot"});
+  EXPECT_EQ(small.code, kExitPass) << small.out << small.err;
+  EXPECT_NE(small.err.find("estimated work: 1 attention cases x 1 entries"),
+            std::string::npos)
+      << small.err;
+}
+
 // A tail-block bug is seen at the lengths it breaks (q_len > 16, q_len % 16
 // != 0) and only there, and its reproducer (--from n --to n) judges the
 // same inputs and sample: the same margin.
