@@ -141,10 +141,11 @@ for t in "${targets[@]}"; do
     # not depend on them (fuzz/README.md).
     args=("${common[@]}" -seed="$seed" -runs="$runs" -reload=0
           -purge_allocator_interval=-1)
-    # The formulation mode has an open finding of the verdict
-    # (fuzz/findings/README.md): off in this fixed-seed exploration, on in
-    # the replay above (every formulation seed) and in the long campaign.
-    export QKNORM_FUZZ_FORMULATIONS=0
+    # The formulation mode has open findings of the verdict
+    # (fuzz/findings/README.md): off in this fixed-seed exploration unless
+    # QKNORM_FUZZ_FORMULATIONS=1 (a local run, to look for more), on in the
+    # replay above (every formulation seed) and in the long campaign.
+    export QKNORM_FUZZ_FORMULATIONS=${QKNORM_FUZZ_FORMULATIONS:-0}
   else
     export QKNORM_FUZZ_FORMULATIONS=1
     echo "== fuzz: $t for ${seconds}s (jobs=$jobs)"
