@@ -540,18 +540,28 @@ void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
 }
 
 // x_hat's absolute resolution per ulp_c(0) in one normalization row of
-// length L, below the compute format's normal range. The one place it is
-// derived; the row's own x_hat reads it (the normalization backward and the
-// weight gradient) and, through operand_resolution, the other side's
-// gradients:
+// length L and divisor den (exact: m.den), below the compute format's
+// normal range. The one place it is derived; the row's own x_hat reads it
+// (the normalization backward and the weight gradient) and, through
+// operand_resolution, the other side's gradients:
 //   l2: 1 (u = x / n rounds once; tiny rows are scaled exactly first);
-//   rms, layer: kOpUnits sqrt(L). x_hat = y f from the scaled row y (its
-//     subnormal elements resolved to ulp_c(0), each rounding) and f <=
-//     sqrt(L): (f + 1) / 2 ulp_c(0) per rounding, kOpUnits sqrt(L) bounds it
-//     (found by the fuzzer, issue 16: qwen3, f64, a q row spanning 7e240 to
-//     1e-80, reference:f64's dq 12 bounds off where x_hat was subnormal);
+//   rms, layer: kOpUnits (sqrt(L) + 1 / den). (a) x_hat = y f from the
+//     scaled row y (its subnormal elements resolved to ulp_c(0), each
+//     rounding) and f <= sqrt(L): (f + 1) / 2 ulp_c(0) per rounding,
+//     kOpUnits sqrt(L) bounds it (found by the fuzzer, issue 16: qwen3,
+//     f64, a q row spanning 7e240 to 1e-80, reference:f64's dq 12 bounds
+//     off where x_hat was subnormal). (b) The operations a kernel performs
+//     on the row at the input's own scale before it divides by den (x_e / 2
+//     and mu / 2 against overflow, x_e - mu) round a subnormal result to
+//     ulp_c(0) / 2 each, and the division by den (as low as sqrt(eps))
+//     multiplies that: two such roundings (x_e / 2 and mu / 2, each at half
+//     scale) cost 2 ulp_c(0) / den, kOpUnits / den bounds them (found by
+//     the CI's fuzz run with formulations on: qwen3, f64, x_e = ulp(0) in a
+//     q row of max|x| = 1e-12, den = sqrt(eps) = 1e-3: reference:f64's x_e /
+//     2 rounds to 0, x_hat_e = 4.9e-321 (1000 ulp(0)) becomes 0, and dq_e =
+//     -x_hat_e c / den = 1.3e-282 is returned as 0; margin 1.28);
 //   none: 0 (x_hat = x).
-LD x_hat_resolution(const AttentionProblem& p, int64_t L) {
+LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
   if (p.variant != Variant::kQKNorm) return 0;
   switch (p.norm.kind) {
     case NormKind::kNone:
@@ -562,7 +572,7 @@ LD x_hat_resolution(const AttentionProblem& p, int64_t L) {
     case NormKind::kLayer:
       break;
   }
-  return kOpUnits * std::sqrt(static_cast<LD>(L));
+  return kOpUnits * (std::sqrt(static_cast<LD>(L)) + 1 / den);
 }
 
 // The logit operand x_tilde_e = x_hat_e w_e + beta_e of one side, per
@@ -585,7 +595,7 @@ std::vector<LD> operand_resolution(const AttentionProblem& p,
                  (qk && p.norm.bias ? 1 : 0);
   std::vector<LD> out(m.wv.size());
   for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
-    const LD res = x_hat_resolution(p, L);
+    const LD res = x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
     for (int64_t e = 0; e < L; ++e) {
       const auto o = static_cast<size_t>(nr.at(r0, e));
       out[o] = res * std::fabs(m.wv[o]) + ops;
@@ -1139,7 +1149,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         // reference:f64 and blas:f64 alike): a_e = s sum |dS| times that
         // (ads) per row element, times |x_hat_e| for the weight. This row's
         // own x_hat is resolved to x_hat_resolution's ulp_c(0).
-        const LD own_res = x_hat_resolution(p, L);
+        const LD own_res =
+            x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
         if (np > 0 && dw) {
           for (int64_t e = 0; e < L; ++e) {
             const LD a = ads[static_cast<size_t>(nr.at(r0, e))];
