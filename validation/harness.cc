@@ -539,6 +539,71 @@ void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
         ((*du)[static_cast<size_t>(e)] + m + std::fabs(u[e]) * c) / den;
 }
 
+// x_hat's absolute resolution per ulp_c(0) in one normalization row of
+// length L and divisor den (exact: m.den), below the compute format's
+// normal range. The one place it is derived; the row's own x_hat reads it
+// (the normalization backward and the weight gradient) and, through
+// operand_resolution, the other side's gradients:
+//   l2: 1 (u = x / n rounds once; tiny rows are scaled exactly first);
+//   rms, layer: kOpUnits (sqrt(L) + 1 / den). (a) x_hat = y f from the
+//     scaled row y (its subnormal elements resolved to ulp_c(0), each
+//     rounding) and f <= sqrt(L): (f + 1) / 2 ulp_c(0) per rounding,
+//     kOpUnits sqrt(L) bounds it (found by the fuzzer, issue 16: qwen3,
+//     f64, a q row spanning 7e240 to 1e-80, reference:f64's dq 12 bounds
+//     off where x_hat was subnormal). (b) The operations a kernel performs
+//     on the row at the input's own scale before it divides by den (x_e / 2
+//     and mu / 2 against overflow, x_e - mu) round a subnormal result to
+//     ulp_c(0) / 2 each, and the division by den (as low as sqrt(eps))
+//     multiplies that: two such roundings (x_e / 2 and mu / 2, each at half
+//     scale) cost 2 ulp_c(0) / den, kOpUnits / den bounds them (found by
+//     the CI's fuzz run with formulations on: qwen3, f64, x_e = ulp(0) in a
+//     q row of max|x| = 1e-12, den = sqrt(eps) = 1e-3: reference:f64's x_e /
+//     2 rounds to 0, x_hat_e = 4.9e-321 (1000 ulp(0)) becomes 0, and dq_e =
+//     -x_hat_e c / den = 1.3e-282 is returned as 0; margin 1.28);
+//   none: 0 (x_hat = x).
+LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
+  if (p.variant != Variant::kQKNorm) return 0;
+  switch (p.norm.kind) {
+    case NormKind::kNone:
+      return 0;
+    case NormKind::kL2:
+      return 1;
+    case NormKind::kRms:
+    case NormKind::kLayer:
+      break;
+  }
+  return kOpUnits * (std::sqrt(static_cast<LD>(L)) + 1 / den);
+}
+
+// The logit operand x_tilde_e = x_hat_e w_e + beta_e of one side, per
+// element, resolved per ulp_c(0) to its x_hat's resolution (the row's
+// x_hat_resolution) times |w_e|, plus one ulp_c(0) for the product and one
+// for the bias addition where the formulation has them. The other side's
+// gradients read it through dx_tilde = s sum dS x_tilde' (found by the CI's
+// fuzz run with formulations on: olmo2, f64, a k element of 4 ulp(0) in a
+// row whose max is 1.7e38: k_hat_e = 1.3 ulp(0) returns as 0 and k_tilde_e =
+// -2 k_hat_e is 2.6 ulp(0) off, times s dS = 2.9e24 in dq_tilde; dq_weight
+// 2.8e-299 returned as 0 where one ulp(0) per key was counted, margin 1.32;
+// and a k row of rms 0.31 whose k_hat_e = 9.6 ulp(0) is 6.4 ulp(0) off,
+// times w_e = 1.5, margin 2.34).
+std::vector<LD> operand_resolution(const AttentionProblem& p,
+                                   const OperandMags& m) {
+  const NormRows& nr = m.rows;
+  const int64_t L = nr.len();
+  const bool qk = p.variant == Variant::kQKNorm;
+  const LD ops = (qk && p.norm.weight != ParamShape::kNone ? 1 : 0) +
+                 (qk && p.norm.bias ? 1 : 0);
+  std::vector<LD> out(m.wv.size());
+  for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
+    const LD res = x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
+    for (int64_t e = 0; e < L; ++e) {
+      const auto o = static_cast<size_t>(nr.at(r0, e));
+      out[o] = res * std::fabs(m.wv[o]) + ops;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // OracleAttention::logit_flip: an element of x_hat is ambiguous when its
@@ -810,14 +875,19 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
       if (qs) mq[ch].assign(q.size(), 0);
       if (ks) mk[ch].assign(k.size(), 0);
     }
-    // Signed du (the true gradients of q_tilde, k_tilde) and s sum |dS| per
-    // logit-operand row, for unit_resolution.
+    // Signed du (the true gradients of q_tilde, k_tilde) and, per element
+    // of each, s sum |dS| times the other side's operand resolution
+    // (operand_resolution), for unit_resolution.
     std::vector<LD>&du_q = a.du_q, &du_k = a.du_k, &ads_q = a.ads_q,
     &ads_k = a.ads_k;
     du_q.assign(qs ? q.size() : 0, 0);
     du_k.assign(ks ? k.size() : 0, 0);
-    ads_q.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
-    ads_k.assign(static_cast<size_t>(p.batch * Hk * Nk), 0);
+    ads_q.assign(qs ? q.size() : 0, 0);
+    ads_k.assign(ks ? k.size() : 0, 0);
+    const std::vector<LD> res_q = ks ? operand_resolution(p, qm)
+                                     : std::vector<LD>{},
+                          res_k = qs ? operand_resolution(p, km)
+                                     : std::vector<LD>{};
     if (qs) {
       r.o_mag.assign(q.size(), 0);
       r.o_dev_mag.assign(q.size(), 0);
@@ -938,6 +1008,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               LD* mqi[kCh];
               for (int ch = 0; ch < kCh; ++ch) mqi[ch] = mq[ch].data() + qi;
               LD* duq = du_q.data() + qi;
+              LD* adq = ads_q.data() + qi;
+              const LD* rk = res_k.data() + kj;
               const LD* ksh = km.sh.data() + kj;
               for (int64_t d = 0; d < D; ++d) {
                 const LD x = kaj[d];
@@ -947,6 +1019,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                 mqi[2][d] += x;
                 if (layer) mqi[6][d] += s_adsv * ksh[d];
                 duq[d] += s_dsv * ktj[d];
+                adq[d] += s_adsv * rk[d];
                 omag[d] += pij * std::fabs(vj[d]);
                 if (pij > 0) ouf[d] += std::fabs(vj[d]);
                 odev[d] += pij * std::fabs(vj[d] - oi[d]);
@@ -956,6 +1029,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               LD* mkj[kCh];
               for (int ch = 0; ch < kCh; ++ch) mkj[ch] = mk[ch].data() + kj;
               LD* duk = du_k.data() + kj;
+              LD* adk = ads_k.data() + kj;
+              const LD* rq = res_q.data() + qi;
               const LD* qsh = qm.sh.data() + qi;
               LD* dvm = dv_mag + j * D;
               LD* dvu = dv_uf + j * D;
@@ -965,12 +1040,11 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                 mkj[2][d] += x;
                 if (layer) mkj[6][d] += s_adsv * qsh[d];
                 duk[d] += s_dsv * qti[d];
+                adk[d] += s_adsv * rq[d];
                 dvm[d] += pij * std::fabs(doi[d]);
                 if (pij > 0) dvu[d] += std::fabs(doi[d]);
               }
             }
-            ads_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
-            ads_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
           }
         }
       }
@@ -1060,30 +1134,26 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         // by the fuzzer, issue 15: f64, q_hat_d below 2^-1022 beside
         // |q_hat . du| ~ 1e45, a correct dq 2400 u off). Per ulp_c(0), added
         // to *_uf_sens_e:
-        //   (a (1 + |x_hat_d| sum |x_hat|) + |x_hat . du| + |x_hat_d| sum
-        //   |du|) / n
-        // with a = s sum_j |dS_ij| (times the largest weight) and du the
-        // true du (signed). rms and layer scale the same terms by 1 / L or
-        // less: the l2 form bounds them.
+        //   (|w_d| a_d + |x_hat_d| sum_e |x_hat_e| |w_e| a_e
+        //    + res (|x_hat . du| + |x_hat_d| sum |du|)) / n
+        // with a_d = s sum_j |dS_ij| res'_jd (ads), res'_jd the other
+        // side's operand resolution (operand_resolution; 1 for the paper's
+        // unit rows), res this row's x_hat resolution (x_hat_resolution)
+        // and du the true du (signed). rms and layer scale the same terms
+        // by 1 / L or less: the l2 form bounds them.
         // The parameter gradients sum dx_tilde_e x_hat_e over rows, and
         // dx_tilde_e = s sum dS x_tilde' reads the other side's operand,
-        // resolved only to ulp_c(0) where it is subnormal (a subnormal
-        // weight: found by the fuzzer, issue 16: timm, f64, w_q = 8.4e-315,
-        // dk_weight 2.4 bounds off in reference:f64 and blas:f64 alike):
-        // s sum |dS| per row element, times |x_hat_e| for the weight.
-        // x_hat's absolute resolution per ulp_c(0): l2 1; rms and layer
-        // kOpUnits sqrt(L) (see `res` below); none: x_hat = x, exact.
-        const LD own_res = !qk || p.norm.kind == NormKind::kNone ? 0
-                           : p.norm.kind == NormKind::kL2
-                               ? 1
-                               : kOpUnits * std::sqrt(static_cast<LD>(L));
+        // resolved only to operand_resolution's ulp_c(0) where it is
+        // subnormal (a subnormal weight: found by the fuzzer, issue 16:
+        // timm, f64, w_q = 8.4e-315, dk_weight 2.4 bounds off in
+        // reference:f64 and blas:f64 alike): a_e = s sum |dS| times that
+        // (ads) per row element, times |x_hat_e| for the weight. This row's
+        // own x_hat is resolved to x_hat_resolution's ulp_c(0).
+        const LD own_res =
+            x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
         if (np > 0 && dw) {
           for (int64_t e = 0; e < L; ++e) {
-            const int64_t idx =
-                nr.all_heads
-                    ? ((r0 / nr.N) * nr.H + e / nr.D) * nr.N + r0 % nr.N
-                    : r0;
-            const LD a = ads[static_cast<size_t>(idx)];
+            const LD a = ads[static_cast<size_t>(nr.at(r0, e))];
             const auto pi = static_cast<size_t>(nr.param(r0, e, p.norm.weight));
             // And this row's own x_hat_e, resolved to own_res ulp_c(0)
             // (below), times |dx_tilde_e| (found by the fuzzer, issue 16:
@@ -1096,35 +1166,24 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           }
         }
         if (qk && p.norm.kind != NormKind::kNone) {
-          LD a = 0;
-          const int64_t heads_in_row = nr.all_heads ? nr.H : 1;
-          for (int64_t hh = 0; hh < heads_in_row; ++hh) {
-            const int64_t b = nr.all_heads ? r0 / nr.N : 0;
-            const int64_t idx =
-                nr.all_heads ? (b * nr.H + hh) * nr.N + r0 % nr.N : r0;
-            a += ads[static_cast<size_t>(idx)];
-          }
-          LD cdot = 0, l1 = 0, u1 = 0;
+          // wa[e] = |w_e| a_e: du_e's error from the other side's operand;
+          // a1 = sum_e |x_hat_e| wa[e]: that error in x_hat . du.
+          LD cdot = 0, l1 = 0, a1 = 0;
           for (int64_t e = 0; e < L; ++e) {
+            const size_t o = static_cast<size_t>(nr.at(r0, e));
             cdot += u[static_cast<size_t>(e)] * dus[static_cast<size_t>(e)];
             l1 += std::fabs(dus[static_cast<size_t>(e)]);
-            u1 += std::fabs(u[static_cast<size_t>(e)]);
+            row[static_cast<size_t>(e)] = std::fabs(m.wv[o]) * ads[o];
+            a1 += std::fabs(u[static_cast<size_t>(e)]) *
+                  row[static_cast<size_t>(e)];
           }
-          a *= m.wmax;
           const LD den = m.den[static_cast<size_t>(r0)];
-          // rms and layer form x_hat = y f from the scaled row y (its
-          // subnormal elements resolved to ulp_c(0), each rounding) and
-          // f <= sqrt(L): x_hat is resolved to (f + 1) / 2 ulp_c(0) per
-          // rounding, kOpUnits sqrt(L) bounds it (found by the fuzzer, issue
-          // 16: qwen3, f64, a q row spanning 7e240 to 1e-80, reference:f64's
-          // dq 12 bounds off where x_hat was subnormal).
-          const LD res = p.norm.kind == NormKind::kL2
-                             ? 1
-                             : kOpUnits * std::sqrt(static_cast<LD>(L));
           for (int64_t e = 0; e < L; ++e) {
             const LD ue = std::fabs(u[static_cast<size_t>(e)]);
             (*dst[2])[static_cast<size_t>(nr.at(r0, e))] +=
-                res * (a * (1 + ue * u1) + std::fabs(cdot) + ue * l1) / den;
+                (row[static_cast<size_t>(e)] + ue * a1 +
+                 own_res * (std::fabs(cdot) + ue * l1)) /
+                den;
           }
         }
       }

@@ -43,7 +43,9 @@
 //   So_e, Sc_e   sensitivities to the absolute resolution ulp(0) of the
 //                stored O and of the compute format's subnormal
 //                intermediates (OracleAttention: dS, du and its sums, the
-//                unit rows q_hat and k_hat; O and dV carry one ulp_c(0) per
+//                unit rows q_hat and k_hat, and the formulations' x_hat and
+//                logit operands x_tilde: harness.cc, x_hat_resolution and
+//                operand_resolution; O and dV carry one ulp_c(0) per
 //                visible term; zero effect unless subnormals),
 //                plus kOpUnits ulp_c(0) for every element's final operations;
 //   tiny_c, Sp_e the compute format's smallest normal and the element's
