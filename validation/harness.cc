@@ -650,7 +650,7 @@ LD logit_flip(const AttentionCase& c, const OperandMags& qm,
 // The oracle's scratch arrays, kept from call to call (OracleWorkspace).
 struct OracleWorkspace::Arrays {
   std::vector<LD> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q,
-      ads_k;
+      ads_k, adr_q, adr_k;
   OperandMags qm, km;
   std::array<std::vector<LD>, 7> mq, mk;
 };
@@ -884,6 +884,11 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     du_k.assign(ks ? k.size() : 0, 0);
     ads_q.assign(qs ? q.size() : 0, 0);
     ads_k.assign(ks ? k.size() : 0, 0);
+    // And s sum |dS| per logit-operand row, unweighted (adr): the per-row
+    // terms that per-element ads does not replace (see `side` below).
+    std::vector<LD>&adr_q = a.adr_q, &adr_k = a.adr_k;
+    adr_q.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
+    adr_k.assign(static_cast<size_t>(p.batch * Hk * Nk), 0);
     const std::vector<LD> res_q = ks ? operand_resolution(p, qm)
                                      : std::vector<LD>{},
                           res_k = qs ? operand_resolution(p, km)
@@ -1045,6 +1050,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                 if (pij > 0) dvu[d] += std::fabs(doi[d]);
               }
             }
+            adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
+            adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
           }
         }
       }
@@ -1057,7 +1064,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     auto side = [&](int sd, const OperandMags& m,
                     std::array<std::vector<LD>, kCh>& ch_in,
                     const std::vector<LD>& du, const std::vector<LD>& ads,
-                    int64_t terms, const std::array<std::vector<LD>*, kCh>& dst,
+                    const std::vector<LD>& adr, int64_t terms,
+                    const std::array<std::vector<LD>*, kCh>& dst,
                     std::array<std::vector<LD>, kCh>* dw,
                     std::array<std::vector<LD>, kCh>* db, LD* out_max) {
       const NormRows& nr = m.rows;
@@ -1151,9 +1159,27 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         // own x_hat is resolved to x_hat_resolution's ulp_c(0).
         const LD own_res =
             x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
+        // The per-row terms the per-element ones above were first meant to
+        // replace stay beside them (found by the fuzz CI mode with
+        // formulations on, once they were gone: rms with [D] weights of
+        // ~1e-12, f32, a correct dq = -0 for -1.9e-35, margin 1.1e5; qwen3,
+        // f64, subnormal dq ~6e-320 about 495 ulp(0) off, margin 99). A
+        // product w_e du_e that lands below the normal range rounds to
+        // ulp_c(0) whatever |w_e| is, and rms and layer kernels form du at the
+        // scaled row's magnitude (x_hat resolution): adr = s sum |dS| per
+        // row, times max(1, max |w|) (m.wmax) and res_row.
+        const LD res_row = p.norm.kind == NormKind::kL2
+                               ? 1
+                               : kOpUnits * std::sqrt(static_cast<LD>(L));
+        auto adr_at = [&](int64_t e) {
+          const int64_t idx =
+              nr.all_heads ? ((r0 / nr.N) * nr.H + e / nr.D) * nr.N + r0 % nr.N
+                           : r0;
+          return adr[static_cast<size_t>(idx)];
+        };
         if (np > 0 && dw) {
           for (int64_t e = 0; e < L; ++e) {
-            const LD a = ads[static_cast<size_t>(nr.at(r0, e))];
+            const LD a = ads[static_cast<size_t>(nr.at(r0, e))] + adr_at(e);
             const auto pi = static_cast<size_t>(nr.param(r0, e, p.norm.weight));
             // And this row's own x_hat_e, resolved to own_res ulp_c(0)
             // (below), times |dx_tilde_e| (found by the fuzzer, issue 16:
@@ -1168,11 +1194,16 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         if (qk && p.norm.kind != NormKind::kNone) {
           // wa[e] = |w_e| a_e: du_e's error from the other side's operand;
           // a1 = sum_e |x_hat_e| wa[e]: that error in x_hat . du.
-          LD cdot = 0, l1 = 0, a1 = 0;
+          LD cdot = 0, l1 = 0, a1 = 0, u1 = 0, a_row = 0;
+          const int64_t heads_in_row = nr.all_heads ? nr.H : 1;
+          for (int64_t hh = 0; hh < heads_in_row; ++hh)
+            a_row += adr_at(hh * nr.D);
+          a_row *= m.wmax;
           for (int64_t e = 0; e < L; ++e) {
             const size_t o = static_cast<size_t>(nr.at(r0, e));
             cdot += u[static_cast<size_t>(e)] * dus[static_cast<size_t>(e)];
             l1 += std::fabs(dus[static_cast<size_t>(e)]);
+            u1 += std::fabs(u[static_cast<size_t>(e)]);
             row[static_cast<size_t>(e)] = std::fabs(m.wv[o]) * ads[o];
             a1 += std::fabs(u[static_cast<size_t>(e)]) *
                   row[static_cast<size_t>(e)];
@@ -1182,6 +1213,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
             const LD ue = std::fabs(u[static_cast<size_t>(e)]);
             (*dst[2])[static_cast<size_t>(nr.at(r0, e))] +=
                 (row[static_cast<size_t>(e)] + ue * a1 +
+                 res_row * a_row * (1 + ue * u1) +
                  own_res * (std::fabs(cdot) + ue * l1)) /
                 den;
           }
@@ -1216,13 +1248,13 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
       (void)like;
     };
     if (counts.q_side)
-      side(0, qm, mq, du_q, ads_q, nk_terms, dq_dst, &r.dq_weight_ch,
+      side(0, qm, mq, du_q, ads_q, adr_q, nk_terms, dq_dst, &r.dq_weight_ch,
            &r.dq_bias_ch, dq_out);
     else
       zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
     if (counts.k_side)
-      side(1, km, mk, du_k, ads_k, group * nq_terms, dk_dst, &r.dk_weight_ch,
-           &r.dk_bias_ch, dk_out);
+      side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
+           &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
     else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add
