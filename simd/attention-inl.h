@@ -23,7 +23,10 @@
 // Visibility is a prefix per row: key j is visible to query i of batch b iff
 // j < lim(b, i) = clamp(min(kl_b, i + 1 + kv_len - q_len), 0, kv_len) (causal
 // and padding masks of attention.h). Blocks past a row block's largest limit
-// are skipped; masked logits are -inf (exp -> 0). lim = 0: O = 0, lse = -inf.
+// are skipped; inside a block each group of micro-GEMM rows forms S, P and
+// the products only up to its largest limit (GemmLimited, issue 18: a causal
+// diagonal block costs about its visible half), and masked P are 0.
+// lim = 0: O = 0, lse = -inf.
 //
 // Backward (FlashAttention-2 style): P is recomputed tile by tile from the
 // saved lse, P = exp(S - lse); delta = rowsum(dO * O); dS = P (dP - delta).
@@ -284,13 +287,16 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
+    const VF vfloor = hn::Set(df, v_floor);
     for (size_t j = 0; j < s.Nkp; ++j) {
       if (j < Nk) {
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        for (size_t d = 0; d < Dp; ++d) {
-          const float x = std::fabs(vb[j * Dp + d]);
-          if (x != 0 && x < v_floor) v_tiny[static_cast<size_t>(bk)] = 1;
+        for (size_t d = 0; d < Dp; d += N) {
+          const VF x = hn::Abs(hn::LoadU(df, vb + j * Dp + d));
+          if (!hn::AllFalse(
+                  df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
+            v_tiny[static_cast<size_t>(bk)] = 1;
         }
         const float* kr = khb + j * Dp;
         if (sd.k.mode != SideMode::kGeneric) {
@@ -340,22 +346,36 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
 
+    // Per-row limits of the masked tiles: row r needs the kv[r] first keys
+    // of the block (a prefix); S is formed, exponentiated and multiplied
+    // into V only up to each row group's largest prefix (GemmLimited), so
+    // the blocks on a causal diagonal cost about their visible half.
+    size_t kvr[kQueryBlock], width[kQueryBlock];
     for (size_t kb = 0; kb < nblocks; ++kb) {
       const size_t j0 = kb * Kb;
-      Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, ktb + kb * Dp * Kb,
-           Kb, S, Kb, /*accumulate=*/false);
-      size_t kmax = 0;
+      for (size_t r = 0; r < mr; ++r) kvr[r] = VisibleInBlock(L[r], j0);
+      // Columns of S each row's group forms (a multiple of N): P is defined
+      // (0 past kv) on all of them, the k range of the O += P V group.
+      for (size_t r0 = 0; r0 < mr; r0 += kGemmRows) {
+        const size_t r1 = std::min(mr, r0 + kGemmRows);
+        const size_t w =
+            (*std::max_element(kvr + r0, kvr + r1) + N - 1) / N * N;
+        std::fill(width + r0, width + r1, w);
+      }
+      GemmLimited(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1,
+                  ktb + kb * Dp * Kb, Kb, S, Kb, /*accumulate=*/false,
+                  RowLimits{kvr, nullptr, nullptr});
       for (size_t r = 0; r < mr; ++r) {
         float* sr = S + r * Kb;
-        const size_t kv = VisibleInBlock(L[r], j0);
-        if (kv == 0) {
-          std::fill(sr, sr + Kb, 0.0f);
-          continue;
-        }
-        kmax = std::max(kmax, kv);
+        const size_t kv = kvr[r];
+        // Vectors holding a visible key: [0, kvv); zeros on [kvv, width).
+        const size_t kvv = (kv + N - 1) / N * N;
+        for (size_t j = kvv; j < width[r]; j += N)
+          hn::StoreU(hn::Zero(df), df, sr + j);
+        if (kv == 0) continue;
         if (fixed) {  // P = exp(S - |g|): one pass, no rescaling
           VF vsum = hn::Zero(df);
-          for (size_t j = 0; j < Kb; j += N) {
+          for (size_t j = 0; j < kvv; j += N) {
             const VF x = Logit(hn::LoadU(df, sr + j), vscale);
             // A row's only visible key: keep its logit for the epilogue.
             if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
@@ -379,7 +399,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // them instead of forming them again (the clamp of Logit would
         // otherwise cost ~7% of the forward at n = 128, measured).
         VF vmax = neg_inf;
-        for (size_t j = 0; j < Kb; j += N) {
+        for (size_t j = 0; j < kvv; j += N) {
           const VF x = Logit(hn::LoadU(df, sr + j), vscale);
           hn::StoreU(x, df, sr + j);
           vmax = hn::Max(vmax, MaskColumns(x, j, kv, neg_inf));
@@ -391,7 +411,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                                               : std::exp(m[r] - m_new);
         const VF vm = hn::Set(df, m_new);
         VF vsum = hn::Zero(df);
-        for (size_t j = 0; j < Kb; j += N) {
+        for (size_t j = 0; j < kvv; j += N) {
           const VF e =
               MaskColumns(hn::Exp(df, hn::Sub(hn::LoadU(df, sr + j), vm)), j,
                           kv, hn::Zero(df));
@@ -402,9 +422,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         if (alpha != 1.0f) ScaleRow(O + r * Dp, Dp, alpha);
         m[r] = m_new;
       }
-      if (kmax > 0)
-        Gemm(mr, Dp, kmax, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp, Dp,
-             O, Dp, /*accumulate=*/true);
+      // O += P V over each group's visible keys (P = 0 on the rest).
+      GemmLimited(mr, Dp, Kb, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp,
+                  Dp, O, Dp, /*accumulate=*/true,
+                  RowLimits{nullptr, nullptr, kvr});
     }
 
     for (size_t r = 0; r < mr; ++r) {
@@ -566,6 +587,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vtb = vt + bk * s.Nkp * Dp;
     const VF vscale = hn::Set(df, s.scale);
+    size_t kvr[kQueryBlock], klo[kKeyBlock];
     double dg = 0;
     for (size_t kb = g; kb < s.nkb; kb += G) {
       const size_t j0 = kb * Kb, kc = std::min(Kb, Nk - j0);
@@ -579,25 +601,41 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
         float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
         for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
           const size_t mr = std::min(Mq, Nq - i0);
-          Gemm(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
-               ktb + kb * Dp * Kb, Kb, S, Kb, false);
-          Gemm(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
-               vtb + kb * Dp * Kb, Kb, dP, Kb, false);
+          // Masked tiles (issue 18): S and dP are formed per row group up
+          // to its largest visible prefix (GemmLimited); every row of P and
+          // dS is then defined on the whole block (0 past its prefix), and
+          // the products skip the terms that are zero by the mask: key j
+          // of dV, dK sums the rows from the first that sees it (klo), row
+          // r of dQ the keys up to its prefix.
+          for (size_t r = 0; r < mr; ++r)
+            kvr[r] = VisibleInBlock(L[i0 + r], j0);
+          {
+            size_t jj = 0;
+            for (size_t r = 0; r < mr; ++r)
+              while (jj < std::min(kvr[r], kc)) klo[jj++] = r;
+            while (jj < kc) klo[jj++] = mr;
+          }
+          const RowLimits by_prefix{kvr, nullptr, nullptr};
+          GemmLimited(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+                      ktb + kb * Dp * Kb, Kb, S, Kb, false, by_prefix);
+          GemmLimited(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+                      vtb + kb * Dp * Kb, Kb, dP, Kb, false, by_prefix);
           VF vdg = hn::Zero(df);
           for (size_t r = 0; r < mr; ++r) {
             const size_t i = i0 + r;
             float* sr = S + r * Kb;
             float* dpr = dP + r * Kb;
-            const size_t kv = VisibleInBlock(L[i], j0);
-            if (kv == 0) {
-              std::fill(sr, sr + Kb, 0.0f);
-              std::fill(dpr, dpr + Kb, 0.0f);
-              continue;
+            const size_t kv = kvr[r];
+            const size_t kvv = (kv + N - 1) / N * N;
+            for (size_t j = kvv; j < Kb; j += N) {
+              hn::StoreU(hn::Zero(df), df, sr + j);
+              hn::StoreU(hn::Zero(df), df, dpr + j);
             }
+            if (kv == 0) continue;
             const VF vhi = hn::Set(df, lse_hi[bh * Nq + i]);
             const VF vlo = hn::Set(df, lse_lo[bh * Nq + i]);
             const VF vd = hn::Set(df, delta[bh * Nq + i]);
-            for (size_t j = 0; j < Kb; j += N) {
+            for (size_t j = 0; j < kvv; j += N) {
               const VF c = hn::LoadU(df, sr + j);
               const VF x = hn::Sub(hn::Sub(Logit(c, vscale), vhi), vlo);
               const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
@@ -610,12 +648,14 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
           // dV += P^T dO, dK_tilde += dS^T Q_tilde (scale applied at the
           // end), dQ_tilde partial += dS K_tilde.
-          Gemm(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb), dob + i0 * Dp, Dp,
-               dV, Dp, true);
-          Gemm(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb), qb + i0 * Dp, Dp,
-               dK, Dp, true);
-          Gemm(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1, khb + j0 * Dp, Dp,
-               dqp + i0 * Dp, Dp, true);
+          const RowLimits by_first{nullptr, klo, nullptr};
+          GemmLimited(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb),
+                      dob + i0 * Dp, Dp, dV, Dp, true, by_first);
+          GemmLimited(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb),
+                      qb + i0 * Dp, Dp, dK, Dp, true, by_first);
+          GemmLimited(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1,
+                      khb + j0 * Dp, Dp, dqp + i0 * Dp, Dp, true,
+                      RowLimits{nullptr, nullptr, kvr});
         }
       }
       for (size_t jj = 0; jj < kc; ++jj) {
