@@ -209,6 +209,62 @@ HWY_INLINE void ScatterTransposed(const float* row, size_t j, size_t Dp,
   for (size_t d = 0; d < Dp; ++d) col[d * kKeyBlock] = row[d];
 }
 
+// Keys packed per PackTransposed call.
+inline constexpr size_t kPackRows = 8;
+
+// Writes the kPackRows rows rows[t * ld] (Dp floats each; keys j0 + t, j0 a
+// multiple of kPackRows) as columns of the transposed block layout, as
+// ScatterTransposed does one row at a time. On 256-bit x86 targets by 8 x 8
+// register transposes: the scalar scatter was ~3 instructions per element,
+// the largest part of the K/V setup at n = 128 after the v_tiny check
+// (callgrind, issue 18).
+HWY_INLINE void PackTransposed(const float* HWY_RESTRICT rows, size_t ld,
+                               size_t j0, size_t Dp,
+                               float* HWY_RESTRICT blocks) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  static_assert(kPackRows == 8 && kKeyBlock % 8 == 0, "8 x 8 transposes");
+  const hn::Full256<float> d8;
+  const hn::Full256<double> dd;
+  float* dst = blocks + (j0 / kKeyBlock) * Dp * kKeyBlock + (j0 % kKeyBlock);
+  size_t d = 0;
+  for (; d + 8 <= Dp; d += 8) {
+    using V8 = hn::Vec<decltype(d8)>;
+    V8 r[8];
+    for (size_t t = 0; t < 8; ++t) r[t] = hn::LoadU(d8, rows + t * ld + d);
+    // Pairs of rows interleaved: t[2k] = (a0 b0 a1 b1 | a4 b4 a5 b5), ...
+    V8 t[8];
+    for (size_t k = 0; k < 4; ++k) {
+      t[2 * k] = hn::InterleaveLower(d8, r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = hn::InterleaveUpper(d8, r[2 * k], r[2 * k + 1]);
+    }
+    // Quads: u[.] = (a_c b_c c_c d_c | a_c+4 b_c+4 c_c+4 d_c+4).
+    hn::Vec<decltype(dd)> u[8];
+    for (size_t k = 0; k < 2; ++k) {
+      const auto x0 = hn::BitCast(dd, t[4 * k]),
+                 x1 = hn::BitCast(dd, t[4 * k + 1]);
+      const auto x2 = hn::BitCast(dd, t[4 * k + 2]),
+                 x3 = hn::BitCast(dd, t[4 * k + 3]);
+      u[4 * k + 0] = hn::InterleaveLower(dd, x0, x2);  // column 0 | 4
+      u[4 * k + 1] = hn::InterleaveUpper(dd, x0, x2);  // column 1 | 5
+      u[4 * k + 2] = hn::InterleaveLower(dd, x1, x3);  // column 2 | 6
+      u[4 * k + 3] = hn::InterleaveUpper(dd, x1, x3);  // column 3 | 7
+    }
+    for (size_t c = 0; c < 4; ++c) {
+      const V8 lo = hn::BitCast(d8, u[c]), hi = hn::BitCast(d8, u[4 + c]);
+      hn::StoreU(hn::ConcatLowerLower(d8, hi, lo), d8,
+                 dst + (d + c) * kKeyBlock);
+      hn::StoreU(hn::ConcatUpperUpper(d8, hi, lo), d8,
+                 dst + (d + c + 4) * kKeyBlock);
+    }
+  }
+  for (; d < Dp; ++d)
+    for (size_t t = 0; t < 8; ++t) dst[d * kKeyBlock + t] = rows[t * ld + d];
+#else
+  for (size_t t = 0; t < kPackRows; ++t)
+    ScatterTransposed(rows + t * ld, j0 + t, Dp, blocks);
+#endif
+}
+
 // The two sides (formulation-inl.h) and their per-row records.
 struct Sides {
   SideSpec q, k;
@@ -281,15 +337,22 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   std::fill(v_tiny, v_tiny + BHk, 0);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
     const int64_t b = bk / s.Hk, h = bk % s.Hk;
-    float* zero = scratch + per_worker * static_cast<size_t>(worker);
-    float* krow = zero + Dp;
-    std::fill(zero, zero + Dp, 0.0f);
+    // kPackRows k rows (normalized here unless the side is generic), then
+    // packed transposed at once.
+    float* stage = scratch + per_worker * static_cast<size_t>(worker);
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
     const VF vfloor = hn::Set(df, v_floor);
-    for (size_t j = 0; j < s.Nkp; ++j) {
-      if (j < Nk) {
+    for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
+      for (size_t t = 0; t < kPackRows; ++t) {
+        const size_t j = j0 + t;
+        float* kr = stage + t * Dp;
+        if (j >= Nk) {
+          std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
+          std::fill(kr, kr + Dp, 0.0f);
+          continue;
+        }
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
         for (size_t d = 0; d < Dp; d += N) {
@@ -298,18 +361,15 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                   df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
             v_tiny[static_cast<size_t>(bk)] = 1;
         }
-        const float* kr = khb + j * Dp;
-        if (sd.k.mode != SideMode::kGeneric) {
+        if (sd.k.mode == SideMode::kGeneric) {
+          std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
+        } else {
           LoadRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)),
-                     static_cast<size_t>(s.D), krow, Dp);
-          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(krow, Dp, s.eps);
-          kr = krow;
+                     static_cast<size_t>(s.D), kr, Dp);
+          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(kr, Dp, s.eps);
         }
-        ScatterTransposed(kr, j, Dp, ktb);
-      } else {
-        std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
-        ScatterTransposed(zero, j, Dp, ktb);
       }
+      PackTransposed(stage, Dp, j0, Dp, ktb);
     }
   });
 
@@ -550,18 +610,25 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vtb = vt + static_cast<size_t>(bk) * s.Nkp * Dp;
-    float* zero = row + Dp;
-    std::fill(zero, zero + Dp, 0.0f);
-    for (size_t j = 0; j < s.Nkp; ++j) {
-      if (j < Nk) {
-        LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
-                   static_cast<size_t>(s.D), row, Dp);
-        ScatterTransposed(khb + j * Dp, j, Dp, ktb);
-        ScatterTransposed(row, j, Dp, vtb);
-      } else {
-        ScatterTransposed(zero, j, Dp, ktb);
-        ScatterTransposed(zero, j, Dp, vtb);
+    // kPackRows rows of v (and of k_tilde past the last key) staged, then
+    // packed transposed at once.
+    float* vst = row;
+    float* kst = row + kPackRows * Dp;
+    for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
+      const bool full = j0 + kPackRows <= Nk;
+      for (size_t t = 0; t < kPackRows; ++t) {
+        const size_t j = j0 + t;
+        if (j < Nk) {
+          LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
+                     static_cast<size_t>(s.D), vst + t * Dp, Dp);
+          if (!full) std::copy(khb + j * Dp, khb + (j + 1) * Dp, kst + t * Dp);
+        } else {
+          std::fill(vst + t * Dp, vst + (t + 1) * Dp, 0.0f);
+          std::fill(kst + t * Dp, kst + (t + 1) * Dp, 0.0f);
+        }
       }
+      PackTransposed(full ? khb + j0 * Dp : kst, Dp, j0, Dp, ktb);
+      PackTransposed(vst, Dp, j0, Dp, vtb);
     }
   });
 
@@ -579,10 +646,6 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     float* dK = dP + Mq * Kb;
     float* dV = dK + Kb * Dp;
     const size_t bh0 = static_cast<size_t>(b * s.H + hk * s.group);
-    for (size_t m = 0; m < group; ++m) {
-      float* dqp = dq_part + (g * BH + bh0 + m) * Nq * Dp;
-      std::fill(dqp, dqp + Nq * Dp, 0.0f);
-    }
     const float* khb = kh + bk * Nk * Dp;
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vtb = vt + bk * s.Nkp * Dp;
@@ -591,14 +654,20 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     double dg = 0;
     for (size_t kb = g; kb < s.nkb; kb += G) {
       const size_t j0 = kb * Kb, kc = std::min(Kb, Nk - j0);
-      std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // dK and dV
       size_t i_first = 0;
       while (i_first < Nq && L[i_first] <= static_cast<int64_t>(j0)) ++i_first;
+      // No zero fills of the accumulators: the group's first block writes
+      // its partial dQ rows [i_first, Nq) (accumulate = false; the later
+      // blocks' rows are a subset, the limits being nondecreasing in i) and
+      // zeros the rows before; the block's first product writes dK and dV.
+      const bool first_kb = kb == g;
+      bool fresh = true;
       for (size_t m = 0; m < group; ++m) {
         const size_t bh = bh0 + m;
         const float* qb = qh + bh * Nq * Dp;
         const float* dob = dO + bh * Nq * Dp;
         float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
+        if (first_kb) std::fill(dqp, dqp + i_first * Dp, 0.0f);
         for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
           const size_t mr = std::min(Mq, Nq - i0);
           // Masked tiles (issue 18): S and dP are formed per row group up
@@ -650,14 +719,16 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           // end), dQ_tilde partial += dS K_tilde.
           const RowLimits by_first{nullptr, klo, nullptr};
           GemmLimited(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb),
-                      dob + i0 * Dp, Dp, dV, Dp, true, by_first);
+                      dob + i0 * Dp, Dp, dV, Dp, !fresh, by_first);
           GemmLimited(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb),
-                      qb + i0 * Dp, Dp, dK, Dp, true, by_first);
+                      qb + i0 * Dp, Dp, dK, Dp, !fresh, by_first);
+          fresh = false;
           GemmLimited(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1,
-                      khb + j0 * Dp, Dp, dqp + i0 * Dp, Dp, true,
+                      khb + j0 * Dp, Dp, dqp + i0 * Dp, Dp, !first_kb,
                       RowLimits{nullptr, nullptr, kvr});
         }
       }
+      if (fresh) std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // no query sees it
       for (size_t jj = 0; jj < kc; ++jj) {
         const size_t j = j0 + jj;
         float* dkr = dK + jj * Dp;
