@@ -23,7 +23,10 @@
 // Visibility is a prefix per row: key j is visible to query i of batch b iff
 // j < lim(b, i) = clamp(min(kl_b, i + 1 + kv_len - q_len), 0, kv_len) (causal
 // and padding masks of attention.h). Blocks past a row block's largest limit
-// are skipped; masked logits are -inf (exp -> 0). lim = 0: O = 0, lse = -inf.
+// are skipped; inside a block each group of micro-GEMM rows forms S, P and
+// the products only up to its largest limit (GemmLimited, issue 18: a causal
+// diagonal block costs about its visible half), and masked P are 0.
+// lim = 0: O = 0, lse = -inf.
 //
 // Backward (FlashAttention-2 style): P is recomputed tile by tile from the
 // saved lse, P = exp(S - lse); delta = rowsum(dO * O); dS = P (dP - delta).
@@ -206,6 +209,62 @@ HWY_INLINE void ScatterTransposed(const float* row, size_t j, size_t Dp,
   for (size_t d = 0; d < Dp; ++d) col[d * kKeyBlock] = row[d];
 }
 
+// Keys packed per PackTransposed call.
+inline constexpr size_t kPackRows = 8;
+
+// Writes the kPackRows rows rows[t * ld] (Dp floats each; keys j0 + t, j0 a
+// multiple of kPackRows) as columns of the transposed block layout, as
+// ScatterTransposed does one row at a time. On 256-bit x86 targets by 8 x 8
+// register transposes: the scalar scatter was ~3 instructions per element,
+// the largest part of the K/V setup at n = 128 after the v_tiny check
+// (callgrind, issue 18).
+HWY_INLINE void PackTransposed(const float* HWY_RESTRICT rows, size_t ld,
+                               size_t j0, size_t Dp,
+                               float* HWY_RESTRICT blocks) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  static_assert(kPackRows == 8 && kKeyBlock % 8 == 0, "8 x 8 transposes");
+  const hn::Full256<float> d8;
+  const hn::Full256<double> dd;
+  float* dst = blocks + (j0 / kKeyBlock) * Dp * kKeyBlock + (j0 % kKeyBlock);
+  size_t d = 0;
+  for (; d + 8 <= Dp; d += 8) {
+    using V8 = hn::Vec<decltype(d8)>;
+    V8 r[8];
+    for (size_t t = 0; t < 8; ++t) r[t] = hn::LoadU(d8, rows + t * ld + d);
+    // Pairs of rows interleaved: t[2k] = (a0 b0 a1 b1 | a4 b4 a5 b5), ...
+    V8 t[8];
+    for (size_t k = 0; k < 4; ++k) {
+      t[2 * k] = hn::InterleaveLower(d8, r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = hn::InterleaveUpper(d8, r[2 * k], r[2 * k + 1]);
+    }
+    // Quads: u[.] = (a_c b_c c_c d_c | a_c+4 b_c+4 c_c+4 d_c+4).
+    hn::Vec<decltype(dd)> u[8];
+    for (size_t k = 0; k < 2; ++k) {
+      const auto x0 = hn::BitCast(dd, t[4 * k]),
+                 x1 = hn::BitCast(dd, t[4 * k + 1]);
+      const auto x2 = hn::BitCast(dd, t[4 * k + 2]),
+                 x3 = hn::BitCast(dd, t[4 * k + 3]);
+      u[4 * k + 0] = hn::InterleaveLower(dd, x0, x2);  // column 0 | 4
+      u[4 * k + 1] = hn::InterleaveUpper(dd, x0, x2);  // column 1 | 5
+      u[4 * k + 2] = hn::InterleaveLower(dd, x1, x3);  // column 2 | 6
+      u[4 * k + 3] = hn::InterleaveUpper(dd, x1, x3);  // column 3 | 7
+    }
+    for (size_t c = 0; c < 4; ++c) {
+      const V8 lo = hn::BitCast(d8, u[c]), hi = hn::BitCast(d8, u[4 + c]);
+      hn::StoreU(hn::ConcatLowerLower(d8, hi, lo), d8,
+                 dst + (d + c) * kKeyBlock);
+      hn::StoreU(hn::ConcatUpperUpper(d8, hi, lo), d8,
+                 dst + (d + c + 4) * kKeyBlock);
+    }
+  }
+  for (; d < Dp; ++d)
+    for (size_t t = 0; t < 8; ++t) dst[d * kKeyBlock + t] = rows[t * ld + d];
+#else
+  for (size_t t = 0; t < kPackRows; ++t)
+    ScatterTransposed(rows + t * ld, j0 + t, Dp, blocks);
+#endif
+}
+
 // The two sides (formulation-inl.h) and their per-row records.
 struct Sides {
   SideSpec q, k;
@@ -278,32 +337,39 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   std::fill(v_tiny, v_tiny + BHk, 0);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
     const int64_t b = bk / s.Hk, h = bk % s.Hk;
-    float* zero = scratch + per_worker * static_cast<size_t>(worker);
-    float* krow = zero + Dp;
-    std::fill(zero, zero + Dp, 0.0f);
+    // kPackRows k rows (normalized here unless the side is generic), then
+    // packed transposed at once.
+    float* stage = scratch + per_worker * static_cast<size_t>(worker);
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
-    for (size_t j = 0; j < s.Nkp; ++j) {
-      if (j < Nk) {
+    const VF vfloor = hn::Set(df, v_floor);
+    for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
+      for (size_t t = 0; t < kPackRows; ++t) {
+        const size_t j = j0 + t;
+        float* kr = stage + t * Dp;
+        if (j >= Nk) {
+          std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
+          std::fill(kr, kr + Dp, 0.0f);
+          continue;
+        }
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        for (size_t d = 0; d < Dp; ++d) {
-          const float x = std::fabs(vb[j * Dp + d]);
-          if (x != 0 && x < v_floor) v_tiny[static_cast<size_t>(bk)] = 1;
+        for (size_t d = 0; d < Dp; d += N) {
+          const VF x = hn::Abs(hn::LoadU(df, vb + j * Dp + d));
+          if (!hn::AllFalse(
+                  df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
+            v_tiny[static_cast<size_t>(bk)] = 1;
         }
-        const float* kr = khb + j * Dp;
-        if (sd.k.mode != SideMode::kGeneric) {
+        if (sd.k.mode == SideMode::kGeneric) {
+          std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
+        } else {
           LoadRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)),
-                     static_cast<size_t>(s.D), krow, Dp);
-          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(krow, Dp, s.eps);
-          kr = krow;
+                     static_cast<size_t>(s.D), kr, Dp);
+          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(kr, Dp, s.eps);
         }
-        ScatterTransposed(kr, j, Dp, ktb);
-      } else {
-        std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
-        ScatterTransposed(zero, j, Dp, ktb);
       }
+      PackTransposed(stage, Dp, j0, Dp, ktb);
     }
   });
 
@@ -340,22 +406,36 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
 
+    // Per-row limits of the masked tiles: row r needs the kv[r] first keys
+    // of the block (a prefix); S is formed, exponentiated and multiplied
+    // into V only up to each row group's largest prefix (GemmLimited), so
+    // the blocks on a causal diagonal cost about their visible half.
+    size_t kvr[kQueryBlock], width[kQueryBlock];
     for (size_t kb = 0; kb < nblocks; ++kb) {
       const size_t j0 = kb * Kb;
-      Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, ktb + kb * Dp * Kb,
-           Kb, S, Kb, /*accumulate=*/false);
-      size_t kmax = 0;
+      for (size_t r = 0; r < mr; ++r) kvr[r] = VisibleInBlock(L[r], j0);
+      // Columns of S each row's group forms (a multiple of N): P is defined
+      // (0 past kv) on all of them, the k range of the O += P V group.
+      for (size_t r0 = 0; r0 < mr; r0 += kGemmRows) {
+        const size_t r1 = std::min(mr, r0 + kGemmRows);
+        const size_t w =
+            (*std::max_element(kvr + r0, kvr + r1) + N - 1) / N * N;
+        std::fill(width + r0, width + r1, w);
+      }
+      GemmLimited(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1,
+                  ktb + kb * Dp * Kb, Kb, S, Kb, /*accumulate=*/false,
+                  RowLimits{kvr, nullptr, nullptr});
       for (size_t r = 0; r < mr; ++r) {
         float* sr = S + r * Kb;
-        const size_t kv = VisibleInBlock(L[r], j0);
-        if (kv == 0) {
-          std::fill(sr, sr + Kb, 0.0f);
-          continue;
-        }
-        kmax = std::max(kmax, kv);
+        const size_t kv = kvr[r];
+        // Vectors holding a visible key: [0, kvv); zeros on [kvv, width).
+        const size_t kvv = (kv + N - 1) / N * N;
+        for (size_t j = kvv; j < width[r]; j += N)
+          hn::StoreU(hn::Zero(df), df, sr + j);
+        if (kv == 0) continue;
         if (fixed) {  // P = exp(S - |g|): one pass, no rescaling
           VF vsum = hn::Zero(df);
-          for (size_t j = 0; j < Kb; j += N) {
+          for (size_t j = 0; j < kvv; j += N) {
             const VF x = Logit(hn::LoadU(df, sr + j), vscale);
             // A row's only visible key: keep its logit for the epilogue.
             if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
@@ -379,7 +459,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // them instead of forming them again (the clamp of Logit would
         // otherwise cost ~7% of the forward at n = 128, measured).
         VF vmax = neg_inf;
-        for (size_t j = 0; j < Kb; j += N) {
+        for (size_t j = 0; j < kvv; j += N) {
           const VF x = Logit(hn::LoadU(df, sr + j), vscale);
           hn::StoreU(x, df, sr + j);
           vmax = hn::Max(vmax, MaskColumns(x, j, kv, neg_inf));
@@ -391,7 +471,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                                               : std::exp(m[r] - m_new);
         const VF vm = hn::Set(df, m_new);
         VF vsum = hn::Zero(df);
-        for (size_t j = 0; j < Kb; j += N) {
+        for (size_t j = 0; j < kvv; j += N) {
           const VF e =
               MaskColumns(hn::Exp(df, hn::Sub(hn::LoadU(df, sr + j), vm)), j,
                           kv, hn::Zero(df));
@@ -402,9 +482,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         if (alpha != 1.0f) ScaleRow(O + r * Dp, Dp, alpha);
         m[r] = m_new;
       }
-      if (kmax > 0)
-        Gemm(mr, Dp, kmax, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp, Dp,
-             O, Dp, /*accumulate=*/true);
+      // O += P V over each group's visible keys (P = 0 on the rest).
+      GemmLimited(mr, Dp, Kb, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp,
+                  Dp, O, Dp, /*accumulate=*/true,
+                  RowLimits{nullptr, nullptr, kvr});
     }
 
     for (size_t r = 0; r < mr; ++r) {
@@ -529,18 +610,25 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vtb = vt + static_cast<size_t>(bk) * s.Nkp * Dp;
-    float* zero = row + Dp;
-    std::fill(zero, zero + Dp, 0.0f);
-    for (size_t j = 0; j < s.Nkp; ++j) {
-      if (j < Nk) {
-        LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
-                   static_cast<size_t>(s.D), row, Dp);
-        ScatterTransposed(khb + j * Dp, j, Dp, ktb);
-        ScatterTransposed(row, j, Dp, vtb);
-      } else {
-        ScatterTransposed(zero, j, Dp, ktb);
-        ScatterTransposed(zero, j, Dp, vtb);
+    // kPackRows rows of v (and of k_tilde past the last key) staged, then
+    // packed transposed at once.
+    float* vst = row;
+    float* kst = row + kPackRows * Dp;
+    for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
+      const bool full = j0 + kPackRows <= Nk;
+      for (size_t t = 0; t < kPackRows; ++t) {
+        const size_t j = j0 + t;
+        if (j < Nk) {
+          LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
+                     static_cast<size_t>(s.D), vst + t * Dp, Dp);
+          if (!full) std::copy(khb + j * Dp, khb + (j + 1) * Dp, kst + t * Dp);
+        } else {
+          std::fill(vst + t * Dp, vst + (t + 1) * Dp, 0.0f);
+          std::fill(kst + t * Dp, kst + (t + 1) * Dp, 0.0f);
+        }
       }
+      PackTransposed(full ? khb + j0 * Dp : kst, Dp, j0, Dp, ktb);
+      PackTransposed(vst, Dp, j0, Dp, vtb);
     }
   });
 
@@ -558,46 +646,65 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     float* dK = dP + Mq * Kb;
     float* dV = dK + Kb * Dp;
     const size_t bh0 = static_cast<size_t>(b * s.H + hk * s.group);
-    for (size_t m = 0; m < group; ++m) {
-      float* dqp = dq_part + (g * BH + bh0 + m) * Nq * Dp;
-      std::fill(dqp, dqp + Nq * Dp, 0.0f);
-    }
     const float* khb = kh + bk * Nk * Dp;
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vtb = vt + bk * s.Nkp * Dp;
     const VF vscale = hn::Set(df, s.scale);
+    size_t kvr[kQueryBlock], klo[kKeyBlock];
     double dg = 0;
     for (size_t kb = g; kb < s.nkb; kb += G) {
       const size_t j0 = kb * Kb, kc = std::min(Kb, Nk - j0);
-      std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // dK and dV
       size_t i_first = 0;
       while (i_first < Nq && L[i_first] <= static_cast<int64_t>(j0)) ++i_first;
+      // No zero fills of the accumulators: the group's first block writes
+      // its partial dQ rows [i_first, Nq) (accumulate = false; the later
+      // blocks' rows are a subset, the limits being nondecreasing in i) and
+      // zeros the rows before; the block's first product writes dK and dV.
+      const bool first_kb = kb == g;
+      bool fresh = true;
       for (size_t m = 0; m < group; ++m) {
         const size_t bh = bh0 + m;
         const float* qb = qh + bh * Nq * Dp;
         const float* dob = dO + bh * Nq * Dp;
         float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
+        if (first_kb) std::fill(dqp, dqp + i_first * Dp, 0.0f);
         for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
           const size_t mr = std::min(Mq, Nq - i0);
-          Gemm(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
-               ktb + kb * Dp * Kb, Kb, S, Kb, false);
-          Gemm(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
-               vtb + kb * Dp * Kb, Kb, dP, Kb, false);
+          // Masked tiles (issue 18): S and dP are formed per row group up
+          // to its largest visible prefix (GemmLimited); every row of P and
+          // dS is then defined on the whole block (0 past its prefix), and
+          // the products skip the terms that are zero by the mask: key j
+          // of dV, dK sums the rows from the first that sees it (klo), row
+          // r of dQ the keys up to its prefix.
+          for (size_t r = 0; r < mr; ++r)
+            kvr[r] = VisibleInBlock(L[i0 + r], j0);
+          {
+            size_t jj = 0;
+            for (size_t r = 0; r < mr; ++r)
+              while (jj < std::min(kvr[r], kc)) klo[jj++] = r;
+            while (jj < kc) klo[jj++] = mr;
+          }
+          const RowLimits by_prefix{kvr, nullptr, nullptr};
+          GemmLimited(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+                      ktb + kb * Dp * Kb, Kb, S, Kb, false, by_prefix);
+          GemmLimited(mr, Kb, Dp, dob + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
+                      vtb + kb * Dp * Kb, Kb, dP, Kb, false, by_prefix);
           VF vdg = hn::Zero(df);
           for (size_t r = 0; r < mr; ++r) {
             const size_t i = i0 + r;
             float* sr = S + r * Kb;
             float* dpr = dP + r * Kb;
-            const size_t kv = VisibleInBlock(L[i], j0);
-            if (kv == 0) {
-              std::fill(sr, sr + Kb, 0.0f);
-              std::fill(dpr, dpr + Kb, 0.0f);
-              continue;
+            const size_t kv = kvr[r];
+            const size_t kvv = (kv + N - 1) / N * N;
+            for (size_t j = kvv; j < Kb; j += N) {
+              hn::StoreU(hn::Zero(df), df, sr + j);
+              hn::StoreU(hn::Zero(df), df, dpr + j);
             }
+            if (kv == 0) continue;
             const VF vhi = hn::Set(df, lse_hi[bh * Nq + i]);
             const VF vlo = hn::Set(df, lse_lo[bh * Nq + i]);
             const VF vd = hn::Set(df, delta[bh * Nq + i]);
-            for (size_t j = 0; j < Kb; j += N) {
+            for (size_t j = 0; j < kvv; j += N) {
               const VF c = hn::LoadU(df, sr + j);
               const VF x = hn::Sub(hn::Sub(Logit(c, vscale), vhi), vlo);
               const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
@@ -610,14 +717,18 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
           // dV += P^T dO, dK_tilde += dS^T Q_tilde (scale applied at the
           // end), dQ_tilde partial += dS K_tilde.
-          Gemm(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb), dob + i0 * Dp, Dp,
-               dV, Dp, true);
-          Gemm(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb), qb + i0 * Dp, Dp,
-               dK, Dp, true);
-          Gemm(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1, khb + j0 * Dp, Dp,
-               dqp + i0 * Dp, Dp, true);
+          const RowLimits by_first{nullptr, klo, nullptr};
+          GemmLimited(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb),
+                      dob + i0 * Dp, Dp, dV, Dp, !fresh, by_first);
+          GemmLimited(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb),
+                      qb + i0 * Dp, Dp, dK, Dp, !fresh, by_first);
+          fresh = false;
+          GemmLimited(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1,
+                      khb + j0 * Dp, Dp, dqp + i0 * Dp, Dp, !first_kb,
+                      RowLimits{nullptr, nullptr, kvr});
         }
       }
+      if (fresh) std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // no query sees it
       for (size_t jj = 0; jj < kc; ++jj) {
         const size_t j = j0 + jj;
         float* dkr = dK + jj * Dp;

@@ -29,6 +29,7 @@
 #define QKNORM_SIMD_GEMM_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstddef>
 
 #include "hwy/highway.h"
@@ -87,6 +88,21 @@ HWY_INLINE void GemmRows(size_t n, size_t K, const float* HWY_RESTRICT A,
     GemmTile<MR, 1>(K, A, a_row, a_col, B + j, ldb, C + j, ldc, accumulate);
 }
 
+// GemmRows for a run-time row count 1 <= rows <= MR.
+template <size_t MR>
+HWY_INLINE void GemmRowsN(size_t rows, size_t n, size_t K,
+                          const float* HWY_RESTRICT A, ptrdiff_t a_row,
+                          ptrdiff_t a_col, const float* HWY_RESTRICT B,
+                          size_t ldb, float* HWY_RESTRICT C, size_t ldc,
+                          bool accumulate) {
+  if constexpr (MR > 1) {
+    if (rows < MR)
+      return GemmRowsN<MR - 1>(rows, n, K, A, a_row, a_col, B, ldb, C, ldc,
+                               accumulate);
+  }
+  GemmRows<MR>(n, K, A, a_row, a_col, B, ldb, C, ldc, accumulate);
+}
+
 HWY_NOINLINE void Gemm(size_t m, size_t n, size_t K,
                        const float* HWY_RESTRICT A, ptrdiff_t a_row,
                        ptrdiff_t a_col, const float* HWY_RESTRICT B, size_t ldb,
@@ -96,22 +112,53 @@ HWY_NOINLINE void Gemm(size_t m, size_t n, size_t K,
     GemmRows<kGemmRows>(n, K, A + static_cast<ptrdiff_t>(i) * a_row, a_row,
                         a_col, B, ldb, C + i * ldc, ldc, accumulate);
   }
-  const float* Ai = A + static_cast<ptrdiff_t>(i) * a_row;
-  float* Ci = C + i * ldc;
-  static_assert(kGemmRows <= 6, "add tail cases");
-  switch (m - i) {
-    case 5:
-      return GemmRows<5>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-    case 4:
-      return GemmRows<4>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-    case 3:
-      return GemmRows<3>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-    case 2:
-      return GemmRows<2>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-    case 1:
-      return GemmRows<1>(n, K, Ai, a_row, a_col, B, ldb, Ci, ldc, accumulate);
-    default:
-      return;
+  if (i < m)
+    GemmRowsN<kGemmRows - 1>(m - i, n, K, A + static_cast<ptrdiff_t>(i) * a_row,
+                             a_row, a_col, B, ldb, C + i * ldc, ldc,
+                             accumulate);
+}
+
+// Per-row limits of GemmLimited (nullptr: no limit). Row i of C needs the
+// columns [0, n[i]) and the terms k in [k_lo[i], k_hi[i]).
+struct RowLimits {
+  const size_t* n = nullptr;
+  const size_t* k_lo = nullptr;
+  const size_t* k_hi = nullptr;
+};
+
+// Gemm for masked tiles (issue 18): each group of kGemmRows rows computes
+// only the columns [0, max n) of its rows, rounded up to Lanes, and only the
+// terms [min k_lo, max k_hi) of its rows; a group with no column is skipped,
+// and so is one with no term when accumulating (otherwise its columns are
+// set to 0). The caller guarantees that every skipped term is an exact zero
+// (A = 0 there, B finite): a skipped term would have added +-0 to the chain,
+// so every computed element equals Gemm's except possibly the sign of a zero.
+// Columns of C past a group's width are left untouched. The limits depend on
+// the mask and the shape only, so results stay bitwise identical for every
+// thread count.
+HWY_NOINLINE void GemmLimited(size_t m, size_t n, size_t K,
+                              const float* HWY_RESTRICT A, ptrdiff_t a_row,
+                              ptrdiff_t a_col, const float* HWY_RESTRICT B,
+                              size_t ldb, float* HWY_RESTRICT C, size_t ldc,
+                              bool accumulate, const RowLimits& lim) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  for (size_t i = 0; i < m; i += kGemmRows) {
+    const size_t rows = std::min(kGemmRows, m - i);
+    size_t ng = lim.n ? 0 : n, k0 = lim.k_lo ? K : 0, k1 = lim.k_hi ? 0 : K;
+    for (size_t r = i; r < i + rows; ++r) {
+      if (lim.n) ng = std::max(ng, lim.n[r]);
+      if (lim.k_lo) k0 = std::min(k0, lim.k_lo[r]);
+      if (lim.k_hi) k1 = std::max(k1, lim.k_hi[r]);
+    }
+    ng = std::min(n, (ng + N - 1) / N * N);
+    if (k1 < k0) k1 = k0;
+    if (ng == 0 || (accumulate && k1 == k0)) continue;
+    const float* Ai = A + static_cast<ptrdiff_t>(i) * a_row +
+                      static_cast<ptrdiff_t>(k0) * a_col;
+    const float* Bk = B + k0 * ldb;
+    float* Ci = C + i * ldc;
+    GemmRowsN<kGemmRows>(rows, ng, k1 - k0, Ai, a_row, a_col, Bk, ldb, Ci, ldc,
+                         accumulate);
   }
 }
 
