@@ -344,10 +344,7 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
                       : "");
       return kExitUsage;
     }
-    std::string largest;
-    for (const auto& [entry, s] : cost.top_entries)
-      largest +=
-          (largest.empty() ? "" : ", ") + entry + " ~" + duration_text(s);
+    const std::string largest = top_entries_text(cost);
     const std::string sample_hint =
         sample_est.empty()
             ? std::string()

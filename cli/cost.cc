@@ -556,6 +556,13 @@ std::string duration_text(double s) {
                     : fmt::format("{:.1f} h", s / 3600);
 }
 
+std::string top_entries_text(const CostEstimate& c) {
+  std::string out;
+  for (const auto& [entry, s] : c.top_entries)
+    out += (out.empty() ? "" : ", ") + entry + " ~" + duration_text(s);
+  return out;
+}
+
 std::string describe(const CostEstimate& c) {
   const auto t = duration_text;
   const std::string work =

@@ -110,6 +110,8 @@ std::string describe(const CostEstimate& c);
 double physical_memory();
 // "12.3 s", "4.1 min", "2.0 h".
 std::string duration_text(double seconds);
+// The costliest entries for a stop message: "blas:f64 ~12.9 min, ...".
+std::string top_entries_text(const CostEstimate& c);
 
 }  // namespace qknorm::cli
 

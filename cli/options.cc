@@ -194,12 +194,13 @@ Suite build_suite(const SuiteOptions& o) {
   if (!o.formulations.empty() && o.variant == "sdpa")
     throw Error("--formulation", {}, "applies to the qknorm variant only");
   s.attention.clear();
-  for (const auto& sh : shapes)
+  for (const auto& sh : shapes) {
+    const AttentionProblem shape = parse_shape(sh);
     for (const auto& f : forms)
-      for (double g : gs_for(parse_shape(sh)))
+      for (double g : gs_for(shape))
         for (const auto& m : masks)
           for (const auto& d : dists) {
-            AttentionProblem p = parse_shape(sh);
+            AttentionProblem p = shape;
             p.g = g;
             p.eps = o.eps;
             p.variant = o.variant == "sdpa" ? Variant::kSDPA : Variant::kQKNorm;
@@ -209,6 +210,7 @@ Suite build_suite(const SuiteOptions& o) {
                 {p, parse_dist(d),
                  o.seed + static_cast<uint64_t>(s.attention.size())});
           }
+  }
   s.timing = s.attention.front().problem;
   s.timing.mask = Mask{};
   if (!o.scalenorm.empty()) {

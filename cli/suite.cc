@@ -408,10 +408,9 @@ double forward_gflops(const Backend& b, const AttentionProblem& p,
   // kMaxReps; one call after a long warm-up (suite.h).
   const int kMinReps = warm >= kTimingLongCall ? 1 : kTimingMinReps;
   constexpr int kMaxReps = 200;
-  constexpr double kMinSeconds = kTimingMinSeconds;
   double best = std::numeric_limits<double>::infinity(), total = 0;
-  for (int rep = 0; rep < kMaxReps && (rep < kMinReps || total < kMinSeconds);
-       ++rep) {
+  for (int rep = 0;
+       rep < kMaxReps && (rep < kMinReps || total < kTimingMinSeconds); ++rep) {
     const auto t0 = Clock::now();
     b.attention_forward(p, a, ws.get(), exec);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();

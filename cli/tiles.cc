@@ -358,17 +358,13 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
     const CostEstimate cost = estimate_tile_sweep(o, s, entries, threads);
     err << "qknorm-check sweep: " << describe(cost) << "\n" << std::flush;
     if (cost.total() > o.max_seconds) {
-      std::string largest;
-      for (const auto& [entry, sec] : cost.top_entries)
-        largest +=
-            (largest.empty() ? "" : ", ") + entry + " ~" + duration_text(sec);
       err << fmt::format(
           "qknorm-check sweep: stopped before starting: the estimate ({}) "
           "exceeds --max-seconds {:.0f}. Sweep to a shorter length (--to), "
           "judge fewer entries (--backend, --target, --precision; largest: "
           "{}), sample fewer rows (sweep --sample), or raise --max-seconds "
           "(before the subcommand).\n",
-          duration_text(cost.total()), o.max_seconds, largest);
+          duration_text(cost.total()), o.max_seconds, top_entries_text(cost));
       return kExitUsage;
     }
     out << fmt::format(

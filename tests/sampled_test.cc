@@ -36,6 +36,13 @@ AttentionProblem shape(int64_t B, int64_t H, int64_t Hk, int64_t Nq, int64_t Nk,
   return p;
 }
 
+// The case's inputs drawn and rounded to storage s, as the verdict sees them.
+AttentionCase stored(const AttentionProblem& p, Distribution d, uint64_t seed,
+                     Precision s) {
+  return validation::round_inputs(
+      validation::make_attention_case(p, d, seed, s), s);
+}
+
 struct Named {
   const char* name;
   AttentionProblem p;
@@ -96,8 +103,7 @@ TEST(Sampled, ElementsMatchTheFullOracle) {
   for (Precision s : {Precision::kF64, Precision::kF32, Precision::kBF16}) {
     for (const Named& n : cases()) {
       SCOPED_TRACE(std::string(n.name) + " " + std::string(name(s)));
-      const AttentionCase c = validation::round_inputs(
-          validation::make_attention_case(n.p, n.dist, 7, s), s);
+      const AttentionCase c = stored(n.p, n.dist, 7, s);
       const validation::OracleAttention full = validation::oracle_attention(c);
       const auto ft = validation::attention_tolerances(c, s, full, false);
       SampleOptions opt;
@@ -199,8 +205,7 @@ TEST(SampledTables, DISABLED_Dump) {
   for (Precision s :
        {Precision::kF64, Precision::kF32, Precision::kBF16, Precision::kF16}) {
     for (const Named& n : more_cases()) {
-      const AttentionCase c = validation::round_inputs(
-          validation::make_attention_case(n.p, n.dist, 7, s), s);
+      const AttentionCase c = stored(n.p, n.dist, 7, s);
       SampleOptions opt;
       opt.rows = 24;
       opt.seed = 3;
@@ -231,10 +236,8 @@ TEST(SampledTables, DISABLED_Dump) {
 TEST(Sampled, SameTablesOnOneAndTwoThreads) {
   AttentionProblem p = shape(1, 4, 4, 250, 250, 16);
   p.mask.causal = true;
-  const AttentionCase c = validation::round_inputs(
-      validation::make_attention_case(p, Distribution::kGaussian, 11,
-                                      Precision::kF32),
-      Precision::kF32);
+  const AttentionCase c =
+      stored(p, Distribution::kGaussian, 11, Precision::kF32);
   SampleOptions opt;
   opt.rows = 12;
   opt.seed = 5;
@@ -278,8 +281,7 @@ TEST(SampledTables, LeanOracleMatchesTheGeneralOne) {
         n.p.q_len = n.p.kv_len = 40;
         if (!n.p.mask.key_lengths.empty()) n.p.mask.key_lengths = {40, 23};
       }
-      const AttentionCase c = validation::round_inputs(
-          validation::make_attention_case(n.p, n.dist, 5, s), s);
+      const AttentionCase c = stored(n.p, n.dist, 5, s);
       const AttentionProblem& p = c.problem;
       // Given statistics: the full oracle's own lse, and delta from its O.
       validation::OracleAttention full0 = validation::oracle_attention(c);
@@ -366,10 +368,8 @@ TEST(Sampled, DISABLED_Timing) {
   const int64_t n = env ? std::atoll(env) : 8192;
   AttentionProblem p = shape(1, 1, 1, n, n, 128);
   p.mask.causal = true;
-  const AttentionCase c = validation::round_inputs(
-      validation::make_attention_case(p, Distribution::kGaussian, 1,
-                                      Precision::kF32),
-      Precision::kF32);
+  const AttentionCase c =
+      stored(p, Distribution::kGaussian, 1, Precision::kF32);
   SampleOptions opt;
   opt.rows = 64;
   const SampledOracle so = validation::sampled_oracle(c, Precision::kF32, opt);

@@ -561,7 +561,10 @@ void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
 //     2 rounds to 0, x_hat_e = 4.9e-321 (1000 ulp(0)) becomes 0, and dq_e =
 //     -x_hat_e c / den = 1.3e-282 is returned as 0; margin 1.28);
 //   none: 0 (x_hat = x).
-LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
+// scaled_row_resolution is part (a) alone (l2 1, rms and layer kOpUnits
+// sqrt(L)): the resolution at the scaled row's magnitude, where the
+// normalization backward forms du (oracle_attention's `side`).
+LD scaled_row_resolution(const AttentionProblem& p, int64_t L) {
   if (p.variant != Variant::kQKNorm) return 0;
   switch (p.norm.kind) {
     case NormKind::kNone:
@@ -572,7 +575,15 @@ LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
     case NormKind::kLayer:
       break;
   }
-  return kOpUnits * (std::sqrt(static_cast<LD>(L)) + 1 / den);
+  return kOpUnits * std::sqrt(static_cast<LD>(L));
+}
+
+LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
+  const bool by_den =
+      p.variant == Variant::kQKNorm &&
+      (p.norm.kind == NormKind::kRms || p.norm.kind == NormKind::kLayer);
+  return by_den ? kOpUnits * (std::sqrt(static_cast<LD>(L)) + 1 / den)
+                : scaled_row_resolution(p, L);
 }
 
 // The logit operand x_tilde_e = x_hat_e w_e + beta_e of one side, per
@@ -586,14 +597,17 @@ LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
 // 2.8e-299 returned as 0 where one ulp(0) per key was counted, margin 1.32;
 // and a k row of rms 0.31 whose k_hat_e = 9.6 ulp(0) is 6.4 ulp(0) off,
 // times w_e = 1.5, margin 2.34).
-std::vector<LD> operand_resolution(const AttentionProblem& p,
-                                   const OperandMags& m) {
+// Into *out (resized; a workspace array, not a fresh n x D allocation per
+// sampled sub-case).
+void operand_resolution(const AttentionProblem& p, const OperandMags& m,
+                        std::vector<LD>* out_v) {
   const NormRows& nr = m.rows;
   const int64_t L = nr.len();
   const bool qk = p.variant == Variant::kQKNorm;
   const LD ops = (qk && p.norm.weight != ParamShape::kNone ? 1 : 0) +
                  (qk && p.norm.bias ? 1 : 0);
-  std::vector<LD> out(m.wv.size());
+  std::vector<LD>& out = *out_v;
+  out.resize(m.wv.size());
   for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
     const LD res = x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
     for (int64_t e = 0; e < L; ++e) {
@@ -601,7 +615,6 @@ std::vector<LD> operand_resolution(const AttentionProblem& p,
       out[o] = res * std::fabs(m.wv[o]) + ops;
     }
   }
-  return out;
 }
 
 }  // namespace
@@ -650,7 +663,7 @@ LD logit_flip(const AttentionCase& c, const OperandMags& qm,
 // The oracle's scratch arrays, kept from call to call (OracleWorkspace).
 struct OracleWorkspace::Arrays {
   std::vector<LD> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q,
-      ads_k, adr_q, adr_k;
+      ads_k, adr_q, adr_k, res_q, res_k;
   OperandMags qm, km;
   std::array<std::vector<LD>, 7> mq, mk;
 };
@@ -889,10 +902,10 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     std::vector<LD>&adr_q = a.adr_q, &adr_k = a.adr_k;
     adr_q.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
     adr_k.assign(static_cast<size_t>(p.batch * Hk * Nk), 0);
-    const std::vector<LD> res_q = ks ? operand_resolution(p, qm)
-                                     : std::vector<LD>{},
-                          res_k = qs ? operand_resolution(p, km)
-                                     : std::vector<LD>{};
+    // The other side's operand resolution, for the side that reads it.
+    std::vector<LD>&res_q = a.res_q, &res_k = a.res_k;
+    if (ks) operand_resolution(p, qm, &res_q);
+    if (qs) operand_resolution(p, km, &res_k);
     if (qs) {
       r.o_mag.assign(q.size(), 0);
       r.o_dev_mag.assign(q.size(), 0);
@@ -1166,11 +1179,8 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
         // f64, subnormal dq ~6e-320 about 495 ulp(0) off, margin 99). A
         // product w_e du_e that lands below the normal range rounds to
         // ulp_c(0) whatever |w_e| is, and rms and layer kernels form du at the
-        // scaled row's magnitude (x_hat resolution): adr = s sum |dS| per
-        // row, times max(1, max |w|) (m.wmax) and res_row.
-        const LD res_row = p.norm.kind == NormKind::kL2
-                               ? 1
-                               : kOpUnits * std::sqrt(static_cast<LD>(L));
+        // scaled row's magnitude (scaled_row_resolution): adr = s sum |dS|
+        // per row, times max(1, max |w|) (m.wmax) and that resolution.
         auto adr_at = [&](int64_t e) {
           const int64_t idx =
               nr.all_heads ? ((r0 / nr.N) * nr.H + e / nr.D) * nr.N + r0 % nr.N
@@ -1199,6 +1209,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           for (int64_t hh = 0; hh < heads_in_row; ++hh)
             a_row += adr_at(hh * nr.D);
           a_row *= m.wmax;
+          const LD res_row = scaled_row_resolution(p, L);
           for (int64_t e = 0; e < L; ++e) {
             const size_t o = static_cast<size_t>(nr.at(r0, e));
             cdot += u[static_cast<size_t>(e)] * dus[static_cast<size_t>(e)];
