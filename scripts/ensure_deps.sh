@@ -15,6 +15,9 @@ PACKAGES=(
   nlohmann-json3-dev                 # nlohmann-json: --json reports
   libfmt-dev                         # fmt: report formatting
   gnuplot-nox                        # gnuplot: sweep plots (PNG)
+  python3                            # /usr/bin/python3: bench/report.py and
+                                     # its test, the torch round-trip test
+                                     # (which skips without torch)
   clang clang-14 libclang-rt-14-dev  # Clang 14 (clang, clang++) + libFuzzer/
                                      # sanitizer runtimes: fuzz and sanitizer
                                      # stages
