@@ -97,9 +97,9 @@ void unit_normalize_backward(const T* x, const T* u, T nrm, T eps, int64_t n,
 // rms and layer scale by amax = max |x_i - mu| first so that no finite
 // input overflows or underflows harmfully: with y = (x - mu) / amax and
 // m = mean(y^2), the divisor sqrt(var + eps) is d1 * d2 with
-//   amax >= sqrt(eps): d1 = amax,      d2 = sqrt(m + (sqrt(eps) / amax)^2)
+//   amax >= sqrt(eps): d1 = amax / 2,  d2 = 2 sqrt(m + (sqrt(eps) / amax)^2)
 //   amax <  sqrt(eps): d1 = sqrt(eps), d2 = sqrt(1 + m (amax / sqrt(eps))^2)
-// and x_hat = y (amax / d1) / d2.
+// and x_hat = y (amax / (d1 d2)); amax itself is never formed (below).
 template <class T>
 RowStats<T> normalize_row(NormKind kind, const T* x, int64_t n, T eps, T* xh) {
   RowStats<T> st;
@@ -123,35 +123,41 @@ RowStats<T> normalize_row(NormKind kind, const T* x, int64_t n, T eps, T* xh) {
     for (int64_t i = 0; i < n; ++i) s += x[i] / xmax;
     mu = s / static_cast<T>(n) * xmax;
   }
-  T amax = 0;
+  // half = max |x_i - mu| / 2, from the halves: neither x_i - mu nor
+  // max |x_i - mu| itself is formed, since either may exceed the largest
+  // finite T (a row holding 1.8e308 and -1e308: fuzz finding
+  // crash-f64-chameleon-layer-spread-overflow, where amax = inf gave
+  // d2 = 0 and x_hat = 0 * inf = NaN). y = (x_i - mu) / amax is the same
+  // quotient of the halves, and amax (d1 above) is carried as half with the
+  // factor 2 moved into d2 (exact: a power of two).
+  T half = 0;
   for (int64_t i = 0; i < n; ++i)
-    amax = std::max(amax, std::fabs(x[i] / 2 - mu / 2));
-  amax *= 2;  // max |x_i - mu| without forming a difference that overflows
+    half = std::max(half, std::fabs(x[i] / 2 - mu / 2));
   const T se = std::sqrt(eps);
-  if (amax == 0) {  // a zero (rms) or constant (layer) row: x_hat = 0
+  if (half == 0) {  // a zero (rms) or constant (layer) row: x_hat = 0
     for (int64_t i = 0; i < n; ++i) xh[i] = 0;
     st.d1 = se;
     return st;
   }
   T m = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T y = (x[i] / 2 - mu / 2) / amax * 2;
+    const T y = (x[i] / 2 - mu / 2) / half;
     m += y * y;
   }
   m /= static_cast<T>(n);
   T f;  // amax / (d1 d2)
-  if (amax >= se) {
-    const T r = se / amax;
-    st.d1 = amax;
-    st.d2 = std::sqrt(m + r * r);
-    f = 1 / st.d2;
+  if (half >= se / 2) {  // amax >= sqrt(eps)
+    const T r = se / 2 / half;  // sqrt(eps) / amax
+    st.d1 = half;
+    st.d2 = 2 * std::sqrt(m + r * r);
+    f = 1 / std::sqrt(m + r * r);
   } else {
-    const T r = amax / se;
+    const T r = 2 * half / se;  // amax / sqrt(eps), amax < sqrt(eps) here
     st.d1 = se;
     st.d2 = std::sqrt(1 + m * r * r);
     f = r / st.d2;
   }
-  for (int64_t i = 0; i < n; ++i) xh[i] = (x[i] / 2 - mu / 2) / amax * 2 * f;
+  for (int64_t i = 0; i < n; ++i) xh[i] = (x[i] / 2 - mu / 2) / half * f;
   return st;
 }
 
@@ -265,14 +271,24 @@ T logit_scale(const AttentionProblem& p) {
 
 // Row i of S into s[0..kv_len) (masked entries untouched); returns the count
 // of visible keys. qt: query head (b, h)'s rows; kt: its kv head's.
+// Each logit is RN(scale * c) clamped to [-max, max] of T, and a NaN (c =
+// inf - inf: terms that overflow with both signs) becomes -max, as the simd
+// kernels' Logit does. Why: an overflowing logit made the running max inf
+// and exp(inf - inf) a NaN in O (fuzz finding crash-f64-chameleon-logit-
+// overflow: layer norm with [H, D] weights and biases ~1e200, f64). Such
+// inputs are outside the representable domain and their values are not
+// judged (fuzz in_domain), but every output must stay finite. Unreachable
+// in the long-double oracle from double inputs (|c| <= 1e617 there).
 template <class T>
 int64_t logits_row(const AttentionProblem& p, const T* qt, const T* kt, T scale,
                    int64_t b, int64_t i, T* s) {
   const int64_t D = p.head_dim;
+  const T big = std::numeric_limits<T>::max();
   int64_t m = 0;
   for (int64_t j = 0; j < p.kv_len; ++j) {
     if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) continue;
-    s[j] = scale * dot(qt + i * D, kt + j * D, D);
+    const T x = scale * dot(qt + i * D, kt + j * D, D);
+    s[j] = std::isnan(x) ? -big : std::clamp(x, -big, big);
     ++m;
   }
   return m;

@@ -3,6 +3,7 @@
 // error as a fraction of its bound and in units of u * scale.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 
@@ -126,6 +127,47 @@ TEST(ReferenceVsOracle, ScaleNormWithinDerivedBound) {
           << n << c.describe();
       EXPECT_LE(std::fabs(r.dg - static_cast<double>(o.dg)), bd.dg)
           << n << c.describe();
+    }
+  }
+}
+
+// Logits that overflow the compute format (reference.cc, logits_row) are
+// clamped to its largest finite value, a NaN dot (terms overflowing with
+// both signs) to minus that: every output stays finite (such inputs are
+// outside the representable domain, so only finiteness and the exact
+// one-key answer are asserted). sdpa, D = 2: q . k_0 overflows to +inf, so
+// key 0 takes all the weight (O = v_0, lse = the largest finite logit);
+// q . k_1 to -inf; with the fourth key, q . k_3 = inf - inf. Fails without
+// the clamp (O and lse NaN). f16 storage cannot hold the f32 values.
+TEST(ReferenceEntries, OverflowingLogitsStayFinite) {
+  for (const Backend* b : all_backends().match("reference:*")) {
+    if (b->precision() == Precision::kF16) continue;
+    const bool f64 = b->precision() == Precision::kF64;
+    const double big = f64 ? 1e160 : 2e19;
+    const double top = f64 ? DBL_MAX : static_cast<double>(FLT_MAX);
+    for (bool with_nan_key : {false, true}) {
+      validation::AttentionCase c;
+      c.problem.variant = Variant::kSDPA;
+      c.problem.q_len = 1;
+      c.problem.kv_len = with_nan_key ? 4 : 3;
+      c.problem.head_dim = 2;
+      c.q = {big, big};
+      c.k = {big, big, -big, -big, 1, 1};
+      c.v = {1, 2, 3, 4, 5, 6};
+      if (with_nan_key) {
+        c.k.insert(c.k.end(), {big, -big});
+        c.v.insert(c.v.end(), {7, 8});
+      }
+      c.d_o = {0.5, -0.25};
+      c = validation::round_inputs(c, b->precision());
+      const validation::AttentionResult r = validation::run_attention(*b, c);
+      for (const auto* f : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv})
+        for (double x : *f) EXPECT_TRUE(std::isfinite(x)) << b->name() << x;
+      EXPECT_TRUE(std::isfinite(r.dg)) << b->name();
+      if (!with_nan_key) {
+        EXPECT_EQ(r.o, (std::vector<double>{1, 2})) << b->name();
+        EXPECT_EQ(r.lse[0], top) << b->name();
+      }
     }
   }
 }
