@@ -145,8 +145,8 @@ RowStats<T> normalize_row(NormKind kind, const T* x, int64_t n, T eps, T* xh) {
     m += y * y;
   }
   m /= static_cast<T>(n);
-  T f;  // amax / (d1 d2)
-  if (half >= se / 2) {  // amax >= sqrt(eps)
+  T f;                          // amax / (d1 d2)
+  if (half >= se / 2) {         // amax >= sqrt(eps)
     const T r = se / 2 / half;  // sqrt(eps) / amax
     st.d1 = half;
     st.d2 = 2 * std::sqrt(m + r * r);

@@ -146,20 +146,9 @@ TEST(ReferenceEntries, OverflowingLogitsStayFinite) {
     const double big = f64 ? 1e160 : 2e19;
     const double top = f64 ? DBL_MAX : static_cast<double>(FLT_MAX);
     for (bool with_nan_key : {false, true}) {
-      validation::AttentionCase c;
-      c.problem.variant = Variant::kSDPA;
-      c.problem.q_len = 1;
-      c.problem.kv_len = with_nan_key ? 4 : 3;
-      c.problem.head_dim = 2;
-      c.q = {big, big};
-      c.k = {big, big, -big, -big, 1, 1};
-      c.v = {1, 2, 3, 4, 5, 6};
-      if (with_nan_key) {
-        c.k.insert(c.k.end(), {big, -big});
-        c.v.insert(c.v.end(), {7, 8});
-      }
-      c.d_o = {0.5, -0.25};
-      c = validation::round_inputs(c, b->precision());
+      const validation::AttentionCase c = validation::round_inputs(
+          validation::overflowing_logits_case(big, with_nan_key),
+          b->precision());
       const validation::AttentionResult r = validation::run_attention(*b, c);
       for (const auto* f : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv})
         for (double x : *f) EXPECT_TRUE(std::isfinite(x)) << b->name() << x;

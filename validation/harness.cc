@@ -185,6 +185,23 @@ std::string ScaleNormCase::describe() const {
   return buf;
 }
 
+AttentionCase overflowing_logits_case(double big, bool with_nan_key) {
+  AttentionCase c;
+  c.problem.variant = Variant::kSDPA;
+  c.problem.q_len = 1;
+  c.problem.kv_len = with_nan_key ? 4 : 3;
+  c.problem.head_dim = 2;
+  c.q = {big, big};
+  c.k = {big, big, -big, -big, 1, 1};
+  c.v = {1, 2, 3, 4, 5, 6};
+  if (with_nan_key) {
+    c.k.insert(c.k.end(), {big, -big});
+    c.v.insert(c.v.end(), {7, 8});
+  }
+  c.d_o = {0.5, -0.25};
+  return c;
+}
+
 AttentionCase make_attention_case(const AttentionProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range) {

@@ -75,6 +75,14 @@ ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range = Precision::kF64);
 
+// sdpa, one query q = (big, big), D = 2, keys k_0 = (big, big), k_1 = -k_0,
+// k_2 = (1, 1) and, with_nan_key, k_3 = (big, -big); v = 1..2 Nk, dO =
+// (0.5, -0.25). Where 2 big^2 exceeds the compute format, q . k_0 overflows
+// to +inf, q . k_1 to -inf and q . k_3 = inf - inf is NaN: the entries'
+// logit clamps must keep every output finite (and, without k_3, give
+// O = v_0 exactly). The overflow tests of the simd and reference entries.
+AttentionCase overflowing_logits_case(double big, bool with_nan_key);
+
 // The case with every input rounded to `prec` (RNE). Every entry of that
 // precision and the oracle are then fed identical values, so input rounding
 // is never counted as error.

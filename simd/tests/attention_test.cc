@@ -96,19 +96,8 @@ TEST_P(SimdAttentionSweep, OverflowingLogitsStayFinite) {
   if (entry.precision() == Precision::kF16) GTEST_SKIP() << "f16 range";
   constexpr double kBig = 2e19;
   for (bool with_nan_key : {false, true}) {
-    AttentionCase c;
-    c.problem.variant = Variant::kSDPA;
-    c.problem.q_len = 1;
-    c.problem.kv_len = with_nan_key ? 4 : 3;
-    c.problem.head_dim = 2;
-    c.q = {kBig, kBig};
-    c.k = {kBig, kBig, -kBig, -kBig, 1, 1};
-    c.v = {1, 2, 3, 4, 5, 6};
-    if (with_nan_key) {
-      c.k.insert(c.k.end(), {kBig, -kBig});
-      c.v.insert(c.v.end(), {7, 8});
-    }
-    c.d_o = {0.5, -0.25};
+    const AttentionCase c =
+        validation::overflowing_logits_case(kBig, with_nan_key);
     const validation::AttentionResult r = validation::run_attention(entry, c);
     for (const auto* f : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv})
       for (double x : *f) EXPECT_TRUE(std::isfinite(x)) << x;
