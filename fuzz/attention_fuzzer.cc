@@ -334,6 +334,12 @@ bool in_domain_formulation(const AttentionCase& c, Precision s,
                     q.t * k.w * k.back / std::min<LD>(k.den, 1));
   const LD param = rows * 2 * p1 * sc * std::max(q.t, k.t) *
                    std::max({q.x, k.x, static_cast<LD>(1)});
+  // sc 2 p1 bounds the scaled dS = s dS that the backward forms before
+  // multiplying by the other side's operand: a zero operand (all weights
+  // 0, so grad_scale = 0) does not keep it finite (found by the fuzzer,
+  // formulation mode: rms, [D] weights 0, g = 65504, v ~ 5.8e303, f64:
+  // s dS = inf times k_tilde = 0 gave NaN in reference:f64's dq, whose
+  // exact value is 0).
   const LD checks[] = {q.t,
                        k.t,
                        dot,
@@ -342,8 +348,9 @@ bool in_domain_formulation(const AttentionCase& c, Precision s,
                        p1,
                        grad_scale * N * 2 * p1,
                        rows * 2 * p1 * dot,
-                       param};
-  const size_t n = forward_only ? 5 : 9;
+                       param,
+                       sc * 2 * p1};
+  const size_t n = forward_only ? 5 : 10;
   for (size_t i = 0; i < n; ++i)
     if (!(checks[i] <= lim)) return false;
   if (forward_only) return true;
