@@ -41,7 +41,10 @@
 //
 // Exp: hwy/contrib/math Exp, max error 1 ULP (f32) on [-FLT_MAX, +104]
 // (documented in math-inl.h); every argument here is <= 0 up to rounding, and
-// Exp(-inf) = 0 (arguments below -104 return exactly 0).
+// Exp(-inf) = 0 (arguments below -104 return exactly 0). The fixed-shift
+// forward (below), whose arguments lie in [-86, 0] up to rounding, uses
+// ExpBounded: the same reduction and polynomial without the range handling,
+// also 1 ULP there (its comment).
 //
 // lse: m + log(l) evaluated in f64 from the f32 m and l and returned as that
 // f64 (attention.h stores lse as double); it is NOT rounded to f32, whose
@@ -201,6 +204,45 @@ HWY_INLINE VF Logit(VF c, VF vscale) {
   return hn::Min(hn::Max(hn::Mul(c, vscale), lo), hi);
 }
 
+// exp(x) for x in [-86, 88] (the fixed-shift softmax's arguments S - |g|,
+// >= -2 kFixedShiftMax up to rounding): hn::Exp's range reduction and
+// polynomial without its range handling (issue 18: 121 -> 78 us of 664 at
+// d64 n128, one thread). q = RN(x / ln 2) by adding 1.5 * 2^23 (t = M + q
+// exactly: the sum's ulp is 1), where hn::Exp rounds x / ln 2 +- 1/2 and
+// truncates: q differs only when x / ln 2 is within ~2^-17 of a half-integer,
+// and then either reduced argument r = x - q ln 2 lies in hn::Exp's own
+// range [-ln2/2, ln2/2] (up to that 2^-17), where its polynomial and the
+// two-part ln 2 give its documented 1 ULP. 2^q is applied by adding q to the
+// exponent field, exact when the result is normal (q >= -125, i.e. x >=
+// -86.6), as are hn::Exp's two multiplications by powers of 2. Hence max
+// error 1 ULP on the domain, and ExpBounded(0) = 1 exactly (r = 0, q = 0).
+// Outside the domain the result is garbage: callers guarantee it.
+HWY_INLINE VF ExpBounded(VF x) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const VF kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
+  const VF t =
+      hn::MulAdd(x, hn::Set(df, 1.442695040888963407359924681f), kMagic);
+  const VF qf = hn::Sub(t, kMagic);
+  // hn::Exp's ExpReduce: kLn2Part0f + kLn2Part1f ~= -ln(2).
+  VF r = hn::MulAdd(qf, hn::Set(df, -0.693145751953125f), x);
+  r = hn::MulAdd(qf, hn::Set(df, -1.428606765330187045e-6f), r);
+  // hn::Exp's ExpPoly.
+  const VF k0 = hn::Set(df, +0.5f);
+  const VF k1 = hn::Set(df, +0.166666671633720397949219f);
+  const VF k2 = hn::Set(df, +0.0416664853692054748535156f);
+  const VF k3 = hn::Set(df, +0.00833336077630519866943359f);
+  const VF k4 = hn::Set(df, +0.00139304355252534151077271f);
+  const VF k5 = hn::Set(df, +0.000198527617612853646278381f);
+  const VF poly =
+      hn::MulAdd(hwy::HWY_NAMESPACE::impl::Estrin(r, k0, k1, k2, k3, k4, k5),
+                 hn::Mul(r, r), r);
+  const VF y = hn::Add(poly, hn::Set(df, 1.0f));
+  // (bits(t) << 23) = q << 23: bits(M) has 9 zero low bits.
+  const auto e = hn::ShiftLeft<23>(hn::BitCast(di, t));
+  return hn::BitCast(df, hn::Add(hn::BitCast(di, y), e));
+}
+
 // Writes row `r` (Dp floats) as column (j % kKeyBlock) of the transposed
 // block layout [nkb][Dp][kKeyBlock].
 HWY_INLINE void ScatterTransposed(const float* row, size_t j, size_t Dp,
@@ -273,14 +315,15 @@ struct Sides {
 };
 
 // Normalizes q into qh ([BH][Nq][Dp]) and k into kh ([BHk][Nk][Dp]), dense
-// and zero padded, as each side's formulation says. k_generic_only: k is
-// prepared only if its side is generic (the forward packs raw and unit-l2
-// k rows itself, straight from a row in L1, as before issue 16).
+// and zero padded, as each side's formulation says. generic_only: a side is
+// prepared here only if it is generic; the kernels load and normalize raw
+// and unit-l2 rows themselves (LoadSide), where the rows are used, several
+// rows at a time (issue 18).
 template <Precision P>
 Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
                    const ConstTensor4& q, const ConstTensor4& k,
                    const AttnShape& s, SimdWorkspace& ws, ThreadPool& pool,
-                   float* qh, float* kh, bool k_generic_only) {
+                   float* qh, float* kh, bool generic_only) {
   const size_t Dp = s.Dp;
   const size_t nq = ParamDoubles(p, 0, Dp);
   double* params = ws.params.Get(nq + ParamDoubles(p, 1, Dp));
@@ -291,8 +334,9 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
   sd.k_info = ws.k_info.Get(static_cast<size_t>(s.BHk * s.Nk));
   sd.q_stats = ws.q_stats.Get(static_cast<size_t>(s.BH * s.Nq));
   sd.k_stats = ws.k_stats.Get(static_cast<size_t>(s.BHk * s.Nk));
-  const int64_t tq = sd.q.prep_tasks();
-  const bool k_here = !k_generic_only || sd.k.mode == SideMode::kGeneric;
+  const bool q_here = !generic_only || sd.q.mode == SideMode::kGeneric;
+  const bool k_here = !generic_only || sd.k.mode == SideMode::kGeneric;
+  const int64_t tq = q_here ? sd.q.prep_tasks() : 0;
   pool.Run(tq + (k_here ? sd.k.prep_tasks() : 0), [&](int64_t task, int) {
     if (task < tq)
       PrepSideTask<P>(sd.q, q, task, qh, sd.q_info, sd.q_stats);
@@ -300,6 +344,20 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
       PrepSideTask<P>(sd.k, k, task - tq, kh, sd.k_info, sd.k_stats);
   });
   return sd;
+}
+
+// The rows [n0, n0 + rows) of head (b, h) of a raw or unit-l2 side (not
+// generic) into dst (stride Dp), normalized if unit l2, their records in
+// info (info[t] for row n0 + t): what PrepareSides gives them.
+template <Precision P>
+HWY_INLINE void LoadSide(const SideSpec& sp, const ConstTensor4& x, int64_t b,
+                         int64_t h, size_t n0, size_t rows, const AttnShape& s,
+                         float* HWY_RESTRICT dst, NormInfo* HWY_RESTRICT info) {
+  for (size_t t = 0; t < rows; ++t)
+    LoadRow<P>(RowPtr<P>(x, b, h, static_cast<int64_t>(n0 + t)),
+               static_cast<size_t>(s.D), dst + t * s.Dp, s.Dp);
+  if (sp.mode == SideMode::kUnitL2)
+    NormalizeRows(dst, s.Dp, rows, s.Dp, s.eps, info);
 }
 
 // ------------------------------------------------------------------ forward
@@ -325,8 +383,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
-  // Normalize q and k (their formulation), then pack k_tilde transposed
-  // and v, one task per (batch, kv head).
+  // Generic sides are prepared here (their formulation); raw and unit-l2 k
+  // rows are loaded and normalized by the packing below, which packs k_tilde
+  // transposed and v, one task per (batch, kv head); raw and unit-l2 q rows
+  // by each attention task, for its own rows (fused: the rows are then in L1
+  // for the first product).
   const Sides sd =
       PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
   // The fixed shift needs every product P v of a head normal (below).
@@ -344,6 +405,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
     const VF vfloor = hn::Set(df, v_floor);
+    NormInfo info[kPackRows];
     for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
       for (size_t t = 0; t < kPackRows; ++t) {
         const size_t j = j0 + t;
@@ -361,14 +423,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                   df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
             v_tiny[static_cast<size_t>(bk)] = 1;
         }
-        if (sd.k.mode == SideMode::kGeneric) {
+        if (sd.k.mode == SideMode::kGeneric)
           std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
-        } else {
-          LoadRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)),
-                     static_cast<size_t>(s.D), kr, Dp);
-          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(kr, Dp, s.eps);
-        }
       }
+      if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
+        LoadSide<P>(sd.k, a.k, b, h, j0, std::min(kPackRows, Nk - j0), s, stage,
+                    info);
       PackTransposed(stage, Dp, j0, Dp, ktb);
     }
   });
@@ -401,7 +461,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       l[r] = 0;
     }
     std::fill(O, O + mr * Dp, 0.0f);
-    const float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    if (sd.q.mode != SideMode::kGeneric) {
+      NormInfo info[kQueryBlock];
+      LoadSide<P>(sd.q, a.q, b, h, i0, mr, s, qrows, info);
+    }
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
@@ -439,7 +503,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
             const VF x = Logit(hn::LoadU(df, sr + j), vscale);
             // A row's only visible key: keep its logit for the epilogue.
             if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
-            const VF e = MaskColumns(hn::Exp(df, hn::Sub(x, vshift)), j, kv,
+            const VF e = MaskColumns(ExpBounded(hn::Sub(x, vshift)), j, kv,
                                      hn::Zero(df));
             hn::StoreU(e, df, sr + j);
             vsum = hn::Add(vsum, e);
@@ -532,8 +596,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         float* sr = S + r * Kb;
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
-          const VF e =
-              hn::Exp(df, hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm));
+          const VF x = hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm);
+          const VF e = fixed ? ExpBounded(x) : hn::Exp(df, x);
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
@@ -581,8 +645,10 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
+  // Generic sides here; raw and unit-l2 q rows are loaded (and normalized)
+  // by the delta tasks below, k rows by the packing tasks.
   const Sides sd =
-      PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, false);
+      PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
   // Generic sides leave dk_tilde here (and dq_tilde in dq_part's slot 0) for
   // the side backward.
   float* dkt =
@@ -591,6 +657,10 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     float* row = scratch + per_worker * static_cast<size_t>(worker);
     if (t < s.BH) {
       const int64_t bh = t, b = bh / s.H, h = bh % s.H;
+      if (sd.q.mode != SideMode::kGeneric)
+        LoadSide<P>(sd.q, a.q, b, h, 0, Nq, s,
+                    qh + static_cast<size_t>(bh) * Nq * Dp,
+                    sd.q_info + static_cast<size_t>(bh) * Nq);
       for (size_t i = 0; i < Nq; ++i) {
         const int64_t ii = static_cast<int64_t>(i);
         const size_t r = static_cast<size_t>(bh) * Nq + i;
@@ -607,7 +677,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
       return;
     }
     const int64_t bk = t - s.BH, b = bk / s.Hk, h = bk % s.Hk;
-    const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
+    float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vtb = vt + static_cast<size_t>(bk) * s.Nkp * Dp;
     // kPackRows rows of v (and of k_tilde past the last key) staged, then
@@ -616,6 +686,10 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     float* kst = row + kPackRows * Dp;
     for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
       const bool full = j0 + kPackRows <= Nk;
+      if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
+        LoadSide<P>(sd.k, a.k, b, h, j0, std::min(kPackRows, Nk - j0), s,
+                    khb + j0 * Dp,
+                    sd.k_info + static_cast<size_t>(bk) * Nk + j0);
       for (size_t t = 0; t < kPackRows; ++t) {
         const size_t j = j0 + t;
         if (j < Nk) {
