@@ -661,13 +661,23 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
         LoadSide<P>(sd.q, a.q, b, h, 0, Nq, s,
                     qh + static_cast<size_t>(bh) * Nq * Dp,
                     sd.q_info + static_cast<size_t>(bh) * Nq);
+      // delta = dO . O with DotChain's sequence, kNormRows rows at a time
+      // (O staged in `row`).
+      const size_t R = kNormRows;
       for (size_t i = 0; i < Nq; ++i) {
         const int64_t ii = static_cast<int64_t>(i);
         const size_t r = static_cast<size_t>(bh) * Nq + i;
         LoadRow<P>(RowPtr<P>(a.d_o, b, h, ii), static_cast<size_t>(s.D),
                    dO + r * Dp, Dp);
-        LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D), row, Dp);
-        delta[r] = DotChain(dO + r * Dp, row, Dp);
+        LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D),
+                   row + (i % R) * Dp, Dp);
+        if (i % R == R - 1)
+          DotChainRows<kNormRows>(dO + (r + 1 - R) * Dp, Dp, row, Dp, Dp,
+                                  delta + r + 1 - R);
+        else if (i == Nq - 1)
+          for (size_t i1 = i - i % R; i1 <= i; ++i1)
+            DotChainRows<1>(dO + (r - i + i1) * Dp, Dp, row + (i1 % R) * Dp, Dp,
+                            Dp, delta + r - i + i1);
         const double l = a.lse[r];
         lse_hi[r] = static_cast<float>(l);
         lse_lo[r] = std::isfinite(l)
@@ -803,19 +813,18 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
         }
       }
       if (fresh) std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // no query sees it
+      for (size_t jj = 0; jj < kc; ++jj) ScaleRow(dK + jj * Dp, Dp, s.scale);
+      if (sd.k.mode == SideMode::kUnitL2)
+        NormalizeRowsBackward(khb + j0 * Dp, Dp, sd.k_info + bk * Nk + j0,
+                              s.eps, dK, Dp, kc, Dp);
       for (size_t jj = 0; jj < kc; ++jj) {
         const size_t j = j0 + jj;
         float* dkr = dK + jj * Dp;
-        ScaleRow(dkr, Dp, s.scale);
-        if (sd.k.mode == SideMode::kGeneric) {
+        if (sd.k.mode == SideMode::kGeneric)
           std::copy(dkr, dkr + Dp, dkt + (bk * Nk + j) * Dp);
-        } else {
-          if (sd.k.mode == SideMode::kUnitL2)
-            NormalizeRowBackward(khb + j * Dp, sd.k_info[bk * Nk + j], s.eps,
-                                 dkr, Dp);
+        else
           StoreRow<P>(dkr, static_cast<size_t>(s.D),
                       RowPtr<P>(a.dk, b, hk, static_cast<int64_t>(j)));
-        }
         StoreRow<P>(dV + jj * Dp, static_cast<size_t>(s.D),
                     RowPtr<P>(a.dv, b, hk, static_cast<int64_t>(j)));
       }
@@ -830,8 +839,11 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const size_t i0 = static_cast<size_t>(task) % s.nqb * Mq;
     const int64_t b = static_cast<int64_t>(bh) / s.H,
                   h = static_cast<int64_t>(bh) % s.H;
-    float* row = scratch + per_worker * static_cast<size_t>(worker);
-    for (size_t i = i0; i < std::min(Nq, i0 + Mq); ++i) {
+    // The block's rows staged in the worker's scratch (Mq * Dp <= 2 Kb Dp).
+    float* rows = scratch + per_worker * static_cast<size_t>(worker);
+    const size_t i1 = std::min(Nq, i0 + Mq);
+    for (size_t i = i0; i < i1; ++i) {
+      float* row = rows + (i - i0) * Dp;
       float* src = dq_part + (bh * Nq + i) * Dp;
       std::copy(src, src + Dp, row);
       for (size_t g = 1; g < G; ++g) {
@@ -841,16 +853,16 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
                      df, row + d);
       }
       ScaleRow(row, Dp, s.scale);
-      if (sd.q.mode == SideMode::kGeneric) {
-        std::copy(row, row + Dp, src);
-        continue;
-      }
-      if (sd.q.mode == SideMode::kUnitL2)
-        NormalizeRowBackward(qh + (bh * Nq + i) * Dp, sd.q_info[bh * Nq + i],
-                             s.eps, row, Dp);
-      StoreRow<P>(row, static_cast<size_t>(s.D),
-                  RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));
+      if (sd.q.mode == SideMode::kGeneric) std::copy(row, row + Dp, src);
     }
+    if (sd.q.mode == SideMode::kGeneric) return;
+    if (sd.q.mode == SideMode::kUnitL2)
+      NormalizeRowsBackward(qh + (bh * Nq + i0) * Dp, Dp,
+                            sd.q_info + bh * Nq + i0, s.eps, rows, Dp, i1 - i0,
+                            Dp);
+    for (size_t i = i0; i < i1; ++i)
+      StoreRow<P>(rows + (i - i0) * Dp, static_cast<size_t>(s.D),
+                  RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));
   });
 
   // The generic sides' backward and their parameter gradients.
