@@ -91,6 +91,19 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float s) {
 using DD = hn::ScalableTag<double>;
 using DFH = hn::Rebind<float, DD>;
 
+// x[0..n) *= s in f64 lanes, each product rounded once to f32 (n a multiple
+// of Lanes(DF)).
+HWY_INLINE void ScaleRowF64(float* HWY_RESTRICT x, size_t n, double s) {
+  const DD dd;
+  const DFH dfh;
+  const size_t ND = hn::Lanes(dd);
+  const auto vs = hn::Set(dd, s);
+  for (size_t i = 0; i < n; i += ND)
+    hn::StoreU(hn::DemoteTo(
+                   dfh, hn::Mul(hn::PromoteTo(dd, hn::LoadU(dfh, x + i)), vs)),
+               dfh, x + i);
+}
+
 // In place: x[0..n) -> u (n a multiple of Lanes(DF); zero padding stays
 // zero; n is then also a multiple of Lanes(DD)), for the R rows x + t * ld
 // (t < R) at once. Each row is one sum-of-squares FMA chain in increasing
