@@ -41,7 +41,10 @@
 //
 // Exp: hwy/contrib/math Exp, max error 1 ULP (f32) on [-FLT_MAX, +104]
 // (documented in math-inl.h); every argument here is <= 0 up to rounding, and
-// Exp(-inf) = 0 (arguments below -104 return exactly 0).
+// Exp(-inf) = 0 (arguments below -104 return exactly 0). The fixed-shift
+// forward (below), whose arguments lie in [-86, 0] up to rounding, uses
+// ExpBounded: the same reduction and polynomial without the range handling,
+// also 1 ULP there (its comment).
 //
 // lse: m + log(l) evaluated in f64 from the f32 m and l and returned as that
 // f64 (attention.h stores lse as double); it is NOT rounded to f32, whose
@@ -201,6 +204,45 @@ HWY_INLINE VF Logit(VF c, VF vscale) {
   return hn::Min(hn::Max(hn::Mul(c, vscale), lo), hi);
 }
 
+// exp(x) for x in [-86, 88] (the fixed-shift softmax's arguments S - |g|,
+// >= -2 kFixedShiftMax up to rounding): hn::Exp's range reduction and
+// polynomial without its range handling (issue 18: 121 -> 78 us of 664 at
+// d64 n128, one thread). q = RN(x / ln 2) by adding 1.5 * 2^23 (t = M + q
+// exactly: the sum's ulp is 1), where hn::Exp rounds x / ln 2 +- 1/2 and
+// truncates: q differs only when x / ln 2 is within ~2^-17 of a half-integer,
+// and then either reduced argument r = x - q ln 2 lies in hn::Exp's own
+// range [-ln2/2, ln2/2] (up to that 2^-17), where its polynomial and the
+// two-part ln 2 give its documented 1 ULP. 2^q is applied by adding q to the
+// exponent field, exact when the result is normal (q >= -125, i.e. x >=
+// -86.6), as are hn::Exp's two multiplications by powers of 2. Hence max
+// error 1 ULP on the domain, and ExpBounded(0) = 1 exactly (r = 0, q = 0).
+// Outside the domain the result is garbage: callers guarantee it.
+HWY_INLINE VF ExpBounded(VF x) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const VF kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
+  const VF t =
+      hn::MulAdd(x, hn::Set(df, 1.442695040888963407359924681f), kMagic);
+  const VF qf = hn::Sub(t, kMagic);
+  // hn::Exp's ExpReduce: kLn2Part0f + kLn2Part1f ~= -ln(2).
+  VF r = hn::MulAdd(qf, hn::Set(df, -0.693145751953125f), x);
+  r = hn::MulAdd(qf, hn::Set(df, -1.428606765330187045e-6f), r);
+  // hn::Exp's ExpPoly.
+  const VF k0 = hn::Set(df, +0.5f);
+  const VF k1 = hn::Set(df, +0.166666671633720397949219f);
+  const VF k2 = hn::Set(df, +0.0416664853692054748535156f);
+  const VF k3 = hn::Set(df, +0.00833336077630519866943359f);
+  const VF k4 = hn::Set(df, +0.00139304355252534151077271f);
+  const VF k5 = hn::Set(df, +0.000198527617612853646278381f);
+  const VF poly =
+      hn::MulAdd(hwy::HWY_NAMESPACE::impl::Estrin(r, k0, k1, k2, k3, k4, k5),
+                 hn::Mul(r, r), r);
+  const VF y = hn::Add(poly, hn::Set(df, 1.0f));
+  // (bits(t) << 23) = q << 23: bits(M) has 9 zero low bits.
+  const auto e = hn::ShiftLeft<23>(hn::BitCast(di, t));
+  return hn::BitCast(df, hn::Add(hn::BitCast(di, y), e));
+}
+
 // Writes row `r` (Dp floats) as column (j % kKeyBlock) of the transposed
 // block layout [nkb][Dp][kKeyBlock].
 HWY_INLINE void ScatterTransposed(const float* row, size_t j, size_t Dp,
@@ -273,14 +315,15 @@ struct Sides {
 };
 
 // Normalizes q into qh ([BH][Nq][Dp]) and k into kh ([BHk][Nk][Dp]), dense
-// and zero padded, as each side's formulation says. k_generic_only: k is
-// prepared only if its side is generic (the forward packs raw and unit-l2
-// k rows itself, straight from a row in L1, as before issue 16).
+// and zero padded, as each side's formulation says. generic_only: a side is
+// prepared here only if it is generic; the kernels load and normalize raw
+// and unit-l2 rows themselves (LoadSide), where the rows are used, several
+// rows at a time (issue 18).
 template <Precision P>
 Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
                    const ConstTensor4& q, const ConstTensor4& k,
                    const AttnShape& s, SimdWorkspace& ws, ThreadPool& pool,
-                   float* qh, float* kh, bool k_generic_only) {
+                   float* qh, float* kh, bool generic_only) {
   const size_t Dp = s.Dp;
   const size_t nq = ParamDoubles(p, 0, Dp);
   double* params = ws.params.Get(nq + ParamDoubles(p, 1, Dp));
@@ -291,8 +334,9 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
   sd.k_info = ws.k_info.Get(static_cast<size_t>(s.BHk * s.Nk));
   sd.q_stats = ws.q_stats.Get(static_cast<size_t>(s.BH * s.Nq));
   sd.k_stats = ws.k_stats.Get(static_cast<size_t>(s.BHk * s.Nk));
-  const int64_t tq = sd.q.prep_tasks();
-  const bool k_here = !k_generic_only || sd.k.mode == SideMode::kGeneric;
+  const bool q_here = !generic_only || sd.q.mode == SideMode::kGeneric;
+  const bool k_here = !generic_only || sd.k.mode == SideMode::kGeneric;
+  const int64_t tq = q_here ? sd.q.prep_tasks() : 0;
   pool.Run(tq + (k_here ? sd.k.prep_tasks() : 0), [&](int64_t task, int) {
     if (task < tq)
       PrepSideTask<P>(sd.q, q, task, qh, sd.q_info, sd.q_stats);
@@ -300,6 +344,20 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
       PrepSideTask<P>(sd.k, k, task - tq, kh, sd.k_info, sd.k_stats);
   });
   return sd;
+}
+
+// The rows [n0, n0 + rows) of head (b, h) of a raw or unit-l2 side (not
+// generic) into dst (stride Dp), normalized if unit l2, their records in
+// info (info[t] for row n0 + t): what PrepareSides gives them.
+template <Precision P>
+HWY_INLINE void LoadSide(const SideSpec& sp, const ConstTensor4& x, int64_t b,
+                         int64_t h, size_t n0, size_t rows, const AttnShape& s,
+                         float* HWY_RESTRICT dst, NormInfo* HWY_RESTRICT info) {
+  for (size_t t = 0; t < rows; ++t)
+    LoadRow<P>(RowPtr<P>(x, b, h, static_cast<int64_t>(n0 + t)),
+               static_cast<size_t>(s.D), dst + t * s.Dp, s.Dp);
+  if (sp.mode == SideMode::kUnitL2)
+    NormalizeRows(dst, s.Dp, rows, s.Dp, s.eps, info);
 }
 
 // ------------------------------------------------------------------ forward
@@ -325,8 +383,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
-  // Normalize q and k (their formulation), then pack k_tilde transposed
-  // and v, one task per (batch, kv head).
+  // Generic sides are prepared here (their formulation); raw and unit-l2 k
+  // rows are loaded and normalized by the packing below, which packs k_tilde
+  // transposed and v, one task per (batch, kv head); raw and unit-l2 q rows
+  // by each attention task, for its own rows (fused: the rows are then in L1
+  // for the first product).
   const Sides sd =
       PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
   // The fixed shift needs every product P v of a head normal (below).
@@ -344,6 +405,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
     const VF vfloor = hn::Set(df, v_floor);
+    NormInfo info[kPackRows];
     for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
       for (size_t t = 0; t < kPackRows; ++t) {
         const size_t j = j0 + t;
@@ -361,14 +423,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                   df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
             v_tiny[static_cast<size_t>(bk)] = 1;
         }
-        if (sd.k.mode == SideMode::kGeneric) {
+        if (sd.k.mode == SideMode::kGeneric)
           std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
-        } else {
-          LoadRow<P>(RowPtr<P>(a.k, b, h, static_cast<int64_t>(j)),
-                     static_cast<size_t>(s.D), kr, Dp);
-          if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(kr, Dp, s.eps);
-        }
       }
+      if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
+        LoadSide<P>(sd.k, a.k, b, h, j0, std::min(kPackRows, Nk - j0), s, stage,
+                    info);
       PackTransposed(stage, Dp, j0, Dp, ktb);
     }
   });
@@ -401,7 +461,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       l[r] = 0;
     }
     std::fill(O, O + mr * Dp, 0.0f);
-    const float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    if (sd.q.mode != SideMode::kGeneric) {
+      NormInfo info[kQueryBlock];
+      LoadSide<P>(sd.q, a.q, b, h, i0, mr, s, qrows, info);
+    }
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
@@ -439,7 +503,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
             const VF x = Logit(hn::LoadU(df, sr + j), vscale);
             // A row's only visible key: keep its logit for the epilogue.
             if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
-            const VF e = MaskColumns(hn::Exp(df, hn::Sub(x, vshift)), j, kv,
+            const VF e = MaskColumns(ExpBounded(hn::Sub(x, vshift)), j, kv,
                                      hn::Zero(df));
             hn::StoreU(e, df, sr + j);
             vsum = hn::Add(vsum, e);
@@ -502,9 +566,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         lse = static_cast<double>(m[r]);
         m[r] = shift;  // the probabilities hook's shift (l = exp(S - |g|))
       } else {
-        const VF vl = hn::Set(df, l[r]);
-        for (size_t d = 0; d < Dp; d += N)
-          hn::StoreU(hn::Div(hn::LoadU(df, orow + d), vl), df, orow + d);
+        // O / l as O * (1 / l) in f64 lanes: 1 / l is within 2^-53
+        // relative of the quotient's, so the one f32 rounding gives the
+        // correctly rounded O / l except at near-ties (as NormalizeRowsT's
+        // scaling), and l = 1 gives O exactly; ~12% of the epilogue cheaper
+        // than vdivps at d = 64 (issue 18).
+        ScaleRowF64(orow, Dp, 1.0 / static_cast<double>(l[r]));
         // In double: the f32 m and l are exact there, so lse is not rounded
         // to f32 (at |lse| ~ 25 that rounding is ~1e-6, and the backward's
         // P = exp(S - lse) would inherit it for the whole row).
@@ -532,8 +599,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         float* sr = S + r * Kb;
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
-          const VF e =
-              hn::Exp(df, hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm));
+          const VF x = hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm);
+          const VF e = fixed ? ExpBounded(x) : hn::Exp(df, x);
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
@@ -581,8 +648,10 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   ComputeLimits(p, lim);
   ThreadPool& pool = ws.pool(threads);
 
+  // Generic sides here; raw and unit-l2 q rows are loaded (and normalized)
+  // by the delta tasks below, k rows by the packing tasks.
   const Sides sd =
-      PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, false);
+      PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
   // Generic sides leave dk_tilde here (and dq_tilde in dq_part's slot 0) for
   // the side backward.
   float* dkt =
@@ -591,13 +660,27 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     float* row = scratch + per_worker * static_cast<size_t>(worker);
     if (t < s.BH) {
       const int64_t bh = t, b = bh / s.H, h = bh % s.H;
+      if (sd.q.mode != SideMode::kGeneric)
+        LoadSide<P>(sd.q, a.q, b, h, 0, Nq, s,
+                    qh + static_cast<size_t>(bh) * Nq * Dp,
+                    sd.q_info + static_cast<size_t>(bh) * Nq);
+      // delta = dO . O with DotChain's sequence, kNormRows rows at a time
+      // (O staged in `row`).
+      const size_t R = kNormRows;
       for (size_t i = 0; i < Nq; ++i) {
         const int64_t ii = static_cast<int64_t>(i);
         const size_t r = static_cast<size_t>(bh) * Nq + i;
         LoadRow<P>(RowPtr<P>(a.d_o, b, h, ii), static_cast<size_t>(s.D),
                    dO + r * Dp, Dp);
-        LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D), row, Dp);
-        delta[r] = DotChain(dO + r * Dp, row, Dp);
+        LoadRow<P>(RowPtr<P>(a.o, b, h, ii), static_cast<size_t>(s.D),
+                   row + (i % R) * Dp, Dp);
+        if (i % R == R - 1)
+          DotChainRows<kNormRows>(dO + (r + 1 - R) * Dp, Dp, row, Dp, Dp,
+                                  delta + r + 1 - R);
+        else if (i == Nq - 1)
+          for (size_t i1 = i - i % R; i1 <= i; ++i1)
+            DotChainRows<1>(dO + (r - i + i1) * Dp, Dp, row + (i1 % R) * Dp, Dp,
+                            Dp, delta + r - i + i1);
         const double l = a.lse[r];
         lse_hi[r] = static_cast<float>(l);
         lse_lo[r] = std::isfinite(l)
@@ -607,7 +690,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
       return;
     }
     const int64_t bk = t - s.BH, b = bk / s.Hk, h = bk % s.Hk;
-    const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
+    float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vtb = vt + static_cast<size_t>(bk) * s.Nkp * Dp;
     // kPackRows rows of v (and of k_tilde past the last key) staged, then
@@ -616,6 +699,10 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     float* kst = row + kPackRows * Dp;
     for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
       const bool full = j0 + kPackRows <= Nk;
+      if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
+        LoadSide<P>(sd.k, a.k, b, h, j0, std::min(kPackRows, Nk - j0), s,
+                    khb + j0 * Dp,
+                    sd.k_info + static_cast<size_t>(bk) * Nk + j0);
       for (size_t t = 0; t < kPackRows; ++t) {
         const size_t j = j0 + t;
         if (j < Nk) {
@@ -729,19 +816,18 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
         }
       }
       if (fresh) std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // no query sees it
+      for (size_t jj = 0; jj < kc; ++jj) ScaleRow(dK + jj * Dp, Dp, s.scale);
+      if (sd.k.mode == SideMode::kUnitL2)
+        NormalizeRowsBackward(khb + j0 * Dp, Dp, sd.k_info + bk * Nk + j0,
+                              s.eps, dK, Dp, kc, Dp);
       for (size_t jj = 0; jj < kc; ++jj) {
         const size_t j = j0 + jj;
         float* dkr = dK + jj * Dp;
-        ScaleRow(dkr, Dp, s.scale);
-        if (sd.k.mode == SideMode::kGeneric) {
+        if (sd.k.mode == SideMode::kGeneric)
           std::copy(dkr, dkr + Dp, dkt + (bk * Nk + j) * Dp);
-        } else {
-          if (sd.k.mode == SideMode::kUnitL2)
-            NormalizeRowBackward(khb + j * Dp, sd.k_info[bk * Nk + j], s.eps,
-                                 dkr, Dp);
+        else
           StoreRow<P>(dkr, static_cast<size_t>(s.D),
                       RowPtr<P>(a.dk, b, hk, static_cast<int64_t>(j)));
-        }
         StoreRow<P>(dV + jj * Dp, static_cast<size_t>(s.D),
                     RowPtr<P>(a.dv, b, hk, static_cast<int64_t>(j)));
       }
@@ -756,8 +842,11 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const size_t i0 = static_cast<size_t>(task) % s.nqb * Mq;
     const int64_t b = static_cast<int64_t>(bh) / s.H,
                   h = static_cast<int64_t>(bh) % s.H;
-    float* row = scratch + per_worker * static_cast<size_t>(worker);
-    for (size_t i = i0; i < std::min(Nq, i0 + Mq); ++i) {
+    // The block's rows staged in the worker's scratch (Mq * Dp <= 2 Kb Dp).
+    float* rows = scratch + per_worker * static_cast<size_t>(worker);
+    const size_t i1 = std::min(Nq, i0 + Mq);
+    for (size_t i = i0; i < i1; ++i) {
+      float* row = rows + (i - i0) * Dp;
       float* src = dq_part + (bh * Nq + i) * Dp;
       std::copy(src, src + Dp, row);
       for (size_t g = 1; g < G; ++g) {
@@ -767,16 +856,16 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
                      df, row + d);
       }
       ScaleRow(row, Dp, s.scale);
-      if (sd.q.mode == SideMode::kGeneric) {
-        std::copy(row, row + Dp, src);
-        continue;
-      }
-      if (sd.q.mode == SideMode::kUnitL2)
-        NormalizeRowBackward(qh + (bh * Nq + i) * Dp, sd.q_info[bh * Nq + i],
-                             s.eps, row, Dp);
-      StoreRow<P>(row, static_cast<size_t>(s.D),
-                  RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));
+      if (sd.q.mode == SideMode::kGeneric) std::copy(row, row + Dp, src);
     }
+    if (sd.q.mode == SideMode::kGeneric) return;
+    if (sd.q.mode == SideMode::kUnitL2)
+      NormalizeRowsBackward(qh + (bh * Nq + i0) * Dp, Dp,
+                            sd.q_info + bh * Nq + i0, s.eps, rows, Dp, i1 - i0,
+                            Dp);
+    for (size_t i = i0; i < i1; ++i)
+      StoreRow<P>(rows + (i - i0) * Dp, static_cast<size_t>(s.D),
+                  RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));
   });
 
   // The generic sides' backward and their parameter gradients.

@@ -49,18 +49,34 @@ HWY_INLINE float DotRow(const float* HWY_RESTRICT a,
   return hn::GetLane(hn::SumOfLanes(d, acc));
 }
 
-// sum_k a[k] b[k] as ONE fused-multiply-add chain in increasing k, the exact
-// operation sequence gemm-inl.h applies to each C element (broadcast times
-// lane, MulAdd). The backward's delta_i = dO_i . O_i uses it, so that when
-// O_i equals V_j bitwise (one visible key, P = 1) delta_i equals dP_ij
-// bitwise and dS_ij = P (dP - delta) is exactly 0, as in exact arithmetic.
+// DotChain: sum_k a[k] b[k] as ONE fused-multiply-add chain in increasing
+// k, the exact operation sequence gemm-inl.h applies to each C element
+// (broadcast times lane, MulAdd). The backward's delta_i = dO_i . O_i uses
+// it, so that when O_i equals V_j bitwise (one visible key, P = 1) delta_i
+// equals dP_ij bitwise and dS_ij = P (dP - delta) is exactly 0, as in exact
+// arithmetic. DotChainRows: that chain for the R row pairs (a + t * lda,
+// b + t * ldb), t < R, into out[t], interleaved (one chain alone is n
+// dependent FMAs, ~4n cycles: the backward's delta at n = 128 spent ~100 us
+// of ~900 in them, issue 18); each row's result is DotChain's.
+template <size_t R>
+HWY_INLINE void DotChainRows(const float* HWY_RESTRICT a, size_t lda,
+                             const float* HWY_RESTRICT b, size_t ldb, size_t n,
+                             float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> d;
+  hn::Vec<decltype(d)> acc[R];
+  for (size_t t = 0; t < R; ++t) acc[t] = hn::Zero(d);
+  for (size_t k = 0; k < n; ++k)
+    for (size_t t = 0; t < R; ++t)
+      acc[t] = hn::MulAdd(hn::Set(d, a[t * lda + k]),
+                          hn::Set(d, b[t * ldb + k]), acc[t]);
+  for (size_t t = 0; t < R; ++t) out[t] = hn::GetLane(acc[t]);
+}
+
 HWY_INLINE float DotChain(const float* HWY_RESTRICT a,
                           const float* HWY_RESTRICT b, size_t n) {
-  const hn::ScalableTag<float> d;
-  auto acc = hn::Zero(d);
-  for (size_t k = 0; k < n; ++k)
-    acc = hn::MulAdd(hn::Set(d, a[k]), hn::Set(d, b[k]), acc);
-  return hn::GetLane(acc);
+  float out;
+  DotChainRows<1>(a, 0, b, 0, n, &out);
+  return out;
 }
 
 HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float s) {
@@ -75,29 +91,79 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float s) {
 using DD = hn::ScalableTag<double>;
 using DFH = hn::Rebind<float, DD>;
 
-// In place: x[0..n) -> u (n a multiple of Lanes(DF); zero padding stays
-// zero; n is then also a multiple of Lanes(DD)).
-HWY_INLINE NormInfo NormalizeRow(float* HWY_RESTRICT x, size_t n, float eps) {
+// x[0..n) *= s in f64 lanes, each product rounded once to f32 (n a multiple
+// of Lanes(DF)).
+HWY_INLINE void ScaleRowF64(float* HWY_RESTRICT x, size_t n, double s) {
   const DD dd;
   const DFH dfh;
   const size_t ND = hn::Lanes(dd);
+  const auto vs = hn::Set(dd, s);
+  for (size_t i = 0; i < n; i += ND)
+    hn::StoreU(hn::DemoteTo(
+                   dfh, hn::Mul(hn::PromoteTo(dd, hn::LoadU(dfh, x + i)), vs)),
+               dfh, x + i);
+}
+
+// In place: x[0..n) -> u (n a multiple of Lanes(DF); zero padding stays
+// zero; n is then also a multiple of Lanes(DD)), for the R rows x + t * ld
+// (t < R) at once. Each row is one sum-of-squares FMA chain in increasing
+// index, then sqrt, a reciprocal and the scaling, the same operation sequence
+// whatever R is: results are bitwise those of NormalizeRow. Interleaving R
+// rows overlaps their chains (a row of 64 is a chain of 16 dependent f64
+// FMAs, 4 cycles each, and row-at-a-time left the FMA units mostly idle:
+// issue 18 measured 51 -> 27 us for the forward's 1024 q rows at d = 64).
+template <size_t R>
+HWY_INLINE void NormalizeRowsT(float* HWY_RESTRICT x, size_t ld, size_t n,
+                               float eps, NormInfo* HWY_RESTRICT info) {
+  const DD dd;
+  const DFH dfh;
+  const size_t ND = hn::Lanes(dd);
+  hn::Vec<DD> acc[R];
+  for (size_t t = 0; t < R; ++t) acc[t] = hn::Zero(dd);
+  for (size_t i = 0; i < n; i += ND) {
+    for (size_t t = 0; t < R; ++t) {
+      const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + t * ld + i));
+      acc[t] = hn::MulAdd(y, y, acc[t]);
+    }
+  }
+  // All R square roots and reciprocals first: each is ~30 cycles of
+  // latency, which the scaling pass of the same row would otherwise wait for.
+  double inv[R];
+  for (size_t t = 0; t < R; ++t) {
+    NormInfo& in = info[t];
+    in.norm = std::sqrt(hn::GetLane(hn::SumOfLanes(dd, acc[t])));
+    in.clamped = in.norm > static_cast<double>(eps) ? 0 : 1;
+    // x * (1 / den) in f64 is within ~2^-52 relative of x / den, so the one
+    // f32 rounding that follows gives the correctly rounded quotient except
+    // at near-ties (f64 division would cost ~8 cycles per 4 lanes).
+    inv[t] = 1.0 / (in.clamped ? static_cast<double>(eps) : in.norm);
+  }
+  for (size_t t = 0; t < R; ++t) {
+    const auto vinv = hn::Set(dd, inv[t]);
+    float* HWY_RESTRICT xr = x + t * ld;
+    for (size_t i = 0; i < n; i += ND) {
+      const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, xr + i));
+      hn::StoreU(hn::DemoteTo(dfh, hn::Mul(y, vinv)), dfh, xr + i);
+    }
+  }
+}
+
+inline constexpr size_t kNormRows = 8;
+
+// NormalizeRowsT for `rows` rows, kNormRows at a time; info[t] of row t.
+HWY_INLINE void NormalizeRows(float* HWY_RESTRICT x, size_t ld, size_t rows,
+                              size_t n, float eps,
+                              NormInfo* HWY_RESTRICT info) {
+  size_t t = 0;
+  for (; t + kNormRows <= rows; t += kNormRows)
+    NormalizeRowsT<kNormRows>(x + t * ld, ld, n, eps, info + t);
+  for (; t < rows; ++t) NormalizeRowsT<1>(x + t * ld, ld, n, eps, info + t);
+}
+
+// One row (in place), as above.
+HWY_INLINE NormInfo NormalizeRow(float* HWY_RESTRICT x, size_t n, float eps) {
   NormInfo info;
-  auto acc = hn::Zero(dd);
-  for (size_t i = 0; i < n; i += ND) {
-    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
-    acc = hn::MulAdd(y, y, acc);
-  }
-  info.norm = std::sqrt(hn::GetLane(hn::SumOfLanes(dd, acc)));
-  info.clamped = info.norm > static_cast<double>(eps) ? 0 : 1;
-  // x * (1 / den) in f64 is within ~2^-52 relative of x / den, so the one
-  // f32 rounding that follows gives the correctly rounded quotient except at
-  // near-ties (f64 division would cost ~8 cycles per 4 lanes).
-  const auto inv =
-      hn::Set(dd, 1.0 / (info.clamped ? static_cast<double>(eps) : info.norm));
-  for (size_t i = 0; i < n; i += ND) {
-    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
-    hn::StoreU(hn::DemoteTo(dfh, hn::Mul(y, inv)), dfh, x + i);
-  }
+  NormalizeRowsT<1>(x, 0, n, eps, &info);
   return info;
 }
 
@@ -108,33 +174,67 @@ HWY_INLINE NormInfo NormalizeRow(float* HWY_RESTRICT x, size_t n, float eps) {
 // projection du - u (u . du) cancels, and f32 roundings of u . du and of the
 // products would be amplified by |du| / |dx| (seen with |q| small and g
 // large); in f64 only du's own f32 rounding remains. ||x|| may exceed
-// FLT_MAX, which f64 also covers.
-HWY_INLINE void NormalizeRowBackward(const float* HWY_RESTRICT u,
-                                     const NormInfo& info, float eps,
-                                     float* HWY_RESTRICT du, size_t n) {
+// FLT_MAX, which f64 also covers. NormalizeRowsBackwardT: the R rows
+// (u + t * ldu, du + t * lddu) at once, each row's operation sequence that
+// of NormalizeRowBackward (bitwise its results); the u . du chains are
+// interleaved, as NormalizeRowsT's sums of squares.
+template <size_t R>
+HWY_INLINE void NormalizeRowsBackwardT(const float* HWY_RESTRICT u, size_t ldu,
+                                       const NormInfo* HWY_RESTRICT info,
+                                       float eps, float* HWY_RESTRICT du,
+                                       size_t lddu, size_t n) {
   const DD dd;
   const DFH dfh;
   const size_t ND = hn::Lanes(dd);
-  // Multiply by the f64 reciprocal, as in NormalizeRow.
-  const auto inv =
-      hn::Set(dd, 1.0 / (info.clamped ? static_cast<double>(eps) : info.norm));
-  if (info.clamped) {
-    for (size_t i = 0; i < n; i += ND) {
-      const auto t = hn::PromoteTo(dd, hn::LoadU(dfh, du + i));
-      hn::StoreU(hn::DemoteTo(dfh, hn::Mul(t, inv)), dfh, du + i);
-    }
-    return;
-  }
-  auto acc = hn::Zero(dd);
+  // The R rows' u . du chains interleaved (a clamped row's is unused).
+  hn::Vec<DD> acc[R];
+  for (size_t t = 0; t < R; ++t) acc[t] = hn::Zero(dd);
   for (size_t i = 0; i < n; i += ND)
-    acc = hn::MulAdd(hn::PromoteTo(dd, hn::LoadU(dfh, u + i)),
-                     hn::PromoteTo(dd, hn::LoadU(dfh, du + i)), acc);
-  const auto c = hn::Set(dd, hn::GetLane(hn::SumOfLanes(dd, acc)));
-  for (size_t i = 0; i < n; i += ND) {
-    const auto t = hn::NegMulAdd(hn::PromoteTo(dd, hn::LoadU(dfh, u + i)), c,
-                                 hn::PromoteTo(dd, hn::LoadU(dfh, du + i)));
-    hn::StoreU(hn::DemoteTo(dfh, hn::Mul(t, inv)), dfh, du + i);
+    for (size_t t = 0; t < R; ++t)
+      acc[t] = hn::MulAdd(hn::PromoteTo(dd, hn::LoadU(dfh, u + t * ldu + i)),
+                          hn::PromoteTo(dd, hn::LoadU(dfh, du + t * lddu + i)),
+                          acc[t]);
+  for (size_t t = 0; t < R; ++t) {
+    const float* HWY_RESTRICT ur = u + t * ldu;
+    float* HWY_RESTRICT dr = du + t * lddu;
+    // Multiply by the f64 reciprocal, as in NormalizeRowsT.
+    const auto inv = hn::Set(
+        dd, 1.0 / (info[t].clamped ? static_cast<double>(eps) : info[t].norm));
+    if (info[t].clamped) {
+      for (size_t i = 0; i < n; i += ND) {
+        const auto x = hn::PromoteTo(dd, hn::LoadU(dfh, dr + i));
+        hn::StoreU(hn::DemoteTo(dfh, hn::Mul(x, inv)), dfh, dr + i);
+      }
+      continue;
+    }
+    const auto c = hn::Set(dd, hn::GetLane(hn::SumOfLanes(dd, acc[t])));
+    for (size_t i = 0; i < n; i += ND) {
+      const auto x = hn::NegMulAdd(hn::PromoteTo(dd, hn::LoadU(dfh, ur + i)), c,
+                                   hn::PromoteTo(dd, hn::LoadU(dfh, dr + i)));
+      hn::StoreU(hn::DemoteTo(dfh, hn::Mul(x, inv)), dfh, dr + i);
+    }
   }
+}
+
+// NormalizeRowsBackwardT for `rows` rows, kNormRows at a time (each row's
+// result is NormalizeRowBackward's; interleaved as NormalizeRows).
+HWY_INLINE void NormalizeRowsBackward(const float* HWY_RESTRICT u, size_t ldu,
+                                      const NormInfo* HWY_RESTRICT info,
+                                      float eps, float* HWY_RESTRICT du,
+                                      size_t lddu, size_t rows, size_t n) {
+  size_t t = 0;
+  for (; t + kNormRows <= rows; t += kNormRows)
+    NormalizeRowsBackwardT<kNormRows>(u + t * ldu, ldu, info + t, eps,
+                                      du + t * lddu, lddu, n);
+  for (; t < rows; ++t)
+    NormalizeRowsBackwardT<1>(u + t * ldu, ldu, info + t, eps, du + t * lddu,
+                              lddu, n);
+}
+
+HWY_INLINE void NormalizeRowBackward(const float* HWY_RESTRICT u,
+                                     const NormInfo& info, float eps,
+                                     float* HWY_RESTRICT du, size_t n) {
+  NormalizeRowsBackwardT<1>(u, 0, &info, eps, du, 0, n);
 }
 
 }  // namespace qknorm::simd::HWY_NAMESPACE
