@@ -49,25 +49,50 @@
 // for the whole row. The backward reads it as an f32 pair hi + lo and forms
 // (S - hi) - lo.
 //
-// Bounded logits (issue 18): when both sides are unit l2 rows (the paper's
-// formulation, ||q_hat||, ||k_hat|| <= 1 with the eps clamp) and |scale| <=
-// kFixedShiftMax, every logit lies in [-|g|, |g|] (up to the dot's rounding,
-// |g| D u_f32, harmless), so the running max is replaced by the fixed shift
-// m = |g|: P = exp(S - |g|) cannot overflow, and exp's argument stays above
-// -2 kFixedShiftMax = -86 where f32's exp is still normal (e^-86 = 4e-38 >
-// 2^-126): no flush. The tile loop then drops the max pass and every
-// rescaling (alpha = 1 always). Rows with one visible key keep their
-// exactness by their own epilogue (O = V, lse = S of that key, as the online
-// path gives them); fully masked rows are unchanged. ExecConfig::
-// online_softmax forces the online path (bench compares the two).
+// Bounded logits (issue 18): a logit bound B_i per query row, derived from
+// the data, replaces the running max by the fixed shift m_i = B_i when
+// B_i <= kFixedShiftMax: P = exp(S - B_i) cannot overflow, and exp's
+// argument stays above -2 kFixedShiftMax = -86 where f32's exp is still
+// normal (e^-86 = 4e-38 > 2^-126): no flush. The tile loop then drops the
+// max pass and every rescaling (alpha = 1 always). Every formulation
+// qualifies when its data does (the paper's unit rows give B_i ~ |g|;
+// Qwen3's rms rows with gamma ~ 1 give ~ sqrt(D) max|gamma|^2; even sdpa
+// with small logits); a row whose bound exceeds 43 (or is not finite) stays
+// online, other rows of the same tile are unaffected. Rows with one visible
+// key keep their exactness by their own epilogue (O = V, lse = S of that
+// key, as the online path gives them); fully masked rows are unchanged.
+// ExecConfig::online_softmax forces the online path (bench compares the
+// two) and skips the bound's cost.
+// The bound, a true upper bound of |S_ij| as computed (LogitBound): let q,
+// k be the f32 operand rows the GEMM reads (x_tilde, zero padded to
+// n = Dp), K = max_j ||k_j|| over the row's visible keys (a prefix: the
+// running max over the kv head's keys, gathered when they are packed),
+// u = 2^-24, eta = 2^-149 (f32's subnormal spacing, twice any one
+// operation's underflow error). The GEMM's chain c = fl(sum_d q_d k_d) (FMAs, or a multiply and
+// an add without FMA) satisfies |c| <= (1 + gamma_n) sum |q_d k_d| + n eta,
+// gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, 3.1), and
+// sum |q_d k_d| <= ||q|| ||k|| <= ||q|| K (Cauchy-Schwarz); S = RN(scale c)
+// adds a factor (1 + u) and eta; the clamp of Logit only shrinks |S|. So
+//   |S_ij| <= (1 + u) |scale| ((1 + gamma_n) ||q_i|| K + n eta) + eta,
+// provided c cannot overflow ((1 + gamma_n) ||q_i|| K <= FLT_MAX, else B is
+// inf). The norms come from the f32 rows themselves in f64 (squares exact,
+// a sum of n of them within gamma_n of f64, so each norm within n 2^-53
+// after the sqrt), and the bound is evaluated in f64 with a few more
+// roundings: all are covered by the relative slack
+// (n + kBoundF64Roundings) 2^-52 (twice the first-order sum), and B is
+// finally rounded up to f32. B_i depends on q_i, the row's visible k and
+// v and the shape only: never on the thread count, the task split or a
+// masked key (CausalFuture and PaddingInvisible stay bitwise).
 // Subnormal products: the online path's largest P is 1, the fixed path's
-// P = exp(S - |g|) may be as small as e^-2|g| before the division by l, so
+// P = exp(S - B_i) may be as small as e^-2B_i before the division by l, so
 // a product P v that is subnormal in f32 keeps only ulp(0) absolutely, which
 // the division by l < 1 then amplifies (found by the fuzz corpus,
 // crash-simd-f32-stored-o-subnormal-dq: v ~ 1e-42, O = 0 against 4.7e-43).
-// A head whose v holds a nonzero |v| below e^(2|g|) times f32's smallest
-// normal (5.9e-28 at g = 12.32) therefore takes the online path: every
-// product of the fixed path is then normal.
+// A row takes the fixed path only if its visible v hold no nonzero |v|
+// below v_floor = e^(2 B_i) FLT_MIN (5.9e-28 at B = 12.32), i.e. only if
+// B_i <= ln(min nonzero |v| / FLT_MIN) / 2 (the shift cap of the visible
+// keys, ShiftCap): every product of the fixed path is then normal (up to
+// exp's 1 ulp).
 //
 // Exactness kept on purpose (the tolerance rule's bound is 0 where the exact
 // result is 0): S = RN(scale * c) and m is one of the S, so the largest P of
@@ -119,9 +144,15 @@ inline constexpr size_t kQueryBlock = 64;
 inline constexpr int64_t kTargetTasks = 16;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// The largest |scale| for the fixed-shift softmax (above): exp(-2 * 43) is
-// 4.4e-38, above f32's smallest normal 1.18e-38.
+// The largest logit bound for the fixed-shift softmax (above): exp(-2 * 43)
+// is 4.4e-38, above f32's smallest normal 1.18e-38.
 inline constexpr float kFixedShiftMax = 43.0f;
+// f64 roundings of LogitBound's evaluation besides the two norms' sums: the
+// two sqrts, the product of the norms, the slack factors themselves, the
+// products by them and by |scale|, the two additions (top of file).
+inline constexpr double kBoundF64Roundings = 8;
+// A row's shift when it takes the online softmax (a bound is never < 0).
+inline constexpr float kOnlineRow = -1.0f;
 
 struct AttnShape {
   int64_t B, H, BH, Nq, Nk, D;
@@ -153,6 +184,78 @@ inline AttnShape MakeShape(const AttentionProblem& p) {
                  : 1.0f / std::sqrt(static_cast<float>(s.D));
   s.eps = EpsF32(p.eps);
   return s;
+}
+
+// sum x[d]^2 over n floats (n a multiple of Lanes(DF)) in f64 lanes: every
+// f32 square is exact in f64, without overflow or underflow (rows-inl.h).
+HWY_INLINE double SumSquaresF64(const float* HWY_RESTRICT x, size_t n) {
+  const DD dd;
+  const DFH dfh;
+  auto acc = hn::Zero(dd);
+  for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
+    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
+    acc = hn::MulAdd(y, y, acc);
+  }
+  return hn::GetLane(hn::SumOfLanes(dd, acc));
+}
+
+// The per-call factors of LogitBound (top of file, "Bounded logits") for
+// operand rows of n floats: the chain's (1 + gamma_n) with the f64 slack,
+// its absolute underflow term n eta, and |scale| (1 + u).
+struct BoundFactors {
+  double dot, dot_abs, scale;
+};
+inline BoundFactors MakeBoundFactors(float scale, size_t n) {
+  const double u = 0x1p-24, eta = 0x1p-149, nd = static_cast<double>(n);
+  const double nu = nd * u;
+  const double slack = (nd + kBoundF64Roundings) * 0x1p-52;
+  BoundFactors f;
+  f.dot = nu < 0.5 ? (1 + nu / (1 - nu)) * (1 + slack)
+                   : std::numeric_limits<double>::infinity();
+  f.dot_abs = nd * eta;
+  f.scale = std::fabs(static_cast<double>(scale)) * (1 + u);
+  return f;
+}
+
+// B >= |S_ij| for every key of a key set whose largest k row norm is kn,
+// for a query row of norm qn (both in f64 from the f32 rows), rounded up to
+// f32; +inf when the f32 dot product could overflow or a norm is not
+// finite.
+inline float LogitBound(const BoundFactors& f, double qn, double kn) {
+  constexpr double kEta = 0x1p-149;
+  const double c = qn * kn * f.dot + f.dot_abs;
+  if (!(c <= std::numeric_limits<float>::max()))
+    return std::numeric_limits<float>::infinity();
+  const double b = c * f.scale + kEta;
+  float r = static_cast<float>(b);
+  if (static_cast<double>(r) < b)
+    r = std::nextafter(r, std::numeric_limits<float>::infinity());
+  return r;
+}
+
+// The largest fixed shift a key set whose smallest nonzero |v| is v_min
+// allows (subnormal products, top of file): min(kFixedShiftMax,
+// ln(v_min / FLT_MIN) / 2), rounded down; kFixedShiftMax for a v without a
+// nonzero finite value.
+inline float ShiftCap(float v_min) {
+  const double lim = 0.5 * std::log(static_cast<double>(v_min) /
+                                    std::numeric_limits<float>::min());
+  if (!(lim < kFixedShiftMax)) return kFixedShiftMax;
+  float r = static_cast<float>(lim);
+  if (static_cast<double>(r) > lim)
+    r = std::nextafter(r, -std::numeric_limits<float>::infinity());
+  return r;
+}
+
+// Running minimum of the nonzero |x[d]|, d < n (a multiple of Lanes(DF)).
+HWY_INLINE VF MinNonzeroAbs(VF acc, const float* HWY_RESTRICT x, size_t n) {
+  const DF df;
+  const VF inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  for (size_t d = 0; d < n; d += hn::Lanes(df)) {
+    const VF a = hn::Abs(hn::LoadU(df, x + d));
+    acc = hn::Min(acc, hn::IfThenElse(hn::Eq(a, hn::Zero(df)), inf, a));
+  }
+  return acc;
 }
 
 // lim[b * Nq + i]: number of visible keys (a prefix) of query i, batch b.
@@ -329,12 +432,13 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   // and v, one task per (batch, kv head).
   const Sides sd =
       PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
-  // The fixed shift needs every product P v of a head normal (below).
-  const float v_floor =
-      std::exp(std::min(2.0f * std::fabs(s.scale), 2.0f * kFixedShiftMax)) *
-      std::numeric_limits<float>::min();
-  unsigned char* v_tiny = ws.v_tiny.Get(BHk);
-  std::fill(v_tiny, v_tiny + BHk, 0);
+  // The fixed shift's inputs (top of file), per kv head and key prefix
+  // [0, j]: the largest k row norm and the shift cap of v, gathered while
+  // the rows are in L1. Prefixes, so that a row's bound depends on its
+  // visible keys only (masked keys change nothing, bitwise).
+  const bool bound = !ws.online_softmax;
+  double* k_norm = ws.k_norm.Get(BHk * Nk);
+  float* shift_cap = ws.shift_cap.Get(BHk * Nk);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
     const int64_t b = bk / s.Hk, h = bk % s.Hk;
     // kPackRows k rows (normalized here unless the side is generic), then
@@ -343,7 +447,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
-    const VF vfloor = hn::Set(df, v_floor);
+    // Running over the keys: max ||k||^2 (NaN once a row's is: the rows
+    // that see it stay online), min nonzero |v| and its cap.
+    double k2 = 0, kn = 0;
+    float v_min = std::numeric_limits<float>::infinity(), cap = kFixedShiftMax;
+    double* knb = k_norm + static_cast<size_t>(bk) * Nk;
+    float* capb = shift_cap + static_cast<size_t>(bk) * Nk;
     for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
       for (size_t t = 0; t < kPackRows; ++t) {
         const size_t j = j0 + t;
@@ -355,11 +464,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         }
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        for (size_t d = 0; d < Dp; d += N) {
-          const VF x = hn::Abs(hn::LoadU(df, vb + j * Dp + d));
-          if (!hn::AllFalse(
-                  df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
-            v_tiny[static_cast<size_t>(bk)] = 1;
+        if (bound) {
+          const float vm = hn::GetLane(hn::MinOfLanes(
+              df, MinNonzeroAbs(hn::Set(df, v_min), vb + j * Dp, Dp)));
+          if (vm < v_min) v_min = vm, cap = ShiftCap(vm);  // rarely: a log
+          capb[j] = cap;
         }
         if (sd.k.mode == SideMode::kGeneric) {
           std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
@@ -368,6 +477,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                      static_cast<size_t>(s.D), kr, Dp);
           if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(kr, Dp, s.eps);
         }
+        if (bound) {
+          const double r2 = SumSquaresF64(kr, Dp);
+          if (!(r2 <= k2) && !std::isnan(k2)) k2 = r2, kn = std::sqrt(r2);
+          knb[j] = kn;
+        }
       }
       PackTransposed(stage, Dp, j0, Dp, ktb);
     }
@@ -375,12 +489,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
   const VF neg_inf = hn::Set(df, kNegInf);
   const VF vscale = hn::Set(df, s.scale);
-  // The fixed shift of bounded logits (top of file), or the online softmax.
-  const bool fixed_ok = !ws.online_softmax && sd.q.mode == SideMode::kUnitL2 &&
-                        sd.k.mode == SideMode::kUnitL2 &&
-                        std::fabs(s.scale) <= kFixedShiftMax;
-  const float shift = std::fabs(s.scale);
-  const VF vshift = hn::Set(df, shift);
+  const BoundFactors bf = MakeBoundFactors(s.scale, Dp);
+  float* row_shift =
+      probs ? ws.row_shift.Get(static_cast<size_t>(s.BH) * Nq) : nullptr;
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
     const int64_t bh = task / static_cast<int64_t>(s.nqb);
     const size_t i0 =
@@ -388,20 +499,29 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const int64_t b = bh / s.H, h = bh % s.H;
     const size_t bk = static_cast<size_t>(b * s.Hk + h / s.group);
     const size_t mr = std::min(Mq, Nq - i0);
-    const bool fixed = fixed_ok && v_tiny[bk] == 0;
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
     float* O = S + Mq * Kb;
     float* m = O + Mq * Dp;
     float* l = m + Mq;
+    const float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    // Per row: the fixed shift B_i of bounded logits (top of file), or
+    // kOnlineRow: the online softmax.
+    float shift[kQueryBlock];
     int64_t max_lim = 0;
     for (size_t r = 0; r < mr; ++r) {
       max_lim = std::max(max_lim, L[r]);
-      m[r] = fixed ? shift : kNegInf;
+      shift[r] = kOnlineRow;
+      if (bound && L[r] > 0) {
+        const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
+        const float B = LogitBound(
+            bf, std::sqrt(SumSquaresF64(qrows + r * Dp, Dp)), k_norm[last]);
+        if (B <= shift_cap[last]) shift[r] = B;
+      }
+      m[r] = shift[r] >= 0 ? shift[r] : kNegInf;
       l[r] = 0;
     }
     std::fill(O, O + mr * Dp, 0.0f);
-    const float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
@@ -433,7 +553,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         for (size_t j = kvv; j < width[r]; j += N)
           hn::StoreU(hn::Zero(df), df, sr + j);
         if (kv == 0) continue;
-        if (fixed) {  // P = exp(S - |g|): one pass, no rescaling
+        if (shift[r] >= 0) {  // P = exp(S - B_i): one pass, no rescaling
+          const VF vshift = hn::Set(df, shift[r]);
           VF vsum = hn::Zero(df);
           for (size_t j = 0; j < kvv; j += N) {
             const VF x = Logit(hn::LoadU(df, sr + j), vscale);
@@ -450,11 +571,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // m is the running max of the logits S = RN(c * scale); P = exp(S -
         // m), so the key holding the max gets P = exp(0) = 1 exactly and a
         // row with one visible key gets l = 1, lse = S and O = V exactly (as
-        // does the naive reference). (A fixed shift m = |g|, valid
-        // for QKNorm since |S| <= |g|, would save this pass, but for a row
-        // with one visible key it makes P = exp(S - |g|) carry exp's 1-ulp
-        // error into lse, so dS = 0 and dV = dO stop being exact; measured
-        // ~10-15% forward speed, not worth that.)
+        // does the naive reference; the fixed path above gets these rows
+        // from its own epilogue: exp(S - B_i) carries exp's 1 ulp).
         // The max pass stores the logits in place, so the exp pass reads
         // them instead of forming them again (the clamp of Logit would
         // otherwise cost ~7% of the forward at n = 128, measured).
@@ -495,12 +613,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       if (L[r] == 0) {
         std::fill(orow, orow + Dp, 0.0f);
         lse = -std::numeric_limits<double>::infinity();
-      } else if (fixed && L[r] == 1) {
+      } else if (shift[r] >= 0 && L[r] == 1) {
         // One visible key (key 0): what the online path gives exactly,
         // O = V, lse = S (held in m), P = exp(S - lse) = 1 in the backward.
         std::copy(vb, vb + Dp, orow);
         lse = static_cast<double>(m[r]);
-        m[r] = shift;  // the probabilities hook's shift (l = exp(S - |g|))
+        m[r] = shift[r];  // the hook's shift (l = exp(S - B_i))
       } else {
         const VF vl = hn::Set(df, l[r]);
         for (size_t d = 0; d < Dp; d += N)
@@ -517,7 +635,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
     if (probs == nullptr) return;
     // Inspection hook: the final probabilities exp(S - m) / l with the m, l
-    // and the same S, Exp and masking as above.
+    // and the same S, Exp and masking as above (m = B_i on a fixed row),
+    // and each row's shift for tests (workspace.h).
+    std::copy(shift, shift + mr, row_shift + static_cast<size_t>(bh) * Nq + i0);
     for (size_t r = 0; r < mr; ++r) {
       double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk;
       std::fill(pr, pr + Nk, 0.0);
