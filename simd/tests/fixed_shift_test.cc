@@ -13,8 +13,8 @@
 //   above the recovery tolerance fails here;
 // - a bound above 43 keeps every row online (results bitwise those of the
 //   forced online path), on data whose logits reach +-80 and +-113, where a
-//   bound from the q side only (5.7) or half the true one (40) would take
-//   the fixed path and overflow or flush exp to 0;
+//   bound from the q side only (5.7: exp overflows, O is NaN, the verdict
+//   fails) or half the true one (40) would take the fixed path;
 // - a row with one visible key is exact on the fixed path (O = V, dq = 0,
 //   lse = the online path's; one query over one visible key: dv = dO), and
 //   threads 1 and 2 agree bitwise.
