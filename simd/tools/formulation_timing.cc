@@ -8,11 +8,15 @@
 // paths (issue 18, attention-inl.h "Bounded logits"), interleaved (online,
 // default, online, ...) so that both see the same machine load: the
 // default may take the fixed shift where the preset's data bound allows
-// it; fix/onl is the ratio of the two best times. Under callgrind with
-// reps = 1, the forward calls per preset are: warm-up (default), online,
-// default.
+// it; fix/onl is the ratio of the two best times. Under `valgrind
+// --tool=callgrind --collect-atstart=no` the first timed pair is counted
+// and dumped per call ("fwd online qwen3", "fwd default qwen3"; client
+// requests, no-ops outside valgrind): instruction counts of one forward on
+// each path, load-independent.
 //   simd_formulation_timing [entry] [reps] [n] [threads] [preset...]
 // e.g. simd_formulation_timing simd:AVX3:f32 5 512 1 paper qwen3
+#include <valgrind/callgrind.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -130,13 +134,21 @@ int main(int argc, char** argv) {
     checked_attention_forward(*b, p, fa, ws.get(), cfg);  // warm-up
     checked_attention_backward(*b, p, ba, ws.get(), cfg);
     double tf = 1e30, to = 1e30;
-    for (int r = 0; r < reps; ++r) {
-      to = std::min(to, BestOf(1, [&] {
-                      b->attention_forward(p, fa, ws.get(), online);
-                    }));
-      tf = std::min(
-          tf, BestOf(1, [&] { b->attention_forward(p, fa, ws.get(), cfg); }));
-    }
+    for (int r = 0; r < reps; ++r)
+      for (const ExecConfig* c : {&online, &cfg}) {
+        const bool count = r == 0;
+        if (count) CALLGRIND_TOGGLE_COLLECT;
+        const double t =
+            BestOf(1, [&] { b->attention_forward(p, fa, ws.get(), *c); });
+        if (count) {
+          CALLGRIND_TOGGLE_COLLECT;
+          const std::string label = std::string("fwd ") +
+                                    (c == &cfg ? "default " : "online ") +
+                                    preset;
+          CALLGRIND_DUMP_STATS_AT(label.c_str());
+        }
+        (c == &cfg ? tf : to) = std::min(c == &cfg ? tf : to, t);
+      }
     const double tb =
         BestOf(reps, [&] { b->attention_backward(p, ba, ws.get(), cfg); });
     if (first_f == 0) first_f = tf, first_b = tb;
