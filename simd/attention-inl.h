@@ -68,21 +68,23 @@
 // n = Dp), K = max_j ||k_j|| over the row's visible keys (a prefix: the
 // running max over the kv head's keys, gathered when they are packed),
 // u = 2^-24, eta = 2^-149 (f32's subnormal spacing, twice any one
-// operation's underflow error). The GEMM's chain c = fl(sum_d q_d k_d) (FMAs, or a multiply and
-// an add without FMA) satisfies |c| <= (1 + gamma_n) sum |q_d k_d| + n eta,
-// gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, 3.1), and
-// sum |q_d k_d| <= ||q|| ||k|| <= ||q|| K (Cauchy-Schwarz); S = RN(scale c)
-// adds a factor (1 + u) and eta; the clamp of Logit only shrinks |S|. So
+// operation's underflow error). The GEMM's chain c = fl(sum_d q_d k_d)
+// (FMAs, or a multiply and an add without FMA) satisfies
+// |c| <= (1 + gamma_n) sum |q_d k_d| + n eta, gamma_n = n u / (1 - n u)
+// (Higham, Accuracy and Stability, 3.1), and sum |q_d k_d| <= ||q|| ||k||
+// <= ||q|| K (Cauchy-Schwarz); S = RN(scale c) adds a factor (1 + u) and
+// eta; the clamp of Logit only shrinks |S|. So
 //   |S_ij| <= (1 + u) |scale| ((1 + gamma_n) ||q_i|| K + n eta) + eta,
 // provided c cannot overflow ((1 + gamma_n) ||q_i|| K <= FLT_MAX, else B is
-// inf). The norms come from the f32 rows themselves in f64 (squares exact,
-// a sum of n of them within gamma_n of f64, so each norm within n 2^-53
-// after the sqrt), and the bound is evaluated in f64 with a few more
-// roundings: all are covered by the relative slack
-// (n + kBoundF64Roundings) 2^-52 (twice the first-order sum), and B is
-// finally rounded up to f32. B_i depends on q_i, the row's visible k and
-// v and the shape only: never on the thread count, the task split or a
-// masked key (CausalFuture and PaddingInvisible stay bitwise).
+// inf). The norms of unit l2 rows are bounded by kUnitRowNorm; the others
+// come from the f32 rows themselves in f64 (squares exact, a sum of n of
+// them within gamma_n of f64, so each norm within n 2^-53 after the sqrt),
+// and the bound is evaluated in f64 with a few more roundings: all are
+// covered by the relative slack (n + kBoundF64Roundings) 2^-52 (twice the
+// first-order sum), and B is finally rounded up to f32. B_i depends on
+// q_i, the row's visible k and v and the shape only: never on the thread
+// count, the task split or a masked key (CausalFuture and PaddingInvisible
+// stay bitwise).
 // Subnormal products: the online path's largest P is 1, the fixed path's
 // P = exp(S - B_i) may be as small as e^-2B_i before the division by l, so
 // a product P v that is subnormal in f32 keeps only ulp(0) absolutely, which
@@ -151,6 +153,11 @@ inline constexpr float kFixedShiftMax = 43.0f;
 // two sqrts, the product of the norms, the slack factors themselves, the
 // products by them and by |scale|, the two additions (top of file).
 inline constexpr double kBoundF64Roundings = 8;
+// The norm bound of a unit l2 row u = RN_f32(x * RN_f64(1 / max(||x||,
+// eps))): each |u_d| <= |x_d| / max(||x||, eps) (1 + 2^-53)^2 (1 + 2^-24),
+// so ||u|| <= 1 + 2^-23; the paper's rows skip their f64 norms (n = 128:
+// ~170 instructions a row, more than the max pass the shift saves there).
+inline constexpr double kUnitRowNorm = 1 + 0x1p-23;
 // A row's shift when it takes the online softmax (a bound is never < 0).
 inline constexpr float kOnlineRow = -1.0f;
 
@@ -478,7 +485,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
           if (sd.k.mode == SideMode::kUnitL2) NormalizeRow(kr, Dp, s.eps);
         }
         if (bound) {
-          const double r2 = SumSquaresF64(kr, Dp);
+          const double r2 = sd.k.mode == SideMode::kUnitL2
+                                ? kUnitRowNorm * kUnitRowNorm
+                                : SumSquaresF64(kr, Dp);
           if (!(r2 <= k2) && !std::isnan(k2)) k2 = r2, kn = std::sqrt(r2);
           knb[j] = kn;
         }
@@ -514,8 +523,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       shift[r] = kOnlineRow;
       if (bound && L[r] > 0) {
         const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
-        const float B = LogitBound(
-            bf, std::sqrt(SumSquaresF64(qrows + r * Dp, Dp)), k_norm[last]);
+        const double qn = sd.q.mode == SideMode::kUnitL2
+                              ? kUnitRowNorm
+                              : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
+        const float B = LogitBound(bf, qn, k_norm[last]);
         if (B <= shift_cap[last]) shift[r] = B;
       }
       m[r] = shift[r] >= 0 ? shift[r] : kNegInf;
