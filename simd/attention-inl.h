@@ -52,25 +52,52 @@
 // for the whole row. The backward reads it as an f32 pair hi + lo and forms
 // (S - hi) - lo.
 //
-// Bounded logits (issue 18): when both sides are unit l2 rows (the paper's
-// formulation, ||q_hat||, ||k_hat|| <= 1 with the eps clamp) and |scale| <=
-// kFixedShiftMax, every logit lies in [-|g|, |g|] (up to the dot's rounding,
-// |g| D u_f32, harmless), so the running max is replaced by the fixed shift
-// m = |g|: P = exp(S - |g|) cannot overflow, and exp's argument stays above
-// -2 kFixedShiftMax = -86 where f32's exp is still normal (e^-86 = 4e-38 >
-// 2^-126): no flush. The tile loop then drops the max pass and every
-// rescaling (alpha = 1 always). Rows with one visible key keep their
-// exactness by their own epilogue (O = V, lse = S of that key, as the online
-// path gives them); fully masked rows are unchanged. ExecConfig::
-// online_softmax forces the online path (bench compares the two).
+// Bounded logits (issue 18): a logit bound B_i per query row, derived from
+// the data, replaces the running max by the fixed shift m_i = B_i when
+// B_i <= kFixedShiftMax: P = exp(S - B_i) cannot overflow, and exp's
+// argument stays above -2 kFixedShiftMax = -86 where f32's exp is still
+// normal (e^-86 = 4e-38 > 2^-126): no flush. The tile loop then drops the
+// max pass and every rescaling (alpha = 1 always). Every formulation
+// qualifies when its data does (the paper's unit rows give B_i ~ |g|;
+// Qwen3's rms rows with gamma ~ 1 give ~ sqrt(D) max|gamma|^2; even sdpa
+// with small logits); a row whose bound exceeds 43 (or is not finite) stays
+// online, other rows of the same tile are unaffected. Rows with one visible
+// key keep their exactness by their own epilogue (O = V, lse = S of that
+// key, as the online path gives them); fully masked rows are unchanged.
+// ExecConfig::online_softmax forces the online path (bench compares the
+// two) and skips the bound's cost.
+// The bound, a true upper bound of |S_ij| as computed (LogitBound): let q,
+// k be the f32 operand rows the GEMM reads (x_tilde, zero padded to
+// n = Dp), K = max_j ||k_j|| over the row's visible keys (a prefix: the
+// running max over the kv head's keys, gathered when they are packed),
+// u = 2^-24, eta = 2^-149 (f32's subnormal spacing, twice any one
+// operation's underflow error). The GEMM's chain c = fl(sum_d q_d k_d)
+// (FMAs, or a multiply and an add without FMA) satisfies
+// |c| <= (1 + gamma_n) sum |q_d k_d| + n eta, gamma_n = n u / (1 - n u)
+// (Higham, Accuracy and Stability, 3.1), and sum |q_d k_d| <= ||q|| ||k||
+// <= ||q|| K (Cauchy-Schwarz); S = RN(scale c) adds a factor (1 + u) and
+// eta; the clamp of Logit only shrinks |S|. So
+//   |S_ij| <= (1 + u) |scale| ((1 + gamma_n) ||q_i|| K + n eta) + eta,
+// provided c cannot overflow ((1 + gamma_n) ||q_i|| K <= FLT_MAX, else B is
+// inf). The norms of unit l2 rows are bounded by kUnitRowNorm; the others
+// come from the f32 rows themselves in f64 (squares exact, a sum of n of
+// them within gamma_n of f64, so each norm within n 2^-53 after the sqrt),
+// and the bound is evaluated in f64 with a few more roundings: all are
+// covered by the relative slack (n + kBoundF64Roundings) 2^-52 (twice the
+// first-order sum), and B is finally rounded up to f32. B_i depends on
+// q_i, the row's visible k and v and the shape only: never on the thread
+// count, the task split or a masked key (CausalFuture and PaddingInvisible
+// stay bitwise).
 // Subnormal products: the online path's largest P is 1, the fixed path's
-// P = exp(S - |g|) may be as small as e^-2|g| before the division by l, so
+// P = exp(S - B_i) may be as small as e^-2B_i before the division by l, so
 // a product P v that is subnormal in f32 keeps only ulp(0) absolutely, which
 // the division by l < 1 then amplifies (found by the fuzz corpus,
 // crash-simd-f32-stored-o-subnormal-dq: v ~ 1e-42, O = 0 against 4.7e-43).
-// A head whose v holds a nonzero |v| below e^(2|g|) times f32's smallest
-// normal (5.9e-28 at g = 12.32) therefore takes the online path: every
-// product of the fixed path is then normal.
+// A row takes the fixed path only if its visible v hold no nonzero |v|
+// below v_floor = e^(2 B_i) FLT_MIN (5.9e-28 at B = 12.32), i.e. only if
+// B_i <= ln(min nonzero |v| / FLT_MIN) / 2 (the shift cap of the visible
+// keys, ShiftCap): every product of the fixed path is then normal (up to
+// exp's 1 ulp).
 //
 // Exactness kept on purpose (the tolerance rule's bound is 0 where the exact
 // result is 0): S = RN(scale * c) and m is one of the S, so the largest P of
@@ -122,9 +149,20 @@ inline constexpr size_t kQueryBlock = 64;
 inline constexpr int64_t kTargetTasks = 16;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// The largest |scale| for the fixed-shift softmax (above): exp(-2 * 43) is
-// 4.4e-38, above f32's smallest normal 1.18e-38.
+// The largest logit bound for the fixed-shift softmax (above): exp(-2 * 43)
+// is 4.4e-38, above f32's smallest normal 1.18e-38.
 inline constexpr float kFixedShiftMax = 43.0f;
+// f64 roundings of LogitBound's evaluation besides the two norms' sums: the
+// two sqrts, the product of the norms, the slack factors themselves, the
+// products by them and by |scale|, the two additions (top of file).
+inline constexpr double kBoundF64Roundings = 8;
+// The norm bound of a unit l2 row u = RN_f32(x * RN_f64(1 / max(||x||,
+// eps))): each |u_d| <= |x_d| / max(||x||, eps) (1 + 2^-53)^2 (1 + 2^-24),
+// so ||u|| <= 1 + 2^-23; the paper's rows skip their f64 norms (n = 128:
+// ~170 instructions a row, more than the max pass the shift saves there).
+inline constexpr double kUnitRowNorm = 1 + 0x1p-23;
+// A row's shift when it takes the online softmax (a bound is never < 0).
+inline constexpr float kOnlineRow = -1.0f;
 
 struct AttnShape {
   int64_t B, H, BH, Nq, Nk, D;
@@ -156,6 +194,78 @@ inline AttnShape MakeShape(const AttentionProblem& p) {
                  : 1.0f / std::sqrt(static_cast<float>(s.D));
   s.eps = EpsF32(p.eps);
   return s;
+}
+
+// sum x[d]^2 over n floats (n a multiple of Lanes(DF)) in f64 lanes: every
+// f32 square is exact in f64, without overflow or underflow (rows-inl.h).
+HWY_INLINE double SumSquaresF64(const float* HWY_RESTRICT x, size_t n) {
+  const DD dd;
+  const DFH dfh;
+  auto acc = hn::Zero(dd);
+  for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
+    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
+    acc = hn::MulAdd(y, y, acc);
+  }
+  return hn::GetLane(hn::SumOfLanes(dd, acc));
+}
+
+// The per-call factors of LogitBound (top of file, "Bounded logits") for
+// operand rows of n floats: the chain's (1 + gamma_n) with the f64 slack,
+// its absolute underflow term n eta, and |scale| (1 + u).
+struct BoundFactors {
+  double dot, dot_abs, scale;
+};
+inline BoundFactors MakeBoundFactors(float scale, size_t n) {
+  const double u = 0x1p-24, eta = 0x1p-149, nd = static_cast<double>(n);
+  const double nu = nd * u;
+  const double slack = (nd + kBoundF64Roundings) * 0x1p-52;
+  BoundFactors f;
+  f.dot = nu < 0.5 ? (1 + nu / (1 - nu)) * (1 + slack)
+                   : std::numeric_limits<double>::infinity();
+  f.dot_abs = nd * eta;
+  f.scale = std::fabs(static_cast<double>(scale)) * (1 + u);
+  return f;
+}
+
+// B >= |S_ij| for every key of a key set whose largest k row norm is kn,
+// for a query row of norm qn (both in f64 from the f32 rows), rounded up to
+// f32; +inf when the f32 dot product could overflow or a norm is not
+// finite.
+inline float LogitBound(const BoundFactors& f, double qn, double kn) {
+  constexpr double kEta = 0x1p-149;
+  const double c = qn * kn * f.dot + f.dot_abs;
+  if (!(c <= std::numeric_limits<float>::max()))
+    return std::numeric_limits<float>::infinity();
+  const double b = c * f.scale + kEta;
+  float r = static_cast<float>(b);
+  if (static_cast<double>(r) < b)
+    r = std::nextafter(r, std::numeric_limits<float>::infinity());
+  return r;
+}
+
+// The largest fixed shift a key set whose smallest nonzero |v| is v_min
+// allows (subnormal products, top of file): min(kFixedShiftMax,
+// ln(v_min / FLT_MIN) / 2), rounded down; kFixedShiftMax for a v without a
+// nonzero finite value.
+inline float ShiftCap(float v_min) {
+  const double lim = 0.5 * std::log(static_cast<double>(v_min) /
+                                    std::numeric_limits<float>::min());
+  if (!(lim < kFixedShiftMax)) return kFixedShiftMax;
+  float r = static_cast<float>(lim);
+  if (static_cast<double>(r) > lim)
+    r = std::nextafter(r, -std::numeric_limits<float>::infinity());
+  return r;
+}
+
+// Running minimum of the nonzero |x[d]|, d < n (a multiple of Lanes(DF)).
+HWY_INLINE VF MinNonzeroAbs(VF acc, const float* HWY_RESTRICT x, size_t n) {
+  const DF df;
+  const VF inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  for (size_t d = 0; d < n; d += hn::Lanes(df)) {
+    const VF a = hn::Abs(hn::LoadU(df, x + d));
+    acc = hn::Min(acc, hn::IfThenElse(hn::Eq(a, hn::Zero(df)), inf, a));
+  }
+  return acc;
 }
 
 // lim[b * Nq + i]: number of visible keys (a prefix) of query i, batch b.
@@ -204,8 +314,8 @@ HWY_INLINE VF Logit(VF c, VF vscale) {
   return hn::Min(hn::Max(hn::Mul(c, vscale), lo), hi);
 }
 
-// exp(x) for x in [-86, 88] (the fixed-shift softmax's arguments S - |g|,
-// >= -2 kFixedShiftMax up to rounding): hn::Exp's range reduction and
+// exp(x) for x in [-86, 88] (the fixed-shift softmax's arguments S - B_i,
+// >= -2 B_i >= -2 kFixedShiftMax up to rounding): hn::Exp's range reduction and
 // polynomial without its range handling (issue 18: 121 -> 78 us of 664 at
 // d64 n128, one thread). q = RN(x / ln 2) by adding 1.5 * 2^23 (t = M + q
 // exactly: the sum's ulp is 1), where hn::Exp rounds x / ln 2 +- 1/2 and
@@ -258,7 +368,7 @@ inline constexpr size_t kPackRows = 8;
 // multiple of kPackRows) as columns of the transposed block layout, as
 // ScatterTransposed does one row at a time. On 256-bit x86 targets by 8 x 8
 // register transposes: the scalar scatter was ~3 instructions per element,
-// the largest part of the K/V setup at n = 128 after the v_tiny check
+// the largest part of the K/V setup at n = 128 after the v scan
 // (callgrind, issue 18).
 HWY_INLINE void PackTransposed(const float* HWY_RESTRICT rows, size_t ld,
                                size_t j0, size_t Dp,
@@ -390,12 +500,13 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   // for the first product).
   const Sides sd =
       PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
-  // The fixed shift needs every product P v of a head normal (below).
-  const float v_floor =
-      std::exp(std::min(2.0f * std::fabs(s.scale), 2.0f * kFixedShiftMax)) *
-      std::numeric_limits<float>::min();
-  unsigned char* v_tiny = ws.v_tiny.Get(BHk);
-  std::fill(v_tiny, v_tiny + BHk, 0);
+  // The fixed shift's inputs (top of file), per kv head and key prefix
+  // [0, j]: the largest k row norm and the shift cap of v, gathered while
+  // the rows are in L1. Prefixes, so that a row's bound depends on its
+  // visible keys only (masked keys change nothing, bitwise).
+  const bool bound = !ws.online_softmax;
+  double* k_norm = ws.k_norm.Get(BHk * Nk);
+  float* shift_cap = ws.shift_cap.Get(BHk * Nk);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
     const int64_t b = bk / s.Hk, h = bk % s.Hk;
     // kPackRows k rows (normalized here unless the side is generic), then
@@ -404,8 +515,13 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
     float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
     float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
-    const VF vfloor = hn::Set(df, v_floor);
     NormInfo info[kPackRows];
+    // Running over the keys: max ||k||^2 (NaN once a row's is: the rows
+    // that see it stay online), min nonzero |v| and its cap.
+    double k2 = 0, kn = 0;
+    float v_min = std::numeric_limits<float>::infinity(), cap = kFixedShiftMax;
+    double* knb = k_norm + static_cast<size_t>(bk) * Nk;
+    float* capb = shift_cap + static_cast<size_t>(bk) * Nk;
     for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
       for (size_t t = 0; t < kPackRows; ++t) {
         const size_t j = j0 + t;
@@ -417,11 +533,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         }
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        for (size_t d = 0; d < Dp; d += N) {
-          const VF x = hn::Abs(hn::LoadU(df, vb + j * Dp + d));
-          if (!hn::AllFalse(
-                  df, hn::And(hn::Ne(x, hn::Zero(df)), hn::Lt(x, vfloor))))
-            v_tiny[static_cast<size_t>(bk)] = 1;
+        if (bound) {
+          const float vm = hn::GetLane(hn::MinOfLanes(
+              df, MinNonzeroAbs(hn::Set(df, v_min), vb + j * Dp, Dp)));
+          if (vm < v_min) v_min = vm, cap = ShiftCap(vm);  // rarely: a log
+          capb[j] = cap;
         }
         if (sd.k.mode == SideMode::kGeneric)
           std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
@@ -429,18 +545,23 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
         LoadSide<P>(sd.k, a.k, b, h, j0, std::min(kPackRows, Nk - j0), s, stage,
                     info);
+      // The k rows as the GEMM reads them: the running norm bound.
+      for (size_t t = 0; bound && t < kPackRows && j0 + t < Nk; ++t) {
+        const double r2 = sd.k.mode == SideMode::kUnitL2
+                              ? kUnitRowNorm * kUnitRowNorm
+                              : SumSquaresF64(stage + t * Dp, Dp);
+        if (!(r2 <= k2) && !std::isnan(k2)) k2 = r2, kn = std::sqrt(r2);
+        knb[j0 + t] = kn;
+      }
       PackTransposed(stage, Dp, j0, Dp, ktb);
     }
   });
 
   const VF neg_inf = hn::Set(df, kNegInf);
   const VF vscale = hn::Set(df, s.scale);
-  // The fixed shift of bounded logits (top of file), or the online softmax.
-  const bool fixed_ok = !ws.online_softmax && sd.q.mode == SideMode::kUnitL2 &&
-                        sd.k.mode == SideMode::kUnitL2 &&
-                        std::fabs(s.scale) <= kFixedShiftMax;
-  const float shift = std::fabs(s.scale);
-  const VF vshift = hn::Set(df, shift);
+  const BoundFactors bf = MakeBoundFactors(s.scale, Dp);
+  float* row_shift =
+      probs ? ws.row_shift.Get(static_cast<size_t>(s.BH) * Nq) : nullptr;
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
     const int64_t bh = task / static_cast<int64_t>(s.nqb);
     const size_t i0 =
@@ -448,24 +569,37 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const int64_t b = bh / s.H, h = bh % s.H;
     const size_t bk = static_cast<size_t>(b * s.Hk + h / s.group);
     const size_t mr = std::min(Mq, Nq - i0);
-    const bool fixed = fixed_ok && v_tiny[bk] == 0;
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
     float* O = S + Mq * Kb;
     float* m = O + Mq * Dp;
     float* l = m + Mq;
-    int64_t max_lim = 0;
-    for (size_t r = 0; r < mr; ++r) {
-      max_lim = std::max(max_lim, L[r]);
-      m[r] = fixed ? shift : kNegInf;
-      l[r] = 0;
-    }
-    std::fill(O, O + mr * Dp, 0.0f);
+    // Raw and unit-l2 q rows are loaded (and normalized) here, for this
+    // task's rows; generic ones were prepared by PrepareSides.
     float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
     if (sd.q.mode != SideMode::kGeneric) {
       NormInfo info[kQueryBlock];
       LoadSide<P>(sd.q, a.q, b, h, i0, mr, s, qrows, info);
     }
+    // Per row: the fixed shift B_i of bounded logits (top of file), or
+    // kOnlineRow: the online softmax.
+    float shift[kQueryBlock];
+    int64_t max_lim = 0;
+    for (size_t r = 0; r < mr; ++r) {
+      max_lim = std::max(max_lim, L[r]);
+      shift[r] = kOnlineRow;
+      if (bound && L[r] > 0) {
+        const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
+        const double qn = sd.q.mode == SideMode::kUnitL2
+                              ? kUnitRowNorm
+                              : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
+        const float B = LogitBound(bf, qn, k_norm[last]);
+        if (B <= shift_cap[last]) shift[r] = B;
+      }
+      m[r] = shift[r] >= 0 ? shift[r] : kNegInf;
+      l[r] = 0;
+    }
+    std::fill(O, O + mr * Dp, 0.0f);
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
@@ -497,7 +631,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         for (size_t j = kvv; j < width[r]; j += N)
           hn::StoreU(hn::Zero(df), df, sr + j);
         if (kv == 0) continue;
-        if (fixed) {  // P = exp(S - |g|): one pass, no rescaling
+        if (shift[r] >= 0) {  // P = exp(S - B_i): one pass, no rescaling
+          const VF vshift = hn::Set(df, shift[r]);
           VF vsum = hn::Zero(df);
           for (size_t j = 0; j < kvv; j += N) {
             const VF x = Logit(hn::LoadU(df, sr + j), vscale);
@@ -514,11 +649,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // m is the running max of the logits S = RN(c * scale); P = exp(S -
         // m), so the key holding the max gets P = exp(0) = 1 exactly and a
         // row with one visible key gets l = 1, lse = S and O = V exactly (as
-        // does the naive reference). (A fixed shift m = |g|, valid
-        // for QKNorm since |S| <= |g|, would save this pass, but for a row
-        // with one visible key it makes P = exp(S - |g|) carry exp's 1-ulp
-        // error into lse, so dS = 0 and dV = dO stop being exact; measured
-        // ~10-15% forward speed, not worth that.)
+        // does the naive reference; the fixed path above gets these rows
+        // from its own epilogue: exp(S - B_i) carries exp's 1 ulp).
         // The max pass stores the logits in place, so the exp pass reads
         // them instead of forming them again (the clamp of Logit would
         // otherwise cost ~7% of the forward at n = 128, measured).
@@ -559,12 +691,12 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       if (L[r] == 0) {
         std::fill(orow, orow + Dp, 0.0f);
         lse = -std::numeric_limits<double>::infinity();
-      } else if (fixed && L[r] == 1) {
+      } else if (shift[r] >= 0 && L[r] == 1) {
         // One visible key (key 0): what the online path gives exactly,
         // O = V, lse = S (held in m), P = exp(S - lse) = 1 in the backward.
         std::copy(vb, vb + Dp, orow);
         lse = static_cast<double>(m[r]);
-        m[r] = shift;  // the probabilities hook's shift (l = exp(S - |g|))
+        m[r] = shift[r];  // the hook's shift (l = exp(S - B_i))
       } else {
         // O / l as O * (1 / l) in f64 lanes: 1 / l is within 2^-53
         // relative of the quotient's, so the one f32 rounding gives the
@@ -584,7 +716,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
     if (probs == nullptr) return;
     // Inspection hook: the final probabilities exp(S - m) / l with the m, l
-    // and the same S, Exp and masking as above.
+    // and the same S, Exp and masking as above (m = B_i on a fixed row),
+    // and each row's shift for tests (workspace.h).
+    std::copy(shift, shift + mr, row_shift + static_cast<size_t>(bh) * Nq + i0);
     for (size_t r = 0; r < mr; ++r) {
       double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk;
       std::fill(pr, pr + Nk, 0.0);
@@ -600,7 +734,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
           const VF x = hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm);
-          const VF e = fixed ? ExpBounded(x) : hn::Exp(df, x);
+          // Fixed rows: x <= 0 up to rounding on the visible keys; the
+          // lanes of masked keys (past kv, never copied out) may fall
+          // outside ExpBounded's domain and hold garbage.
+          const VF e = shift[r] >= 0 ? ExpBounded(x) : hn::Exp(df, x);
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;

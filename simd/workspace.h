@@ -66,8 +66,14 @@ class SimdWorkspace final : public Workspace {
   GrowBuffer<float> qh, kh, kt, v, vt, d_o, row_stats, dq_partial, scratch;
   GrowBuffer<NormInfo> q_info, k_info;
   GrowBuffer<int64_t> limits;
-  // Per (batch, kv head): v holds a value too small for the fixed shift.
-  GrowBuffer<unsigned char> v_tiny;
+  // Per (batch, kv head) and key j, for the fixed-shift softmax
+  // (attention-inl.h, "Bounded logits"): over the keys [0, j], the largest
+  // ||k_tilde|| and the largest shift their v allow.
+  GrowBuffer<double> k_norm;
+  GrowBuffer<float> shift_cap;
+  // Written by the probabilities hook's forward only (tests): per query row
+  // [B][H][q_len], the fixed shift B_i the row used, -1 for an online row.
+  GrowBuffer<float> row_shift;
   GrowBuffer<double> task_sums;
   // Formulations: dk_tilde (dense, padded), per-row statistics of q and k,
   // the parameters in f64 (padded) and the per-task parameter gradients.

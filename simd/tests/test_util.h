@@ -58,9 +58,11 @@ inline void ExpectSame(const validation::AttentionResult& a,
 }
 
 // The probabilities `entry`'s hook reports for case c (inputs in its
-// storage; empty if the entry has no hook).
-inline std::vector<double> Probabilities(const Backend& entry,
-                                         const validation::AttentionCase& c) {
+// storage; empty if the entry has no hook); with `ws` and `lse_out`, in that
+// workspace and with the forward's lse.
+inline std::vector<double> Probabilities(
+    const Backend& entry, const validation::AttentionCase& c,
+    Workspace* ws = nullptr, std::vector<double>* lse_out = nullptr) {
   const AttentionProblem& p = c.problem;
   const Precision prec = entry.precision();
   auto encode_all = [&](const std::vector<double>& x) {
@@ -88,8 +90,8 @@ inline std::vector<double> Probabilities(const Backend& entry,
       {ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)}};
   std::vector<double> probs(
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len), -1);
-  if (!entry.attention_probabilities(p, fa, probs.data(), nullptr))
-    probs.clear();
+  if (!entry.attention_probabilities(p, fa, probs.data(), ws)) probs.clear();
+  if (lse_out != nullptr) *lse_out = lse;
   return probs;
 }
 
