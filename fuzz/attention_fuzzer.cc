@@ -334,6 +334,13 @@ bool in_domain_formulation(const AttentionCase& c, Precision s,
                     q.t * k.w * k.back / std::min<LD>(k.den, 1));
   const LD param = rows * 2 * p1 * sc * std::max(q.t, k.t) *
                    std::max({q.x, k.x, static_cast<LD>(1)});
+  // The scaled dS itself (sc |dS_ij| <= sc 2 p1), which kernels form before
+  // it meets the other side's operand: grad_scale and param bound it only
+  // through max |x_tilde'|, 0 for zero weights (found by the CI mode with
+  // formulations on, seed 3 at 535e52c: rms, zero [D] weights, g = 65504,
+  // f64, dP up to 1.6e304: s dS = 1.97e308 overflowed in reference:f64,
+  // and inf * 0 gave NaN dq, dk where the oracle's are 0). The paper's
+  // checks hold it (grad_scale >= |g| there).
   const LD checks[] = {q.t,
                        k.t,
                        dot,
@@ -342,8 +349,9 @@ bool in_domain_formulation(const AttentionCase& c, Precision s,
                        p1,
                        grad_scale * N * 2 * p1,
                        rows * 2 * p1 * dot,
-                       param};
-  const size_t n = forward_only ? 5 : 9;
+                       param,
+                       sc * 2 * p1};
+  const size_t n = forward_only ? 5 : 10;
   for (size_t i = 0; i < n; ++i)
     if (!(checks[i] <= lim)) return false;
   if (forward_only) return true;
