@@ -334,12 +334,13 @@ bool in_domain_formulation(const AttentionCase& c, Precision s,
                     q.t * k.w * k.back / std::min<LD>(k.den, 1));
   const LD param = rows * 2 * p1 * sc * std::max(q.t, k.t) *
                    std::max({q.x, k.x, static_cast<LD>(1)});
-  // sc 2 p1 bounds the scaled dS = s dS that the backward forms before
-  // multiplying by the other side's operand: a zero operand (all weights
-  // 0, so grad_scale = 0) does not keep it finite (found by the fuzzer,
-  // formulation mode: rms, [D] weights 0, g = 65504, v ~ 5.8e303, f64:
-  // s dS = inf times k_tilde = 0 gave NaN in reference:f64's dq, whose
-  // exact value is 0).
+  // The scaled dS itself (sc |dS_ij| <= sc 2 p1), which kernels form before
+  // it meets the other side's operand: grad_scale and param bound it only
+  // through max |x_tilde'|, 0 for zero weights (found by the CI mode with
+  // formulations on, seed 3 at 535e52c: rms, zero [D] weights, g = 65504,
+  // f64, dP up to 1.6e304: s dS = 1.97e308 overflowed in reference:f64,
+  // and inf * 0 gave NaN dq, dk where the oracle's are 0). The paper's
+  // checks hold it (grad_scale >= |g| there).
   const LD checks[] = {q.t,
                        k.t,
                        dot,

@@ -1245,6 +1245,37 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                  own_res * (std::fabs(cdot) + ue * l1)) /
                 den;
           }
+          // The roundings at du's own scale, after the weight. add[2]
+          // counts (1 + s) (terms + L + 2) ulp_c(0) per element of
+          // dx_tilde (its sums and the normalization backward's operations)
+          // and the row then carries it times |w_e|: right for dx_tilde's
+          // own sums, formed before the weight, but the product du_e = w_e
+          // dx_tilde_e and the normalization backward's operations on du
+          // (its dot x_hat . du, the L products and sums, the division by L
+          // or the mean, x_hat_e c and the subtraction: the L + 2 of add[2])
+          // round at du's magnitude, to ulp_c(0) below the normal range
+          // whatever |w_e| is, and the division by den multiplies them by 1
+          // / den. So each du_e carries (1 + s) (1 + L + 2) ulp_c(0)
+          // unweighted (s: a kernel may scale after these operations, as
+          // add[2] allows), through the same backward as the other channels
+          // (norm_backward_mag): (1 + s) (L + 3) (1 + |x_hat_e| sum |x_hat|
+          // / L) / den for rms. Found by the fuzz CI mode with formulations
+          // on: rms, [D] weight with w_7 = 7.0e-309 (the others 1.9e-314,
+          // 3 ulp(0) or 0), f64, a q row of eight -2.0e-4 (den = 2.0e-4):
+          // dx_tilde_7 = 1.7e-4 and du_7 = 1.17e-312, resolved to 0.42
+          // ulp(0) in reference:f64, which 1 / den = 5011 made 2500 ulp(0)
+          // of dq_7 = 5.1e-309, where the weighted count gave nothing and
+          // the bound was 1667 ulp(0) (margin 1.5). 0 without a weight: then
+          // add[2] counts these operations with |w_e| = 1.
+          if (p.norm.weight != ParamShape::kNone) {
+            const LD du_ops = (1 + s) * static_cast<LD>(L + 3);
+            for (int64_t e = 0; e < L; ++e)
+              row[static_cast<size_t>(e)] = du_ops;
+            norm_backward_mag(p, u.data(), den, L, &row);
+            for (int64_t e = 0; e < L; ++e)
+              (*dst[2])[static_cast<size_t>(nr.at(r0, e))] +=
+                  row[static_cast<size_t>(e)];
+          }
         }
       }
     };
