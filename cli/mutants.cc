@@ -108,10 +108,12 @@ std::string first_line(const std::string& msg, size_t max_len = 110) {
   return line;
 }
 
-Outcome judge_entry(const Backend& b, const Suite& suite) {
+Outcome judge_entry(const Backend& b, const Suite& suite,
+                    SharedOracles* oracles) {
   Outcome r;
   r.entry = &b;
   RunOptions opt;
+  opt.oracles = oracles;
   opt.exec.threads = 1;
   opt.time_forward = false;
   const auto t0 = std::chrono::steady_clock::now();
@@ -196,12 +198,15 @@ int run_mutants(const MutantsOptions& o, const SuiteOptions& so,
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const size_t jobs = std::min<size_t>(
       all.size(), o.jobs > 0 ? static_cast<size_t>(o.jobs) : cores);
+  // Every entry is judged against the same oracles (one per case and
+  // precision, computed once: they cost more than the entries).
+  SharedOracles oracles;
   std::atomic<size_t> next{0};
   std::atomic<int> done{0};
   std::mutex progress_mu;
   auto worker = [&] {
     for (size_t i = next++; i < all.size(); i = next++) {
-      outcomes[i] = judge_entry(*all[i], suite);
+      outcomes[i] = judge_entry(*all[i], suite, &oracles);
       const int d = ++done;
       if (progress) {
         std::lock_guard<std::mutex> lock(progress_mu);

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -250,6 +252,31 @@ CaseResult judge_attention_shared(const Backend& entry,
 
 }  // namespace
 
+// One (case, precision) slot per key; the slot's mutex guards the making of
+// its oracle and naive baseline (run_suite), after which it is only read.
+struct SharedOracles::Impl {
+  struct Slot {
+    std::mutex mu;
+    SharedCase sh;
+  };
+  std::mutex mu;  // guards suite and slots
+  const Suite* suite = nullptr;
+  std::map<std::pair<size_t, size_t>, std::unique_ptr<Slot>> slots;
+
+  Slot& slot(const Suite& s, size_t ci, size_t pi) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (suite == nullptr) suite = &s;
+    if (suite != &s)
+      throw std::logic_error("SharedOracles: used with two different suites");
+    std::unique_ptr<Slot>& p = slots[{ci, pi}];
+    if (!p) p = std::make_unique<Slot>();
+    return *p;
+  }
+};
+
+SharedOracles::SharedOracles() : impl(std::make_unique<Impl>()) {}
+SharedOracles::~SharedOracles() = default;
+
 std::string describe_case(const AttentionSpec& spec) {
   validation::AttentionCase c;  // describe() reads no input
   c.problem = spec.problem;
@@ -468,17 +495,28 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     std::array<size_t, 4> last{};
     for (size_t ei = 0; ei < entries.size(); ++ei)
       last[static_cast<size_t>(entries[ei]->precision())] = ei;
+    validation::SampleOptions sample_opt = shared[0].sample;
     if (sampled) {
-      const validation::SampleOptions so =
-          sample_options(entries, s.problem, opt.sample_rows, opt.sample_seed,
-                         opt.exec.threads);
-      for (SharedCase& sh : shared) sh.sample = so;
+      sample_opt = sample_options(entries, s.problem, opt.sample_rows,
+                                  opt.sample_seed, opt.exec.threads);
+      for (SharedCase& sh : shared) sh.sample = sample_opt;
     }
     for (size_t ei = 0; ei < entries.size(); ++ei) {
       const Backend& b = *entries[ei];
       const auto pi = static_cast<size_t>(b.precision());
-      SharedCase& sh = shared[pi];
       if (attn[ei].available) {
+        // The shared slot's lock is held while its oracle and naive
+        // baseline are made; the entry's judgement only reads them.
+        SharedCase* shp = &shared[pi];
+        std::unique_lock<std::mutex> lock;
+        if (opt.oracles) {
+          SharedOracles::Impl::Slot& slot =
+              opt.oracles->impl->slot(suite, ci, pi);
+          lock = std::unique_lock<std::mutex>(slot.mu);
+          shp = &slot.sh;
+          if (!shp->made) shp->sample = sample_opt;
+        }
+        SharedCase& sh = *shp;
         if (b.supports(s.problem) && !sh.made) {
           report(std::string(sampled ? "sampled oracle " : "oracle ") +
                  std::string(name(b.precision())));
@@ -498,6 +536,7 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
           pr.est_done += step_cost(&StepCosts::naive, ci, pi);
           cost.naive_seconds += sh.naive_seconds;
         }
+        if (lock.owns_lock()) lock.unlock();
         report(b.name());
         const auto t0 = Clock::now();
         attn[ei].cases.push_back(judge_attention_shared(b, s, opt.exec, &sh));
@@ -505,7 +544,7 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
         pr.est_done += step_cost(&StepCosts::entry, ci, ei);
       }
       ++pr.done;
-      if (ei == last[pi]) sh = SharedCase{};
+      if (ei == last[pi]) shared[pi] = SharedCase{};
     }
     cost.seconds = seconds_since(t_case);
     if (opt.case_costs) opt.case_costs->push_back(std::move(cost));

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -148,8 +149,29 @@ struct CaseCost {
   std::vector<validation::SampledOracle> samples;
 };
 
+// The oracles and naive baselines of one suite, shared by several run_suite
+// calls on it, from any threads: `qknorm-check mutants` judges each mutant
+// and control in a call of its own, two at once, and all of them need the
+// same oracle per (attention case, storage precision). Each is computed once,
+// by the first call that needs it (the others wait for it), and kept until
+// the cache is destroyed: meant for small suites such as the default one.
+// The verdicts are the ones of separate calls (the same functions on the
+// same inputs). Every call must pass the same Suite object (checked).
+class SharedOracles {
+ public:
+  SharedOracles();
+  ~SharedOracles();
+  SharedOracles(const SharedOracles&) = delete;
+  SharedOracles& operator=(const SharedOracles&) = delete;
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
 struct RunOptions {
   ExecConfig exec;
+  // Oracles shared with other calls on the same suite (null: this call's
+  // own, dropped after each precision's last entry).
+  SharedOracles* oracles = nullptr;
   bool time_forward = true;
   // Sampled mode: at least this many query rows and key rows per attention
   // case (0: the full oracle), drawn with this seed.

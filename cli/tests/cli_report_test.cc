@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
+#include <thread>
 
 #include "cli/compare.h"
 #include "cli/report.h"
@@ -91,6 +93,64 @@ TEST(ReportLogic, CorrectEntriesPassAndWrongOneFails) {
   print_table(table, rep);
   EXPECT_NE(table.str().find("FAIL"), std::string::npos);
   EXPECT_NE(table.str().find("field o: "), std::string::npos) << table.str();
+}
+
+// One row's verdict, field by field (what the report prints of it).
+std::string verdict_of(const EntryRow& row) {
+  std::ostringstream s;
+  s.precision(17);
+  s << row.name << " " << row.kind << " pass=" << row.pass
+    << " ratio=" << row.ratio << " worst=" << row.worst.field << ":"
+    << row.worst.where << ":" << row.worst.margin;
+  for (const FieldSummary& f : row.fields)
+    s << " | " << f.field << " " << f.pass << " " << f.ratio << " "
+      << f.worst_element.where << " " << f.worst_element.margin << " "
+      << f.failures;
+  return s.str();
+}
+
+// SharedOracles (qknorm-check mutants): entries judged in calls of their own,
+// from two threads at once, against one cache, get the verdicts of a single
+// call, with both precisions' oracles and the naive baseline in the cache.
+TEST(ReportLogic, SharedOraclesGiveTheVerdictsOfOneCall) {
+  const WrongOutput wrong;
+  const Backend* ref32 = all_backends().find("reference:f32");
+  const Backend* ref64 = all_backends().find("reference:f64");
+  ASSERT_NE(ref32, nullptr);
+  ASSERT_NE(ref64, nullptr);
+  SuiteOptions so;
+  so.shapes = {"1x2x9x8"};
+  so.g = {20};
+  so.masks = {"causal", "none"};
+  so.dists = {"gaussian"};
+  const Suite suite = build_suite(so);
+  const std::vector<const Backend*> entries = {ref32, &wrong, ref64};
+  RunOptions opt;
+  opt.time_forward = false;
+  const std::vector<EntryRow> together = run_suite(entries, suite, opt);
+
+  SharedOracles oracles;
+  std::vector<std::vector<EntryRow>> alone(entries.size());
+  auto judge = [&](size_t i) {
+    RunOptions o = opt;
+    o.oracles = &oracles;
+    alone[i] = run_suite({entries[i]}, suite, o);
+  };
+  std::thread other(judge, 1);
+  judge(0);
+  judge(2);
+  other.join();
+  size_t k = 0;
+  for (size_t i = 0; i < entries.size(); ++i)
+    for (const EntryRow& row : alone[i]) {
+      ASSERT_LT(k, together.size());
+      EXPECT_EQ(verdict_of(row), verdict_of(together[k])) << "row " << k;
+      ++k;
+    }
+  EXPECT_EQ(k, together.size());
+  EXPECT_FALSE(together[2].pass);  // the wrong entry's attention row
+  opt.oracles = &oracles;
+  EXPECT_THROW(run_suite({ref32}, small_suite(), opt), std::logic_error);
 }
 
 TEST(ReportLogic, UnavailableEntryDoesNotFailTheRun) {
