@@ -59,7 +59,11 @@ class SimdWorkspace final : public Workspace {
     return *pool_;
   }
 
-  // ExecConfig::online_softmax of the current call.
+  // Forces the online softmax: attention_forward sets it from its
+  // ExecConfig::online_softmax on every call; attention_probabilities (whose
+  // interface has no ExecConfig) leaves it as it is, so that a caller holding
+  // the workspace chooses the path the hook reports (fixed_shift_test.cc
+  // sets it). Either path is a correct forward.
   bool online_softmax = false;
 
   // Operand buffers (f32, rows padded to a multiple of the vector length).
