@@ -4,9 +4,13 @@
 #      OpenBLAS core the CPU executes, property, mutants, cli, fuzz-corpus
 #      replay), GCC 12;
 #   2. the suite's quick label again, built with Clang 14 under ASan + UBSan
-#      (scripts/sanitize.sh);
+#      and libFuzzer's coverage instrumentation: the fuzz targets' own tree
+#      (QKNORM_ASAN_WITH_FUZZ=1 scripts/sanitize.sh, which builds the
+#      fuzzers too);
 #   3. each libFuzzer target: its corpus replayed, then a fixed -seed and
-#      -runs (fuzz/run_ci.sh; same counts every run, fuzz/README.md).
+#      -runs (fuzz/run_ci.sh; same counts every run, fuzz/README.md), with
+#      the binaries stage 2 built (built here only if stage 2 did not run or
+#      its build failed).
 # Every stage runs; the script fails if any stage failed.
 # QKNORM_SOAK=<n> multiplies the property cases (property_tests/README.md);
 # QKNORM_TEST_STAGES="ctest" (or any subset of "ctest sanitize fuzz") limits
@@ -32,7 +36,7 @@ if [[ " $stages " == *" ctest "* ]]; then
 fi
 if [[ " $stages " == *" sanitize "* ]]; then
   echo "== stage sanitize: Clang 14, ASan + UBSan, ctest -L quick"
-  scripts/sanitize.sh
+  QKNORM_ASAN_WITH_FUZZ=1 scripts/sanitize.sh
   status[sanitize]=$?
 fi
 if [[ " $stages " == *" fuzz "* ]]; then
@@ -43,7 +47,13 @@ if [[ " $stages " == *" fuzz "* ]]; then
   fi
   # Every registry entry (reference, simd on every attainable target with
   # Clang's EMU128 fallback, blas) is in the fuzz build.
-  fuzz/run_ci.sh
+  # sanitize.sh exits 3 when its build failed; otherwise the fuzzers it
+  # built (build-fuzz/out) are this commit's.
+  if [[ -n "${status[sanitize]:-}" && "${status[sanitize]}" != 3 ]]; then
+    FUZZ_SKIP_BUILD=1 fuzz/run_ci.sh
+  else
+    fuzz/run_ci.sh
+  fi
   status[fuzz]=$?
 fi
 

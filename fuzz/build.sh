@@ -10,7 +10,10 @@
 # zip up as the seed corpus) for every target listed by fuzz/CMakeLists.txt.
 # Environment for local use: QKNORM_FUZZ_BUILD_DIR (default
 # <repo>/build-fuzz/clang), QKNORM_FUZZ_CMAKE_ARGS (extra -D options, e.g.
-# "-DQKNORM_ENABLE_SIMD=OFF"), JOBS (default 2).
+# "-DQKNORM_ENABLE_SIMD=OFF"), JOBS (default 2), QKNORM_FUZZ_BUILD_ALL=1
+# (build every target of the tree, the test suite too, not only the fuzzers:
+# test.sh's sanitizer stage runs its tests in this same tree, so that the CI
+# compiles the project with Clang and the sanitizers once, not twice).
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CC=${CC:-clang}
 export CXX=${CXX:-clang++}
@@ -31,7 +34,11 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Fuzz \
   -DCMAKE_C_FLAGS="$CFLAGS" -DCMAKE_CXX_FLAGS="$CXXFLAGS" \
   -DQKNORM_BUILD_FUZZ=ON -DQKNORM_FUZZ_ENGINE="$LIB_FUZZING_ENGINE" \
   -DQKNORM_BUILD_BENCH=OFF ${QKNORM_FUZZ_CMAKE_ARGS:-}
-cmake --build "$build" -j "${JOBS:-2}" --target qknorm_fuzzers
+if [[ "${QKNORM_FUZZ_BUILD_ALL:-0}" == 1 ]]; then
+  cmake --build "$build" -j "${JOBS:-2}"
+else
+  cmake --build "$build" -j "${JOBS:-2}" --target qknorm_fuzzers
+fi
 mapfile -t targets <"$build/fuzz/targets.txt"
 
 for t in "${targets[@]}"; do

@@ -7,6 +7,19 @@
 #
 # Usage: scripts/sanitize.sh [extra cmake -D options...]
 # Environment:
+#   QKNORM_ASAN_WITH_FUZZ=1 the tree of the libFuzzer targets instead
+#                          (test.sh's stage 2): fuzz/build.sh builds every
+#                          target with its flags (ASan + UBSan + libFuzzer's
+#                          coverage instrumentation, -O1, assertions on) into
+#                          <repo>/build-fuzz/clang and the fuzzers into
+#                          build-fuzz/out, so the fuzz stage reuses them
+#                          instead of compiling the project a second time
+#                          (each Clang sanitizer build takes 6-9 minutes on 2
+#                          cores; the instrumentation costs this stage's tests
+#                          about 1.8x their time). Extra cmake options go
+#                          through QKNORM_FUZZ_CMAKE_ARGS there; the
+#                          QKNORM_ASAN_BUILD_TYPE and _BUILD_DIR below and
+#                          QKNORM_FUZZ_BUILD_DIR are not read.
 #   QKNORM_ASAN_BUILD_DIR  build directory          (default: <repo>/build-asan-clang)
 #   QKNORM_ASAN_LABEL      ctest label to run; empty runs every test
 #                          (default: quick; the full suite is slow under ASan)
@@ -24,10 +37,15 @@
 # is SCALAR, so the simd:EMU128 entries run only here and in the fuzz build.
 # Example, leaving backends out of a local run:
 #   scripts/sanitize.sh -DQKNORM_ENABLE_SIMD=OFF -DQKNORM_ENABLE_BLAS=OFF
+# Exit status: 0 passed; 1 a test failed, a sanitizer reported or no test
+# ran; 3 the configure or the build failed (test.sh then lets the fuzz stage
+# build on its own).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+with_fuzz=${QKNORM_ASAN_WITH_FUZZ:-0}
 build=${QKNORM_ASAN_BUILD_DIR:-$root/build-asan-clang}
+if [[ "$with_fuzz" == 1 ]]; then build=$root/build-fuzz/clang; fi
 label=${QKNORM_ASAN_LABEL-quick}
 build_type=${QKNORM_ASAN_BUILD_TYPE:-RelWithDebInfo}
 jobs=${JOBS:-2}
@@ -43,19 +61,33 @@ start=$(date +%s)
 log=$build/sanitize.log
 mkdir -p "$build"
 
-echo "== sanitize: configuring $build (ASan+UBSan, $build_type, $CXX)"
-if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="$build_type" \
-    -DQKNORM_SANITIZE=ON -DQKNORM_BUILD_BENCH=OFF "$@" >"$log" 2>&1; then
-  tail -n 40 "$log"
-  echo "== sanitize: FAILED (configure); full log: $log"
-  exit 1
-fi
+if [[ "$with_fuzz" == 1 ]]; then
+  echo "== sanitize: building $build with fuzz/build.sh (ASan+UBSan+libFuzzer coverage, every target, $CXX, -j$jobs)"
+  if [[ $# -gt 0 ]]; then
+    echo "== sanitize: FAILED: with QKNORM_ASAN_WITH_FUZZ=1, pass cmake options in QKNORM_FUZZ_CMAKE_ARGS"
+    exit 3
+  fi
+  if ! QKNORM_FUZZ_BUILD_ALL=1 QKNORM_FUZZ_BUILD_DIR="$build" JOBS="$jobs" \
+      "$root/fuzz/build.sh" >"$log" 2>&1; then
+    grep -E 'error|Error' "$log" | head -n 40 || true
+    echo "== sanitize: FAILED (build); full log: $log"
+    exit 3
+  fi
+else
+  echo "== sanitize: configuring $build (ASan+UBSan, $build_type, $CXX)"
+  if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="$build_type" \
+      -DQKNORM_SANITIZE=ON -DQKNORM_BUILD_BENCH=OFF "$@" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "== sanitize: FAILED (configure); full log: $log"
+    exit 3
+  fi
 
-echo "== sanitize: building (-j$jobs)"
-if ! cmake --build "$build" -j "$jobs" >>"$log" 2>&1; then
-  grep -E 'error|Error' "$log" | head -n 40 || true
-  echo "== sanitize: FAILED (build); full log: $log"
-  exit 1
+  echo "== sanitize: building (-j$jobs)"
+  if ! cmake --build "$build" -j "$jobs" >>"$log" 2>&1; then
+    grep -E 'error|Error' "$log" | head -n 40 || true
+    echo "== sanitize: FAILED (build); full log: $log"
+    exit 3
+  fi
 fi
 
 ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 1500)
