@@ -196,19 +196,6 @@ inline AttnShape MakeShape(const AttentionProblem& p) {
   return s;
 }
 
-// sum x[d]^2 over n floats (n a multiple of Lanes(DF)) in f64 lanes: every
-// f32 square is exact in f64, without overflow or underflow (rows-inl.h).
-HWY_INLINE double SumSquaresF64(const float* HWY_RESTRICT x, size_t n) {
-  const DD dd;
-  const DFH dfh;
-  auto acc = hn::Zero(dd);
-  for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
-    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
-    acc = hn::MulAdd(y, y, acc);
-  }
-  return hn::GetLane(hn::SumOfLanes(dd, acc));
-}
-
 // The per-call factors of LogitBound (top of file, "Bounded logits") for
 // operand rows of n floats: the chain's (1 + gamma_n) with the f64 slack,
 // its absolute underflow term n eta, and |scale| (1 + u).

@@ -91,6 +91,20 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float s) {
 using DD = hn::ScalableTag<double>;
 using DFH = hn::Rebind<float, DD>;
 
+// sum x[d]^2 over n floats (n a multiple of Lanes(DD)) in f64 lanes: every
+// f32 square is exact in f64, without overflow or underflow (above); one
+// row's chain, for the fixed shift's norm bounds (attention-inl.h).
+HWY_INLINE double SumSquaresF64(const float* HWY_RESTRICT x, size_t n) {
+  const DD dd;
+  const DFH dfh;
+  auto acc = hn::Zero(dd);
+  for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
+    const auto y = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
+    acc = hn::MulAdd(y, y, acc);
+  }
+  return hn::GetLane(hn::SumOfLanes(dd, acc));
+}
+
 // x[0..n) *= s in f64 lanes, each product rounded once to f32 (n a multiple
 // of Lanes(DF)).
 HWY_INLINE void ScaleRowF64(float* HWY_RESTRICT x, size_t n, double s) {
