@@ -702,6 +702,7 @@ void differential(ByteReader& r, bool formulation) {
           pp.rc, e->precision(), pp.oracle, run(*e, pp.rc, d.forward_only),
           &pp.naive, d.forward_only, e->name(), nb.name());
     });
+    log_verdict(rep, ctx);
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     // The a-priori bounds of baseline_bounds.h are the paper's (and
@@ -822,6 +823,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   const AttentionResult nr = run(nb, c, true);
   AgreementReport rep = validation::judge_attention(
       c, s, orc, run(e, c, true), &nr, true, e.name(), nb.name());
+  log_verdict(rep, ctx);
   if (!rep.pass)
     fail("entry disagrees with the oracle", rep.failure_message() + ctx);
   // The strided result, judged by the same verdict.
@@ -830,6 +832,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   strided.lse = lse;
   const AgreementReport srep = validation::judge_attention(
       c, s, orc, strided, &nr, true, e.name() + " (strided)", nb.name());
+  log_verdict(srep, ctx);
   if (!srep.pass)
     fail("strided result outside the tolerance bound",
          srep.failure_message() + ctx);

@@ -1,5 +1,6 @@
 #include "fuzz/fuzz_common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -135,6 +136,21 @@ void fail(const std::string& what, const std::string& detail) {
   std::fprintf(stderr, "qknorm fuzz: %s\n%s\n", what.c_str(), detail.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+void log_verdict(const validation::AgreementReport& rep,
+                 const std::string& ctx) {
+  static const char* path = std::getenv("QKNORM_FUZZ_VERDICT_LOG");
+  if (path == nullptr || *path == '\0') return;
+  std::FILE* f = std::fopen(path, "a");
+  if (f == nullptr) fail("cannot append to QKNORM_FUZZ_VERDICT_LOG", path);
+  std::string where = rep.entry_name + " |" + ctx;
+  std::replace(where.begin(), where.end(), '\n', ' ');
+  for (const auto& fv : rep.fields)
+    std::fprintf(f, "%s | %s pass=%d margin=%.17g naive=%.17g worst=%lld\n",
+                 where.c_str(), fv.field.c_str(), fv.pass ? 1 : 0, fv.margin,
+                 fv.naive_margin, static_cast<long long>(fv.worst_index));
+  std::fclose(f);
 }
 
 int64_t required_size(const Layout4& l, int64_t B, int64_t H, int64_t rows,

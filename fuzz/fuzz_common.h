@@ -93,6 +93,14 @@ class ByteWriter {
 // records the input as a crash; the replay test fails).
 [[noreturn]] void fail(const std::string& what, const std::string& detail = "");
 
+// With QKNORM_FUZZ_VERDICT_LOG=<file> set, appends one line per judged field
+// of `rep` to <file>: the context (entry, case), the field, its verdict, its
+// margin and the naive's (%.17g). Replaying the corpus with it set before and
+// after a restructuring, then diffing the two files, proves that no verdict
+// or margin moved (validation/README.md). Unset: does nothing.
+void log_verdict(const validation::AgreementReport& rep,
+                 const std::string& ctx);
+
 // Runs `body`; `expect_error` says whether the fuzzer's own model of the
 // validation rules calls the input invalid. Invalid input must throw
 // qknorm::Error, valid input must not throw; any other exception type fails.

@@ -181,6 +181,7 @@ void differential(ByteReader& r) {
       rep = validation::judge_scalenorm(rc, e->precision(), orc, res, &pp.naive,
                                         e->name(), nb.name());
     });
+    log_verdict(rep, ctx);
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     if (e == &validation::naive_for(e->precision()))
@@ -281,6 +282,7 @@ void layout(ByteReader& r) {
     const OracleScaleNorm orc = validation::oracle_scalenorm(c);
     if (!in_domain(c, orc, s) || y.overlapping() || dx.overlapping()) continue;
     const AgreementReport rep = validation::check_scalenorm(*e, c);
+    log_verdict(rep, ctx);
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     validation::ScaleNormResult strided;
@@ -289,6 +291,7 @@ void layout(ByteReader& r) {
     strided.dg = dg;
     const AgreementReport srep = validation::judge_scalenorm(
         c, s, orc, strided, nullptr, e->name() + " (strided)", "");
+    log_verdict(srep, ctx);
     if (!srep.pass)
       fail("strided result outside the tolerance bound",
            srep.failure_message() + ctx);

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every verdict and margin qknorm computes on its fixed inputs, written to one
+# folder, so that a restructuring can be proven to change none of them:
+#   scripts/verdict_snapshot.sh BUILD_DIR OUT_DIR
+#   (after the change) scripts/verdict_snapshot.sh build/release /tmp/after
+#   diff -r /tmp/before /tmp/after      # empty: nothing moved
+# What it writes (every run is deterministic; no timings):
+#   default.json   qknorm-check --no-timing --json (the default run)
+#   mutants.txt    qknorm-check mutants, its run-time line removed
+#   power.csv      qknorm-check power --out (every figure of the power table)
+#   fuzz_<t>.log   each fuzz target's corpus replayed with
+#                  QKNORM_FUZZ_VERDICT_LOG (one line per judged field:
+#                  entry, case, verdict, margin and the naive's, %.17g)
+# BUILD_DIR must hold a Release build of qknorm-check and the *_replay
+# targets. Exit 0 when every piece was written.
+set -euo pipefail
+build=${1:?usage: verdict_snapshot.sh BUILD_DIR OUT_DIR}
+out=${2:?usage: verdict_snapshot.sh BUILD_DIR OUT_DIR}
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+check="$build/cli/qknorm-check"
+"$check" --no-timing --json "$out/default.json" >/dev/null || true
+"$check" mutants 2>&1 | grep -v -E '^(run time|took|elapsed)|[0-9.]+ s( wall)?$' \
+  >"$out/mutants.txt" || true
+"$check" power --out "$out/power" >/dev/null 2>&1 || true
+rm -f "$out/power.png"
+for t in attention_fuzzer scalenorm_fuzzer; do
+  rm -f "$out/fuzz_$t.log"
+  QKNORM_FUZZ_VERDICT_LOG="$out/fuzz_$t.log" \
+    "$build/fuzz/${t}_replay" "$root/fuzz/corpus/$t" 2>/dev/null >/dev/null
+done
+ls -l "$out"
