@@ -76,8 +76,11 @@ size_t element_bytes(Precision p) {
 }
 
 double unit_roundoff(Precision p) { return std::ldexp(1.0, -info(p).digits); }
+Precision compute_format(Precision p) {
+  return p == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+}
 double compute_roundoff(Precision p) {
-  return p == Precision::kF64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  return unit_roundoff(compute_format(p));
 }
 double max_finite(Precision p) {
   FormatInfo f = info(p);

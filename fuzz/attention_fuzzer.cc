@@ -318,7 +318,7 @@ SideBound side_bound(const AttentionCase& c, int side, Precision s) {
 bool in_domain_formulation(const AttentionCase& c, Precision s,
                            bool forward_only) {
   const AttentionProblem& p = c.problem;
-  const Precision cf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision cf = compute_format(s);
   const LD lim = max_finite(cf) / kHeadroom;
   const SideBound q = side_bound(c, 0, s), k = side_bound(c, 1, s);
   if (!forward_only && (q.kink || k.kink)) return false;
@@ -366,7 +366,7 @@ bool in_domain_formulation(const AttentionCase& c, Precision s,
 bool in_domain(const AttentionCase& c, const OracleAttention& orc, Precision s,
                bool forward_only) {
   const AttentionProblem& p = c.problem;
-  const Precision cf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision cf = compute_format(s);
   if (!representable(orc.o, s) || !representable(orc.lse, cf, true))
     return false;
   if (!forward_only &&
@@ -516,8 +516,7 @@ void check_non_saturation(const Backend& e, const AttentionCase& c,
   auto ws = e.make_workspace();
   if (!e.attention_probabilities(p, buf.args(), probs.data(), ws.get())) return;
   const double u = compute_roundoff(e.precision());
-  const double tiny = min_normal(
-      e.precision() == Precision::kF64 ? Precision::kF64 : Precision::kF32);
+  const double tiny = min_normal(compute_format(e.precision()));
   const double len = static_cast<double>(
       std::max(norm_rows(p, 0).len(), norm_rows(p, 1).len()));
   const double g = is_paper_formulation(p)

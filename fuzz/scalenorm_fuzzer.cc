@@ -47,7 +47,7 @@ bool problem_valid(const ScaleNormProblem& p) {
 // fit the compute format with kHeadroom; no row sits on the clamp kink.
 bool in_domain(const ScaleNormCase& c, const OracleScaleNorm& orc,
                Precision s) {
-  const Precision cf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision cf = compute_format(s);
   if (!representable(orc.y, s) || !representable(orc.dx, s) ||
       !representable(orc.dg, cf))
     return false;

@@ -368,7 +368,7 @@ void formulation_non_saturation(const Backend& b) {
   const auto fwd = validation::run_attention_forward(b, c);
   const std::string v = check_nonsaturation(
       c.problem, probs, fwd.lse, formulation_amplitude_bound(c),
-      prob_gamma(c, s), min_normal(compute_precision(s)));
+      prob_gamma(c, s), min_normal(compute_format(s)));
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 

@@ -52,10 +52,6 @@ Budgets scalenorm_budgets(Precision prec, const ScaleNormCase& c) {
       rc, prec, validation::oracle_scalenorm(rc)));
 }
 
-Precision compute_precision(Precision p) {
-  return p == Precision::kF64 ? Precision::kF64 : Precision::kF32;
-}
-
 bool hook_probabilities(const Backend& b, const AttentionCase& c,
                         std::vector<double>* probs) {
   const AttentionProblem& p = c.problem;

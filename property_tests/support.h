@@ -70,10 +70,6 @@ inline int64_t idx4(const AttentionProblem& p, int64_t rows, int64_t b,
   return ((b * p.heads + h) * rows + r) * p.head_dim + d;
 }
 
-// The compute precision of an entry of storage precision p (f64 for f64,
-// f32 for every other mode; precision.h).
-Precision compute_precision(Precision p);
-
 // --- The property table -------------------------------------------------
 // Every property is a function of one entry; inside it draws its inputs with
 // rapidcheck's `*gen` and fails with RC_ASSERT / RC_FAIL. The same table runs

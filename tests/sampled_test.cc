@@ -143,8 +143,7 @@ TEST(Sampled, ElementsMatchTheFullOracle) {
           // pair, masked or not; a key row's sub-case only its visible
           // queries: a few hundred ulp(0) of the compute format at most);
           // never looser than kLooseness (query rows: equal).
-          const Precision wf =
-              s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+          const Precision wf = compute_format(s);
           EXPECT_GE(t.delta[i], f.delta[at] * (1 - 1e-9) - 1e6 * ulp(wf, 0))
               << name(t.field) << t.index_text(static_cast<int64_t>(i));
           const double r = f.delta[at] > 0 ? t.delta[i] / f.delta[at] : 1;

@@ -992,7 +992,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   for (double x : cpu) so.rows_cpu_seconds += x;
 
   // Gather the sampled rows' elements into tables of the whole tensors.
-  const Precision wf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision wf = compute_format(s);
   ToleranceTable to = empty_table(Field::kO, s, B, H, Nq, D),
                  tl = empty_table(Field::kLse, wf, B, H, Nq, 1),
                  tq = empty_table(Field::kDq, s, B, H, Nq, D),
@@ -1079,7 +1079,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
   const int64_t B = p.batch, H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len,
                 Nk = p.kv_len, D = p.head_dim, group = H / Hk;
   const Precision s = so.storage;
-  const Precision wf = s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
+  const Precision wf = compute_format(s);
   const double uc = compute_roundoff(s), c_res = ulp(wf, 0);
   AgreementReport rep;
   rep.entry_name = entry_name;

@@ -14,10 +14,6 @@ namespace {
 
 using LD = long double;
 
-Precision wide_fmt(Precision s) {
-  return s == Precision::kF64 ? Precision::kF64 : Precision::kF32;
-}
-
 double d(LD x) { return static_cast<double>(x); }
 
 // kappa = M / |x| (0 / 0 = 1: an exact zero made of zero terms).
@@ -168,7 +164,7 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.us = unit_roundoff(s);
   r.uc = compute_unit > 0 ? compute_unit : compute_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
-  r.wf = wide_fmt(s);
+  r.wf = compute_format(s);
   {
     const double sc = p.variant != Variant::kQKNorm ? 0
                       : p.fixed_scale               ? p.scale
@@ -408,7 +404,7 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
   const ScaleNormProblem& p = c.problem;
   const int64_t R = p.rows, Dm = p.dim;
   const double uc = compute_roundoff(s);
-  const Precision wf = wide_fmt(s);
+  const Precision wf = compute_format(s);
   const double c_res = ulp(wf, 0);
   const LD g = std::fabs(static_cast<LD>(p.g));
   std::vector<ToleranceTable> out;

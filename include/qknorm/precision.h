@@ -31,8 +31,12 @@ size_t element_bytes(Precision p);  // 8, 4, 2, 2
 // Unit roundoff u = 2^-p of the storage format (p = significand bits incl.
 // the implicit one): f64 2^-53, f32 2^-24, bf16 2^-8, f16 2^-11.
 double unit_roundoff(Precision p);
-// Unit roundoff of the arithmetic the mode computes in (f64 for kF64, f32 for
-// the others).
+// The format the mode computes in: f64 for kF64, f32 for the others (the
+// 16-bit modes store in 16 bits and compute in f32). The one definition of
+// that choice: every entry, bound and check that needs it calls this.
+Precision compute_format(Precision p);
+// Unit roundoff of the arithmetic the mode computes in:
+// unit_roundoff(compute_format(p)).
 double compute_roundoff(Precision p);
 // Largest finite and smallest positive normal value of the storage format.
 double max_finite(Precision p);
