@@ -6,7 +6,8 @@
 #include <sstream>
 
 #include "qknorm/formulation.h"
-#include "validation/harness.h"
+#include "validation/case.h"
+#include "validation/metrics.h"
 
 namespace qknorm::bench {
 

@@ -501,7 +501,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   }
   // Inputs must be finite: the problem is undefined otherwise. Outputs are
   // not checked here: a NaN or inf in O, dQ, dK, dV or dg is the verdict's to
-  // classify (validation/tolerance.h: a correctly rounded overflow passes,
+  // classify (validation/rule.h: a correctly rounded overflow passes,
   // anything else FAILs with its diagnosis).
   require_finite("q", c.q, sq);
   require_finite("k", c.k, sk);

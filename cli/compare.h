@@ -1,6 +1,6 @@
 // Compare mode: tensors dumped by another framework (.npy files or one
 // .safetensors file) judged against the oracle by the suite's componentwise
-// verdict (validation/tolerance.h), exactly as a registry entry's results are.
+// verdict (validation/rule.h), exactly as a registry entry's results are.
 //
 // Tensor names (file stems for .npy, keys for .safetensors; case-insensitive,
 // or forced with NAME=PATH): inputs q, k, v [B,H,N,D] (leading dims may be

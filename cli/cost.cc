@@ -10,7 +10,9 @@
 #include <set>
 #include <thread>
 
-#include "validation/harness.h"
+#include "validation/metrics.h"
+#include "validation/oracle.h"
+#include "validation/run.h"
 #include "validation/sampled.h"
 
 namespace qknorm::cli {
@@ -78,7 +80,7 @@ double key_row_heads(const AttentionProblem& p) {
 }
 
 // About how many rows the sample of an axis of N rows holds (the rule of
-// validation/sampled.cc's pick_rows: first and last, tile boundaries up to
+// validation/sampled_plan.cc's pick_rows: first and last, tile boundaries up to
 // half the budget but always the first two, the last full block's and the
 // last partial block's, then random rows up to `rows`; fully masked and
 // zero rows, a handful at most, are left out).
@@ -162,7 +164,7 @@ AttentionProblem sampled_calibration_problem() {
   return p;
 }
 
-// The pass's work per visible pair, as validation/sampled.cc's run_pass
+// The pass's work per visible pair, as validation/sampled_pass.cc's run_pass
 // does it (a copy of its loop, kept in step by hand): two D-term dots in
 // double with eight partial sums (S_ij = q_i . k_j, dP_ij = dO_i . v_j),
 // exp(S_ij - m_i) and the row sums, O_i += P_ij v_j, then the row

@@ -16,7 +16,7 @@
 #include "cli/app.h"
 #include "property_tests/mutants.h"
 #include "qknorm/error.h"
-#include "validation/harness.h"
+#include "validation/judge.h"
 
 namespace qknorm::cli {
 namespace {

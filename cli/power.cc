@@ -17,7 +17,7 @@
 #include "cli/app.h"
 #include "cli/sweep.h"
 #include "qknorm/error.h"
-#include "validation/harness.h"
+#include "validation/judge.h"
 #include "validation/npy.h"
 #include "validation/rng.h"
 #include "validation/tensor_io.h"

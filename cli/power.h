@@ -3,7 +3,7 @@
 // It takes correct outputs (those of real registry entries on QKNorm
 // attention cases), injects relative errors into them and asks the verdict
 // (validation::judge_attention, the componentwise rule of
-// validation/tolerance.h) whether it catches them; torch.testing.assert_close's
+// validation/rule.h) whether it catches them; torch.testing.assert_close's
 // default rule is applied to the same corrupted outputs, side by side.
 //
 // Injection. The selected elements x of a field (one element, one row = the
@@ -55,7 +55,7 @@
 
 #include "cli/options.h"
 #include "qknorm/precision.h"
-#include "validation/tolerance.h"
+#include "validation/judge.h"
 
 namespace CLI {
 class App;

@@ -6,7 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "validation/harness.h"
+#include "validation/metrics.h"
+#include "validation/rule_terms.h"
 
 namespace qknorm::cli {
 namespace {
@@ -281,7 +282,7 @@ void print_table(std::ostream& out, const Report& rep) {
     }
   }
   out << fmt::format(
-      "rule (validation/tolerance.h), per element: |x - oracle| <= "
+      "rule (validation/rule.h), per element: |x - oracle| <= "
       "u_c (sum_units(n) + {:g} |A|) M + ulp_fmt(|oracle|)/2 (+ stored-O and "
       "subnormal terms), M = the element's magnitude before cancellation, "
       "sum_units(n) = {:g} sqrt(n) + {:g};\n"
@@ -403,7 +404,7 @@ std::string to_json(const Report& rep) {
       {"dot_units", validation::kDotUnits},
       {"ill_conditioned", validation::kIllConditioned},
       {"text",
-       "componentwise (validation/tolerance.h): |x_e - oracle_e| <= delta_e "
+       "componentwise (validation/rule.h): |x_e - oracle_e| <= delta_e "
        "+ ulp_fmt(|oracle_e| + delta_e) / 2, delta_e = u_c (sum_lambda "
        "sqrt(n_e) + op_units + 2 dot_units |A|) M_e + u_s R_e + ulp_s(0) "
        "So_e + ulp_c(0) Sc_e"}};

@@ -14,6 +14,7 @@
 
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
+#include "validation/check.h"
 
 namespace qknorm::cli {
 namespace {
@@ -96,7 +97,7 @@ CaseResult from_report(const validation::AgreementReport& rep) {
   r.pass = rep.pass;
   for (const validation::FieldVerdict& f : rep.fields) {
     FieldResult fr;
-    fr.field = f.field;
+    fr.field = validation::label(f);
     fr.entry = f.entry;
     fr.naive = f.naive;
     fr.has_naive = f.has_naive;

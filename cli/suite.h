@@ -2,7 +2,7 @@
 // entry is judged on them, and the per-entry summary rows of the report.
 //
 // Judgement: every entry, the reference family included, by the
-// componentwise verdict (validation/tolerance.h) on o, lse, dq, dk, dv, dg
+// componentwise verdict (validation/rule.h) on o, lse, dq, dk, dv, dg
 // (ScaleNorm y, dx, dg), on every case. The naive same-precision baseline
 // reference:<prec> is run beside each other entry for the report's ratio and
 // its own margin (a naive margin above 1 would mean the rule is unsound
@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "qknorm/backend.h"
-#include "validation/harness.h"
+#include "validation/judge.h"
 #include "validation/sampled.h"
 
 namespace qknorm::cli {

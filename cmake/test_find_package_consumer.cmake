@@ -47,7 +47,7 @@ set(cmake_dir ${PREFIX}/${CMAKE_INSTALL_LIBDIR}/cmake/qknorm)
 foreach(f
     ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/backend.h
     ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/conformance.h
-    ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/internal/validation/harness.h
+    ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/internal/validation/check.h
     ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/internal/property_tests/support.h
     ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/internal/reference/reference.h
     ${CMAKE_INSTALL_LIBDIR}/libqknorm_core.a

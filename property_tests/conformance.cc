@@ -16,7 +16,8 @@
 #include "property_tests/support.h"
 #include "qknorm/error.h"
 #include "validation/bounds.h"
-#include "validation/harness.h"
+#include "validation/oracle.h"
+#include "validation/run.h"
 
 namespace qknorm::property {
 

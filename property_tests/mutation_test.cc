@@ -15,7 +15,7 @@
 #include "property_tests/mutants.h"
 #include "property_tests/support.h"
 #include "qknorm/formulation.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 namespace qknorm::property {
 namespace {

@@ -4,7 +4,7 @@
 // seed), the field, the worst index and the tolerance.
 //
 // Tolerances, all derived (nothing is a bare literal):
-//  - agreement: the tolerance rule of harness.h, unchanged;
+//  - agreement: the tolerance rule of validation/rule.h, unchanged;
 //  - transforms the oracle maps exactly (power-of-two scalings,
 //    permutations): the sum of the rule's budgets of the two cases, each
 //    run being within its budget of the same oracle values (support.h);
@@ -31,6 +31,7 @@
 #include "property_tests/support.h"
 #include "qknorm/formulation.h"
 #include "reference/reference.h"
+#include "validation/check.h"
 #include "validation/bounds.h"
 #include "validation/gradcheck.h"
 #include "validation/rng.h"

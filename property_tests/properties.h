@@ -22,7 +22,7 @@ namespace qknorm::property {
 // `gamma` bounds the relative error of each computed p (see the caller).
 // `tiny`: where the lower bound is below it (the compute format's smallest
 // normal), p = 0 is accepted (an exp may flush below the normal range, as
-// the verdict allows; tolerance.h) and its logit is not checked.
+// the verdict allows; rule.h) and its logit is not checked.
 // Returns "" if all hold, else the first violation.
 std::string check_nonsaturation(const AttentionProblem& p,
                                 const std::vector<double>& probs,

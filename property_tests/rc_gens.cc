@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "qknorm/formulation.h"
+#include "validation/oracle.h"
 
 namespace qknorm::validation {
 void showValue(Distribution d, std::ostream& os) { os << name(d); }

@@ -17,8 +17,10 @@
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
 #include "qknorm/scalenorm.h"
+#include "validation/case.h"
 #include "validation/generators.h"
-#include "validation/harness.h"
+#include "validation/metrics.h"
+#include "validation/rng.h"
 
 namespace qknorm::validation {
 // rapidcheck prints drawn values through ADL showValue: the distribution and

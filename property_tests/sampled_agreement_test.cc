@@ -18,7 +18,7 @@
 #include "property_tests/mutants.h"
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
-#include "validation/harness.h"
+#include "validation/judge.h"
 #include "validation/sampled.h"
 
 namespace qknorm::property {

@@ -14,6 +14,7 @@
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/validate.h"
+#include "validation/judge.h"
 
 namespace qknorm::property {
 

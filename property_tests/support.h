@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "qknorm/backend.h"
-#include "validation/harness.h"
+#include "validation/case.h"
 
 namespace qknorm::property {
 
-// Per-element budget of the verdict (validation/tolerance.h) for one case:
+// Per-element budget of the verdict (validation/rule.h) for one case:
 // bound_e, the largest deviation from the oracle the rule lets ONE run of an
 // entry of that precision have at element e. It does not depend on the
 // entry, only on the case and the precision. Transform properties compare two

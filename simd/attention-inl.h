@@ -110,7 +110,7 @@
 // length head_dim (the logit, amplified by |g| in P) and an f32 weighted sum
 // of length kv_len, plus 1 ULP per exp; the backward likewise. Unit
 // normalization and its backward are in f64 (rows-inl.h). The suite's
-// acceptance is the tolerance rule of validation/harness.h.
+// acceptance is the tolerance rule of validation/rule.h.
 
 #if defined(QKNORM_SIMD_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKNORM_SIMD_ATTENTION_INL_H_

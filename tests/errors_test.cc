@@ -8,7 +8,7 @@
 #include "qknorm/backend.h"
 #include "qknorm/error.h"
 #include "qknorm/validate.h"
-#include "validation/harness.h"
+#include "validation/run.h"
 
 namespace qknorm {
 namespace {

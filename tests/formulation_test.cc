@@ -16,8 +16,8 @@
 #include "qknorm/error.h"
 #include "qknorm/validate.h"
 #include "reference/reference.h"
+#include "validation/check.h"
 #include "validation/gradcheck.h"
-#include "validation/harness.h"
 
 namespace qknorm {
 namespace {

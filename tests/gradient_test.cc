@@ -8,7 +8,9 @@
 #include "qknorm/backend.h"
 #include "reference/reference.h"
 #include "validation/gradcheck.h"
-#include "validation/harness.h"
+#include "validation/metrics.h"
+#include "validation/oracle.h"
+#include "validation/run.h"
 
 namespace qknorm {
 namespace {

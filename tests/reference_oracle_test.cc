@@ -9,7 +9,9 @@
 
 #include "qknorm/backend.h"
 #include "validation/bounds.h"
-#include "validation/harness.h"
+#include "validation/metrics.h"
+#include "validation/oracle.h"
+#include "validation/run.h"
 
 namespace qknorm {
 namespace {
@@ -167,7 +169,7 @@ TEST(ReferenceEntries, OverflowingLogitsStayFinite) {
 namespace qknorm {
 namespace {
 
-// The tolerance rule's gradient scales (harness.h) on a case where delta
+// The tolerance rule's gradient scales (oracle.h) on a case where delta
 // cancels exactly: sdpa, D = 1, q = 0 (so P = (1/2, 1/2)), k = (1, 1),
 // v = (1, -1), dO = 1. Then dP = (1, -1), delta = 0, Del = sum_k P_k |dO||v_k|
 // = 1, T_j = P_j (|dO||v_j| + Del) = 1 and the dq magnitude is
@@ -206,7 +208,7 @@ TEST(OracleScales, DeltaCancellationAndStoredOSensitivity) {
   EXPECT_EQ(orc.o_p_sens_e[0], 2.0L);
   EXPECT_EQ(orc.dv_p_sens_e[0], 1.0L);
   EXPECT_EQ(orc.dg_p_sens, 0.0L);
-  // Per element (tolerance.h): O = 0, so sum_j P_j |v_j - O| = 1; the terms
+  // Per element (rule.h): O = 0, so sum_j P_j |v_j - O| = 1; the terms
   // the softmax's conditioning perturbs, P_j (|dP_j - delta| + E / 2) with
   // E = sum_k P_k |dP_k - delta| = 1: 0.75 each, times s |k_j|: 1.5.
   EXPECT_EQ(orc.o_dev_mag[0], 1.0L);

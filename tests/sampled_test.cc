@@ -15,7 +15,7 @@
 
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
-#include "validation/harness.h"
+#include "validation/judge.h"
 
 namespace qknorm {
 namespace {
@@ -60,7 +60,7 @@ std::vector<Named> cases() {
   p = shape(1, 2, 2, 17, 5, 8);
   p.mask.causal = true;  // 12 fully masked rows
   out.push_back({"kv < q causal", p, Distribution::kZeroRows});
-  // The pass's tiles (sampled.cc: 64-row blocks, 4-row groups, 3- and
+  // The pass's tiles (sampled_pass.cc: 64-row blocks, 4-row groups, 3- and
   // 12-wide kernels over 4-lane vectors) do not divide these: every ragged
   // edge of its kernels (rows, keys, columns) runs.
   p = shape(1, 2, 1, 37, 37, 17);

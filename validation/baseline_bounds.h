@@ -1,6 +1,6 @@
 // Derived bounds on the error of the naive baselines themselves.
 //
-// The tolerance rule (harness.h) measures every entry against the naive
+// The tolerance rule (rule.h) measures every entry against the naive
 // same-precision baseline reference:<prec>. The baselines therefore need a
 // check of their own, independent of the rule (for them the rule is
 // err <= 2 err + atol, true by construction): their error against the oracle
@@ -12,7 +12,7 @@
 // inputs and round every output to storage (u_s = 2^-8 / 2^-11). On top of
 // reference_bounds(u_c = 2^-24) that adds, to first order in u_s:
 //   (a) the final rounding of each stored output: u_s * max|field|;
-//   (b) the backward is fed the STORED O (as every entry is, harness.h), so
+//   (b) the backward is fed the STORED O (as every entry is, run.h), so
 //       delta_i = rowsum(dO * O)_i is perturbed by
 //         Ddelta_i <= u_s * sum_d |dO_id O_id|,
 //       and dS_ij = P_ij (dP_ij - delta_i) by <= P_ij Ddelta_i. Through
@@ -32,7 +32,8 @@
 
 #include "qknorm/precision.h"
 #include "validation/bounds.h"
-#include "validation/harness.h"
+#include "validation/field.h"
+#include "validation/oracle.h"
 
 namespace qknorm::validation {
 
@@ -48,10 +49,10 @@ ReferenceBounds baseline_bounds(const AttentionCase& c,
 ScaleNormBounds baseline_bounds(const ScaleNormCase& c,
                                 const OracleScaleNorm& oracle, Precision prec);
 
-// The bound of `field` ("o", "lse", "dq", "dk", "dv", "dg"; ScaleNorm "y",
-// "dx", "dg"); throws qknorm::Error for an unknown name.
-double bound_of(const ReferenceBounds& b, const std::string& field);
-double bound_of(const ScaleNormBounds& b, const std::string& field);
+// The bound of `field` (o, lse, dq, dk, dv, dg; ScaleNorm y, dx and
+// kScaleNormDg); throws qknorm::Error for a field it has no bound for.
+double bound_of(const ReferenceBounds& b, Field field);
+double bound_of(const ScaleNormBounds& b, Field field);
 
 }  // namespace qknorm::validation
 

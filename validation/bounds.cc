@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "reference/reference.h"
+#include "validation/rule_terms.h"
 
 namespace qknorm::validation {
 namespace {
@@ -40,7 +41,7 @@ ReferenceBounds reference_bounds(const AttentionCase& c,
   const double D = static_cast<double>(p.head_dim);
   const double N = static_cast<double>(std::max(p.q_len, p.kv_len));
   // Formulations other than the paper's: the oracle-based amplitude of the
-  // verdict (harness.h), which bounds every logit.
+  // verdict (rule.h), which bounds every logit.
   const double A =
       p.variant == Variant::kQKNorm
           ? (is_paper_formulation(p) ? std::fabs(p.g) : logit_amplitude(c))

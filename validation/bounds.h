@@ -30,7 +30,7 @@
 #ifndef QKNORM_VALIDATION_BOUNDS_H_
 #define QKNORM_VALIDATION_BOUNDS_H_
 
-#include "validation/harness.h"
+#include "validation/oracle.h"
 
 namespace qknorm::validation {
 

@@ -1,5 +1,5 @@
 // Structured input generators on top of make_attention_case /
-// make_scalenorm_case (harness.h): the hard-to-hit input structures of the
+// make_scalenorm_case (case.h): the hard-to-hit input structures of the
 // property suite (issue 5), reproducible from a seed, for any caller (property
 // tests, CLI, fuzzers).
 //
@@ -15,7 +15,8 @@
 #include <string>
 
 #include "qknorm/precision.h"
-#include "validation/harness.h"
+#include "validation/case.h"
+#include "validation/rng.h"
 
 namespace qknorm::validation {
 

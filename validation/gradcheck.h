@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "validation/harness.h"
+#include "validation/case.h"
 
 namespace qknorm::validation {
 

@@ -1,6 +1,8 @@
 // The oracle's view of the logit operands, shared by oracle_attention
-// (validation/harness.cc) and the sampled oracle's pass
-// (validation/sampled.cc). Internal to the validation library.
+// (validation/oracle_attention.cc), the rule's operand terms
+// (rule_terms.cc) and the sampled oracle's pass (sampled_pass.cc); built in
+// oracle_operands.cc. Internal to the validation library; includes no
+// oracle.h.
 #ifndef QKNORM_VALIDATION_OPERANDS_H_
 #define QKNORM_VALIDATION_OPERANDS_H_
 
@@ -8,7 +10,7 @@
 #include <vector>
 
 #include "reference/reference.h"
-#include "validation/harness.h"
+#include "validation/case.h"
 
 namespace qknorm::validation {
 
@@ -48,10 +50,12 @@ void fill_operand_mags(const AttentionCase& c, int side, const LD* x,
 reference::NormArgs<LD> norm_args(const AttentionCase& c,
                                   std::array<std::vector<LD>, 4>* store);
 
-// OracleAttention::logit_flip of the case (0 unless round_before_weight in
-// 16-bit storage), s the logit scale's magnitude.
-LD logit_flip(const AttentionCase& c, const OperandMags& qm,
-              const OperandMags& km, LD s);
+inline std::vector<LD> widen(const std::vector<double>& x) {
+  return {x.begin(), x.end()};
+}
+
+// The normalization row (NormRows) holding dense element offset o.
+size_t row_of(const NormRows& nr, size_t o);
 
 }  // namespace qknorm::validation
 

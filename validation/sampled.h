@@ -19,7 +19,7 @@
 //     that see it, one key) runs the oracle with those given;
 //   - dg (a sum over every pair) and its channels come from the pass.
 // Its error per f64 unit roundoff (GivenRows::units, derived at
-// pass_units() in sampled.cc) joins the bounds of dK, dV and dg: invisible
+// pass_units() in rule_terms.cc) joins the bounds of dK, dV and dg: invisible
 // in f32, bf16, f16 (2^-29 below their u_c), about +15% on f64 entries.
 // Each sampled row's tables are the full verdict's (the rule's counts and
 // logit amplitude are the whole case's: OracleAttention::count_*,
@@ -53,7 +53,7 @@
 #include <string>
 #include <vector>
 
-#include "validation/harness.h"
+#include "validation/judge.h"
 
 namespace qknorm::validation {
 

@@ -169,7 +169,7 @@ TEST(ReportLogic, CaseResultCarriesTheVerdictsWorstElement) {
   validation::AgreementReport rep;
   rep.entry_name = "x:f64";
   validation::FieldVerdict f;
-  f.field = "o";
+  f.id = validation::Field::kO;
   f.margin = 3;
   f.failures = 2;
   f.worst_where = "[0,1,2,3]";

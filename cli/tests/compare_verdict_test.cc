@@ -1,4 +1,4 @@
-// compare under the componentwise verdict (validation/tolerance.h; issue 15):
+// compare under the componentwise verdict (validation/rule.h; issue 15):
 // the files' outputs are judged as results, with no stand-in backend. Each
 // test writes a QKNorm problem and its outputs as .npy files, the "correct"
 // outputs being the long-double oracle correctly rounded to the files' dtype,

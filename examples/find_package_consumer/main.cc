@@ -10,7 +10,7 @@
 
 #include "naive_backend.h"
 #include "qknorm/conformance.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);

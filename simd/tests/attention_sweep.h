@@ -7,7 +7,7 @@
 // combinations differ between entries (salted by the entry name).
 //
 // No tolerance is defined here: check_attention applies the suite's rule
-// (validation/harness.h), err(simd) <= 2 err(reference:<prec>) + 4 u scale,
+// (validation/rule.h), err(simd) <= 2 err(reference:<prec>) + 4 u scale,
 // and its failure message names entry, target, precision, shape, seed,
 // worst index, expected, actual and bound.
 #ifndef QKNORM_SIMD_TESTS_ATTENTION_SWEEP_H_
@@ -22,7 +22,7 @@
 
 #include "qknorm/attention.h"
 #include "qknorm/backend.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 namespace qknorm::simd::testing {
 

@@ -12,7 +12,7 @@
 
 #include "simd/tests/attention_sweep.h"
 #include "simd/tests/test_util.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 namespace qknorm::simd::testing {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "simd/tests/test_util.h"
-#include "validation/harness.h"
+#include "validation/run.h"
 
 namespace qknorm::simd::testing {
 namespace {

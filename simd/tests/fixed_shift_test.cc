@@ -31,7 +31,7 @@
 #include "qknorm/formulation.h"
 #include "simd/tests/test_util.h"
 #include "simd/workspace.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 namespace qknorm::simd::testing {
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "simd/tests/test_util.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 namespace qknorm::simd::testing {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "qknorm/attention.h"
 #include "simd/tests/test_util.h"
-#include "validation/harness.h"
+#include "validation/case.h"
 
 namespace qknorm::simd::testing {
 namespace {

@@ -1,10 +1,10 @@
 // ScaleNorm sweeps of every runnable simd entry against the long-double
-// oracle under the suite's tolerance rule (validation/harness.h). Every dim
+// oracle under the suite's tolerance rule (validation/rule.h). Every dim
 // and row count of the lists occurs; g and the distribution rotate.
 #include <gtest/gtest.h>
 
 #include "simd/tests/test_util.h"
-#include "validation/harness.h"
+#include "validation/check.h"
 
 namespace qknorm::simd::testing {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
-#include "validation/harness.h"
+#include "validation/run.h"
 
 namespace qknorm::simd::testing {
 

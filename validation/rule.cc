@@ -1,15 +1,27 @@
-#include "validation/tolerance.h"
+#include "validation/rule.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "qknorm/error.h"
+#include "qknorm/formulation.h"
 #include "reference/reference.h"
-#include "validation/harness.h"
 
 namespace qknorm::validation {
+ToleranceTable empty_table(Field f, Precision fmt, int64_t B, int64_t H,
+                           int64_t rows, int64_t cols) {
+  ToleranceTable t;
+  t.field = f;
+  t.fmt = fmt;
+  t.B = B;
+  t.H = H;
+  t.rows = rows;
+  t.cols = cols;
+  return t;
+}
+
 namespace {
 
 using LD = long double;
@@ -25,13 +37,7 @@ double condition(LD mag, LD x) {
 
 ToleranceTable table(Field f, Precision fmt, int64_t B, int64_t H, int64_t rows,
                      int64_t cols, const std::vector<LD>& expected) {
-  ToleranceTable t;
-  t.field = f;
-  t.fmt = fmt;
-  t.B = B;
-  t.H = H;
-  t.rows = rows;
-  t.cols = cols;
+  ToleranceTable t = empty_table(f, fmt, B, H, rows, cols);
   t.expected = expected;
   t.delta.assign(expected.size(), 0);
   t.cond.assign(expected.size(), 1);
@@ -64,43 +70,6 @@ void unresolved_softmax(std::vector<ToleranceTable>* tables, double units) {
 }
 
 }  // namespace
-
-const char* name(Field f) {
-  switch (f) {
-    case Field::kO:
-      return "o";
-    case Field::kLse:
-      return "lse";
-    case Field::kDq:
-      return "dq";
-    case Field::kDk:
-      return "dk";
-    case Field::kDv:
-      return "dv";
-    case Field::kDg:
-    case Field::kScaleNormDg:
-      return "dg";
-    case Field::kY:
-      return "y";
-    case Field::kDx:
-      return "dx";
-    case Field::kDqWeight:
-      return "dq_weight";
-    case Field::kDkWeight:
-      return "dk_weight";
-    case Field::kDqBias:
-      return "dq_bias";
-    case Field::kDkBias:
-      return "dk_bias";
-  }
-  return "?";
-}
-
-double sum_units(double n) { return kSumLambda * std::sqrt(n) + kOpUnits; }
-
-double softmax_units(double amplitude) {
-  return 2 * kDotUnits * std::fabs(amplitude);
-}
 
 double half_spacing(Precision fmt, double x, double delta) {
   const double m = std::fabs(x) + delta;
@@ -361,19 +330,24 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // subnormal counts, P's resolution), plus x_hat's own rounding (kOpUnits)
   // and R subnormal roundings of the row sum.
   auto param = [&](Field f, const std::vector<LD>& x,
-                   const std::array<std::vector<LD>, 7>& ch, int64_t R,
+                   const std::array<std::vector<LD>, kChannels>& ch, int64_t R,
                    int64_t n) {
     if (x.empty()) return;
     ToleranceTable t = table(f, wf, 1, 1, 1, static_cast<int64_t>(x.size()), x);
     const double units = sum_units(static_cast<double>(R)) +
                          sum_units(static_cast<double>(n)) + kOpUnits + div;
     for (size_t e = 0; e < x.size(); ++e) {
-      t.delta[e] =
-          uc * (units * d(ch[0][e]) + soft * d(ch[4][e]) + d(ch[6][e])) +
-          us * d(ch[3][e]) + o_res * d(ch[1][e]) +
-          c_res * (d(ch[2][e]) + static_cast<double>(R + 2)) +
-          p_res * d(ch[5][e]) + rs.s_rel * d(ch[0][e]);
-      t.cond[e] = condition(ch[0][e], x[e]);
+      auto chan = [&](Channel k) { return ch[at(k)][e]; };
+      t.delta[e] = uc * (units * d(chan(Channel::kMagnitude)) +
+                         soft * d(chan(Channel::kSoftmaxTerms)) +
+                         d(chan(Channel::kLayerShift))) +
+                   us * d(chan(Channel::kStoredORel)) +
+                   o_res * d(chan(Channel::kStoredOAbs)) +
+                   c_res * (d(chan(Channel::kSubnormalCount)) +
+                            static_cast<double>(R + 2)) +
+                   p_res * d(chan(Channel::kPResolution)) +
+                   rs.s_rel * d(chan(Channel::kMagnitude));
+      t.cond[e] = condition(chan(Channel::kMagnitude), x[e]);
     }
     out.push_back(std::move(t));
   };
@@ -467,138 +441,6 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
   out.push_back(std::move(tg));
   add_final_ops(&out, c_res);
   return out;
-}
-
-bool passes(ElementClass c) {
-  return c == ElementClass::kWithin || c == ElementClass::kEqualInfinity ||
-         c == ElementClass::kNotRepresentable;
-}
-
-ElementJudgement judge_element(const ToleranceTable& t, size_t i,
-                               double actual) {
-  ElementJudgement j;
-  const LD x = t.expected[i];
-  const double delta = t.delta[i];
-  if (std::isinf(x)) {
-    j.bound = 0;
-    if (actual == d(x)) {
-      j.cls = ElementClass::kEqualInfinity;
-    } else {
-      j.cls = ElementClass::kWrongNonFinite;
-      j.err = j.margin = std::numeric_limits<double>::infinity();
-    }
-    return j;
-  }
-  // The largest value a correct kernel may hold before its final rounding;
-  // if that rounds to inf in the field's format, inf is the correct answer.
-  const double reach = d(std::fabs(x)) + delta;
-  const bool overflows = std::isinf(round_to(t.fmt, reach));
-  LD target = x;
-  if (overflows) {
-    const double mf = max_finite(t.fmt);
-    if (std::isinf(actual) && std::signbit(actual) == std::signbit(d(x))) {
-      j.cls = ElementClass::kNotRepresentable;
-      return j;
-    }
-    target = std::clamp<LD>(x, -mf, mf);
-  }
-  j.bound = delta + half_spacing(t.fmt, d(target), delta);
-  if (!std::isfinite(actual)) {
-    j.cls = ElementClass::kWrongNonFinite;
-    j.err = j.margin = std::numeric_limits<double>::infinity();
-    return j;
-  }
-  j.err = d(std::fabs(static_cast<LD>(actual) - target));
-  j.margin = j.bound > 0
-                 ? j.err / j.bound
-                 : (j.err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-  j.cls = j.err <= j.bound ? ElementClass::kWithin : ElementClass::kOver;
-  return j;
-}
-
-double element_bound(const ToleranceTable& t, size_t i) {
-  const LD x = t.expected[i];
-  if (std::isinf(x)) return 0;
-  const double mf = max_finite(t.fmt);
-  const LD target = std::clamp<LD>(x, -mf, mf);
-  return t.delta[i] + half_spacing(t.fmt, d(target), t.delta[i]);
-}
-
-namespace {
-
-std::string diagnose(const ToleranceTable& t, size_t i, double actual,
-                     const ElementJudgement& j) {
-  char buf[320];
-  const std::string where =
-      std::string(name(t.field)) + t.index_text(static_cast<int64_t>(i));
-  const double x = d(t.expected[i]);
-  const bool masked = !t.masked_row.empty() && t.masked_row[i];
-  if (j.cls == ElementClass::kWrongNonFinite) {
-    if (std::isnan(actual))
-      std::snprintf(buf, sizeof buf, "%s is NaN where %.17g is defined%s",
-                    where.c_str(), x,
-                    masked ? " (fully masked row: O = 0, lse = -inf)" : "");
-    else if (std::isinf(x))
-      std::snprintf(buf, sizeof buf, "%s is %.17g where %g is defined%s",
-                    where.c_str(), actual, x,
-                    masked ? " (fully masked row)" : "");
-    else
-      std::snprintf(buf, sizeof buf,
-                    "%s is %g where the finite %.17g is defined (it is "
-                    "representable in %s)%s",
-                    where.c_str(), actual, x, std::string(name(t.fmt)).c_str(),
-                    masked ? " (fully masked row: O = 0)" : "");
-  } else {
-    std::snprintf(buf, sizeof buf,
-                  "%s = %.17g, expected %.17g: |err| %.3e > bound %.3e "
-                  "(margin %.3g, kappa %.3g)",
-                  where.c_str(), actual, x, j.err, j.bound, j.margin,
-                  t.cond[i]);
-  }
-  return buf;
-}
-
-}  // namespace
-
-FieldVerdict judge_field(const ToleranceTable& t,
-                         const std::vector<double>& actual,
-                         const std::vector<double>* naive) {
-  FieldVerdict v;
-  v.id = t.field;
-  v.field = name(t.field);
-  v.count = static_cast<int64_t>(t.expected.size());
-  v.entry = compare(actual, t.expected, t.fmt);
-  if (naive != nullptr) {
-    v.has_naive = true;
-    v.naive = compare(*naive, t.expected, t.fmt);
-  }
-  v.margin = -1;
-  for (size_t i = 0; i < t.expected.size(); ++i) {
-    const double a = i < actual.size()
-                         ? actual[i]
-                         : std::numeric_limits<double>::quiet_NaN();
-    const ElementJudgement j = judge_element(t, i, a);
-    if (t.cond[i] > kIllConditioned) ++v.ill_conditioned;
-    if (j.cls == ElementClass::kNotRepresentable) ++v.not_representable;
-    if (!passes(j.cls)) {
-      if (v.failures == 0) v.diagnosis = diagnose(t, i, a, j);
-      ++v.failures;
-    }
-    if (j.margin > v.margin) {
-      v.margin = j.margin;
-      v.worst_index = static_cast<int64_t>(i);
-      v.worst_expected = d(t.expected[i]);
-      v.worst_actual = a;
-      v.worst_bound = j.bound;
-    }
-    if (naive != nullptr && i < naive->size())
-      v.naive_margin =
-          std::max(v.naive_margin, judge_element(t, i, (*naive)[i]).margin);
-  }
-  if (v.margin < 0) v.margin = 0;
-  if (v.worst_index >= 0) v.worst_where = t.index_text(v.worst_index);
-  v.pass = v.failures == 0;
-  return v;
 }
 
 }  // namespace qknorm::validation

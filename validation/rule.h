@@ -1,9 +1,10 @@
 // THE VERDICT (issue 15): every element judged on its own scale.
 //
-// This module is the one place where the suite's tolerance lives. Everything
-// that passes or fails a kernel (the default qknorm-check run, compare, the
-// property tests, the fuzzers, the reference self-check) calls judge_*()
-// (validation/harness.h), which applies the tables built here.
+// This module (rule.h with its terms, rule_terms.h) is the one place where
+// the suite's tolerance lives. Everything that passes or fails a kernel (the
+// default qknorm-check run, compare, the property tests, the fuzzers, the
+// reference self-check) calls judge_*() (validation/judge.h), which applies
+// the tables built here.
 //
 // The rule. For every element e of a field (O, lse, dQ, dK, dV, dg; ScaleNorm
 // y, dx, dg) with oracle value x_e (reference<long double> on the rounded
@@ -44,8 +45,8 @@
 //                stored O and of the compute format's subnormal
 //                intermediates (OracleAttention: dS, du and its sums, the
 //                unit rows q_hat and k_hat, and the formulations' x_hat and
-//                logit operands x_tilde: harness.cc, x_hat_resolution and
-//                operand_resolution; O and dV carry one ulp_c(0) per
+//                logit operands x_tilde: rule_terms.cc, x_hat_resolution
+//                and operand_resolution; O and dV carry one ulp_c(0) per
 //                visible term; zero effect unless subnormals),
 //                plus kOpUnits ulp_c(0) for every element's final operations;
 //   tiny_c, Sp_e the compute format's smallest normal and the element's
@@ -65,7 +66,7 @@
 // tables; its key rows and dg read every query row's lse and delta from a
 // pass in double, whose own error joins dk, dv and dg as u_f64 times
 // given_units (the magnitudes M_e) and given_soft_units (the softmax terms),
-// derived in sampled.cc (pass_units).
+// derived in rule_terms.cc (pass_units).
 // Where softmax_units(A) u_c > 1/8 the logits are not resolved to better
 // than a unit, the format does not determine O, dQ, dK, dV or dg, and every
 // finite value of those passes (lse keeps its bound).
@@ -88,52 +89,53 @@
 // number as a sum). Elements with kappa_e > kIllConditioned are judged by the
 // same rule, but detection thresholds are quoted over the others (see
 // qknorm-check power).
-#ifndef QKNORM_VALIDATION_TOLERANCE_H_
-#define QKNORM_VALIDATION_TOLERANCE_H_
+//
+// The rule as a table: rule.cc builds exactly these rows. The channels are
+// Channel of validation/field.h, the oracle's per-element arrays:
+//   M kMagnitude, So kStoredOAbs, Sc kSubnormalCount, R kStoredORel,
+//   T kSoftmaxTerms, Sp kPResolution, Sh kLayerShift
+// (O's T is o_dev_mag; lse has none: |lse| and A are its scale).
+//
+//   field   delta_e
+//   o       u_c (sum_units(Nk) M + soft/2 T) + ulp_c(0) (Nk + 2)
+//           + tiny_c Sp
+//   lse     u_c ((kDotUnits + div) |A| + sum_units(Nk) + 2 |x| + shift)
+//           + logit_flip
+//   dq, dk  u_c ((sum_units(n + L) + div) M + soft T + Sh) + u_s R
+//           + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
+//           + u_f64 (given M + given_soft T)
+//   dv      u_c (sum_units(G Nq) + soft) M + tiny_c Sp
+//           + ulp_c(0) (G Nq + 2) + u_f64 given_soft M
+//   dg      u_c (sum_units(B H Nq Nk) + sum_units(D) + div + soft) M
+//           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + u_c Sh
+//           + u_f64 (given + given_soft) M      (M = dg_scale, scalars)
+//   params  u_c ((sum_units(R_p) + sum_units(n) + kOpUnits + div) M
+//           + soft T + Sh) + u_s R + ulp_s(0) So + ulp_c(0) (Sc + R_p + 2)
+//           + tiny_c Sp + s_rel M
+// and every element adds kOpUnits ulp_c(0) (its final operations). Where
+// softmax_units(A) u_c > 1/8 every field but lse is unresolved (delta =
+// inf). soft = softmax_units(A) + 2 |A| div + 2 logit_flip / u_c + 2 shift,
+// shift = logit_shift, div the RMS / LayerNorm divisors' units (0
+// otherwise), n the terms of each sum (Nk for q, G Nq for k), G the query
+// heads per kv head, L the normalization row's length, R_p the rows a
+// parameter element sums over, s_rel the logit scale's relative resolution
+// below the compute format's normal range, given* the sampled pass's units
+// (0 outside the sampled verdict).
+#ifndef QKNORM_VALIDATION_RULE_H_
+#define QKNORM_VALIDATION_RULE_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "qknorm/precision.h"
-#include "validation/metrics.h"
+#include "validation/case.h"
+#include "validation/field.h"
+#include "validation/oracle.h"
+#include "validation/rule_terms.h"
 
 namespace qknorm::validation {
 
-struct AttentionCase;
-struct ScaleNormCase;
-struct OracleAttention;
-struct OracleScaleNorm;
-
-// The named constants of the rule (derivations above and in tolerance.cc).
-inline constexpr double kSumLambda = 8.0;
-inline constexpr double kOpUnits = 4.0;
-inline constexpr double kDotUnits = 4.0;
-inline constexpr double kIllConditioned = 100.0;
-
-enum class Field {
-  kO,
-  kLse,
-  kDq,
-  kDk,
-  kDv,
-  kDg,
-  kY,
-  kDx,
-  kScaleNormDg,
-  // The formulation's parameter gradients (issue 16).
-  kDqWeight,
-  kDkWeight,
-  kDqBias,
-  kDkBias,
-};
-// "o", "lse", "dq", "dk", "dv", "dg", "y", "dx", "dg", "dq_weight",
-// "dk_weight", "dq_bias", "dk_bias".
-const char* name(Field f);
-
-// The named primitives of the rule.
-double sum_units(double n);
-double softmax_units(double amplitude);
 // ulp_fmt(|x| + delta) / 2: the storage rounding of a value within delta of x.
 double half_spacing(Precision fmt, double x, double delta);
 
@@ -155,6 +157,11 @@ struct ToleranceTable {
   std::string index_text(int64_t i) const;  // "[b,h,n,d]"
 };
 
+// A table of no elements for field f in format fmt, shaped [B, H, rows,
+// cols] (a sampled verdict gathers its elements; validation/sampled.h).
+ToleranceTable empty_table(Field f, Precision fmt, int64_t B, int64_t H,
+                           int64_t rows, int64_t cols);
+
 // Tables for o, lse, dq, dk, dv, dg (forward_only: o, lse) of a case whose
 // inputs are already in the entry's precision s. compute_unit > 0 replaces
 // u_c = compute_roundoff(s): compare's `--compute storage` declares a
@@ -175,54 +182,6 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
                                                  Precision s,
                                                  const OracleScaleNorm& oracle);
 
-enum class ElementClass {
-  kWithin,            // finite and within its bound
-  kEqualInfinity,     // the oracle is +-inf and so is the value
-  kNotRepresentable,  // the oracle rounds to +-inf in fmt; the value is that
-  kOver,              // finite, beyond its bound
-  kWrongNonFinite,    // NaN or inf where another value is defined
-};
-bool passes(ElementClass c);
-
-struct ElementJudgement {
-  ElementClass cls = ElementClass::kWithin;
-  double err = 0;     // |actual - x| (inf for a wrong non-finite)
-  double bound = 0;   // delta + half spacing
-  double margin = 0;  // err / bound (inf if bound == 0 < err)
-};
-ElementJudgement judge_element(const ToleranceTable& t, size_t i,
-                               double actual);
-// The bound element i of a finite answer is held to (delta_i + the half
-// spacing at x_i, x_i clamped to the format's range); 0 where x_i = +-inf.
-double element_bound(const ToleranceTable& t, size_t i);
-
-// The componentwise verdict of one field.
-struct FieldVerdict {
-  Field id = Field::kO;
-  std::string field;  // name(id)
-  double amplitude = 0;
-  ErrorStats entry, naive;  // statistics for the report and the JSON
-  bool has_naive = false;
-  int64_t count = 0;
-  int64_t failures = 0;           // elements that fail
-  int64_t not_representable = 0;  // accepted infinities (oracle overflows)
-  int64_t ill_conditioned = 0;    // elements with kappa_e > kIllConditioned
-  // The element of largest margin err_e / bound_e (> 1 fails).
-  double margin = 0;
-  int64_t worst_index = -1;
-  std::string worst_where;  // "[b,h,n,d]"
-  double worst_expected = 0, worst_actual = 0, worst_bound = 0;
-  double naive_margin = 0;  // the naive's own largest margin
-  std::string diagnosis;    // the first failing element's diagnosis
-  bool pass = true;
-};
-
-// Judges `actual` against table `t`; `naive` (may be null) is judged too,
-// for its margin only.
-FieldVerdict judge_field(const ToleranceTable& t,
-                         const std::vector<double>& actual,
-                         const std::vector<double>* naive);
-
 }  // namespace qknorm::validation
 
-#endif  // QKNORM_VALIDATION_TOLERANCE_H_
+#endif  // QKNORM_VALIDATION_RULE_H_

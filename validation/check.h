@@ -1,0 +1,29 @@
+// The front door most callers use: run an entry on a case
+// (validation/run.h), compute the oracle (oracle.h) and judge the results
+// (judge.h) by the rule (rule.h).
+#ifndef QKNORM_VALIDATION_CHECK_H_
+#define QKNORM_VALIDATION_CHECK_H_
+
+#include "qknorm/backend.h"
+#include "validation/case.h"
+#include "validation/judge.h"
+#include "validation/oracle.h"
+#include "validation/run.h"
+
+namespace qknorm::validation {
+
+// Runs `entry` on round_inputs(c, entry precision) and judges it
+// (judge_attention) against the oracle; with_naive also runs and judges the
+// naive baseline, for its margin and error statistics (never for the
+// entry's verdict). forward_only: o and lse.
+AgreementReport check_attention(const Backend& entry, const AttentionCase& c,
+                                const ExecConfig& cfg = {},
+                                bool forward_only = false,
+                                bool with_naive = true);
+AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c,
+                                const ExecConfig& cfg = {},
+                                bool with_naive = true);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_CHECK_H_

@@ -1,0 +1,253 @@
+#include "validation/judge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <span>
+#include <string>
+
+namespace qknorm::validation {
+namespace {
+
+using LD = long double;
+
+double d(LD x) { return static_cast<double>(x); }
+
+}  // namespace
+
+std::string label(const FieldVerdict& v) {
+  if (v.property == nullptr) return name(v.id);
+  return std::string(name(v.id)) + "[all rows: " + v.property + "]";
+}
+
+bool passes(ElementClass c) {
+  return c == ElementClass::kWithin || c == ElementClass::kEqualInfinity ||
+         c == ElementClass::kNotRepresentable;
+}
+
+ElementJudgement judge_element(const ToleranceTable& t, size_t i,
+                               double actual) {
+  ElementJudgement j;
+  const LD x = t.expected[i];
+  const double delta = t.delta[i];
+  if (std::isinf(x)) {
+    j.bound = 0;
+    if (actual == d(x)) {
+      j.cls = ElementClass::kEqualInfinity;
+    } else {
+      j.cls = ElementClass::kWrongNonFinite;
+      j.err = j.margin = std::numeric_limits<double>::infinity();
+    }
+    return j;
+  }
+  // The largest value a correct kernel may hold before its final rounding;
+  // if that rounds to inf in the field's format, inf is the correct answer.
+  const double reach = d(std::fabs(x)) + delta;
+  const bool overflows = std::isinf(round_to(t.fmt, reach));
+  LD target = x;
+  if (overflows) {
+    const double mf = max_finite(t.fmt);
+    if (std::isinf(actual) && std::signbit(actual) == std::signbit(d(x))) {
+      j.cls = ElementClass::kNotRepresentable;
+      return j;
+    }
+    target = std::clamp<LD>(x, -mf, mf);
+  }
+  j.bound = delta + half_spacing(t.fmt, d(target), delta);
+  if (!std::isfinite(actual)) {
+    j.cls = ElementClass::kWrongNonFinite;
+    j.err = j.margin = std::numeric_limits<double>::infinity();
+    return j;
+  }
+  j.err = d(std::fabs(static_cast<LD>(actual) - target));
+  j.margin = j.bound > 0
+                 ? j.err / j.bound
+                 : (j.err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  j.cls = j.err <= j.bound ? ElementClass::kWithin : ElementClass::kOver;
+  return j;
+}
+
+double element_bound(const ToleranceTable& t, size_t i) {
+  const LD x = t.expected[i];
+  if (std::isinf(x)) return 0;
+  const double mf = max_finite(t.fmt);
+  const LD target = std::clamp<LD>(x, -mf, mf);
+  return t.delta[i] + half_spacing(t.fmt, d(target), t.delta[i]);
+}
+
+namespace {
+
+std::string diagnose(const ToleranceTable& t, size_t i, double actual,
+                     const ElementJudgement& j) {
+  char buf[320];
+  const std::string where =
+      std::string(name(t.field)) + t.index_text(static_cast<int64_t>(i));
+  const double x = d(t.expected[i]);
+  const bool masked = !t.masked_row.empty() && t.masked_row[i];
+  if (j.cls == ElementClass::kWrongNonFinite) {
+    if (std::isnan(actual))
+      std::snprintf(buf, sizeof buf, "%s is NaN where %.17g is defined%s",
+                    where.c_str(), x,
+                    masked ? " (fully masked row: O = 0, lse = -inf)" : "");
+    else if (std::isinf(x))
+      std::snprintf(buf, sizeof buf, "%s is %.17g where %g is defined%s",
+                    where.c_str(), actual, x,
+                    masked ? " (fully masked row)" : "");
+    else
+      std::snprintf(buf, sizeof buf,
+                    "%s is %g where the finite %.17g is defined (it is "
+                    "representable in %s)%s",
+                    where.c_str(), actual, x, std::string(name(t.fmt)).c_str(),
+                    masked ? " (fully masked row: O = 0)" : "");
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "%s = %.17g, expected %.17g: |err| %.3e > bound %.3e "
+                  "(margin %.3g, kappa %.3g)",
+                  where.c_str(), actual, x, j.err, j.bound, j.margin,
+                  t.cond[i]);
+  }
+  return buf;
+}
+
+}  // namespace
+
+FieldVerdict judge_field(const ToleranceTable& t,
+                         const std::vector<double>& actual,
+                         const std::vector<double>* naive) {
+  FieldVerdict v;
+  v.id = t.field;
+  v.count = static_cast<int64_t>(t.expected.size());
+  v.entry = compare(actual, t.expected, t.fmt);
+  if (naive != nullptr) {
+    v.has_naive = true;
+    v.naive = compare(*naive, t.expected, t.fmt);
+  }
+  v.margin = -1;
+  for (size_t i = 0; i < t.expected.size(); ++i) {
+    const double a = i < actual.size()
+                         ? actual[i]
+                         : std::numeric_limits<double>::quiet_NaN();
+    const ElementJudgement j = judge_element(t, i, a);
+    if (t.cond[i] > kIllConditioned) ++v.ill_conditioned;
+    if (j.cls == ElementClass::kNotRepresentable) ++v.not_representable;
+    if (!passes(j.cls)) {
+      if (v.failures == 0) v.diagnosis = diagnose(t, i, a, j);
+      ++v.failures;
+    }
+    if (j.margin > v.margin) {
+      v.margin = j.margin;
+      v.worst_index = static_cast<int64_t>(i);
+      v.worst_expected = d(t.expected[i]);
+      v.worst_actual = a;
+      v.worst_bound = j.bound;
+    }
+    if (naive != nullptr && i < naive->size())
+      v.naive_margin =
+          std::max(v.naive_margin, judge_element(t, i, (*naive)[i]).margin);
+  }
+  if (v.margin < 0) v.margin = 0;
+  if (v.worst_index >= 0) v.worst_where = t.index_text(v.worst_index);
+  v.pass = v.failures == 0;
+  return v;
+}
+
+namespace {
+void finish(AgreementReport* rep) {
+  rep->pass = true;
+  rep->margin = 0;
+  for (const auto& f : rep->fields) {
+    rep->pass = rep->pass && f.pass;
+    if (f.margin > rep->margin || rep->worst_field.empty()) {
+      rep->margin = std::max(rep->margin, f.margin);
+      rep->worst_field = label(f);
+    }
+  }
+}
+}  // namespace
+
+AgreementReport judge_attention(
+    const AttentionCase& c, Precision s, const OracleAttention& orc,
+    const AttentionResult& er, const AttentionResult* nr, bool forward_only,
+    const std::string& entry_name, const std::string& naive_name,
+    const std::vector<Field>* only, double compute_unit) {
+  AgreementReport rep;
+  rep.entry_name = entry_name;
+  rep.naive_name = nr != nullptr ? naive_name : "";
+  rep.case_desc = c.describe();
+  const double A = logit_amplitude(c);
+  for (const ToleranceTable& t :
+       attention_tolerances(c, s, orc, forward_only, compute_unit)) {
+    if (only != nullptr &&
+        std::find(only->begin(), only->end(), t.field) == only->end())
+      continue;
+    auto pick = [&](const AttentionResult& r) {
+      const std::span<const double> x = field_values(r, t.field);
+      return std::vector<double>(x.begin(), x.end());
+    };
+    const std::vector<double> naive =
+        nr != nullptr ? pick(*nr) : std::vector<double>{};
+    rep.fields.push_back(
+        judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
+    rep.fields.back().amplitude = A;
+  }
+  finish(&rep);
+  return rep;
+}
+
+AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
+                                const OracleScaleNorm& orc,
+                                const ScaleNormResult& er,
+                                const ScaleNormResult* nr,
+                                const std::string& entry_name,
+                                const std::string& naive_name,
+                                const std::vector<Field>* only) {
+  AgreementReport rep;
+  rep.entry_name = entry_name;
+  rep.naive_name = nr != nullptr ? naive_name : "";
+  rep.case_desc = c.describe();
+  for (const ToleranceTable& t : scalenorm_tolerances(c, s, orc)) {
+    if (only != nullptr &&
+        std::find(only->begin(), only->end(), t.field) == only->end())
+      continue;
+    auto pick = [&](const ScaleNormResult& r) -> std::vector<double> {
+      if (t.field == Field::kY) return r.y;
+      if (t.field == Field::kDx) return r.dx;
+      return {r.dg};
+    };
+    const std::vector<double> naive =
+        nr != nullptr ? pick(*nr) : std::vector<double>{};
+    rep.fields.push_back(
+        judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
+  }
+  finish(&rep);
+  return rep;
+}
+
+std::string AgreementReport::failure_message() const {
+  std::string m;
+  for (const auto& f : fields) {
+    if (f.pass) continue;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "  field %s: %lld of %lld elements fail; worst %s%s: "
+                  "expected %.17g, actual %.17g, bound %.6e (margin %.3g; "
+                  "logit amplitude A=%.6g)\n    first failure: %s\n",
+                  label(f).c_str(), (long long)f.failures, (long long)f.count,
+                  label(f).c_str(), f.worst_where.c_str(), f.worst_expected,
+                  f.worst_actual, f.worst_bound, f.margin, f.amplitude,
+                  f.diagnosis.c_str());
+    m += buf;
+    m += "    entry: " + describe(f.entry) + "\n";
+    if (f.has_naive) {
+      std::snprintf(buf, sizeof buf, "    naive margin %.3g: ", f.naive_margin);
+      m += buf + describe(f.naive) + "\n";
+    }
+  }
+  if (m.empty()) return "";
+  return "entry " + entry_name + " vs oracle" +
+         (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
+         case_desc + "\n" + m;
+}
+
+}  // namespace qknorm::validation

@@ -1,0 +1,114 @@
+// The verdict, pure: elements -> field -> case. judge_element holds one
+// value to its bound in a table of the rule (validation/rule.h), judge_field
+// one field, judge_attention / judge_scalenorm a case's results. Nothing
+// here runs an entry (validation/check.h runs and judges).
+#ifndef QKNORM_VALIDATION_JUDGE_H_
+#define QKNORM_VALIDATION_JUDGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qknorm/precision.h"
+#include "validation/case.h"
+#include "validation/field.h"
+#include "validation/metrics.h"
+#include "validation/oracle.h"
+#include "validation/rule.h"
+#include "validation/run.h"
+
+namespace qknorm::validation {
+
+enum class ElementClass {
+  kWithin,            // finite and within its bound
+  kEqualInfinity,     // the oracle is +-inf and so is the value
+  kNotRepresentable,  // the oracle rounds to +-inf in fmt; the value is that
+  kOver,              // finite, beyond its bound
+  kWrongNonFinite,    // NaN or inf where another value is defined
+};
+bool passes(ElementClass c);
+
+struct ElementJudgement {
+  ElementClass cls = ElementClass::kWithin;
+  double err = 0;     // |actual - x| (inf for a wrong non-finite)
+  double bound = 0;   // delta + half spacing
+  double margin = 0;  // err / bound (inf if bound == 0 < err)
+};
+ElementJudgement judge_element(const ToleranceTable& t, size_t i,
+                               double actual);
+// The bound element i of a finite answer is held to (delta_i + the half
+// spacing at x_i, x_i clamped to the format's range); 0 where x_i = +-inf.
+double element_bound(const ToleranceTable& t, size_t i);
+
+// The componentwise verdict of one field.
+struct FieldVerdict {
+  Field id = Field::kO;
+  // The O(n D) property a sampled verdict judges the field by ("finite,
+  // masked rows defined"; validation/sampled.h); null for the rule's
+  // element verdict.
+  const char* property = nullptr;
+  double amplitude = 0;
+  ErrorStats entry, naive;  // statistics for the report and the JSON
+  bool has_naive = false;
+  int64_t count = 0;
+  int64_t failures = 0;           // elements that fail
+  int64_t not_representable = 0;  // accepted infinities (oracle overflows)
+  int64_t ill_conditioned = 0;    // elements with kappa_e > kIllConditioned
+  // The element of largest margin err_e / bound_e (> 1 fails).
+  double margin = 0;
+  int64_t worst_index = -1;
+  std::string worst_where;  // "[b,h,n,d]"
+  double worst_expected = 0, worst_actual = 0, worst_bound = 0;
+  double naive_margin = 0;  // the naive's own largest margin
+  std::string diagnosis;    // the first failing element's diagnosis
+  bool pass = true;
+};
+
+// The field's name, with the property where there is one: "o", "o[all
+// rows: within the visible v]".
+std::string label(const FieldVerdict& v);
+
+// Judges `actual` against table `t`; `naive` (may be null) is judged too,
+// for its margin only.
+FieldVerdict judge_field(const ToleranceTable& t,
+                         const std::vector<double>& actual,
+                         const std::vector<double>* naive);
+
+struct AgreementReport {
+  std::string entry_name, naive_name, case_desc;
+  std::vector<FieldVerdict> fields;
+  bool pass = true;
+  // The largest element margin err_e / bound_e over every field (> 1 fails)
+  // and the field it is in.
+  double margin = 0;
+  std::string worst_field;
+  // Every failing field: entry, case (shape, seed), the element of largest
+  // margin (index, expected, actual, bound), the first failure's diagnosis.
+  std::string failure_message() const;
+};
+
+// The verdict on results already computed (check_* = run + judge_*): `c` is
+// the case as the entries saw it (round_inputs(case, s)), `oracle` its
+// oracle, `entry` the judged result and `naive` (may be null) the result of
+// naive_for(s) on it. `only` (may be null) restricts the verdict to those
+// fields (compare judges the tensors the files give). Callers that judge
+// many entries of one precision on one case compute the oracle once.
+AgreementReport judge_attention(const AttentionCase& c, Precision s,
+                                const OracleAttention& oracle,
+                                const AttentionResult& entry,
+                                const AttentionResult* naive, bool forward_only,
+                                const std::string& entry_name,
+                                const std::string& naive_name,
+                                const std::vector<Field>* only = nullptr,
+                                double compute_unit = 0);
+AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
+                                const OracleScaleNorm& oracle,
+                                const ScaleNormResult& entry,
+                                const ScaleNormResult* naive,
+                                const std::string& entry_name,
+                                const std::string& naive_name,
+                                const std::vector<Field>* only = nullptr);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_JUDGE_H_

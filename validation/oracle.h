@@ -1,0 +1,151 @@
+// The oracle: the reference evaluated in long double on a case's inputs as
+// given, with the magnitudes and sensitivities (the channels) the rule of
+// validation/rule.h multiplies by its units. The channels' derivations are
+// in oracle_attention.cc (the forward and backward sums) and
+// oracle_operands.cc (the logit operands and the normalization backward);
+// the resolution terms they read are the rule's own (rule_terms.h).
+#ifndef QKNORM_VALIDATION_ORACLE_H_
+#define QKNORM_VALIDATION_ORACLE_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "validation/case.h"
+#include "validation/field.h"
+
+namespace qknorm::validation {
+
+// The oracle: reference<long double> on the case's inputs as given.
+// dg_scale: sum P_ij (|dO_i|.|v_j| + Del_i) (resp. sum |dy . u| terms), the
+// magnitude of the terms dg sums before they cancel (|C_ij| <= 1; it bounds
+// sum |dS_ij|), used as dg's scale in the tolerance rule: dg is one scalar
+// that can cancel to near 0, so max|dg| would be no scale at all.
+struct OracleAttention {
+  std::vector<long double> o, lse, dq, dk, dv;
+  long double dg = 0, dg_scale = 0;
+  // Pre-cancellation magnitudes of the gradient sums (max over elements);
+  // see oracle_attention().
+  long double dq_scale = 0, dk_scale = 0, dv_scale = 0;
+  // Sensitivities of dq, dk (max over elements) and dg to an absolute error
+  // of one unit in every element of the stored O the backward reads; times
+  // ulp_s(0) they join the gradients' atol (oracle_attention()).
+  long double dq_o_sens = 0, dk_o_sens = 0, dg_o_sens = 0;
+  // The same for the compute format's absolute resolution below its normal
+  // range (dP, delta, dS, du formed as subnormals), per ulp_c(0).
+  long double dq_uf_sens = 0, dk_uf_sens = 0, dg_uf_sens = 0;
+  // sum_ij P_ij |dO_i|.|O_i| (qknorm): dg's sensitivity to a relative error
+  // of one unit in every element of the stored O; times u_s it joins dg's
+  // atol (issue 14).
+  long double dg_o_rel_sens = 0;
+  // Per element (issue 15; validation/rule.h): the magnitudes before
+  // cancellation (o_mag: sum_j P_ij |v_jd|; dv_mag: sum_i P_ij |dO_id|;
+  // dq_mag, dk_mag: the dS terms through the normalization backward), the
+  // stored-O sensitivities (absolute per ulp_s(0): *_o_sens_e; relative per
+  // u_s: *_o_rel_e) and the subnormal-intermediate counts (*_uf_sens_e).
+  // The scalars above are their maxima.
+  std::vector<long double> o_mag, dv_mag, dq_mag, dk_mag;
+  std::vector<long double> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e, dk_uf_sens_e,
+      dq_o_rel_e, dk_o_rel_e;
+  // The terms the softmax's conditioning perturbs: o_dev_mag = sum_j P_ij
+  // |v_jd - O_id| (dO = sum_j dP_ij v_jd with sum_j dP_ij = 0), and for dq,
+  // dk the terms P_ij (|dP_ij - delta_i| + sum_k P_ik |dP_ik - delta_i| / 2)
+  // carried through the same sums as dq_mag (rule.cc).
+  std::vector<long double> o_dev_mag, dq_ds_mag, dk_ds_mag;
+  // Sensitivities to the compute format's absolute resolution of each
+  // probability P_ij, per unit of its smallest normal (an exp may flush a
+  // result below the normal range to 0; validation/rule.h): O, dV: sum
+  // over visible j of |v_jd|, resp. over visible i of |dO_id|; dq, dk, dg:
+  // the terms |dP_ij - delta_i| of the visible P_ij through the same sums as
+  // dq_mag.
+  std::vector<long double> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
+  long double dg_p_sens = 0;
+  // The formulation's parameter gradients (issue 16; empty when it has
+  // none) and, per element, the same seven channels as dq's, indexed by
+  // Channel (validation/field.h: at(Channel::kMagnitude) ...), and the
+  // number of normalization rows each element sums over (q_param_rows,
+  // k_param_rows).
+  std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
+  std::array<std::vector<long double>, kChannels> dq_weight_ch, dk_weight_ch,
+      dq_bias_ch, dk_bias_ch;
+  int64_t q_param_rows = 0, k_param_rows = 0;
+  // Round-before-weight formulations in 16-bit storage (Qwen3): a correct
+  // kernel's x_hat may round to the other neighbour where the exact x_hat
+  // lies within its own error of a rounding midpoint; the largest logit
+  // change those flips can make (0 otherwise).
+  double logit_flip = 0;
+  // LayerNorm: the computed mean of a row is an L-term sum, off by up to
+  // sum_units(L) u_c sum|x| / L, which shifts every x_hat of the row by that
+  // over the divisor; near-zero x_hat_e (x_e at the mean) have no relative
+  // accuracy at all (found by the fuzzer, issue 16: a row summing exactly to
+  // 0, x_e = 0, reference:f64's weight gradient 1.5e-20 against 7e-24).
+  // Per u_c (units included): the shift's effect on dq, dk (per element),
+  // dg, and the largest logit change it makes (all 0 without layer).
+  std::vector<long double> dq_shift_e, dk_shift_e;
+  long double dg_shift = 0;
+  double logit_shift = 0;
+  // Sampled verdicts (validation/sampled.h) judge one row of a long problem
+  // on a sub-case holding that row and what it reads. The rule's counts and
+  // logit amplitude are then the whole case's, not the sub-case's (0: the
+  // case's own): the tables of a sampled row equal the full verdict's.
+  double amplitude = 0;
+  int64_t count_q_len = 0, count_kv_len = 0;
+  // Sampled key rows read every query row's lse and delta from a pass in
+  // double (GivenRows); its error per f64 unit roundoff, times the
+  // gradients' magnitudes (given_units) and their softmax terms
+  // (given_soft_units), joins dk, dv and dg (validation/rule.h).
+  double given_units = 0, given_soft_units = 0;
+};
+// The statistics of every query row (b, h, i) of a case, dense [B, H, Nq],
+// given instead of computed: lse_i, delta_i = dO_i . O_i, Del_i >= sum_j
+// P_ij |dO_i|.|v_j|, sum_j P_ij |dP_ij - delta_i|, o_abs_i >= |dO_i|.|O_i|
+// and p_del_i >= sum_j |dO_i|.|v_j| over the visible keys. A sampled key row's
+// sub-case holds only the queries that see that key, so its rows' softmax
+// normalization must come from outside.
+struct GivenRows {
+  std::vector<long double> lse, delta, del, ds_l1, o_abs, p_del;
+  double units = 0, soft_units = 0;  // OracleAttention::given_*units
+};
+// The rule's counts of the whole case for a sub-case (0: the sub-case's
+// own): the subnormal counts of the sums forming du (OracleAttention
+// Channel::kSubnormalCount) then equal the full oracle's. q_side / k_side
+// false: the channels of dq (resp. dk and the k parameters) are not needed and
+// stay 0 (a sampled query row's sub-case needs no dk; a key row's no dq), and
+// neither are the values: dq (resp. dk and dv) stay empty. With either side
+// off (a sub-case) the case-wide scalars are not formed either (dg and its
+// channels, logit_flip, logit_shift stay 0; the parameter gradients lack
+// the other side's terms): a sub-case's are not the whole case's, and the
+// sampled oracle sets or judges the whole case's itself.
+struct RowCounts {
+  int64_t q_len = 0, kv_len = 0;
+  bool q_side = true, k_side = true;
+};
+struct OracleScaleNorm {
+  std::vector<long double> y, dx;
+  long double dg = 0, dg_scale = 0;
+};
+// Scratch arrays oracle_attention reuses from call to call (one per
+// thread): the sampled oracle runs hundreds of sub-cases of n keys or
+// queries, and allocating and zero-filling their n x D long-double arrays
+// afresh, page faults included, was a fifth of each sub-case's time (perf,
+// n = 4096). The arrays keep their largest size until the workspace goes.
+class OracleWorkspace {
+ public:
+  OracleWorkspace();
+  ~OracleWorkspace();
+  struct Arrays;
+  std::unique_ptr<Arrays> arrays;
+};
+// given (may be null): the query rows' statistics from outside (GivenRows);
+// then only dk, dv and their channels are meaningful. ws (may be null): the
+// scratch arrays to use; the result does not depend on them.
+OracleAttention oracle_attention(const AttentionCase& c,
+                                 const GivenRows* given = nullptr,
+                                 const RowCounts& counts = {},
+                                 OracleWorkspace* ws = nullptr);
+OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_ORACLE_H_

@@ -1,0 +1,496 @@
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "qknorm/error.h"
+#include "qknorm/formulation.h"
+#include "reference/reference.h"
+#include "validation/operands.h"
+#include "validation/oracle.h"
+#include "validation/oracle_internal.h"
+#include "validation/rule_terms.h"
+
+namespace qknorm::validation {
+namespace {
+
+// P_ij = exp(S_ij - lse_i) with the given lse (0 where masked), and S_ij
+// (where S is not null) as the reference's backward forms it: the scale
+// times the D-term dot of the logit operands.
+void given_probabilities(const AttentionCase& c, const OperandMags& qm,
+                         const OperandMags& km, const std::vector<LD>& lse,
+                         LD* probs, LD* S) {
+  const AttentionProblem& p = c.problem;
+  const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
+                Hk = kv_heads_of(p), group = p.heads / Hk;
+  const LD sc = p.variant != Variant::kQKNorm
+                    ? 1 / std::sqrt(static_cast<LD>(D))
+                : p.fixed_scale ? static_cast<LD>(p.scale)
+                                : static_cast<LD>(p.g);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t hq = 0; hq < p.heads; ++hq) {
+      const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
+      for (int64_t i = 0; i < Nq; ++i) {
+        const LD* qt = qm.xt.data() + (bh * Nq + i) * D;
+        const LD l = lse[static_cast<size_t>(bh * Nq + i)];
+        for (int64_t j = 0; j < Nk; ++j) {
+          LD t = 0;
+          const LD* kt = km.xt.data() + (bk * Nk + j) * D;
+          for (int64_t d = 0; d < D; ++d) t += qt[d] * kt[d];
+          const auto e = static_cast<size_t>((bh * Nq + i) * Nk + j);
+          probs[e] =
+              visible(p.mask, b, i, j, Nq, Nk) ? std::exp(sc * t - l) : 0;
+          if (S != nullptr) S[e] = sc * t;
+        }
+      }
+    }
+}
+
+}  // namespace
+
+OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
+                                 const RowCounts& counts, OracleWorkspace* ws) {
+  const AttentionProblem& p = c.problem;
+  OracleAttention r;
+  OracleWorkspace::Arrays own;
+  OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : own;
+  std::vector<LD>&q = a.q, &k = a.k, &v = a.v, &d_o = a.d_o;
+  q.assign(c.q.begin(), c.q.end());
+  k.assign(c.k.begin(), c.k.end());
+  v.assign(c.v.begin(), c.v.end());
+  d_o.assign(c.d_o.begin(), c.d_o.end());
+  std::array<std::vector<LD>, 4> store;
+  const reference::NormArgs<LD> w = norm_args(c, &store);
+  // Both sides' logit operands, normalized once: the forward, backward,
+  // probabilities and magnitudes below all read them (OperandMags::view).
+  fill_operand_mags(c, 0, q.data(), w, &a.qm);
+  fill_operand_mags(c, 1, k.data(), w, &a.km);
+  const OperandMags &qm = a.qm, &km = a.km;
+  const reference::OperandView<LD> qv = qm.view(), kv = km.view();
+  // RowCounts: the outputs of a side the caller does not need are not
+  // formed, nor, in a sub-case (either side off), the case-wide scalars.
+  const bool qs = counts.q_side, ks = counts.k_side, whole = qs && ks;
+  r.o.resize(q.size());
+  r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  // P, and in a sub-case S for the backward: there the forward (or the
+  // given rows' loop) returns them, the logits formed once instead of in
+  // each of forward, probabilities and backward (the full oracle keeps no
+  // S: as large as P).
+  const bool cache = !whole;
+  const auto pairs =
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len);
+  std::vector<LD>&probs = a.probs, &logits = a.logits;
+  probs.resize(pairs);
+  logits.resize(cache ? pairs : 0);
+  LD* const S = cache ? logits.data() : nullptr;
+  if (given == nullptr) {
+    reference::attention_forward<LD>(p, qv, kv, v.data(), r.o.data(),
+                                     r.lse.data(),
+                                     cache ? probs.data() : nullptr, S);
+    if (!cache) reference::attention_probabilities<LD>(p, qv, kv, probs.data());
+  } else {
+    // The rows' lse as given, and an O whose dO . O is the given delta (the
+    // backward reads delta from O): O_i = delta_i dO_i / ||dO_i||^2.
+    const auto D = static_cast<size_t>(p.head_dim);
+    const size_t rows = static_cast<size_t>(p.batch * p.heads * p.q_len);
+    for (const std::vector<LD>* x :
+         {&given->lse, &given->delta, &given->del, &given->ds_l1, &given->o_abs,
+          &given->p_del})
+      if (x->size() != rows)
+        throw Error("oracle_attention", {},
+                    "GivenRows holds " + std::to_string(x->size()) +
+                        " values of a statistic where the case has " +
+                        std::to_string(rows) + " query rows");
+    r.lse = given->lse;
+    r.given_units = given->units;
+    r.given_soft_units = given->soft_units;
+    for (size_t row = 0; row < r.lse.size(); ++row) {
+      const LD* doi = d_o.data() + row * D;
+      LD ss = 0;
+      for (size_t d = 0; d < D; ++d) ss += doi[d] * doi[d];
+      for (size_t d = 0; d < D; ++d)
+        r.o[row * D + d] = ss > 0 ? given->delta[row] / ss * doi[d] : 0;
+    }
+    given_probabilities(c, qm, km, r.lse, probs.data(), S);
+  }
+  r.dq.resize(qs ? q.size() : 0);
+  r.dk.resize(ks ? k.size() : 0);
+  r.dv.resize(ks ? v.size() : 0);
+  r.dq_weight.resize(c.q_weight.size());
+  r.dk_weight.resize(c.k_weight.size());
+  r.dq_bias.resize(c.q_bias.size());
+  r.dk_bias.resize(c.k_bias.size());
+  reference::NormGrads<LD> dw;
+  auto ptr = [](std::vector<LD>& x) { return x.empty() ? nullptr : x.data(); };
+  dw.q_weight = ptr(r.dq_weight);
+  dw.k_weight = ptr(r.dk_weight);
+  dw.q_bias = ptr(r.dq_bias);
+  dw.k_bias = ptr(r.dk_bias);
+  reference::attention_backward<LD>(
+      p, q.data(), k.data(), qv, kv, v.data(), r.o.data(), d_o.data(),
+      r.lse.data(), qs ? r.dq.data() : nullptr, ks ? r.dk.data() : nullptr,
+      ks ? r.dv.data() : nullptr, whole ? &r.dg : nullptr, nullptr, w, dw, S);
+  // dg sums dS_ij C_ij with dS_ij = P_ij (dP_ij - delta_i): the rounding
+  // error of those terms scales with P_ij (|dP_ij| + |delta_i|), not with
+  // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the
+  // fuzzer, issue 7: v = 7e4 everywhere, sum |dS| = 0, correct kernels 1e-2
+  // apart). dg_scale is that pre-cancellation magnitude (>= sum |dS|).
+  //
+  // dq, dk and dv are sums of the same kind of terms, and they too can cancel
+  // to ~0 (head_dim 1, where the projection removes everything; symmetric
+  // rows; saturated rows): their scales are the magnitudes of their terms
+  // before cancellation, max over elements of
+  //   |dv_jd|:  sum_i P_ij |dO_id|
+  //   |du_id|:  s sum_j T_ij |k_hat_jd|, T_ij = P_ij (|dO_i|.|v_j| + Del_i),
+  //             Del_i = sum_k P_ik |dO_i|.|v_k|,
+  //             s = |g| (qknorm) or 1/sqrt(D) (sdpa); |du_jd| for keys with
+  //             T^T and q_hat;
+  //   |dx_d|:   (|du_d| + |u_d| sum_e |u_e| |du_e|) / max(||x||, eps) through
+  //             the normalization backward (qknorm).
+  // |x|.|y| = sum_d |x_d||y_d| is the magnitude a dot product's rounding
+  // error scales with (Higham, Accuracy and Stability, 3.1), not |x . y|:
+  // dP_ij = dO_i . v_j and delta_i = sum_k P_ik dP_ik = dO_i . O_i can both
+  // cancel (found by the fuzzer, issue 7: sdpa, q = 0, P uniform over 7
+  // keys, delta = 0.036 from terms of ~3; a correct blas:f64 dq was 17 ulp
+  // of |dq| off where the old scale, built on |dP| and |delta|, allowed 4).
+  // Del_i bounds both ways of computing delta (|dO_i|.|O_i| <= Del_i).
+  //
+  // The backward also reads the stored O (delta = dO . O), and each entry
+  // stores its own: below the normal range the storage format resolves O
+  // only to ulp_s(0), absolutely, so two correct entries' O differ by that
+  // much whatever their relative accuracy. Its effect on a gradient is the
+  // sensitivity *_o_sens times ulp_s(0) (verdict), with
+  //   dS_ij per unit of O error: P_ij sum_d |dO_id|
+  // carried through the same sums as T_ij (found by the fuzzer, issue 7:
+  // f32, zero q rows, O ~ 1e-42 stored with 1.4e-45 resolution, dq = g dS
+  // k_hat / eps with eps = 2.9e-36: a correct simd dq 4% off, the naive 0.6%).
+  //
+  // Likewise the compute format resolves its own intermediates only to
+  // ulp_c(0) below the normal range: dP_ij and delta_i (D products and sums
+  // each, <= D ulp_c(0)), dS_ij = P_ij (dP_ij - delta_i) (<= P_ij (2D + 1)
+  // + 1), du = s sum_j dS_ij k_hat_j (+ Nk for its own sums) and the
+  // normalization backward's u . du (+ D + 2). *_uf_sens is that count per
+  // ulp_c(0), carried through the normalization backward (found by the
+  // fuzzer, issue 7: f32, zero q rows, eps = 2.9e-36, dO ~ 4.6e-40: dP is a
+  // subnormal with a few bits, a correct blas:f32 dq returned 0 for -3.9e-9,
+  // the naive -5.7e-9). A kernel that scales dS before the product with the
+  // other operand, (s dS_ij) k_j, rounds s dS_ij once more: one ulp_c(0)
+  // per pair not scaled by s, so the count adds |x_tilde'| per pair outside
+  // the factor s (found by the CI's fixed-seed fuzz run of issue 19: sdpa,
+  // f32, dP ~ 1e-40 and dS ~ 7 ulp(0): reference:f32, which forms
+  // scale * dS first, had dk 1.0-1.5 bounds off on a whole row).
+  // Outside subnormal intermediates both terms are far below u * scale.
+  {
+    const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
+                  Hk = kv_heads_of(p), group = p.heads / Hk;
+    const bool qk = p.variant == Variant::kQKNorm;
+    // The logit operands of both sides (x_tilde signed, and its magnitude
+    // before cancellation |x_hat| |w| + |beta|), x_hat and each row's
+    // divisor (OperandMags).
+    const LD s = qk ? std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g))
+                    : 1 / std::sqrt(static_cast<LD>(D));
+    const bool learned = qk && !p.fixed_scale;
+    const bool layer = qk && p.norm.kind == NormKind::kLayer;
+    LD logit_shift = 0;
+    const bool shift_zero = std::isfinite(s) && qm.xa_finite && km.xa_finite;
+    auto absdot = [D](const LD* a, const LD* b) {
+      LD t = 0;
+      for (int64_t d = 0; d < D; ++d) t += std::fabs(a[d]) * std::fabs(b[d]);
+      return t;
+    };
+    auto norm2 = [D](const LD* a) {
+      LD t = 0;
+      for (int64_t d = 0; d < D; ++d) t += a[d] * a[d];
+      return std::sqrt(t);
+    };
+    // Seven channels (Channel, validation/field.h) carried through the same
+    // sums: kMagnitude the rounding scale (weight T_ij), kStoredOAbs the
+    // stored-O sensitivity (P_ij sum_d |dO_id|), kSubnormalCount the
+    // subnormal-intermediate count of dS_ij (P_ij (2D + 1) + 1; it adds its
+    // own sums' count to du before the normalization backward), kStoredORel
+    // the stored-O relative sensitivity (P_ij |dO_i|.|O_i|), kSoftmaxTerms
+    // |dS_ij| = P_ij |dP_ij - delta_i| (exact), the size of the terms the
+    // softmax's conditioning perturbs (rule.cc), kPResolution P_ij's own
+    // resolution (|dP_ij - delta_i| for every visible P_ij, plus P_ij
+    // p_del_i: every P_ik's resolution moves delta_i by up to |dO_i|.|v_k|,
+    // and dS_ij by P_ij times that; found by the fuzzer in the CI's
+    // fixed-seed run of issue 19: sdpa, f32, a key of P = 7e-45 (five
+    // ulp(0)) with |v| ~ 2^66 beside the key of P = 1: delta, so dS of that
+    // key and dq, 2% off in reference:f32, margin 167; the CI's case returned
+    // dq = 0 for 7.8e-20, margin 7.9e3), kLayerShift LayerNorm's mean shift
+    // (below). They are accumulated per element of the logit operands'
+    // gradients (dq_tilde, dk_tilde; dk's summed over each kv head's group
+    // of query heads), then carried through the weight and the
+    // normalization backward per row.
+    constexpr int kCh = kChannels;
+    std::array<std::vector<LD>, kCh>&mq = a.mq, &mk = a.mk;
+    // A side the caller does not judge (RowCounts) gets none of its
+    // per-element arrays: a sampled row's sub-case of a long problem would
+    // otherwise fill hundreds of MB it never reads.
+    for (int ch = 0; ch < kCh; ++ch) {
+      if (qs) mq[ch].assign(q.size(), 0);
+      if (ks) mk[ch].assign(k.size(), 0);
+    }
+    // Signed du (the true gradients of q_tilde, k_tilde) and, per element
+    // of each, s sum |dS| times the other side's operand resolution
+    // (operand_resolution), for unit_resolution.
+    std::vector<LD>&du_q = a.du_q, &du_k = a.du_k, &ads_q = a.ads_q,
+    &ads_k = a.ads_k;
+    du_q.assign(qs ? q.size() : 0, 0);
+    du_k.assign(ks ? k.size() : 0, 0);
+    ads_q.assign(qs ? q.size() : 0, 0);
+    ads_k.assign(ks ? k.size() : 0, 0);
+    // And s sum |dS| per logit-operand row, unweighted (adr): the per-row
+    // terms that per-element ads does not replace (see `side` below).
+    std::vector<LD>&adr_q = a.adr_q, &adr_k = a.adr_k;
+    adr_q.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
+    adr_k.assign(static_cast<size_t>(p.batch * Hk * Nk), 0);
+    // The other side's operand resolution, for the side that reads it.
+    std::vector<LD>&res_q = a.res_q, &res_k = a.res_k;
+    if (ks) operand_resolution(p, qm, &res_q);
+    if (qs) operand_resolution(p, km, &res_k);
+    if (qs) {
+      r.o_mag.assign(q.size(), 0);
+      r.o_dev_mag.assign(q.size(), 0);
+      r.o_p_sens_e.assign(q.size(), 0);
+    }
+    if (ks) {
+      r.dv_p_sens_e.assign(v.size(), 0);
+      r.dv_mag.assign(v.size(), 0);
+    }
+    std::vector<LD>&sdp = a.sdp, &av = a.av;
+    sdp.resize(static_cast<size_t>(Nk));
+    av.resize(static_cast<size_t>(Nk));
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t hq = 0; hq < p.heads; ++hq) {
+        const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
+        LD* dv_mag = ks ? r.dv_mag.data() + bk * Nk * D : nullptr;
+        LD* dv_uf = ks ? r.dv_p_sens_e.data() + bk * Nk * D : nullptr;
+        for (int64_t i = 0; i < Nq; ++i) {
+          const size_t qi = static_cast<size_t>((bh * Nq + i) * D);
+          const LD* doi = d_o.data() + qi;
+          const LD* pi = probs.data() + (bh * Nq + i) * Nk;
+          const LD* qti = qm.xt.data() + qi;
+          const LD* qai = qm.xa.data() + qi;
+          const LD qan = norm2(qai);
+          LD* omag = qs ? r.o_mag.data() + qi : nullptr;
+          LD del = 0, do_l1 = 0, sdel = 0;
+          for (int64_t j = 0; j < Nk; ++j) {
+            const LD* vj = v.data() + (bk * Nk + j) * D;
+            LD t = 0, ta = 0;  // dO_i . v_j and |dO_i|.|v_j|, one loop
+            for (int64_t d = 0; d < D; ++d) {
+              ta += std::fabs(doi[d]) * std::fabs(vj[d]);
+              t += doi[d] * vj[d];
+            }
+            av[static_cast<size_t>(j)] = ta;
+            del += pi[j] * ta;
+            sdp[static_cast<size_t>(j)] = t;
+            sdel += pi[j] * t;
+          }
+          // sum_k P_ik |dP_ik - delta_i|: delta_i's own perturbation by the
+          // softmax's conditioning, per unit of |dS| perturbation.
+          LD ds_l1 = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            ds_l1 += pi[j] * std::fabs(sdp[static_cast<size_t>(j)] - sdel);
+          // sum_k |dO_i|.|v_k| over the visible keys: delta_i's error per
+          // unit of absolute error in every P_ik (summed directly, sum_k P_ik
+          // dP_ik, or through O, dO_i . O_i), kPResolution's term P_ij p_del_i.
+          LD p_del = 0;
+          for (int64_t j = 0; j < Nk; ++j)
+            if (pi[j] > 0) p_del += av[static_cast<size_t>(j)];
+          const size_t row = static_cast<size_t>(bh * Nq + i);
+          if (given != nullptr) {  // the whole row's, not the sub-case's
+            del = given->del[row];
+            sdel = given->delta[row];
+            ds_l1 = given->ds_l1[row];
+            p_del = given->p_del[row];
+          }
+          const LD* oi = r.o.data() + qi;
+          LD* odev = qs ? r.o_dev_mag.data() + qi : nullptr;
+          LD* ouf = qs ? r.o_p_sens_e.data() + qi : nullptr;
+          for (int64_t d = 0; d < D; ++d) do_l1 += std::fabs(doi[d]);
+          // |dO_i|.|O_i|: delta_i's error per relative error of the stored O.
+          const LD o_abs_dot =
+              given != nullptr ? given->o_abs[row] : absdot(doi, oi);
+          for (int64_t j = 0; j < Nk; ++j) {
+            const LD pij = pi[j];
+            const LD dpd = sdp[static_cast<size_t>(j)] - sdel;
+            // In Channel order (validation/field.h).
+            const LD wt[kCh] = {
+                pij * (av[static_cast<size_t>(j)] + del),    // kMagnitude
+                pij * do_l1,                                 // kStoredOAbs
+                pij * (2 * D + 1) + 1,                       // kSubnormalCount
+                pij * o_abs_dot,                             // kStoredORel
+                pij * (std::fabs(dpd) + ds_l1 / 2),          // kSoftmaxTerms
+                pij > 0 ? std::fabs(dpd) + pij * p_del : 0,  // kPResolution
+                0};  // kLayerShift: added below, from the shifts
+            const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
+            const LD* ktj = km.xt.data() + kj;
+            const LD* kaj = km.xa.data() + kj;
+            // The layer mean shifts' change of C_ij = q_tilde . k_tilde (per
+            // u_c, first order): a shift d of q's row moves it by d sum_e
+            // w_e k_tilde_je (signed: 0 for a layer-normed k with a uniform
+            // weight), and k's the same way.
+            LD dc = 0;
+            if (layer && whole) {
+              LD wk = 0, wq = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                wk += qm.wv[qi + static_cast<size_t>(d)] * ktj[d];
+                wq += km.wv[kj + static_cast<size_t>(d)] * qti[d];
+              }
+              dc = qm.shr[row_of(qm.rows, qi)] * std::fabs(wk) +
+                   km.shr[row_of(km.rows, kj)] * std::fabs(wq);
+            }
+            logit_shift = std::max(logit_shift, s * dc);
+            if (learned && whole) {
+              // dS_ij C_ij with |C_ij| <= ||q_a|| ||k_a|| (1 for the paper's
+              // unit rows).
+              const LD cm = std::max<LD>(1, qan * norm2(kaj));
+              r.dg_shift += pij * std::fabs(dpd) * dc;
+              r.dg_scale += wt[kMag] * cm;
+              r.dg_o_sens += wt[kOAbs] * cm;
+              r.dg_o_rel_sens += wt[kORel] * cm;
+              r.dg_uf_sens += wt[kSub] * cm + 1;  // + the product and its sum
+              r.dg_p_sens += wt[kPRes] * cm;
+            }
+            const LD* vj = v.data() + (bk * Nk + j) * D;
+            const LD dsv = pij * dpd;
+            // Each term below is (s w) x: s times the pair's weight formed
+            // once per pair instead of once per element (the same product,
+            // so the same sums; the element loops were 40% of a sub-case at
+            // n = 4096, perf). kLayerShift's weight is 0: its term adds +0 to
+            // a sum of nonnegative terms, which changes nothing while s and
+            // every operand magnitude are finite (shift_zero).
+            LD sw[kCh];
+            for (int ch = 0; ch < kCh; ++ch) sw[ch] = s * wt[ch];
+            const LD s_dsv = s * dsv, s_adsv = s * std::fabs(dsv);
+            const int nch = shift_zero ? kCh - 1 : kCh;
+            // layer: dx_tilde = s sum dS x_tilde' of shifted x' (kLayerShift);
+            // pij > 0: P_ij's absolute resolution (smallest normal).
+            if (qs) {
+              LD* mqi[kCh];
+              for (int ch = 0; ch < kCh; ++ch) mqi[ch] = mq[ch].data() + qi;
+              LD* duq = du_q.data() + qi;
+              LD* adq = ads_q.data() + qi;
+              const LD* rk = res_k.data() + kj;
+              const LD* ksh = km.sh.data() + kj;
+              for (int64_t d = 0; d < D; ++d) {
+                const LD x = kaj[d];
+                for (int ch = 0; ch < nch; ++ch) mqi[ch][d] += sw[ch] * x;
+                // (s dS_ij) x_tilde': the scaled dS rounds once more to
+                // ulp_c(0), unscaled (above).
+                mqi[kSub][d] += x;
+                if (layer) mqi[kShift][d] += s_adsv * ksh[d];
+                duq[d] += s_dsv * ktj[d];
+                adq[d] += s_adsv * rk[d];
+                omag[d] += pij * std::fabs(vj[d]);
+                if (pij > 0) ouf[d] += std::fabs(vj[d]);
+                odev[d] += pij * std::fabs(vj[d] - oi[d]);
+              }
+            }
+            if (ks) {
+              LD* mkj[kCh];
+              for (int ch = 0; ch < kCh; ++ch) mkj[ch] = mk[ch].data() + kj;
+              LD* duk = du_k.data() + kj;
+              LD* adk = ads_k.data() + kj;
+              const LD* rq = res_q.data() + qi;
+              const LD* qsh = qm.sh.data() + qi;
+              LD* dvm = dv_mag + j * D;
+              LD* dvu = dv_uf + j * D;
+              for (int64_t d = 0; d < D; ++d) {
+                const LD x = qai[d];
+                for (int ch = 0; ch < nch; ++ch) mkj[ch][d] += sw[ch] * x;
+                mkj[kSub][d] += x;
+                if (layer) mkj[kShift][d] += s_adsv * qsh[d];
+                duk[d] += s_dsv * qti[d];
+                adk[d] += s_adsv * rq[d];
+                dvm[d] += pij * std::fabs(doi[d]);
+                if (pij > 0) dvu[d] += std::fabs(doi[d]);
+              }
+            }
+            adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
+            adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
+          }
+        }
+      }
+    // Through the weight and the normalization backward, per side row
+    // (carry_side, oracle_operands.cc).
+    auto side = [&](int sd, const OperandMags& m, ChannelArrays& ch_in,
+                    const std::vector<LD>& du, const std::vector<LD>& ads,
+                    const std::vector<LD>& adr, int64_t terms,
+                    const std::array<std::vector<LD>*, kCh>& dst,
+                    ChannelArrays* dw, ChannelArrays* db, LD* out_max) {
+      carry_side(p, s, sd, m, ch_in, du, ads, adr, terms, dst, dw, db, out_max);
+    };
+    LD dq_out[3] = {}, dk_out[3] = {};
+    std::array<std::vector<LD>*, kCh> dq_dst = {
+        &r.dq_mag,    &r.dq_o_sens_e, &r.dq_uf_sens_e, &r.dq_o_rel_e,
+        &r.dq_ds_mag, &r.dq_p_sens_e, &r.dq_shift_e};
+    std::array<std::vector<LD>*, kCh> dk_dst = {
+        &r.dk_mag,    &r.dk_o_sens_e, &r.dk_uf_sens_e, &r.dk_o_rel_e,
+        &r.dk_ds_mag, &r.dk_p_sens_e, &r.dk_shift_e};
+    const bool shared = qk && p.norm.shared_qk_weight;
+    const int64_t nk_terms = counts.kv_len > 0 ? counts.kv_len : Nk,
+                  nq_terms = counts.q_len > 0 ? counts.q_len : Nq;
+    // A side the caller does not need (a sampled row's sub-case,
+    // RowCounts): no per-element channels (attention_tolerances then makes
+    // no table for its fields); the parameter channels stay 0.
+    auto zero_side = [&](int sd, const std::array<std::vector<LD>*, kCh>& dst,
+                         const std::vector<LD>& like,
+                         std::array<std::vector<LD>, kCh>* dw,
+                         std::array<std::vector<LD>, kCh>* db) {
+      const int64_t np = param_size(p, sd) > 0           ? param_size(p, sd)
+                         : p.norm.shared_qk_weight && qk ? param_size(p, 0)
+                                                         : 0;
+      for (int ch = 0; ch < kCh; ++ch) {
+        dst[ch]->clear();
+        (*dw)[ch].assign(static_cast<size_t>(np), 0);
+        (*db)[ch].assign(static_cast<size_t>(np), 0);
+      }
+      (void)like;
+    };
+    if (counts.q_side)
+      side(0, qm, mq, du_q, ads_q, adr_q, nk_terms, dq_dst, &r.dq_weight_ch,
+           &r.dq_bias_ch, dq_out);
+    else
+      zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
+    if (counts.k_side)
+      side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
+           &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
+    else
+      zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
+    if (shared) {  // one weight: both sides' channels add
+      for (int ch = 0; ch < kCh; ++ch)
+        for (size_t e = 0; e < r.dq_weight_ch[ch].size(); ++e)
+          r.dq_weight_ch[ch][e] += r.dk_weight_ch[ch][e];
+    }
+    if (param_size(p, 1) == 0)
+      for (auto& x : r.dk_weight_ch) x.clear();
+    if (!(qk && p.norm.bias))
+      for (auto* x : {&r.dq_bias_ch, &r.dk_bias_ch})
+        for (auto& y : *x) y.clear();
+    if (param_size(p, 0) == 0)
+      for (auto& x : r.dq_weight_ch) x.clear();
+    const NormRows qr = norm_rows(p, 0), kr = norm_rows(p, 1);
+    r.q_param_rows =
+        qr.rows() * qr.len() / std::max<int64_t>(1, param_size(p, 0));
+    r.k_param_rows =
+        shared ? r.q_param_rows
+               : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
+    if (shared) r.q_param_rows *= 2;
+    if (whole) r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    r.logit_shift = static_cast<double>(logit_shift);
+    for (int64_t e = 0; ks && e < Nk * D * p.batch * Hk; ++e)
+      r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
+    r.dq_scale = dq_out[kMag];
+    r.dk_scale = dk_out[kMag];
+    r.dq_o_sens = dq_out[kOAbs];
+    r.dk_o_sens = dk_out[kOAbs];
+    r.dq_uf_sens = dq_out[kSub];
+    r.dk_uf_sens = dk_out[kSub];
+  }
+  return r;
+}
+
+}  // namespace qknorm::validation

@@ -1,0 +1,57 @@
+// The oracle's internal pieces shared by its files (oracle_attention.cc,
+// oracle_operands.cc): the channel indices, the scratch arrays and the
+// channels' path through the weight and the normalization backward.
+// Internal to the validation library.
+#ifndef QKNORM_VALIDATION_ORACLE_INTERNAL_H_
+#define QKNORM_VALIDATION_ORACLE_INTERNAL_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "validation/field.h"
+#include "validation/operands.h"
+#include "validation/oracle.h"
+
+namespace qknorm::validation {
+
+// The channels' indices in the oracle's per-channel arrays (Channel,
+// validation/field.h).
+inline constexpr size_t kMag = at(Channel::kMagnitude),
+                        kOAbs = at(Channel::kStoredOAbs),
+                        kSub = at(Channel::kSubnormalCount),
+                        kORel = at(Channel::kStoredORel),
+                        kSoft = at(Channel::kSoftmaxTerms),
+                        kPRes = at(Channel::kPResolution),
+                        kShift = at(Channel::kLayerShift);
+static_assert(kShift + 1 == kChannels, "the layer shift is the last channel");
+// Per-channel arrays of long doubles (indexed by at(Channel)).
+using ChannelArrays = std::array<std::vector<LD>, kChannels>;
+
+// The oracle's scratch arrays, kept from call to call (OracleWorkspace).
+struct OracleWorkspace::Arrays {
+  std::vector<LD> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q,
+      ads_k, adr_q, adr_k, res_q, res_k;
+  OperandMags qm, km;
+  ChannelArrays mq, mk;
+};
+
+// One side's channels (ch_in, per element of the logit operand's gradient
+// dx_tilde) through the weight and the normalization backward, per
+// normalization row, into dst (per element of dq or dk), *dw and *db (the
+// side's weight and bias gradients; may be null), and the maxima of
+// channels 0-2 into out_max[0..2]. du: the signed gradient of x_tilde; ads,
+// adr: s sum |dS| times the other side's operand resolution per element,
+// resp. per operand row; terms: the number of terms of each dx_tilde sum;
+// s: the logit scale's magnitude. The derivations are in
+// oracle_operands.cc.
+void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
+                ChannelArrays& ch_in, const std::vector<LD>& du,
+                const std::vector<LD>& ads, const std::vector<LD>& adr,
+                int64_t terms,
+                const std::array<std::vector<LD>*, kChannels>& dst,
+                ChannelArrays* dw, ChannelArrays* db, LD* out_max);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_ORACLE_INTERNAL_H_

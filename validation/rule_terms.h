@@ -1,0 +1,61 @@
+// The terms of the rule (validation/rule.h, THE VERDICT) that the oracle
+// and the sampled pass need too: the named constants, the unit counts and
+// the resolution terms, as pure functions of the problem and the operands.
+// This header includes no oracle (the oracle calls these terms; the rule's
+// tables, rule.h, read the oracle): nothing else computes a term of a bound.
+#ifndef QKNORM_VALIDATION_RULE_TERMS_H_
+#define QKNORM_VALIDATION_RULE_TERMS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "qknorm/backend.h"
+
+namespace qknorm::validation {
+
+struct AttentionCase;
+struct OperandMags;  // validation/operands.h, the oracle's logit operands
+
+// The named constants of the rule (derivations in rule.h and below).
+inline constexpr double kSumLambda = 8.0;
+inline constexpr double kOpUnits = 4.0;
+inline constexpr double kDotUnits = 4.0;
+inline constexpr double kIllConditioned = 100.0;
+
+// sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
+// error of an n-term sum plus the few roundings around it (rule.h).
+double sum_units(double n);
+// softmax_units(A) = 2 kDotUnits |A|: the logits' conditioning (rule.h).
+double softmax_units(double amplitude);
+
+// The logit amplitude A of the rule for the (rounded) case: |g| (the
+// paper's qknorm), |scale| max ||q_a|| max ||k_a|| over the logit operands'
+// magnitude rows (the other formulations), max ||q|| max ||k|| / sqrt(D)
+// (sdpa).
+double logit_amplitude(const AttentionCase& c);
+
+// x_hat's absolute resolution per ulp_c(0) in one normalization row of
+// length L and divisor den; scaled_row_resolution is its part at the scaled
+// row's magnitude (derivations in rule_terms.cc).
+long double scaled_row_resolution(const AttentionProblem& p, int64_t L);
+long double x_hat_resolution(const AttentionProblem& p, int64_t L,
+                             long double den);
+// The logit operand x_tilde's resolution per ulp_c(0), per element of one
+// side (m), into *out (resized).
+void operand_resolution(const AttentionProblem& p, const OperandMags& m,
+                        std::vector<long double>* out);
+// OracleAttention::logit_flip of the case (0 unless round_before_weight in
+// 16-bit storage), s the logit scale's magnitude.
+long double logit_flip(const AttentionCase& c, const OperandMags& qm,
+                       const OperandMags& km, long double s);
+
+// The sampled oracle's pass in double (validation/sampled.h) sums in chunks
+// of kPassChunk terms; its error per f64 unit roundoff joins the bounds of
+// dK, dV and dg as units (times the magnitudes) and soft_units (times the
+// softmax terms): GivenRows::units, soft_units.
+inline constexpr int64_t kPassChunk = 16;
+void pass_units(double A, int64_t D, double* units, double* soft_units);
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_RULE_TERMS_H_
