@@ -53,6 +53,7 @@
 #include "qknorm/formulation.h"
 #include "validation/baseline_bounds.h"
 #include "validation/harness.h"
+#include "validation/nonsaturation.h"
 
 namespace qknorm::fuzz {
 namespace {
@@ -491,20 +492,9 @@ struct DenseForward {
   }
 };
 
-// Softmax non-saturation (shared/NUMERICS.md): with |q_hat . k_hat| <= 1,
-// a row with m visible keys has
-//   1 / (1 + (m-1) e^{2|g|}) <= p <= 1 / (1 + (m-1) e^{-2|g|}).
-// The computed logits carry an absolute error <= |g| (3D + 12) u (bounds.h),
-// folded in by inflating |g| by (3D + 16) u; exp, the row sum and the
-// division add a relative (2m + 16) u; an exp that underflows into the
-// subnormals adds up to min_normal absolutely.
-// Formulations other than the paper's (issue 16): |S_ij| <= A, the rule's
-// logit amplitude (logit_amplitude: |scale| max ||q_a|| max ||k_a|| from
-// |x_hat| |w| + |beta|), in place of |g|; the computed operands carry a
-// relative error of about (len + 4) u of those magnitudes (len the
-// normalization row's length), folded in as (6 len + 3D + 32) u, plus the
-// logit change x_hat's rounding to storage may make (logit_flip, Qwen3)
-// and LayerNorm's mean shift (logit_shift).
+// Softmax non-saturation: the bound of validation/nonsaturation.h (its one
+// definition) on the entry's own probabilities, at the rule's logit
+// amplitude with the computed logits' error.
 void check_non_saturation(const Backend& e, const AttentionCase& c,
                           const OracleAttention& orc) {
   const AttentionProblem& p = c.problem;
@@ -515,51 +505,12 @@ void check_non_saturation(const Backend& e, const AttentionCase& c,
                             std::numeric_limits<double>::quiet_NaN());
   auto ws = e.make_workspace();
   if (!e.attention_probabilities(p, buf.args(), probs.data(), ws.get())) return;
-  const double u = compute_roundoff(e.precision());
-  const double tiny = min_normal(compute_format(e.precision()));
-  const double len = static_cast<double>(
-      std::max(norm_rows(p, 0).len(), norm_rows(p, 1).len()));
-  const double g = is_paper_formulation(p)
-                       ? std::fabs(p.g) * (1 + (3.0 * p.head_dim + 16) * u)
-                       : validation::logit_amplitude(c) *
-                                 (1 + (6 * len + 3.0 * p.head_dim + 32) * u) +
-                             orc.logit_flip + orc.logit_shift * u;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < Nq; ++i) {
-        const double* row =
-            &probs[static_cast<size_t>(((b * p.heads + h) * Nq + i) * Nk)];
-        int64_t m = 0;
-        for (int64_t j = 0; j < Nk; ++j) m += visible(p.mask, b, i, j, Nq, Nk);
-        const double mm = static_cast<double>(m);
-        // (m - 1) e^{2|g|} is 0 * inf for one visible key and a huge g.
-        const double lo = m <= 1 ? m : 1 / (1 + (mm - 1) * std::exp(2 * g));
-        const double hi = m <= 1 ? m : 1 / (1 + (mm - 1) * std::exp(-2 * g));
-        const double rel = (2 * mm + 16) * u;
-        double sum = 0;
-        for (int64_t j = 0; j < Nk; ++j) {
-          const double pij = row[j];
-          char where[320];
-          std::snprintf(where, sizeof where,
-                        "P[%lld,%lld,%lld,%lld] = %.17g, m = %lld visible "
-                        "keys, bounds [%.17g, %.17g]",
-                        (long long)b, (long long)h, (long long)i, (long long)j,
-                        pij, (long long)m, lo, hi);
-          if (!visible(p.mask, b, i, j, Nq, Nk)) {
-            if (pij != 0)
-              fail("masked probability is not 0",
-                   entry_ctx(e, c) + "\n  " + where);
-            continue;
-          }
-          sum += pij;
-          if (!(pij >= lo * (1 - rel) - tiny && pij <= hi * (1 + rel) + tiny))
-            fail("non-saturation bound violated",
-                 entry_ctx(e, c) + "\n  " + where);
-        }
-        if (m > 0 && !(std::fabs(sum - 1) <= rel + mm * tiny))
-          fail("probabilities do not sum to 1",
-               entry_ctx(e, c) + "\n  row sum " + std::to_string(sum));
-      }
+  const std::string v = validation::check_nonsaturation(
+      p, probs, nullptr,
+      validation::computed_logit_amplitude(c, &orc, e.precision(),
+                                           validation::logit_amplitude(c)),
+      e.precision());
+  if (!v.empty()) fail(v.substr(0, v.find(':')), entry_ctx(e, c) + "\n  " + v);
 }
 
 bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {

@@ -11,12 +11,12 @@
 //  - bitwise properties: no tolerance; determinism compares every bit, the
 //    mask and independence properties treat +0 and -0 as one value (an
 //    exact 0 * x term of a masked key may flip an underflowed zero's sign);
-//  - probability / logit / entropy bounds: kTwoRuns times the a-priori
-//    relative error gamma_fwd of the probabilities (bounds.h) at the entry's
-//    compute roundoff: an entry may be kTwoRuns worse than the naive
-//    baseline, whose error gamma_fwd bounds.
-#include "property_tests/properties.h"
-
+//  - the non-saturation bound (probabilities, logits, entropy): its one
+//    definition, validation/nonsaturation.h;
+//  - the logits' sign symmetry: kTwoRuns times the a-priori relative error
+//    gamma_fwd of the probabilities (bounds.h) at the entry's compute
+//    roundoff: an entry may be kTwoRuns worse than the naive baseline, whose
+//    error gamma_fwd bounds.
 #include <rapidcheck.h>
 
 #include <algorithm>
@@ -33,6 +33,7 @@
 #include "reference/reference.h"
 #include "validation/bounds.h"
 #include "validation/gradcheck.h"
+#include "validation/nonsaturation.h"
 #include "validation/rng.h"
 #include "validation/sampled.h"
 
@@ -165,9 +166,12 @@ double prob_gamma(const AttentionCase& c, Precision s) {
 }
 
 // For a 16-bit entry: each stored output must be the round-to-nearest-even
-// of its f32 result. Truncation (Highway 1.0.3's bf16 DemoteTo) moves values
-// by up to 2 ulp against 1 ulp/2: within the rule's atol (4u), so agreement
-// alone does not see it. An element is decidable when the whole interval
+// of its f32 result. Truncation (Highway 1.0.3's bf16 DemoteTo) moves a
+// value by up to one storage ulp where rounding to nearest moves it by half
+// of one; the rule's bound (validation/tolerance.h) is the element's compute
+// error delta_e plus that half spacing, so a truncation smaller than their
+// sum passes agreement unseen. This check is exact: an element is decidable
+// when the whole interval
 // oracle +- delta rounds to one storage value, delta = kTwoRuns times the
 // a-priori f32 error bound of the field; every decidable element must then
 // equal that value exactly.
@@ -302,8 +306,11 @@ void non_saturation(const Backend& b) {
             "the non-saturation property must see the probabilities the "
             "entry computes");
   const auto fwd = validation::run_attention_forward(b, c);
-  const std::string v = check_nonsaturation(
-      c.problem, probs, fwd.lse, std::fabs(c.problem.g), prob_gamma(c, s));
+  const std::string v = validation::check_nonsaturation(
+      c.problem, probs, &fwd.lse,
+      validation::computed_logit_amplitude(c, nullptr, s,
+                                           validation::logit_amplitude(c)),
+      s);
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 
@@ -323,41 +330,10 @@ void formulation_agreement(const Backend& b) {
   if (!rep.pass) RC_FAIL(rep.failure_message() + "  (" + spec.describe() + ")");
 }
 
-// Non-saturation under a formulation: every normalized row has an a-priori
-// norm bound (l2: 1; rms and layer: sqrt(L), L the normalization row's
-// length: mean(x_hat^2) <= 1; none: the row's own norm), the weight scales it
-// by at most max|w| (|1 + w| for Gemma) and the bias adds at most
-// sqrt(D) max|beta|, so every logit lies within
-//   A = |scale| (W_q N_q + sqrt(D) B_q) (W_k N_k + sqrt(D) B_k)
-// and each row of the entry's probabilities must satisfy the bounds of
-// check_nonsaturation with |g| replaced by A.
-double formulation_amplitude_bound(const AttentionCase& c) {
-  const AttentionProblem& p = c.problem;
-  const double D = static_cast<double>(p.head_dim);
-  auto side = [&](int sd) {
-    const NormRows nr = norm_rows(p, sd);
-    double n = 1;
-    if (p.norm.kind == NormKind::kRms || p.norm.kind == NormKind::kLayer)
-      n = std::sqrt(static_cast<double>(nr.len()));
-    if (p.norm.kind == NormKind::kNone) {
-      const std::vector<double>& x = sd == 0 ? c.q : c.k;
-      n = 0;
-      for (int64_t r = 0; r < static_cast<int64_t>(x.size()) / p.head_dim; ++r)
-        n = std::max(n, row_norm(x, p.head_dim, r));
-    }
-    const std::vector<double>& w =
-        sd == 0 || p.norm.shared_qk_weight ? c.q_weight : c.k_weight;
-    const std::vector<double>& bias = sd == 0 ? c.q_bias : c.k_bias;
-    double wmax = w.empty() ? 1 : 0, bmax = 0;
-    for (double x : w)
-      wmax = std::max(wmax, std::fabs(p.norm.one_plus_weight ? 1 + x : x));
-    for (double x : bias) bmax = std::max(bmax, std::fabs(x));
-    return wmax * n + std::sqrt(D) * bmax;
-  };
-  const double sc = std::fabs(p.fixed_scale ? p.scale : p.g);
-  return sc * side(0) * side(1);
-}
-
+// Non-saturation under a formulation: the bound of validation/nonsaturation.h
+// at the rule's logit amplitude A (|scale| max ||q_a|| max ||k_a||), whose
+// computed logits carry the formulations' error E (the operands' roundings,
+// Qwen3's flips and LayerNorm's mean shift, from the oracle).
 void formulation_non_saturation(const Backend& b) {
   const Precision s = b.precision();
   const AttentionSpec spec = draw_formulation_spec(s);
@@ -366,9 +342,12 @@ void formulation_non_saturation(const Backend& b) {
   if (!hook_probabilities(b, c, &probs))
     RC_FAIL("entry " + b.name() + ": no inspection hook");
   const auto fwd = validation::run_attention_forward(b, c);
-  const std::string v = check_nonsaturation(
-      c.problem, probs, fwd.lse, formulation_amplitude_bound(c),
-      prob_gamma(c, s), min_normal(compute_format(s)));
+  const auto oracle = validation::oracle_attention(c);
+  const std::string v = validation::check_nonsaturation(
+      c.problem, probs, &fwd.lse,
+      validation::computed_logit_amplitude(c, &oracle, s,
+                                           validation::logit_amplitude(c)),
+      s);
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 
@@ -1112,78 +1091,6 @@ void determinism(const Backend& b) {
 }
 
 }  // namespace
-
-std::string check_nonsaturation(const AttentionProblem& p,
-                                const std::vector<double>& probs,
-                                const std::vector<double>& lse, double abs_g,
-                                double gamma, double tiny) {
-  const LD g = abs_g;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < p.q_len; ++i) {
-        const size_t li = static_cast<size_t>((b * p.heads + h) * p.q_len + i);
-        const double* row = probs.data() + li * static_cast<size_t>(p.kv_len);
-        int64_t m = 0;
-        for (int64_t j = 0; j < p.kv_len; ++j)
-          m += visible(p.mask, b, i, j, p.q_len, p.kv_len) ? 1 : 0;
-        char buf[320], where[160];
-        auto at = [&](int64_t j) {
-          std::snprintf(where, sizeof where,
-                        "P[%lld,%lld,%lld,%lld] (m=%lld visible, |g|=%g)",
-                        (long long)b, (long long)h, (long long)i, (long long)j,
-                        (long long)m, abs_g);
-          return std::string(where);
-        };
-        const LD lo = 1 / (1 + (m - 1) * std::exp(2 * g));
-        const LD hi = 1 / (1 + (m - 1) * std::exp(-2 * g));
-        LD sum = 0, entropy = 0;
-        for (int64_t j = 0; j < p.kv_len; ++j) {
-          const double pj = row[j];
-          if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) {
-            if (pj != 0)
-              return at(j) + " is masked but = " + std::to_string(pj);
-            continue;
-          }
-          if (pj == 0 && lo < tiny) continue;  // flushed below normal
-          if (!std::isfinite(pj) || pj < lo * (1 - gamma) ||
-              pj > hi * (1 + gamma)) {
-            std::snprintf(
-                buf, sizeof buf,
-                " = %.9g outside the non-saturation bound [%.9Lg, %.9Lg] "
-                "(relative tolerance %.3e)",
-                pj, lo, hi, gamma);
-            return at(j) + buf;
-          }
-          sum += pj;
-          if (pj > 0) entropy -= pj * std::log(static_cast<LD>(pj));
-          const double logit = std::log(pj) + lse[li];
-          const double ltol = gamma * (2 + std::fabs(lse[li]));
-          if (!(std::fabs(logit) <= abs_g + ltol)) {
-            std::snprintf(buf, sizeof buf,
-                          ": logit log P + lse = %.9g outside [-|g|, |g|] "
-                          "(tolerance %.3e)",
-                          logit, ltol);
-            return at(j) + buf;
-          }
-        }
-        if (m == 0) continue;
-        if (std::fabs(static_cast<double>(sum) - 1) > gamma) {
-          std::snprintf(buf, sizeof buf,
-                        ": row sums to %.17Lg (tolerance %.3e)", sum, gamma);
-          return at(0) + buf;
-        }
-        const LD hmin = std::log1p((m - 1) * std::exp(-2 * g));
-        const LD htol = gamma * (1 + std::log1p((m - 1) * std::exp(2 * g)));
-        if (entropy < hmin - htol) {
-          std::snprintf(buf, sizeof buf,
-                        ": row entropy %.9Lg below the bound "
-                        "log(1+(m-1)e^{-2|g|}) = %.9Lg (tolerance %.3Lg)",
-                        entropy, hmin, htol);
-          return at(0) + buf;
-        }
-      }
-  return "";
-}
 
 const std::vector<Property>& entry_properties() {
   // Case counts of a default run, per entry: sized so that the whole suite

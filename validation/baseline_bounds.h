@@ -1,10 +1,11 @@
 // Derived bounds on the error of the naive baselines themselves.
 //
-// The tolerance rule (harness.h) measures every entry against the naive
-// same-precision baseline reference:<prec>. The baselines therefore need a
-// check of their own, independent of the rule (for them the rule is
-// err <= 2 err + atol, true by construction): their error against the oracle
-// must stay under an a-priori bound.
+// The tolerance rule (validation/tolerance.h) judges every entry, the naive
+// same-precision baselines reference:<prec> included, against the oracle by
+// a per-element bound; the baselines are also held to a check independent
+// of the rule: their error against the oracle must stay under the a-priori
+// bounds below (a naive that met the rule only because the rule is too
+// loose would fail here).
 //
 // reference:f64 / reference:f32 compute and store in the same format, so
 // their bound is reference_bounds() (bounds.h) at the compute roundoff u_c.

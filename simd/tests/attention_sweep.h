@@ -7,9 +7,10 @@
 // combinations differ between entries (salted by the entry name).
 //
 // No tolerance is defined here: check_attention applies the suite's rule
-// (validation/harness.h), err(simd) <= 2 err(reference:<prec>) + 4 u scale,
-// and its failure message names entry, target, precision, shape, seed,
-// worst index, expected, actual and bound.
+// (the per-element bound of validation/tolerance.h, against the
+// long-double oracle; the naive baseline is no part of it), and its failure
+// message names entry, target, precision, shape, seed, worst index,
+// expected, actual and bound.
 #ifndef QKNORM_SIMD_TESTS_ATTENTION_SWEEP_H_
 #define QKNORM_SIMD_TESTS_ATTENTION_SWEEP_H_
 
