@@ -61,9 +61,15 @@ struct Suite {
 // Case i gets seed `seed + i`.
 Suite default_suite(uint64_t seed);
 
-// One field ("o", "dq", ...) of one case: the verdict's figures.
+// The name of a field's tensor in compare's files and in the tables'
+// headers: the paper's O, dQ, dK, dV; lse; g's dg; the parameter gradients
+// dq_weight, dk_weight, dq_bias, dk_bias; ScaleNorm's y, dx, dg. (The JSON
+// and CSV keys are validation::name(f): o, dq, ...)
+const char* tensor_name(validation::Field f);
+
+// One field of one case: the verdict's figures.
 struct FieldResult {
-  std::string field;
+  validation::Field field = validation::Field::kO;
   validation::ErrorStats entry, naive;  // against the oracle (statistics)
   bool has_naive = false;
   int64_t count = 0, failures = 0, not_representable = 0, ill_conditioned = 0;
@@ -87,15 +93,19 @@ struct CaseResult {
 
 // The element of largest margin: which case, field and index.
 struct WorstElement {
-  double margin = 0;  // err / bound (> 1 fails)
-  int case_index = -1;
-  std::string field, where;
+  double margin = 0;    // err / bound (> 1 fails)
+  int case_index = -1;  // -1: none yet
+  bool threw = false;   // the case threw: no element, margin inf
+  validation::Field field = validation::Field::kO;
+  std::string where;
   double expected = 0, actual = 0, bound = 0;
+  // validation::name(field); "error" if the case threw, "" if none.
+  std::string field_name() const;
 };
 
 // A field summarized over every case of an entry.
 struct FieldSummary {
-  std::string field;
+  validation::Field field = validation::Field::kO;
   validation::ErrorStats worst;  // each statistic maximized over cases
   double ratio = 0;              // max over cases of err / err(naive)
   WorstElement worst_element;
