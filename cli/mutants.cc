@@ -126,8 +126,7 @@ Outcome judge_entry(const Backend& b, const Suite& suite,
     const std::string prefix = row.kind == "scalenorm" ? "scalenorm." : "";
     r.pass = r.pass && row.pass;
     for (const FieldSummary& f : row.fields)
-      if (!f.pass)
-        r.failing_fields.push_back(prefix + validation::name(f.field));
+      if (!f.pass) r.failing_fields.push_back(prefix + f.key);
     for (const CaseResult& c : row.cases) {
       ++r.cases;
       r.failing_cases += c.pass ? 0 : 1;

@@ -13,7 +13,7 @@ namespace {
 
 const FieldSummary* find_field(const EntryRow& r, validation::Field f) {
   for (const FieldSummary& s : r.fields)
-    if (s.field == f) return &s;
+    if (s.field == f && s.key == validation::name(f)) return &s;
   return nullptr;
 }
 
@@ -423,7 +423,7 @@ std::string to_json(const Report& rep) {
         {"forward_gflops", r.gflops},
         {"cases_not_implemented", r.unsupported}};
     for (const FieldSummary& f : r.fields)
-      jr["fields"][validation::name(f.field)] = {
+      jr["fields"][f.key] = {
           {"worst", stats_json(f.worst)},
           {"ratio_to_naive", finite_or_string(f.ratio)},
           {"margin", finite_or_string(f.worst_element.margin)},
@@ -437,7 +437,7 @@ std::string to_json(const Report& rep) {
       if (c.unsupported) jc["not_implemented"] = true;
       if (!c.error.empty()) jc["error"] = c.error;
       for (const FieldResult& f : c.fields)
-        jc["fields"][validation::name(f.field)] = {
+        jc["fields"][f.key] = {
             {"entry", stats_json(f.entry)},
             {"naive", f.has_naive ? stats_json(f.naive) : nlohmann::json()},
             {"margin", finite_or_string(f.margin)},
@@ -474,10 +474,9 @@ void write_csv(std::ostream& out, const Report& rep) {
       out << fmt::format(
           "{},{},{},{},{},{},{},{:.6e},{:.6e},{:.4g},{:.4g},{:.4g},{:.6g},{:."
           "6g},{},{:.4g},{}\n",
-          r.kind, r.name, r.family, r.target, r.precision, r.rule,
-          validation::name(f.field), s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99,
-          s.ulp_max, f.ratio, f.worst_element.margin, f.pass ? "PASS" : "FAIL",
-          r.gflops, rep.seed);
+          r.kind, r.name, r.family, r.target, r.precision, r.rule, f.key,
+          s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99, s.ulp_max, f.ratio,
+          f.worst_element.margin, f.pass ? "PASS" : "FAIL", r.gflops, rep.seed);
     }
   }
 }

@@ -108,7 +108,11 @@ const char* tensor_name(validation::Field f) {
 
 std::string WorstElement::field_name() const {
   if (case_index < 0) return "";
-  return threw ? "error" : validation::name(field);
+  return threw ? "error" : key;
+}
+
+std::string field_key(const validation::FieldVerdict& f) {
+  return f.field.empty() ? validation::name(f.id) : f.field;
 }
 
 CaseResult from_report(const validation::AgreementReport& rep) {
@@ -118,6 +122,7 @@ CaseResult from_report(const validation::AgreementReport& rep) {
   for (const validation::FieldVerdict& f : rep.fields) {
     FieldResult fr;
     fr.field = f.id;
+    fr.key = field_key(f);
     fr.entry = f.entry;
     fr.naive = f.naive;
     fr.has_naive = f.has_naive;
@@ -378,13 +383,14 @@ void summarize(EntryRow* row) {
       row->worst.threw = true;
     }
     for (const FieldResult& f : c.fields) {
-      auto it = std::find_if(
-          row->fields.begin(), row->fields.end(),
-          [&](const FieldSummary& s) { return s.field == f.field; });
+      auto it =
+          std::find_if(row->fields.begin(), row->fields.end(),
+                       [&](const FieldSummary& s) { return s.key == f.key; });
       if (it == row->fields.end()) {
         row->fields.push_back(FieldSummary{});
         it = row->fields.end() - 1;
         it->field = f.field;
+        it->key = f.key;
       }
       validation::ErrorStats& w = it->worst;
       if (f.entry.max_abs > w.max_abs || w.count == 0) {
@@ -411,6 +417,7 @@ void summarize(EntryRow* row) {
       here.margin = f.margin;
       here.case_index = static_cast<int>(ci);
       here.field = f.field;
+      here.key = f.key;
       here.where = f.where;
       here.expected = f.expected;
       here.actual = f.actual;

@@ -67,9 +67,17 @@ Suite default_suite(uint64_t seed);
 // and CSV keys are validation::name(f): o, dq, ...)
 const char* tensor_name(validation::Field f);
 
+// FieldResult::key of a verdict: its field's name, or the label a sampled
+// run's whole-row property of the field carries.
+std::string field_key(const validation::FieldVerdict& f);
+
 // One field of one case: the verdict's figures.
 struct FieldResult {
   validation::Field field = validation::Field::kO;
+  // The text the reports key it by: validation::name(field), or a sampled
+  // run's whole-row property of the field, "o[all rows: ...]"
+  // (validation/sampled.h). Two results of a case may share `field`.
+  std::string key;
   validation::ErrorStats entry, naive;  // against the oracle (statistics)
   bool has_naive = false;
   int64_t count = 0, failures = 0, not_representable = 0, ill_conditioned = 0;
@@ -97,15 +105,17 @@ struct WorstElement {
   int case_index = -1;  // -1: none yet
   bool threw = false;   // the case threw: no element, margin inf
   validation::Field field = validation::Field::kO;
+  std::string key;  // FieldResult::key
   std::string where;
   double expected = 0, actual = 0, bound = 0;
-  // validation::name(field); "error" if the case threw, "" if none.
+  // key; "error" if the case threw, "" if none.
   std::string field_name() const;
 };
 
 // A field summarized over every case of an entry.
 struct FieldSummary {
   validation::Field field = validation::Field::kO;
+  std::string key;               // FieldResult::key: the results summarized
   validation::ErrorStats worst;  // each statistic maximized over cases
   double ratio = 0;              // max over cases of err / err(naive)
   WorstElement worst_element;

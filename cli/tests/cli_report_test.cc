@@ -103,8 +103,8 @@ std::string verdict_of(const EntryRow& row) {
     << " ratio=" << row.ratio << " worst=" << row.worst.field_name() << ":"
     << row.worst.where << ":" << row.worst.margin;
   for (const FieldSummary& f : row.fields)
-    s << " | " << validation::name(f.field) << " " << f.pass << " " << f.ratio
-      << " " << f.worst_element.where << " " << f.worst_element.margin << " "
+    s << " | " << f.key << " " << f.pass << " " << f.ratio << " "
+      << f.worst_element.where << " " << f.worst_element.margin << " "
       << f.failures;
   return s.str();
 }
@@ -182,6 +182,8 @@ TEST(ReportLogic, CaseResultCarriesTheVerdictsWorstElement) {
   const CaseResult r = from_report(rep);
   EXPECT_FALSE(r.pass);
   ASSERT_EQ(r.fields.size(), 1u);
+  EXPECT_EQ(r.fields[0].field, validation::Field::kO);
+  EXPECT_EQ(r.fields[0].key, "o");
   EXPECT_EQ(r.fields[0].where, "[0,1,2,3]");
   EXPECT_DOUBLE_EQ(r.fields[0].margin, 3);
   EXPECT_NE(r.failure.find("2 of"), std::string::npos) << r.failure;
@@ -192,6 +194,7 @@ TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
   CaseResult a, b;
   FieldResult fa, fb;
   fa.field = fb.field = validation::Field::kO;
+  fa.key = fb.key = "o";
   fa.entry.max_abs = 1e-6;
   fa.naive.max_abs = 1e-6;
   fa.margin = 0.25;

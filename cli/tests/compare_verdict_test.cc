@@ -148,8 +148,8 @@ Judged judge(const Dump& d, const std::string& label,
       std::printf(
           "[%s] %s %s: margin %.3g at %s (expected %.9g, actual %.9g, bound "
           "%.3e); %lld fail, %lld not representable, %lld ill-conditioned\n",
-          label.c_str(), f.pass ? "pass" : "FAIL", validation::name(f.field),
-          f.margin, f.where.c_str(), f.expected, f.actual, f.bound,
+          label.c_str(), f.pass ? "pass" : "FAIL", f.key.c_str(), f.margin,
+          f.where.c_str(), f.expected, f.actual, f.bound,
           static_cast<long long>(f.failures),
           static_cast<long long>(f.not_representable),
           static_cast<long long>(f.ill_conditioned));
