@@ -50,6 +50,13 @@ std::string lower(std::string s) {
   return s;
 }
 
+// Other spellings of an output field's tensor (PyTorch's grad_*, "out");
+// its tensor_name in any case is always accepted.
+const std::pair<const char*, Field> kOutputAliases[] = {
+    {"out", Field::kO},     {"output", Field::kO},  {"grad_q", Field::kDq},
+    {"grad_k", Field::kDk}, {"grad_v", Field::kDv}, {"grad_g", Field::kDg},
+    {"d_x", Field::kDx},    {"grad_x", Field::kDx}};
+
 // Canonical name of a file stem / key, or "" if it is none of ours.
 std::string canonical(const std::string& raw) {
   const std::string s = lower(raw);
@@ -58,22 +65,17 @@ std::string canonical(const std::string& raw) {
   if (s == "v" || s == "value") return "v";
   if (s == "g" || s == "scale") return "g";
   if (s == "do" || s == "d_o" || s == "grad_o" || s == "grad_out") return "dO";
-  if (s == "o" || s == "out" || s == "output") return tensor_name(Field::kO);
-  if (s == "dq" || s == "grad_q") return tensor_name(Field::kDq);
-  if (s == "dk" || s == "grad_k") return tensor_name(Field::kDk);
-  if (s == "dv" || s == "grad_v") return tensor_name(Field::kDv);
-  if (s == "dg" || s == "grad_g") return tensor_name(Field::kDg);
   // ScaleNorm (issue 17): x, g, dy in; y, dx, dg out.
   if (s == "x") return "x";
   if (s == "dy" || s == "d_y" || s == "grad_y") return "dy";
-  if (s == "y") return tensor_name(Field::kY);
-  if (s == "dx" || s == "d_x" || s == "grad_x") return tensor_name(Field::kDx);
-  // The formulation's parameters (issue 16) and their gradients.
+  // The formulation's parameters (issue 16).
   for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias"})
     if (s == n) return n;
-  for (Field f :
-       {Field::kDqWeight, Field::kDkWeight, Field::kDqBias, Field::kDkBias})
-    if (s == tensor_name(f)) return tensor_name(f);
+  // The outputs: O, dQ, dK, dV, dg, their parameter gradients; y, dx.
+  for (const std::string& n : output_names())
+    if (s == lower(n)) return n;
+  for (const auto& [alias, f] : kOutputAliases)
+    if (s == alias) return tensor_name(f);
   return "";
 }
 
