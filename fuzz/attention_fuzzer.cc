@@ -660,9 +660,11 @@ void differential(ByteReader& r, bool formulation) {
     if (e == &validation::naive_for(e->precision()) && is_paper_formulation(p))
       check_baseline(
           rep, validation::baseline_bounds(pp.rc, pp.oracle, e->precision()),
-          {{"o", underflow_slack(e->precision(), p.head_dim + p.kv_len,
-                                 max_abs(pp.rc.v))},
-           {"lse", underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
+          {{validation::Field::kO,
+            underflow_slack(e->precision(), p.head_dim + p.kv_len,
+                            max_abs(pp.rc.v))},
+           {validation::Field::kLse,
+            underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
     check_non_saturation(*e, pp.rc, pp.oracle);
     if (d.threads) check_threads(*e, pp.rc, d.forward_only);
   }

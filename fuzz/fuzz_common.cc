@@ -148,8 +148,9 @@ void log_verdict(const validation::AgreementReport& rep,
   std::replace(where.begin(), where.end(), '\n', ' ');
   for (const auto& fv : rep.fields)
     std::fprintf(f, "%s | %s pass=%d margin=%.17g naive=%.17g worst=%lld\n",
-                 where.c_str(), fv.field.c_str(), fv.pass ? 1 : 0, fv.margin,
-                 fv.naive_margin, static_cast<long long>(fv.worst_index));
+                 where.c_str(), validation::name(fv.id), fv.pass ? 1 : 0,
+                 fv.margin, fv.naive_margin,
+                 static_cast<long long>(fv.worst_index));
   std::fclose(f);
 }
 

@@ -230,7 +230,7 @@ inline double underflow_slack(Precision storage, int64_t terms,
 
 // One field checked against its a-priori bound plus an absolute slack.
 struct BaselineField {
-  const char* field;
+  validation::Field field;
   double slack;
 };
 
@@ -240,14 +240,14 @@ void check_baseline(const validation::AgreementReport& rep, const Bounds& b,
   for (const auto& f : rep.fields) {
     const BaselineField* listed = nullptr;
     for (const BaselineField& n : fields)
-      if (f.field == n.field) listed = &n;
+      if (f.id == n.field) listed = &n;
     if (listed == nullptr) continue;
-    const double bound = validation::bound_of(b, f.field) + listed->slack;
+    const double bound = validation::bound_of(b, f.id) + listed->slack;
     if (f.entry.nonfinite_mismatch || !(f.entry.max_abs <= bound)) {
       char buf[160];
       std::snprintf(buf, sizeof buf,
                     "  field %s: err=%.6e > a-priori bound %.6e\n",
-                    f.field.c_str(), f.entry.max_abs, bound);
+                    validation::name(f.id), f.entry.max_abs, bound);
       fail("naive baseline exceeds its a-priori error bound",
            "entry " + rep.entry_name + " on " + rep.case_desc + "\n" + buf +
                "    entry: " + validation::describe(f.entry));

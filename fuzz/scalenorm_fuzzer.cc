@@ -185,12 +185,14 @@ void differential(ByteReader& r) {
     if (!rep.pass)
       fail("entry disagrees with the oracle", rep.failure_message() + ctx);
     if (e == &validation::naive_for(e->precision()))
-      check_baseline(rep, validation::baseline_bounds(rc, orc, e->precision()),
-                     {{"y", underflow_slack(e->precision(), rc.problem.dim,
-                                            std::fabs(rc.problem.g))},
-                      {"dg", underflow_slack(e->precision(),
-                                             rc.problem.dim * rc.problem.rows,
-                                             sum_abs(rc.dy))}});
+      check_baseline(
+          rep, validation::baseline_bounds(rc, orc, e->precision()),
+          {{validation::Field::kY,
+            underflow_slack(e->precision(), rc.problem.dim,
+                            std::fabs(rc.problem.g))},
+           {validation::Field::kScaleNormDg,
+            underflow_slack(e->precision(), rc.problem.dim * rc.problem.rows,
+                            sum_abs(rc.dy))}});
     check_row_norms(*e, rc, res.y);
   }
 }

@@ -43,6 +43,7 @@ namespace {
 using LD = long double;
 using validation::AttentionCase;
 using validation::AttentionResult;
+using validation::Field;
 using validation::ScaleNormCase;
 using validation::ScaleNormResult;
 
@@ -428,19 +429,20 @@ void row_scale_invariance(const Backend& b) {
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
   std::string d =
-      close_diff("o", r1.o, r2.o, B.bound.at("o"), B2.bound.at("o"));
+      close_diff("o", r1.o, r2.o, B.of(Field::kO), B2.of(Field::kO));
   if (d.empty())
-    d = close_diff("lse", r1.lse, r2.lse, B.bound.at("lse"),
-                   B2.bound.at("lse"));
+    d = close_diff("lse", r1.lse, r2.lse, B.of(Field::kLse),
+                   B2.of(Field::kLse));
   if (d.empty())
-    d = close_diff("dv", r1.dv, r2.dv, B.bound.at("dv"), B2.bound.at("dv"));
-  if (d.empty()) d = close_diff("dg", {r1.dg}, {r2.dg}, B["dg"] + B2["dg"]);
+    d = close_diff("dv", r1.dv, r2.dv, B.of(Field::kDv), B2.of(Field::kDv));
   if (d.empty())
-    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.bound.at("dq"),
-                    B2.bound.at("dq"));
+    d = close_diff("dg", {r1.dg}, {r2.dg}, B[Field::kDg] + B2[Field::kDg]);
   if (d.empty())
-    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B.bound.at("dk"),
-                    B2.bound.at("dk"));
+    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.of(Field::kDq),
+                    B2.of(Field::kDq));
+  if (d.empty())
+    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B.of(Field::kDk),
+                    B2.of(Field::kDk));
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": rows of q and k scaled by powers of two in [2^-33, 2^33]: " + d);
@@ -541,15 +543,15 @@ void scalenorm_homogeneity(const Backend& b) {
   std::string d;
   for (size_t i = 0; i < c.x.size() && d.empty(); ++i) {
     d = close_diff("y(alpha x) vs sign(alpha) y(x)", {r2.y[i]},
-                   {sign * r1.y[i]}, B.at("y", i) + B2.at("y", i));
+                   {sign * r1.y[i]}, B.at(Field::kY, i) + B2.at(Field::kY, i));
     if (d.empty())
       d = scaled_diff("dx(alpha x) * |alpha| vs dx(x)", {r1.dx[i]}, {r2.dx[i]},
-                      {alpha}, B.at("dx", i), B2.at("dx", i));
+                      {alpha}, B.at(Field::kDx, i), B2.at(Field::kDx, i));
     if (!d.empty()) d += " at element " + std::to_string(i);
   }
   if (d.empty())
     d = close_diff("dg(alpha x) vs sign(alpha) dg(x)", {r2.dg}, {sign * r1.dg},
-                   B["dg"] + B2["dg"]);
+                   B[Field::kScaleNormDg] + B2[Field::kScaleNormDg]);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": alpha = " + std::to_string(alpha) + ": " + d);
@@ -596,16 +598,16 @@ void orthogonality(const Backend& b) {
   const AttentionResult r = validation::run_attention(b, c);
   const int64_t D = c.problem.head_dim;
   std::string d =
-      orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B.bound.at("dq"));
+      orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B.of(Field::kDq));
   if (d.empty())
-    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B.bound.at("dk"));
+    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B.of(Field::kDk));
   if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
   const ScaleNormSpec sspec = draw_scalenorm_spec(s);
   const ScaleNormCase sc = build_case(sspec, s);
   const Budgets SB = scalenorm_budgets(s, sc);
   const ScaleNormResult sr = validation::run_scalenorm(b, sc);
   d = orthogonal_rows("dx", sc.x, sr.dx, sc.problem.dim, sc.problem.eps,
-                      SB.bound.at("dx"));
+                      SB.of(Field::kDx));
   if (!d.empty()) RC_FAIL(entry_and_case(b, sspec.describe()) + ": " + d);
 }
 
@@ -637,8 +639,8 @@ void gradient_sums(const Backend& b) {
           sdv += r.dv[x];
           odk += oracle.dk[x];
           odv += oracle.dv[x];
-          bdk += B.at("dk", x);
-          bdv += B.at("dv", x);
+          bdk += B.at(Field::kDk, x);
+          bdv += B.at(Field::kDv, x);
         }
         for (int64_t i = 0; i < p.q_len; ++i) {
           bool any = false;
@@ -753,7 +755,7 @@ void dg_finite_difference(const Backend& b) {
     l1 += std::fabs(static_cast<LD>(c.d_o[i]) * oracle.o[i]);
   const LD rounding = (p.kv_len + p.head_dim + 10) * 0x1p-64L * l1 / (h / 2);
   const double tol =
-      B["dg"] + static_cast<double>(std::fabs(f1 - f2) + rounding);
+      B[Field::kDg] + static_cast<double>(std::fabs(f1 - f2) + rounding);
   if (!(std::fabs(r.dg - static_cast<double>(fd)) <= tol)) {
     char buf[200];
     std::snprintf(buf, sizeof buf,
@@ -845,19 +847,20 @@ void key_value_permutation(const Backend& b) {
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
   std::string d =
-      close_diff("o", r2.o, r1.o, B2.bound.at("o"), B.bound.at("o"));
+      close_diff("o", r2.o, r1.o, B2.of(Field::kO), B.of(Field::kO));
   if (d.empty())
-    d = close_diff("lse", r2.lse, r1.lse, B2.bound.at("lse"),
-                   B.bound.at("lse"));
+    d = close_diff("lse", r2.lse, r1.lse, B2.of(Field::kLse),
+                   B.of(Field::kLse));
   if (d.empty())
-    d = close_diff("dq", r2.dq, r1.dq, B2.bound.at("dq"), B.bound.at("dq"));
-  if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
+    d = close_diff("dq", r2.dq, r1.dq, B2.of(Field::kDq), B.of(Field::kDq));
   if (d.empty())
-    d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.bound.at("dk"),
-                   B.bound.at("dk"), km);
+    d = close_diff("dg", {r2.dg}, {r1.dg}, B[Field::kDg] + B2[Field::kDg]);
   if (d.empty())
-    d = close_diff("dv (permuted)", r2.dv, r1.dv, B2.bound.at("dv"),
-                   B.bound.at("dv"), km);
+    d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.of(Field::kDk),
+                   B.of(Field::kDk), km);
+  if (d.empty())
+    d = close_diff("dv (permuted)", r2.dv, r1.dv, B2.of(Field::kDv),
+                   B.of(Field::kDv), km);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": keys/values permuted: " + d);
@@ -882,19 +885,20 @@ void query_permutation(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.bound.at("o"),
-                             B.bound.at("o"), qm);
+  std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.of(Field::kO),
+                             B.of(Field::kO), qm);
   if (d.empty())
-    d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.bound.at("lse"),
-                   B.bound.at("lse"), lse_map(p, perm));
+    d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.of(Field::kLse),
+                   B.of(Field::kLse), lse_map(p, perm));
   if (d.empty())
-    d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.bound.at("dq"),
-                   B.bound.at("dq"), qm);
+    d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.of(Field::kDq),
+                   B.of(Field::kDq), qm);
   if (d.empty())
-    d = close_diff("dk", r2.dk, r1.dk, B2.bound.at("dk"), B.bound.at("dk"));
+    d = close_diff("dk", r2.dk, r1.dk, B2.of(Field::kDk), B.of(Field::kDk));
   if (d.empty())
-    d = close_diff("dv", r2.dv, r1.dv, B2.bound.at("dv"), B.bound.at("dv"));
-  if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
+    d = close_diff("dv", r2.dv, r1.dv, B2.of(Field::kDv), B.of(Field::kDv));
+  if (d.empty())
+    d = close_diff("dg", {r2.dg}, {r1.dg}, B[Field::kDg] + B2[Field::kDg]);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": queries permuted: " + d);
 }

@@ -24,7 +24,7 @@ namespace {
 Budgets from_tables(const std::vector<validation::ToleranceTable>& tables) {
   Budgets b;
   for (const auto& t : tables) {
-    std::vector<double>& v = b.bound[validation::name(t.field)];
+    std::vector<double>& v = b.bound[t.field];
     v.resize(t.expected.size());
     for (size_t i = 0; i < v.size(); ++i)
       v[i] = validation::element_bound(t, i);
@@ -33,9 +33,9 @@ Budgets from_tables(const std::vector<validation::ToleranceTable>& tables) {
 }
 }  // namespace
 
-double Budgets::operator[](const std::string& f) const {
+double Budgets::operator[](validation::Field f) const {
   double m = 0;
-  for (double x : bound.at(f)) m = std::max(m, x);
+  for (double x : of(f)) m = std::max(m, x);
   return m;
 }
 

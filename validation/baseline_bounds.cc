@@ -93,21 +93,38 @@ ScaleNormBounds baseline_bounds(const ScaleNormCase& c,
   return b;
 }
 
-double bound_of(const ReferenceBounds& b, const std::string& field) {
-  if (field == "o") return b.o;
-  if (field == "lse") return b.lse;
-  if (field == "dq") return b.dq;
-  if (field == "dk") return b.dk;
-  if (field == "dv") return b.dv;
-  if (field == "dg") return b.dg;
-  throw Error("field", {}, "no attention bound for '" + field + "'");
+double bound_of(const ReferenceBounds& b, Field field) {
+  switch (field) {
+    case Field::kO:
+      return b.o;
+    case Field::kLse:
+      return b.lse;
+    case Field::kDq:
+      return b.dq;
+    case Field::kDk:
+      return b.dk;
+    case Field::kDv:
+      return b.dv;
+    case Field::kDg:
+      return b.dg;
+    default:
+      throw Error("field", {},
+                  std::string("no attention bound for '") + name(field) + "'");
+  }
 }
 
-double bound_of(const ScaleNormBounds& b, const std::string& field) {
-  if (field == "y") return b.y;
-  if (field == "dx") return b.dx;
-  if (field == "dg") return b.dg;
-  throw Error("field", {}, "no scalenorm bound for '" + field + "'");
+double bound_of(const ScaleNormBounds& b, Field field) {
+  switch (field) {
+    case Field::kY:
+      return b.y;
+    case Field::kDx:
+      return b.dx;
+    case Field::kScaleNormDg:
+      return b.dg;
+    default:
+      throw Error("field", {},
+                  std::string("no scalenorm bound for '") + name(field) + "'");
+  }
 }
 
 }  // namespace qknorm::validation

@@ -49,10 +49,11 @@ ReferenceBounds baseline_bounds(const AttentionCase& c,
 ScaleNormBounds baseline_bounds(const ScaleNormCase& c,
                                 const OracleScaleNorm& oracle, Precision prec);
 
-// The bound of `field` ("o", "lse", "dq", "dk", "dv", "dg"; ScaleNorm "y",
-// "dx", "dg"); throws qknorm::Error for an unknown name.
-double bound_of(const ReferenceBounds& b, const std::string& field);
-double bound_of(const ScaleNormBounds& b, const std::string& field);
+// The bound of `field` (attention: kO, kLse, kDq, kDk, kDv, kDg; ScaleNorm:
+// kY, kDx, kScaleNormDg); throws qknorm::Error for a field the bounds do not
+// cover.
+double bound_of(const ReferenceBounds& b, Field field);
+double bound_of(const ScaleNormBounds& b, Field field);
 
 }  // namespace qknorm::validation
 

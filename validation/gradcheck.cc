@@ -120,22 +120,24 @@ Flat flatten(const AttentionCase& c) {
                         c.k_bias.size()};
   f.item = [p, nq, nk, np](size_t i) -> std::string {
     if (i < nq)
-      return "dq" + index4(p, p.q_len, static_cast<int64_t>(i), p.heads);
+      return name(Field::kDq) +
+             index4(p, p.q_len, static_cast<int64_t>(i), p.heads);
     if (i < nq + nk)
-      return "dk" +
+      return name(Field::kDk) +
              index4(p, p.kv_len, static_cast<int64_t>(i - nq), kv_heads_of(p));
     if (i < nq + 2 * nk)
-      return "dv" + index4(p, p.kv_len, static_cast<int64_t>(i - nq - nk),
-                           kv_heads_of(p));
+      return name(Field::kDv) + index4(p, p.kv_len,
+                                       static_cast<int64_t>(i - nq - nk),
+                                       kv_heads_of(p));
     size_t j = i - nq - 2 * nk;
-    static const char* names[4] = {"dq_weight", "dk_weight", "dq_bias",
-                                   "dk_bias"};
+    constexpr Field kParams[4] = {Field::kDqWeight, Field::kDkWeight,
+                                  Field::kDqBias, Field::kDkBias};
     for (int t = 0; t < 4; ++t) {
       if (j < np[t])
-        return std::string(names[t]) + "[" + std::to_string(j) + "]";
+        return std::string(name(kParams[t])) + "[" + std::to_string(j) + "]";
       j -= np[t];
     }
-    return "dg";
+    return name(Field::kDg);
   };
   return f;
 }
@@ -266,8 +268,9 @@ Flat flatten(const ScaleNormCase& c) {
   const int64_t D = c.problem.dim;
   const size_t nx = c.x.size();
   f.item = [D, nx](size_t i) -> std::string {
-    if (i >= nx) return "dg";
-    return "dx[" + std::to_string(i / D) + "," + std::to_string(i % D) + "]";
+    if (i >= nx) return name(Field::kScaleNormDg);
+    return name(Field::kDx) +
+           ("[" + std::to_string(i / D) + "," + std::to_string(i % D) + "]");
   };
   return f;
 }

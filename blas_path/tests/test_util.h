@@ -167,15 +167,16 @@ inline void expect_case(Precision prec, const AttentionCase& c,
   const AttentionCase rc = validation::round_inputs(c, prec);
   const F64Bound b = f64_bound(rc, validation::oracle_attention(rc));
   for (const auto& f : rep.fields) {
-    const double bound = f.field == "o"     ? b.o
-                         : f.field == "lse" ? b.lse
-                         : f.field == "dq"  ? b.dq
-                         : f.field == "dk"  ? b.dk
-                         : f.field == "dv"  ? b.dv
-                                            : b.dg;
+    using validation::Field;
+    const double bound = f.id == Field::kO     ? b.o
+                         : f.id == Field::kLse ? b.lse
+                         : f.id == Field::kDq  ? b.dq
+                         : f.id == Field::kDk  ? b.dk
+                         : f.id == Field::kDv  ? b.dv
+                                               : b.dg;
     EXPECT_LE(f.entry.max_abs, bound)
-        << "fp64 a-priori bound, field " << f.field << " on " << rep.case_desc
-        << "\n  " << validation::describe(f.entry);
+        << "fp64 a-priori bound, field " << validation::name(f.id) << " on "
+        << rep.case_desc << "\n  " << validation::describe(f.entry);
   }
 }
 
