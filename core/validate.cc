@@ -302,35 +302,38 @@ void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
 
 namespace {
 Layout4 layout2(int64_t row_stride) { return Layout4{0, 0, row_stride}; }
+// A ScaleNorm [rows, dim] tensor: addressable, and (inputs) finite.
+void in2(const char* name, const ConstTensor2& t, const ScaleNormProblem& p,
+         Precision prec) {
+  validate_tensor(name, t.data, t.size, layout2(t.row_stride), 1, 1, p.rows,
+                  p.dim);
+  validate_finite(name, t.data, layout2(t.row_stride), 1, 1, p.rows, p.dim,
+                  prec);
+}
+void out2(const char* name, const MutTensor2& t, const ScaleNormProblem& p) {
+  validate_tensor(name, t.data, t.size, layout2(t.row_stride), 1, 1, p.rows,
+                  p.dim);
+}
+void validate_scalenorm_problem(const ScaleNormProblem& p, Precision prec) {
+  validate_problem(p);
+  check_compute_range(p.g, p.eps, prec);
+}
 }  // namespace
 
 void validate_scalenorm_forward(const ScaleNormProblem& p,
                                 const ScaleNormForwardArgs& a, Precision prec) {
-  validate_problem(p);
-  check_compute_range(p.g, p.eps, prec);
-  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1,
-                  p.rows, p.dim);
-  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim,
-                  prec);
-  validate_tensor("y", a.y.data, a.y.size, layout2(a.y.row_stride), 1, 1,
-                  p.rows, p.dim);
+  validate_scalenorm_problem(p, prec);
+  in2("x", a.x, p, prec);
+  out2("y", a.y, p);
 }
 
 void validate_scalenorm_backward(const ScaleNormProblem& p,
                                  const ScaleNormBackwardArgs& a,
                                  Precision prec) {
-  validate_problem(p);
-  check_compute_range(p.g, p.eps, prec);
-  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1,
-                  p.rows, p.dim);
-  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim,
-                  prec);
-  validate_tensor("dy", a.dy.data, a.dy.size, layout2(a.dy.row_stride), 1, 1,
-                  p.rows, p.dim);
-  validate_finite("dy", a.dy.data, layout2(a.dy.row_stride), 1, 1, p.rows,
-                  p.dim, prec);
-  validate_tensor("dx", a.dx.data, a.dx.size, layout2(a.dx.row_stride), 1, 1,
-                  p.rows, p.dim);
+  validate_scalenorm_problem(p, prec);
+  in2("x", a.x, p, prec);
+  in2("dy", a.dy, p, prec);
+  out2("dx", a.dx, p);
   if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
 }
 

@@ -184,6 +184,24 @@ TEST(ClosedForm, FullyMaskedRowsAreZeroNotNaN) {
   }
 }
 
+// Row `row` of O is the plain mean of V's rows (one batch and head, no mask:
+// every logit of that query is equal).
+void expect_mean_of_v(const AttentionCase& c, const AttentionResult& r,
+                      int64_t row) {
+  const int64_t D = c.problem.head_dim, Nk = c.problem.kv_len;
+  for (int64_t d = 0; d < D; ++d) {
+    double mean = 0;
+    for (int64_t j = 0; j < Nk; ++j)
+      mean += at(c.v, j, D, d) / static_cast<double>(Nk);
+    EXPECT_NEAR(at(r.o, row, D, d), mean, kCloseTol) << "d=" << d;
+  }
+}
+
+void expect_finite(const AttentionResult& r) {
+  for (auto* v : {&r.o, &r.dq, &r.dk, &r.dv})
+    for (double x : *v) EXPECT_TRUE(std::isfinite(x));
+}
+
 // Zero rows: q_hat = 0 (clamped norm), so every logit of that query is 0 and
 // its output is the plain mean of V; its gradient is du / eps: finite.
 TEST(ClosedForm, ZeroRowsAreFinite) {
@@ -192,13 +210,8 @@ TEST(ClosedForm, ZeroRowsAreFinite) {
   for (int d = 0; d < 6; ++d) c.q[static_cast<size_t>(6 + d)] = 0;  // row 1
   for (int d = 0; d < 6; ++d) c.k[static_cast<size_t>(d)] = 0;      // key 0
   AttentionResult r = validation::run_attention(ref64(), c);
-  for (int d = 0; d < 6; ++d) {
-    double mean = 0;
-    for (int j = 0; j < 4; ++j) mean += at(c.v, j, 6, d) / 4;
-    EXPECT_NEAR(at(r.o, 1, 6, d), mean, kCloseTol);
-  }
-  for (auto* v : {&r.o, &r.dq, &r.dk, &r.dv})
-    for (double x : *v) EXPECT_TRUE(std::isfinite(x));
+  expect_mean_of_v(c, r, 1);
+  expect_finite(r);
   // Non-zero gradient of the zero row: du / eps, magnitude ~ g/eps scale.
   double mx = 0;
   for (int d = 0; d < 6; ++d) mx = std::max(mx, std::fabs(at(r.dq, 1, 6, d)));
@@ -224,13 +237,8 @@ TEST(ClosedForm, HugeAndSubnormalRows) {
   AttentionCase sub = c;
   for (double& x : sub.q) x *= 1e-310;
   AttentionResult rs = validation::run_attention(ref64(), sub);
-  for (int d = 0; d < 8; ++d) {
-    double mean = 0;
-    for (int j = 0; j < 5; ++j) mean += at(c.v, j, 8, d) / 5;
-    EXPECT_NEAR(at(rs.o, 0, 8, d), mean, kCloseTol);
-  }
-  for (auto* v : {&rs.o, &rs.dq, &rs.dk, &rs.dv})
-    for (double x : *v) EXPECT_TRUE(std::isfinite(x));
+  expect_mean_of_v(c, rs, 0);
+  expect_finite(rs);
 }
 
 TEST(ClosedForm, GInitMatchesPaper) {
