@@ -39,17 +39,16 @@ using qknorm::simd::tools::Lcg;
 
 int main(int argc, char** argv) {
   using namespace qknorm;
-  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
   const int64_t n = argc > 3 ? std::atoll(argv[3]) : 512;
   const int threads = argc > 4 ? std::atoi(argv[4]) : 1;
   std::vector<std::string> names;
   for (int i = 5; i < argc; ++i) names.push_back(argv[i]);
   if (names.empty()) names = {"paper", "qwen3"};
-  const Backend* b = simd::tools::RunnableEntry(name);
+  const Backend* b = simd::tools::EntryArgument(argc, argv);
   if (b == nullptr) return 1;
   const int64_t H = 32, D = 128;
-  std::printf("%s n=%lld H=%lld D=%lld threads=%d\n", name.c_str(),
+  std::printf("%s n=%lld H=%lld D=%lld threads=%d\n", b->name().c_str(),
               static_cast<long long>(n), static_cast<long long>(H),
               static_cast<long long>(D), threads);
   std::printf("%-10s %3s %9s %9s %9s %9s %9s %8s %8s %8s\n", "preset", "Hk",

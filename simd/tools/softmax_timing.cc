@@ -33,16 +33,15 @@ double Median(std::vector<double> x) {
 
 int main(int argc, char** argv) {
   using namespace qknorm;
-  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const int reps = argc > 2 ? std::atoi(argv[2]) : 15;
   const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
-  const Backend* b = simd::tools::RunnableEntry(name);
+  const Backend* b = simd::tools::EntryArgument(argc, argv);
   if (b == nullptr) return 1;
   const int64_t H = 8;
   std::printf(
       "%s B=1 H=%lld g=12.32 threads=%d, median of %d interleaved "
       "pairs\n",
-      name.c_str(), static_cast<long long>(H), threads, reps);
+      b->name().c_str(), static_cast<long long>(H), threads, reps);
   std::printf("%5s %4s %6s %11s %11s %10s %10s %8s\n", "n", "d", "mask",
               "online ms", "fixed ms", "online GF", "fixed GF", "fix/onl");
   for (int64_t D : {64, 128})

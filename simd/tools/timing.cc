@@ -26,9 +26,8 @@ using qknorm::simd::tools::Lcg;
 
 int main(int argc, char** argv) {
   using namespace qknorm;
-  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
-  const Backend* b = simd::tools::RunnableEntry(name);
+  const Backend* b = simd::tools::EntryArgument(argc, argv);
   if (b == nullptr) return 1;
   const int64_t H = 8, D = 64;
   std::printf("%-6s %3s %10s %10s %10s %8s %8s\n", "n", "thr", "fwd GF/s",

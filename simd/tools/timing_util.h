@@ -14,9 +14,10 @@
 
 namespace qknorm::simd::tools {
 
-// The entry named `name` if it runs on this machine; else nullptr, said on
-// stderr.
-inline const Backend* RunnableEntry(const std::string& name) {
+// The entry the driver's first argument names (default simd:AVX2:f32) if it
+// runs on this machine; else nullptr, said on stderr.
+inline const Backend* EntryArgument(int argc, char** argv) {
+  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const Backend* b = all_backends().find(name);
   if (b == nullptr || !b->available()) {
     std::fprintf(stderr, "no runnable entry %s\n", name.c_str());
