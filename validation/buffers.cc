@@ -58,6 +58,7 @@ TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
   size_ = shape.B * shape.H * shape.rows * rs;
   lead_ = kGuardElements;
   total_ = size_ + 2 * kGuardElements;
+  dense_ = true;
   allocate();
   // The view starts as the canonical NaN: distinct from the poison, so that
   // an unwritten output is a NaN the verdict refuses and never mistaken for
@@ -69,13 +70,14 @@ TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
 }
 
 TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
-                           const Layout4& l, int64_t size)
+                           const Layout4& l, int64_t size, int64_t guard)
     : name_(std::move(name)),
       prec_(p),
       shape_(shape),
       layout_(l),
       size_(size),
-      total_(size) {
+      lead_(guard),
+      total_(size + 2 * guard) {
   allocate();
 }
 
@@ -173,7 +175,7 @@ GuardViolation TensorBuffer::first_violation() const {
     v.index = i - lead_;
     v.bits = bits_at(prec_, bytes_.data(), i);
     v.value = decode(prec_, bytes_.data(), static_cast<size_t>(i));
-    const bool dense = lead_ > 0;  // the first constructor's layout
+    const bool dense = dense_;
     // Built by appending: GCC 12 warns (-Wrestrict, a known false
     // positive) on chains of std::string operator+ here.
     std::string& w = v.where;

@@ -74,13 +74,14 @@ class TensorBuffer {
   TensorBuffer(std::string name, Precision p, Shape4 shape,
                int64_t row_pad = 0);
   // The caller's layout and element count (the fuzzers' raw layouts, the
-  // head-interleaved layout of a projection): no guard beyond `size`; every
-  // element of [0, size) the layout does not address is poison, the view
-  // too (until store()). The layout may address an element twice
-  // (overlapping()) or lie partly outside [0, size) (an invalid layout the
-  // validator must refuse; store() and load() skip those elements).
+  // head-interleaved layout of a projection), with `guard` elements of
+  // poison before and after [0, size) (the fuzzers: none); every element of
+  // [0, size) the layout does not address is poison, the view too (until
+  // store()). The layout may address an element twice (overlapping()) or
+  // lie partly outside [0, size) (an invalid layout the validator must
+  // refuse; store() and load() skip those elements).
   TensorBuffer(std::string name, Precision p, Shape4 shape, const Layout4& l,
-               int64_t size);
+               int64_t size, int64_t guard = 0);
 
   const std::string& name() const { return name_; }
   Precision precision() const { return prec_; }
@@ -132,6 +133,7 @@ class TensorBuffer {
   Shape4 shape_;
   Layout4 layout_;
   int64_t size_ = 0, lead_ = 0, total_ = 0;  // lead_: guards before the view
+  bool dense_ = false;                       // the first constructor's layout
   std::vector<unsigned char> bytes_;
   std::vector<uint8_t> addressed_;  // per allocation element, saturating
 };
