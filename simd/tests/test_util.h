@@ -16,6 +16,7 @@
 #include "qknorm/precision.h"
 #include "validation/buffers.h"
 #include "validation/harness.h"
+#include "validation/tester.h"
 
 namespace qknorm::simd::testing {
 
@@ -57,6 +58,22 @@ inline void ExpectSame(const validation::AttentionResult& a,
   EXPECT_TRUE(SameBits(a.dk_weight, b.dk_weight)) << what << ": dk_weight";
   EXPECT_TRUE(SameBits(a.dq_bias, b.dq_bias)) << what << ": dq_bias";
   EXPECT_TRUE(SameBits(a.dk_bias, b.dk_bias)) << what << ": dk_bias";
+}
+
+// check_attention's verdict on case c (the naive baseline run and judged
+// too) through validation::AttentionTester: the entry's buffers are guarded
+// (NaN poison outside every input view, guard regions around every output
+// view, checked after each call), so an out-of-bounds read or write fails
+// the case with the tensor and index named in message().
+inline validation::AttentionTestReport TestCase(
+    const Backend& entry, const validation::AttentionCase& c,
+    const ExecConfig& cfg, bool forward_only = false) {
+  return validation::AttentionTester()
+      .use_case(c)
+      .config(cfg)
+      .forward_only(forward_only)
+      .with_naive()
+      .Test(entry);
 }
 
 // The probabilities `entry`'s hook reports for case c (inputs in its
