@@ -453,45 +453,6 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   return m;
 }
 
-// Dense buffers of a case in the entry's storage precision (k, v of
-// kv_heads heads), and the case's learned parameters.
-struct DenseForward {
-  StridedBuffer q, k, v, o;
-  std::vector<double> lse;
-  NormParams params;
-  DenseForward(Precision s, const AttentionCase& c)
-      : q(s, c.problem.batch, c.problem.heads, c.problem.q_len,
-          c.problem.head_dim, dense(c, c.problem.heads, c.problem.q_len),
-          count(c, c.problem.heads, c.problem.q_len)),
-        k(s, c.problem.batch, kv_heads_of(c.problem), c.problem.kv_len,
-          c.problem.head_dim,
-          dense(c, kv_heads_of(c.problem), c.problem.kv_len),
-          count(c, kv_heads_of(c.problem), c.problem.kv_len)),
-        v(k),
-        o(q),
-        lse(static_cast<size_t>(c.problem.batch * c.problem.heads *
-                                c.problem.q_len)),
-        params{ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)} {
-    q.store(c.q);
-    k.store(c.k);
-    v.store(c.v);
-  }
-  static Layout4 dense(const AttentionCase& c, int64_t heads, int64_t rows) {
-    return contiguous_layout(heads, rows, c.problem.head_dim);
-  }
-  static int64_t count(const AttentionCase& c, int64_t heads, int64_t rows) {
-    return c.problem.batch * heads * rows * c.problem.head_dim;
-  }
-  static ParamRef ref(const std::vector<double>& x) {
-    return {x.empty() ? nullptr : x.data(), static_cast<int64_t>(x.size())};
-  }
-  ForwardArgs args() {
-    return {q.cview(), k.cview(),  v.cview(),
-            o.view(),  lse.data(), static_cast<int64_t>(lse.size()),
-            params};
-  }
-};
-
 // Softmax non-saturation: the bound of validation/nonsaturation.h (its one
 // definition) on the entry's own probabilities, at the rule's logit
 // amplitude with the computed logits' error.
@@ -499,12 +460,19 @@ void check_non_saturation(const Backend& e, const AttentionCase& c,
                           const OracleAttention& orc) {
   const AttentionProblem& p = c.problem;
   if (p.variant != Variant::kQKNorm) return;
-  DenseForward buf(e.precision(), c);
+  // The hook reads dense buffers (row_pad 0), as it always has here.
+  AttentionCase dense = c;
+  dense.row_pad = 0;
+  validation::AttentionBuffers buf(dense, e.precision());
   const int64_t Nq = p.q_len, Nk = p.kv_len;
   std::vector<double> probs(static_cast<size_t>(p.batch * p.heads * Nq * Nk),
                             std::numeric_limits<double>::quiet_NaN());
   auto ws = e.make_workspace();
-  if (!e.attention_probabilities(p, buf.args(), probs.data(), ws.get())) return;
+  if (!e.attention_probabilities(p, buf.forward_args(), probs.data(), ws.get()))
+    return;
+  if (const auto g = buf.guard_violations(); !g.empty())
+    fail("probabilities hook wrote outside its views",
+         entry_ctx(e, c) + "\n  " + g.front().message());
   const std::string v = validation::check_nonsaturation(
       p, probs, nullptr,
       validation::computed_logit_amplitude(c, &orc, e.precision(),
@@ -734,10 +702,10 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   const int64_t B = small ? p.batch : 1, H = small ? p.heads : 1;
   const int64_t Nq = small ? p.q_len : 1, Nk = small ? p.kv_len : 1;
   const int64_t D = small ? p.head_dim : 1;
-  StridedBuffer q(s, B, H, Nq, D, lc.q.layout, lc.q.size);
-  StridedBuffer k(s, B, H, Nk, D, lc.k.layout, lc.k.size);
-  StridedBuffer v(s, B, H, Nk, D, lc.v.layout, lc.v.size);
-  StridedBuffer o(s, B, H, Nq, D, lc.o.layout, lc.o.size);
+  TensorBuffer q("q", s, {B, H, Nq, D}, lc.q.layout, lc.q.size);
+  TensorBuffer k("k", s, {B, H, Nk, D}, lc.k.layout, lc.k.size);
+  TensorBuffer v("v", s, {B, H, Nk, D}, lc.v.layout, lc.v.size);
+  TensorBuffer o("o", s, {B, H, Nq, D}, lc.o.layout, lc.o.size);
   if (small) {
     q.store(lc.qv);
     k.store(lc.kv);
