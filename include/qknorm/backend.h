@@ -128,7 +128,8 @@ class Registry {
 bool glob_match(std::string_view glob, std::string_view s);
 
 // Every production entry of this build (reference at every precision, then
-// simd and blas entries when built). Built once, on first call.
+// simd and blas entries when built). Built once, on first call. Defined in
+// registry/ (library qknorm::all), not in core/: core/ knows no implementation.
 const Registry& all_backends();
 
 }  // namespace qknorm
