@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cli/app.h"
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 #include "qknorm/error.h"
 #include "validation/harness.h"
 

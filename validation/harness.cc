@@ -12,6 +12,7 @@
 #include "qknorm/formulation.h"
 #include "qknorm/validate.h"
 #include "reference/reference.h"
+#include "reference/register.h"
 #include "validation/operands.h"
 
 namespace qknorm::validation {
@@ -1369,13 +1370,7 @@ OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c) {
   return r;
 }
 
-const Backend& naive_for(Precision p) {
-  const Backend* b = all_backends().find("reference:" + std::string(name(p)));
-  if (b == nullptr)
-    throw Error("registry", {},
-                "no naive baseline reference:" + std::string(name(p)));
-  return *b;
-}
+const Backend& naive_for(Precision p) { return reference::naive_backend(p); }
 
 namespace {
 // In long double: a row norm (or the product of two) near DBL_MAX overflows
