@@ -464,7 +464,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
   CLI::App* mutants = app.add_subcommand(
       "mutants",
       "Run the suite on every deliberately broken backend and every "
-      "legitimate control (property_tests/mutants.h): kill table, exit 0 iff "
+      "legitimate control (mutants/mutants.h): kill table, exit 0 iff "
       "every mutant FAILs and every control PASSes");
   add_mutants_options(*mutants, mut_opt);
   mutants->fallthrough();

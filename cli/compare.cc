@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <span>
 
 #include "cli/app.h"
 #include "cli/machine.h"
@@ -19,20 +20,42 @@
 namespace qknorm::cli {
 namespace {
 
+using validation::Field;
 using validation::HostTensor;
 
 const std::vector<std::string> kInputNames = {
     "q",        "k",      "v",      "g", "dO", "q_weight",
     "k_weight", "q_bias", "k_bias", "x", "dy"};
-const std::vector<std::string> kOutputNames = {
-    "O",         "dQ",      "dK",      "dV", "dg", "dq_weight",
-    "dk_weight", "dq_bias", "dk_bias", "y",  "dx"};
+// The fields an --outputs file can hold, each under its tensor_name (cli/
+// suite.h); ScaleNorm's dg shares attention's name "dg".
+constexpr Field kAttentionOutputs[] = {
+    Field::kO,        Field::kDq,     Field::kDk,
+    Field::kDv,       Field::kDg,     Field::kDqWeight,
+    Field::kDkWeight, Field::kDqBias, Field::kDkBias};
+constexpr Field kScaleNormOutputs[] = {Field::kY, Field::kDx};
+
+const std::vector<std::string>& output_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (Field f : kAttentionOutputs) v.push_back(tensor_name(f));
+    for (Field f : kScaleNormOutputs) v.push_back(tensor_name(f));
+    return v;
+  }();
+  return names;
+}
 
 std::string lower(std::string s) {
   for (char& c : s)
     c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
+
+// Other spellings of an output field's tensor (PyTorch's grad_*, "out");
+// its tensor_name in any case is always accepted.
+const std::pair<const char*, Field> kOutputAliases[] = {
+    {"out", Field::kO},     {"output", Field::kO},  {"grad_q", Field::kDq},
+    {"grad_k", Field::kDk}, {"grad_v", Field::kDv}, {"grad_g", Field::kDg},
+    {"d_x", Field::kDx},    {"grad_x", Field::kDx}};
 
 // Canonical name of a file stem / key, or "" if it is none of ours.
 std::string canonical(const std::string& raw) {
@@ -42,20 +65,17 @@ std::string canonical(const std::string& raw) {
   if (s == "v" || s == "value") return "v";
   if (s == "g" || s == "scale") return "g";
   if (s == "do" || s == "d_o" || s == "grad_o" || s == "grad_out") return "dO";
-  if (s == "o" || s == "out" || s == "output") return "O";
-  if (s == "dq" || s == "grad_q") return "dQ";
-  if (s == "dk" || s == "grad_k") return "dK";
-  if (s == "dv" || s == "grad_v") return "dV";
-  if (s == "dg" || s == "grad_g") return "dg";
   // ScaleNorm (issue 17): x, g, dy in; y, dx, dg out.
   if (s == "x") return "x";
   if (s == "dy" || s == "d_y" || s == "grad_y") return "dy";
-  if (s == "y") return "y";
-  if (s == "dx" || s == "d_x" || s == "grad_x") return "dx";
-  // The formulation's parameters (issue 16) and their gradients.
-  for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias", "dq_weight",
-                        "dk_weight", "dq_bias", "dk_bias"})
+  // The formulation's parameters (issue 16).
+  for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias"})
     if (s == n) return n;
+  // The outputs: O, dQ, dK, dV, dg, their parameter gradients; y, dx.
+  for (const std::string& n : output_names())
+    if (s == lower(n)) return n;
+  for (const auto& [alias, f] : kOutputAliases)
+    if (s == alias) return tensor_name(f);
   return "";
 }
 
@@ -140,7 +160,7 @@ std::map<std::string, HostTensor> load_tensors(
     const std::vector<std::string>& specs, const std::string& flag) {
   std::map<std::string, HostTensor> out;
   const std::vector<std::string>& allowed =
-      flag == "--inputs" ? kInputNames : kOutputNames;
+      flag == "--inputs" ? kInputNames : output_names();
   auto keep = [&](std::string name, HostTensor t, const std::string& path,
                   bool strict) {
     const std::string c = canonical(name);
@@ -271,7 +291,7 @@ EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
                            bool storage_compute) {
   reject_attention_options(s, storage_compute);
   const HostTensor& x = need(in, "x", "--inputs");
-  const HostTensor& y = need(outs, "y", "--outputs");
+  const HostTensor& y = need(outs, tensor_name(Field::kY), "--outputs");
   const Precision prec = x.dtype;
   const auto [rows, dim] = rows_dim(x, "x");
   // y, dy, dx: x's shape and dtype.
@@ -286,7 +306,7 @@ EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
           nm, {},
           "shape " + t.shape_text() + " differs from x's " + x.shape_text());
   };
-  same_as_x(y, "y");
+  same_as_x(y, tensor_name(Field::kY));
   ScaleNormProblem p;
   p.rows = rows;
   p.dim = dim;
@@ -307,17 +327,18 @@ EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
   c.x = x.values;
   validation::ScaleNormResult given;
   given.y = y.values;
-  std::vector<validation::Field> only = {validation::Field::kY};
+  std::vector<Field> only = {Field::kY};
   bool backward = false;
-  if (const auto it = outs.find("dx"); it != outs.end()) {
-    same_as_x(it->second, "dx");
+  if (const auto it = outs.find(tensor_name(Field::kDx)); it != outs.end()) {
+    same_as_x(it->second, tensor_name(Field::kDx));
     given.dx = it->second.values;
-    only.push_back(validation::Field::kDx);
+    only.push_back(Field::kDx);
     backward = true;
   }
-  if (const auto it = outs.find("dg"); it != outs.end()) {
-    given.dg = scalar(it->second, "dg");
-    only.push_back(validation::Field::kScaleNormDg);
+  if (const auto it = outs.find(tensor_name(Field::kScaleNormDg));
+      it != outs.end()) {
+    given.dg = scalar(it->second, tensor_name(Field::kScaleNormDg));
+    only.push_back(Field::kScaleNormDg);
     backward = true;
   }
   if (backward) {
@@ -352,7 +373,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   const HostTensor &q = need(in, "q", "--inputs"),
                    &k = need(in, "k", "--inputs"),
                    &v = need(in, "v", "--inputs");
-  const HostTensor& o = need(outs, "O", "--outputs");
+  const HostTensor& o = need(outs, tensor_name(Field::kO), "--outputs");
   const Precision prec = q.dtype;
   for (const auto* t : {&k, &v, &o})
     if (t->dtype != prec)
@@ -423,54 +444,41 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   param("k_bias", &c.k_bias);
   validation::AttentionResult given;
   given.o = o.values;
-  std::vector<validation::Field> only = {validation::Field::kO};
+  std::vector<Field> only = {Field::kO};
   bool backward = false;
-  for (const std::string gname : {"dQ", "dK", "dV", "dg"}) {
+  for (const Field f : {Field::kDq, Field::kDk, Field::kDv, Field::kDg}) {
+    const std::string gname = tensor_name(f);
     const auto it = outs.find(gname);
     if (it == outs.end()) continue;
     backward = true;
+    only.push_back(f);
     const HostTensor& t = it->second;
-    if (gname == "dg") {
-      given.dg = scalar(t, "dg");
-      only.push_back(validation::Field::kDg);
+    if (f == Field::kDg) {
+      given.dg = scalar(t, gname);
       continue;
     }
     if (t.dtype != prec)
       throw Error(gname, {},
                   std::string("dtype ") + std::string(name(t.dtype)) +
                       " differs from q's " + std::string(name(prec)));
-    if (as4(t, gname) != (gname == "dQ" ? sq : sk))
+    if (as4(t, gname) != (f == Field::kDq ? sq : sk))
       throw Error(gname, {},
                   "shape " + t.shape_text() + " does not match " +
-                      (gname == "dQ" ? q : k).shape_text());
-    if (gname == "dQ") {
-      given.dq = t.values;
-      only.push_back(validation::Field::kDq);
-    } else if (gname == "dK") {
-      given.dk = t.values;
-      only.push_back(validation::Field::kDk);
-    } else {
-      given.dv = t.values;
-      only.push_back(validation::Field::kDv);
-    }
+                      (f == Field::kDq ? q : k).shape_text());
+    if (f == Field::kDq) given.dq = t.values;
+    if (f == Field::kDk) given.dk = t.values;
+    if (f == Field::kDv) given.dv = t.values;
   }
-  const std::pair<const char*, validation::Field> pgrads[] = {
-      {"dq_weight", validation::Field::kDqWeight},
-      {"dk_weight", validation::Field::kDkWeight},
-      {"dq_bias", validation::Field::kDqBias},
-      {"dk_bias", validation::Field::kDkBias}};
-  for (const auto& [gname, field] : pgrads) {
+  for (const Field field :
+       {Field::kDqWeight, Field::kDkWeight, Field::kDqBias, Field::kDkBias}) {
+    const char* gname = tensor_name(field);
     const auto it = outs.find(gname);
     if (it == outs.end()) continue;
     backward = true;
     const std::vector<double>& x = it->second.values;
-    const int64_t need_n =
-        param_size(p, field == validation::Field::kDkWeight ||
-                              field == validation::Field::kDkBias
-                          ? 1
-                          : 0);
-    const bool is_bias = field == validation::Field::kDqBias ||
-                         field == validation::Field::kDkBias;
+    const int64_t need_n = param_size(
+        p, field == Field::kDkWeight || field == Field::kDkBias ? 1 : 0);
+    const bool is_bias = field == Field::kDqBias || field == Field::kDkBias;
     if (static_cast<int64_t>(x.size()) !=
         (is_bias && !p.norm.bias ? 0 : need_n))
       throw Error(gname, {},
@@ -478,10 +486,10 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
                       std::to_string(is_bias && !p.norm.bias ? 0 : need_n) +
                       " for this formulation (got " + std::to_string(x.size()) +
                       ")");
-    if (field == validation::Field::kDqWeight) given.dq_weight = x;
-    if (field == validation::Field::kDkWeight) given.dk_weight = x;
-    if (field == validation::Field::kDqBias) given.dq_bias = x;
-    if (field == validation::Field::kDkBias) given.dk_bias = x;
+    if (field == Field::kDqWeight) given.dq_weight = x;
+    if (field == Field::kDkWeight) given.dk_weight = x;
+    if (field == Field::kDqBias) given.dq_bias = x;
+    if (field == Field::kDkBias) given.dk_bias = x;
     only.push_back(field);
   }
   if (backward) {
@@ -542,11 +550,20 @@ std::string dump_kind(const std::map<std::string, HostTensor>& in,
       if (m.count(n)) return true;
     return false;
   };
-  const bool sn = any(in, {"x", "dy"}) || any(outs, {"y", "dx"});
+  auto any_field = [](const std::map<std::string, HostTensor>& m,
+                      std::span<const Field> fields) {
+    for (Field f : fields)
+      if (m.count(tensor_name(f))) return true;
+    return false;
+  };
+  // dg is both kinds' output: it decides nothing.
+  const bool sn = any(in, {"x", "dy"}) || any_field(outs, kScaleNormOutputs);
+  std::vector<Field> attention_only;
+  for (Field f : kAttentionOutputs)
+    if (f != Field::kDg) attention_only.push_back(f);
   const bool at = any(in, {"q", "k", "v", "dO", "q_weight", "k_weight",
                            "q_bias", "k_bias"}) ||
-                  any(outs, {"O", "dQ", "dK", "dV", "dq_weight", "dk_weight",
-                             "dq_bias", "dk_bias"});
+                  any_field(outs, attention_only);
   if (sn && at)
     throw Error("--inputs", {},
                 "the files hold attention tensors (q, k, v, O, ...) and "

@@ -1,14 +1,14 @@
 #include "cli/machine.h"
 
+// OpenBLAS's own declarations (libopenblas-dev's cblas.h, on the include path
+// of PkgConfig::OPENBLAS): openblas_get_corename, openblas_get_num_threads.
+// The report asks the library itself, never blas_path/.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
-
-// OpenBLAS (linked through PkgConfig::OPENBLAS); declared here rather than
-// through cblas.h, which the CLI has no other use for.
-extern "C" char* openblas_get_corename();
-extern "C" int openblas_get_num_threads();
 
 namespace qknorm::cli {
 

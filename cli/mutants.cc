@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cli/app.h"
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 #include "qknorm/error.h"
 #include "validation/judge.h"
 
@@ -126,7 +126,7 @@ Outcome judge_entry(const Backend& b, const Suite& suite,
     const std::string prefix = row.kind == "scalenorm" ? "scalenorm." : "";
     r.pass = r.pass && row.pass;
     for (const FieldSummary& f : row.fields)
-      if (!f.pass) r.failing_fields.push_back(prefix + f.field);
+      if (!f.pass) r.failing_fields.push_back(prefix + f.key);
     for (const CaseResult& c : row.cases) {
       ++r.cases;
       r.failing_cases += c.pass ? 0 : 1;
@@ -141,8 +141,8 @@ Outcome judge_entry(const Backend& b, const Suite& suite,
                     : fmt::format(
                           "{}{}{} margin {:.3g} (case {}: expected {:.9g}, "
                           "actual {:.9g}, bound {:.3g})",
-                          prefix, w.field, w.where, w.margin, ci, w.expected,
-                          w.actual, w.bound);
+                          prefix, w.field_name(), w.where, w.margin, ci,
+                          w.expected, w.actual, w.bound);
     }
     case_base += static_cast<int>(row.cases.size());
   }

@@ -2,7 +2,7 @@
 // Runs the suite qknorm-check runs on the registry (cli::run_suite on
 // build_suite(), i.e. default_suite() unless suite options are given) over
 // every deliberately broken backend and every legitimate control of
-// property_tests/mutants.h, and prints a kill table: each mutant must FAIL
+// mutants/mutants.h, and prints a kill table: each mutant must FAIL
 // (caught: the fields and cases that fail) and each control must PASS.
 //
 // A mutant that passes is UNTRIGGERED if its outputs equal the unmutated

@@ -42,7 +42,7 @@ const std::vector<std::string> kMasks = {"none", "causal"};
 const std::vector<std::string> kDists = {"gaussian", "zerorows", "outliers",
                                          "mixedv"};
 const std::vector<std::string> kPrecisions = {"f32", "bf16", "f16"};
-const std::vector<std::string> kFields = {"o", "dq", "dk", "dv"};
+constexpr Field kFields[] = {Field::kO, Field::kDq, Field::kDk, Field::kDv};
 const std::vector<std::string> kGranularities = {"element", "row", "head",
                                                  "field"};
 // --quick: one distribution (padding tokens), one precision, one case.
@@ -53,12 +53,18 @@ constexpr int kQuickTrials = 3;
 
 using validation::field_values;
 
+// The attention fields: --field's values, and the fields both verdicts
+// judge on uncorrupted outputs (false alarms).
+constexpr Field kAllFields[] = {Field::kO,  Field::kLse, Field::kDq,
+                                Field::kDk, Field::kDv,  Field::kDg};
+
 Field parse_field(const std::string& s) {
-  for (Field f :
-       {Field::kO, Field::kLse, Field::kDq, Field::kDk, Field::kDv, Field::kDg})
+  std::string known;
+  for (Field f : kAllFields) {
     if (s == validation::name(f)) return f;
-  throw Error("--field", {},
-              "unknown field '" + s + "' (o, lse, dq, dk, dv, dg)");
+    known += (known.empty() ? "" : ", ") + std::string(validation::name(f));
+  }
+  throw Error("--field", {}, "unknown field '" + s + "' (" + known + ")");
 }
 
 Granularity parse_granularity(const std::string& s) {
@@ -67,23 +73,6 @@ Granularity parse_granularity(const std::string& s) {
     if (s == name(g)) return g;
   throw Error("--granularity", {},
               "unknown granularity '" + s + "' (element, row, head, field)");
-}
-
-const char* field_label(Field f) {
-  switch (f) {
-    case Field::kO:
-      return "O";
-    case Field::kLse:
-      return "lse";
-    case Field::kDq:
-      return "dQ";
-    case Field::kDk:
-      return "dK";
-    case Field::kDv:
-      return "dV";
-    default:
-      return "dg";
-  }
 }
 
 const char* torch_dtype(Precision p) {
@@ -123,10 +112,6 @@ struct RunData {
   std::map<Field, bool> qk_field, ac_field;
   std::string qk_message, ac_message;
 };
-
-// Fields both verdicts judge on uncorrupted outputs (false alarms).
-constexpr Field kAllFields[] = {Field::kO,  Field::kLse, Field::kDq,
-                                Field::kDk, Field::kDv,  Field::kDg};
 
 // assert_close on one field of an entry of precision p (torch's tolerances
 // of the model's dtype, also for lse and dg, which this project returns in
@@ -288,7 +273,7 @@ class TrialRunner {
           tr.mismatches.push_back(fmt::format(
               "{} {} {} {}[unit {}] r = {:.3g}: judge_attention says {}, the "
               "element scan says {}",
-              run.entry->name(), cd.rc.describe(), field_label(f), name(g),
+              run.entry->name(), cd.rc.describe(), tensor_name(f), name(g),
               unit, grid_[k], expect_fail ? "PASS" : "FAIL",
               expect_fail ? "caught" : "not caught"));
       };
@@ -620,8 +605,8 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
                          : o.quick        ? kQuickDists
                                           : kDists)
       dists.push_back(parse_dist(d));
-    for (const auto& f : o.fields.empty() ? kFields : o.fields)
-      fields.push_back(parse_field(f));
+    if (o.fields.empty()) fields.assign(std::begin(kFields), std::end(kFields));
+    for (const auto& f : o.fields) fields.push_back(parse_field(f));
     for (const auto& g :
          o.granularities.empty() ? kGranularities : o.granularities)
       grans.push_back(parse_granularity(g));
@@ -722,7 +707,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
               msgs += fmt::format(
                   "\n    {}: {} of {} elements not close; "
                   "first: {}",
-                  field_label(f), bad, cd.table(f).expected.size(), first);
+                  tensor_name(f), bad, cd.table(f).expected.size(), first);
             }
           }
           if (!run.ac_pass) pr.ac_false.push_back(where + ":" + msgs);
@@ -833,7 +818,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
     out << fmt::format(
         "{:<4} {:<8} {:<3} {:<7} | {:>7} {:>9} {:>7} | {:<15} | {:>7} {:>9} "
         "{:>7} | {:<20} | {}/{} {}/{}\n",
-        name(r.prec), validation::name(r.dist), field_label(r.field),
+        name(r.prec), validation::name(r.dist), tensor_name(r.field),
         name(r.gran), thr(r.qk_all, lo), "(" + thr(r.qk_all_eff) + ")",
         thr(r.qk_med, lo), target_text(r), thr(r.ac_all, lo),
         "(" + thr(r.ac_all_eff) + ")", thr(r.ac_med, lo), ill_text(r),
@@ -850,7 +835,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
     } else {
       misses.push_back(fmt::format(
           "{} {} {} {}: {} > {:.0e} (x{:.3g})", name(r.prec),
-          validation::name(r.dist), field_label(r.field), name(r.gran),
+          validation::name(r.dist), tensor_name(r.field), name(r.gran),
           thr(r.qk_all), r.target, r.qk_all / r.target));
     }
   }
@@ -929,7 +914,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
     int x = 0;
     for (Field f : fields)
       for (Granularity g : grans) {
-        dat << x++ << " \"" << field_label(f) << "/" << name(g) << "\" "
+        dat << x++ << " \"" << tensor_name(f) << "/" << name(g) << "\" "
             << plot_num(power_target(p, g, f));
         for (Distribution d : dists) {
           const PowerRow* row = nullptr;

@@ -12,9 +12,9 @@
 namespace qknorm::cli {
 namespace {
 
-const FieldSummary* find_field(const EntryRow& r, const std::string& f) {
+const FieldSummary* find_field(const EntryRow& r, validation::Field f) {
   for (const FieldSummary& s : r.fields)
-    if (s.field == f) return &s;
+    if (s.field == f && s.key == validation::name(f)) return &s;
   return nullptr;
 }
 
@@ -44,8 +44,8 @@ std::string margin_text(double m) {
 // "dQ c3[1,4,17,5] 0.1234 vs 0.1235 +- 2.1e-7": the worst element of a row.
 std::string worst_text(const WorstElement& w) {
   if (w.case_index < 0) return "-";
-  if (w.field == "error") return fmt::format("c{} threw", w.case_index);
-  return fmt::format("{} c{}{} exp {:.6g} got {:.6g} bound {}", w.field,
+  if (w.threw) return fmt::format("c{} threw", w.case_index);
+  return fmt::format("{} c{}{} exp {:.6g} got {:.6g} bound {}", w.field_name(),
                      w.case_index, w.where, w.expected, w.actual, sci(w.bound));
 }
 
@@ -95,7 +95,7 @@ void print_columns(std::ostream& out, const std::vector<Column>& cols) {
 }
 
 void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
-                const std::vector<std::string>& fields, bool gflops) {
+                const std::vector<validation::Field>& fields, bool gflops) {
   std::vector<const EntryRow*> rows;
   for (const EntryRow& r : rep.rows)
     if (r.kind == kind) rows.push_back(&r);
@@ -104,14 +104,10 @@ void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
   Column name{"entry", {}, true};
   for (const EntryRow* r : rows) name.cells.push_back(r->name);
   cols.push_back(name);
-  for (const std::string& f : fields) {
-    const bool scalar = f == "dg";
-    // Display names: the paper's O, dQ, dK, dV; ScaleNorm's y, dx; g's dg.
-    const std::string label = f == "o"    ? "O"
-                              : f == "dq" ? "dQ"
-                              : f == "dk" ? "dK"
-                              : f == "dv" ? "dV"
-                                          : f;
+  for (const validation::Field f : fields) {
+    const bool scalar =
+        f == validation::Field::kDg || f == validation::Field::kScaleNormDg;
+    const std::string label = tensor_name(f);
     Column c{
         label + (scalar ? " abs rel ulp" : " abs rel ulp50/99/max"), {}, false};
     for (const EntryRow* r : rows)
@@ -170,7 +166,7 @@ nlohmann::json finite_or_string(double x) {
 nlohmann::json worst_json(const WorstElement& w) {
   return {{"margin", finite_or_string(w.margin)},
           {"case", w.case_index},
-          {"field", w.field},
+          {"field", w.field_name()},
           {"index", w.where},
           {"expected", finite_or_string(w.expected)},
           {"actual", finite_or_string(w.actual)},
@@ -428,7 +424,7 @@ std::string to_json(const Report& rep) {
         {"forward_gflops", r.gflops},
         {"cases_not_implemented", r.unsupported}};
     for (const FieldSummary& f : r.fields)
-      jr["fields"][f.field] = {
+      jr["fields"][f.key] = {
           {"worst", stats_json(f.worst)},
           {"ratio_to_naive", finite_or_string(f.ratio)},
           {"margin", finite_or_string(f.worst_element.margin)},
@@ -442,7 +438,7 @@ std::string to_json(const Report& rep) {
       if (c.unsupported) jc["not_implemented"] = true;
       if (!c.error.empty()) jc["error"] = c.error;
       for (const FieldResult& f : c.fields)
-        jc["fields"][f.field] = {
+        jc["fields"][f.key] = {
             {"entry", stats_json(f.entry)},
             {"naive", f.has_naive ? stats_json(f.naive) : nlohmann::json()},
             {"margin", finite_or_string(f.margin)},
@@ -479,7 +475,7 @@ void write_csv(std::ostream& out, const Report& rep) {
       out << fmt::format(
           "{},{},{},{},{},{},{},{:.6e},{:.6e},{:.4g},{:.4g},{:.4g},{:.6g},{:."
           "6g},{},{:.4g},{}\n",
-          r.kind, r.name, r.family, r.target, r.precision, r.rule, f.field,
+          r.kind, r.name, r.family, r.target, r.precision, r.rule, f.key,
           s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99, s.ulp_max, f.ratio,
           f.worst_element.margin, f.pass ? "PASS" : "FAIL", r.gflops, rep.seed);
     }

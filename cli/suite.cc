@@ -91,13 +91,39 @@ Suite default_suite(uint64_t seed) {
   return s;
 }
 
+const char* tensor_name(validation::Field f) {
+  using validation::Field;
+  switch (f) {
+    case Field::kO:
+      return "O";
+    case Field::kDq:
+      return "dQ";
+    case Field::kDk:
+      return "dK";
+    case Field::kDv:
+      return "dV";
+    default:  // lse, dg, y, dx and the parameter gradients keep their names
+      return validation::name(f);
+  }
+}
+
+std::string WorstElement::field_name() const {
+  if (case_index < 0) return "";
+  return threw ? "error" : key;
+}
+
+std::string field_key(const validation::FieldVerdict& f) {
+  return validation::label(f);
+}
+
 CaseResult from_report(const validation::AgreementReport& rep) {
   CaseResult r;
   r.desc = rep.case_desc;
   r.pass = rep.pass;
   for (const validation::FieldVerdict& f : rep.fields) {
     FieldResult fr;
-    fr.field = validation::label(f);
+    fr.field = f.id;
+    fr.key = field_key(f);
     fr.entry = f.entry;
     fr.naive = f.naive;
     fr.has_naive = f.has_naive;
@@ -355,16 +381,17 @@ void summarize(EntryRow* row) {
     if (!c.error.empty()) {
       row->worst.margin = std::numeric_limits<double>::infinity();
       row->worst.case_index = static_cast<int>(ci);
-      row->worst.field = "error";
+      row->worst.threw = true;
     }
     for (const FieldResult& f : c.fields) {
-      auto it = std::find_if(
-          row->fields.begin(), row->fields.end(),
-          [&](const FieldSummary& s) { return s.field == f.field; });
+      auto it =
+          std::find_if(row->fields.begin(), row->fields.end(),
+                       [&](const FieldSummary& s) { return s.key == f.key; });
       if (it == row->fields.end()) {
         row->fields.push_back(FieldSummary{});
         it = row->fields.end() - 1;
         it->field = f.field;
+        it->key = f.key;
       }
       validation::ErrorStats& w = it->worst;
       if (f.entry.max_abs > w.max_abs || w.count == 0) {
@@ -387,9 +414,15 @@ void summarize(EntryRow* row) {
             std::max(it->ratio, ratio_of(f.entry.max_abs, f.naive.max_abs));
       it->failures += f.failures;
       it->not_representable += f.not_representable;
-      WorstElement here{f.margin, static_cast<int>(ci), f.field,
-                        f.where,  f.expected,           f.actual,
-                        f.bound};
+      WorstElement here;
+      here.margin = f.margin;
+      here.case_index = static_cast<int>(ci);
+      here.field = f.field;
+      here.key = f.key;
+      here.where = f.where;
+      here.expected = f.expected;
+      here.actual = f.actual;
+      here.bound = f.bound;
       if (it->worst_element.case_index < 0 ||
           !(f.margin <= it->worst_element.margin))
         it->worst_element = here;

@@ -61,9 +61,23 @@ struct Suite {
 // Case i gets seed `seed + i`.
 Suite default_suite(uint64_t seed);
 
-// One field ("o", "dq", ...) of one case: the verdict's figures.
+// The name of a field's tensor in compare's files and in the tables'
+// headers: the paper's O, dQ, dK, dV; lse; g's dg; the parameter gradients
+// dq_weight, dk_weight, dq_bias, dk_bias; ScaleNorm's y, dx, dg. (The JSON
+// and CSV keys are validation::name(f): o, dq, ...)
+const char* tensor_name(validation::Field f);
+
+// FieldResult::key of a verdict: its field's name, or the label a sampled
+// run's whole-row property of the field carries.
+std::string field_key(const validation::FieldVerdict& f);
+
+// One field of one case: the verdict's figures.
 struct FieldResult {
-  std::string field;
+  validation::Field field = validation::Field::kO;
+  // The text the reports key it by: validation::name(field), or a sampled
+  // run's whole-row property of the field, "o[all rows: ...]"
+  // (validation/sampled.h). Two results of a case may share `field`.
+  std::string key;
   validation::ErrorStats entry, naive;  // against the oracle (statistics)
   bool has_naive = false;
   int64_t count = 0, failures = 0, not_representable = 0, ill_conditioned = 0;
@@ -87,15 +101,21 @@ struct CaseResult {
 
 // The element of largest margin: which case, field and index.
 struct WorstElement {
-  double margin = 0;  // err / bound (> 1 fails)
-  int case_index = -1;
-  std::string field, where;
+  double margin = 0;    // err / bound (> 1 fails)
+  int case_index = -1;  // -1: none yet
+  bool threw = false;   // the case threw: no element, margin inf
+  validation::Field field = validation::Field::kO;
+  std::string key;  // FieldResult::key
+  std::string where;
   double expected = 0, actual = 0, bound = 0;
+  // key; "error" if the case threw, "" if none.
+  std::string field_name() const;
 };
 
 // A field summarized over every case of an entry.
 struct FieldSummary {
-  std::string field;
+  validation::Field field = validation::Field::kO;
+  std::string key;               // FieldResult::key: the results summarized
   validation::ErrorStats worst;  // each statistic maximized over cases
   double ratio = 0;              // max over cases of err / err(naive)
   WorstElement worst_element;

@@ -303,7 +303,7 @@ std::vector<TilePoint> run_tile_points(
             pt.margin = rep.margin;
             pt.worst_field = rep.worst_field;
             for (const validation::FieldVerdict& f : rep.fields)
-              if (validation::label(f) == rep.worst_field)
+              if (field_key(f) == rep.worst_field)
                 pt.worst_where = f.worst_where;
             if (!rep.pass)
               pt.note = rep.failure_message() + " [" + oracle.describe() + "]";

@@ -11,7 +11,7 @@ include(CMakePackageConfigHelpers)
 
 set(QKNORM_PACKAGE_VERSION 0.17.0)
 set(QKNORM_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/qknorm)
-# Internal headers (validation/, reference/, property_tests/) keep their
+# Internal headers (validation/, reference/, mutants/, property_tests/) keep their
 # relative include paths under this directory (core/CMakeLists.txt adds it
 # to qknorm::core's installed include path).
 set(QKNORM_INTERNAL_INCLUDE_DIR ${CMAKE_INSTALL_INCLUDEDIR}/qknorm/internal)
@@ -63,7 +63,7 @@ install(EXPORT qknormTargets
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/qknorm
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.h")
-foreach(dir validation reference property_tests)
+foreach(dir validation reference mutants property_tests)
   file(GLOB headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   install(FILES ${headers} DESTINATION ${QKNORM_INTERNAL_INCLUDE_DIR}/${dir})
 endforeach()

@@ -72,10 +72,14 @@ void checked_scalenorm_backward(const Backend& b, const ScaleNormProblem& p,
 }
 
 void Registry::add(std::unique_ptr<Backend> b) {
-  if (find(b->name()) != nullptr)
-    throw Error("registry", {}, "duplicate entry name '" + b->name() + "'");
-  view_.push_back(b.get());
+  add_unowned(*b);
   owned_.push_back(std::move(b));
+}
+
+void Registry::add_unowned(const Backend& b) {
+  if (find(b.name()) != nullptr)
+    throw Error("registry", {}, "duplicate entry name '" + b.name() + "'");
+  view_.push_back(&b);
 }
 
 const Backend* Registry::find(std::string_view name) const {

@@ -9,51 +9,46 @@ namespace qknorm {
 
 namespace {
 
-Normalization norm(NormKind k, NormAxis a, ParamShape w, bool one_plus,
-                   bool bias, bool shared, bool round_before) {
-  Normalization n;
-  n.kind = k;
-  n.axis = a;
-  n.weight = w;
-  n.one_plus_weight = one_plus;
-  n.bias = bias;
-  n.shared_qk_weight = shared;
-  n.round_before_weight = round_before;
-  return n;
-}
-
 using S = Preset::Scale;
 constexpr auto kH = NormAxis::kHead;
 
 }  // namespace
 
 const std::vector<Preset>& presets() {
+  // Normalization's fields in declaration order: kind, axis, weight,
+  // one_plus_weight, bias, shared_qk_weight, round_before_weight.
   static const std::vector<Preset> table = {
       {"paper",
-       norm(NormKind::kL2, kH, ParamShape::kNone, false, false, false, false),
+       Normalization{NormKind::kL2, kH, ParamShape::kNone, false, false, false,
+                     false},
        1e-12, S::kLearnedG, 0, false},
       {"qwen3",
-       norm(NormKind::kRms, kH, ParamShape::kDim, false, false, false, true),
+       Normalization{NormKind::kRms, kH, ParamShape::kDim, false, false, false,
+                     true},
        1e-6, S::kInvSqrtD, 0, true},
       {"gemma3",
-       norm(NormKind::kRms, kH, ParamShape::kDim, true, false, false, false),
+       Normalization{NormKind::kRms, kH, ParamShape::kDim, true, false, false,
+                     false},
        1e-6, S::kConstant, 1.0 / 16.0, true},
       {"olmo2",
-       norm(NormKind::kRms, NormAxis::kAllHeads, ParamShape::kHeadDim, false,
-            false, false, false),
+       Normalization{NormKind::kRms, NormAxis::kAllHeads, ParamShape::kHeadDim,
+                     false, false, false, false},
        1e-6, S::kInvSqrtD, 0, true},
       {"timm",
-       norm(NormKind::kLayer, kH, ParamShape::kDim, false, true, false, false),
+       Normalization{NormKind::kLayer, kH, ParamShape::kDim, false, true, false,
+                     false},
        1e-6, S::kInvSqrtD, 0, false},
       {"vit22b",
-       norm(NormKind::kLayer, kH, ParamShape::kDim, false, false, false, false),
+       Normalization{NormKind::kLayer, kH, ParamShape::kDim, false, false,
+                     false, false},
        1e-6, S::kInvSqrtD, 0, false},
       {"chameleon",
-       norm(NormKind::kLayer, kH, ParamShape::kHeadDim, false, true, false,
-            false),
+       Normalization{NormKind::kLayer, kH, ParamShape::kHeadDim, false, true,
+                     false, false},
        1e-5, S::kInvSqrtD, 0, true},
       {"ngpt",
-       norm(NormKind::kL2, kH, ParamShape::kHeadDim, false, false, true, false),
+       Normalization{NormKind::kL2, kH, ParamShape::kHeadDim, false, false,
+                     true, false},
        1e-12, S::kSqrtD, 0, false},
   };
   return table;

@@ -1,7 +1,7 @@
 #include "qknorm/precision.h"
 
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 namespace qknorm {
@@ -25,17 +25,6 @@ FormatInfo info(Precision p) {
       return {11, -14, 15};
   }
   return {53, -1022, 1023};
-}
-
-uint32_t bits_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
 }
 
 }  // namespace
@@ -110,7 +99,7 @@ double round_to(Precision p, double x) {
 }
 
 uint16_t bf16_from_f32(float x) {
-  uint32_t u = bits_of(x);
+  uint32_t u = std::bit_cast<uint32_t>(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN, sign kept
   }
@@ -122,18 +111,19 @@ uint16_t bf16_from_f32(float x) {
 }
 
 float f32_from_bf16(uint16_t h) {
-  return float_of(static_cast<uint32_t>(h) << 16);
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
 
 uint16_t f16_from_f32(float x) {
-  uint32_t u = bits_of(x);
+  uint32_t u = std::bit_cast<uint32_t>(x);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u)
     return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
   // Exact value as a double: round with the generic routine, then pack.
-  double r = round_to(Precision::kF16, static_cast<double>(float_of(a)));
+  double r =
+      round_to(Precision::kF16, static_cast<double>(std::bit_cast<float>(a)));
   if (std::isinf(r)) return static_cast<uint16_t>(sign | 0x7c00u);
   if (r == 0) return sign;
   int e = std::ilogb(r);
@@ -149,7 +139,7 @@ float f32_from_f16(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1fu;
   uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return float_of(sign | 0x7f800000u | (m << 13));
+  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
   double v = e == 0 ? std::ldexp(static_cast<double>(m), -24)
                     : std::ldexp(static_cast<double>(m + 1024),
                                  static_cast<int>(e) - 25);

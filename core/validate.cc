@@ -255,31 +255,34 @@ void out4(const char* name, const MutTensor4& t, int64_t B, int64_t H,
           int64_t rows, int64_t D) {
   validate_tensor(name, t.data, t.size, t.layout, B, H, rows, D);
 }
-}  // namespace
 
-void validate_forward(const AttentionProblem& p, const ForwardArgs& a,
-                      Precision prec) {
+// What forward and backward check alike: the problem, the logit scale's
+// range in the compute format, and the q, k, v inputs.
+void validate_problem_and_qkv(const AttentionProblem& p, const ConstTensor4& q,
+                              const ConstTensor4& k, const ConstTensor4& v,
+                              Precision prec) {
   validate_problem(p);
   if (p.variant == Variant::kQKNorm)
     check_compute_range(p.fixed_scale ? p.scale : p.g, p.eps, prec);
   const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
-  in4("q", a.q, B, H, p.q_len, D, prec);
-  in4("k", a.k, B, Hk, p.kv_len, D, prec);
-  in4("v", a.v, B, Hk, p.kv_len, D, prec);
-  out4("o", a.o, B, H, p.q_len, D);
+  in4("q", q, B, H, p.q_len, D, prec);
+  in4("k", k, B, Hk, p.kv_len, D, prec);
+  in4("v", v, B, Hk, p.kv_len, D, prec);
+}
+}  // namespace
+
+void validate_forward(const AttentionProblem& p, const ForwardArgs& a,
+                      Precision prec) {
+  validate_problem_and_qkv(p, a.q, a.k, a.v, prec);
+  out4("o", a.o, p.batch, p.heads, p.q_len, p.head_dim);
   check_lse(p, a.lse_size, a.lse, false, "lse");
   check_params(p, a.params);
 }
 
 void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
                        Precision prec) {
-  validate_problem(p);
-  if (p.variant == Variant::kQKNorm)
-    check_compute_range(p.fixed_scale ? p.scale : p.g, p.eps, prec);
+  validate_problem_and_qkv(p, a.q, a.k, a.v, prec);
   const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
-  in4("q", a.q, B, H, p.q_len, D, prec);
-  in4("k", a.k, B, Hk, p.kv_len, D, prec);
-  in4("v", a.v, B, Hk, p.kv_len, D, prec);
   in4("o", a.o, B, H, p.q_len, D, prec);
   in4("d_o", a.d_o, B, H, p.q_len, D, prec);
   check_lse(p, a.lse_size, a.lse, true, "lse");
@@ -299,35 +302,38 @@ void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
 
 namespace {
 Layout4 layout2(int64_t row_stride) { return Layout4{0, 0, row_stride}; }
+// A ScaleNorm [rows, dim] tensor: addressable, and (inputs) finite.
+void in2(const char* name, const ConstTensor2& t, const ScaleNormProblem& p,
+         Precision prec) {
+  validate_tensor(name, t.data, t.size, layout2(t.row_stride), 1, 1, p.rows,
+                  p.dim);
+  validate_finite(name, t.data, layout2(t.row_stride), 1, 1, p.rows, p.dim,
+                  prec);
+}
+void out2(const char* name, const MutTensor2& t, const ScaleNormProblem& p) {
+  validate_tensor(name, t.data, t.size, layout2(t.row_stride), 1, 1, p.rows,
+                  p.dim);
+}
+void validate_scalenorm_problem(const ScaleNormProblem& p, Precision prec) {
+  validate_problem(p);
+  check_compute_range(p.g, p.eps, prec);
+}
 }  // namespace
 
 void validate_scalenorm_forward(const ScaleNormProblem& p,
                                 const ScaleNormForwardArgs& a, Precision prec) {
-  validate_problem(p);
-  check_compute_range(p.g, p.eps, prec);
-  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1,
-                  p.rows, p.dim);
-  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim,
-                  prec);
-  validate_tensor("y", a.y.data, a.y.size, layout2(a.y.row_stride), 1, 1,
-                  p.rows, p.dim);
+  validate_scalenorm_problem(p, prec);
+  in2("x", a.x, p, prec);
+  out2("y", a.y, p);
 }
 
 void validate_scalenorm_backward(const ScaleNormProblem& p,
                                  const ScaleNormBackwardArgs& a,
                                  Precision prec) {
-  validate_problem(p);
-  check_compute_range(p.g, p.eps, prec);
-  validate_tensor("x", a.x.data, a.x.size, layout2(a.x.row_stride), 1, 1,
-                  p.rows, p.dim);
-  validate_finite("x", a.x.data, layout2(a.x.row_stride), 1, 1, p.rows, p.dim,
-                  prec);
-  validate_tensor("dy", a.dy.data, a.dy.size, layout2(a.dy.row_stride), 1, 1,
-                  p.rows, p.dim);
-  validate_finite("dy", a.dy.data, layout2(a.dy.row_stride), 1, 1, p.rows,
-                  p.dim, prec);
-  validate_tensor("dx", a.dx.data, a.dx.size, layout2(a.dx.row_stride), 1, 1,
-                  p.rows, p.dim);
+  validate_scalenorm_problem(p, prec);
+  in2("x", a.x, p, prec);
+  in2("dy", a.dy, p, prec);
+  out2("dx", a.dx, p);
   if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
 }
 

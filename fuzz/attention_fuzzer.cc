@@ -53,6 +53,7 @@
 #include "qknorm/formulation.h"
 #include "validation/baseline_bounds.h"
 #include "validation/check.h"
+#include "validation/nonsaturation.h"
 
 namespace qknorm::fuzz {
 namespace {
@@ -452,114 +453,32 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   return m;
 }
 
-// Dense buffers of a case in the entry's storage precision (k, v of
-// kv_heads heads), and the case's learned parameters.
-struct DenseForward {
-  StridedBuffer q, k, v, o;
-  std::vector<double> lse;
-  NormParams params;
-  DenseForward(Precision s, const AttentionCase& c)
-      : q(s, c.problem.batch, c.problem.heads, c.problem.q_len,
-          c.problem.head_dim, dense(c, c.problem.heads, c.problem.q_len),
-          count(c, c.problem.heads, c.problem.q_len)),
-        k(s, c.problem.batch, kv_heads_of(c.problem), c.problem.kv_len,
-          c.problem.head_dim,
-          dense(c, kv_heads_of(c.problem), c.problem.kv_len),
-          count(c, kv_heads_of(c.problem), c.problem.kv_len)),
-        v(k),
-        o(q),
-        lse(static_cast<size_t>(c.problem.batch * c.problem.heads *
-                                c.problem.q_len)),
-        params{ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)} {
-    q.store(c.q);
-    k.store(c.k);
-    v.store(c.v);
-  }
-  static Layout4 dense(const AttentionCase& c, int64_t heads, int64_t rows) {
-    return contiguous_layout(heads, rows, c.problem.head_dim);
-  }
-  static int64_t count(const AttentionCase& c, int64_t heads, int64_t rows) {
-    return c.problem.batch * heads * rows * c.problem.head_dim;
-  }
-  static ParamRef ref(const std::vector<double>& x) {
-    return {x.empty() ? nullptr : x.data(), static_cast<int64_t>(x.size())};
-  }
-  ForwardArgs args() {
-    return {q.cview(), k.cview(),  v.cview(),
-            o.view(),  lse.data(), static_cast<int64_t>(lse.size()),
-            params};
-  }
-};
-
-// Softmax non-saturation (shared/NUMERICS.md): with |q_hat . k_hat| <= 1,
-// a row with m visible keys has
-//   1 / (1 + (m-1) e^{2|g|}) <= p <= 1 / (1 + (m-1) e^{-2|g|}).
-// The computed logits carry an absolute error <= |g| (3D + 12) u (bounds.h),
-// folded in by inflating |g| by (3D + 16) u; exp, the row sum and the
-// division add a relative (2m + 16) u; an exp that underflows into the
-// subnormals adds up to min_normal absolutely.
-// Formulations other than the paper's (issue 16): |S_ij| <= A, the rule's
-// logit amplitude (logit_amplitude: |scale| max ||q_a|| max ||k_a|| from
-// |x_hat| |w| + |beta|), in place of |g|; the computed operands carry a
-// relative error of about (len + 4) u of those magnitudes (len the
-// normalization row's length), folded in as (6 len + 3D + 32) u, plus the
-// logit change x_hat's rounding to storage may make (logit_flip, Qwen3)
-// and LayerNorm's mean shift (logit_shift).
+// Softmax non-saturation: the bound of validation/nonsaturation.h (its one
+// definition) on the entry's own probabilities, at the rule's logit
+// amplitude with the computed logits' error.
 void check_non_saturation(const Backend& e, const AttentionCase& c,
                           const OracleAttention& orc) {
   const AttentionProblem& p = c.problem;
   if (p.variant != Variant::kQKNorm) return;
-  DenseForward buf(e.precision(), c);
+  // The hook reads dense buffers (row_pad 0), as it always has here.
+  AttentionCase dense = c;
+  dense.row_pad = 0;
+  validation::AttentionBuffers buf(dense, e.precision());
   const int64_t Nq = p.q_len, Nk = p.kv_len;
   std::vector<double> probs(static_cast<size_t>(p.batch * p.heads * Nq * Nk),
                             std::numeric_limits<double>::quiet_NaN());
   auto ws = e.make_workspace();
-  if (!e.attention_probabilities(p, buf.args(), probs.data(), ws.get())) return;
-  const double u = compute_roundoff(e.precision());
-  const double tiny = min_normal(compute_format(e.precision()));
-  const double len = static_cast<double>(
-      std::max(norm_rows(p, 0).len(), norm_rows(p, 1).len()));
-  const double g = is_paper_formulation(p)
-                       ? std::fabs(p.g) * (1 + (3.0 * p.head_dim + 16) * u)
-                       : validation::logit_amplitude(c) *
-                                 (1 + (6 * len + 3.0 * p.head_dim + 32) * u) +
-                             orc.logit_flip + orc.logit_shift * u;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < Nq; ++i) {
-        const double* row =
-            &probs[static_cast<size_t>(((b * p.heads + h) * Nq + i) * Nk)];
-        int64_t m = 0;
-        for (int64_t j = 0; j < Nk; ++j) m += visible(p.mask, b, i, j, Nq, Nk);
-        const double mm = static_cast<double>(m);
-        // (m - 1) e^{2|g|} is 0 * inf for one visible key and a huge g.
-        const double lo = m <= 1 ? m : 1 / (1 + (mm - 1) * std::exp(2 * g));
-        const double hi = m <= 1 ? m : 1 / (1 + (mm - 1) * std::exp(-2 * g));
-        const double rel = (2 * mm + 16) * u;
-        double sum = 0;
-        for (int64_t j = 0; j < Nk; ++j) {
-          const double pij = row[j];
-          char where[320];
-          std::snprintf(where, sizeof where,
-                        "P[%lld,%lld,%lld,%lld] = %.17g, m = %lld visible "
-                        "keys, bounds [%.17g, %.17g]",
-                        (long long)b, (long long)h, (long long)i, (long long)j,
-                        pij, (long long)m, lo, hi);
-          if (!visible(p.mask, b, i, j, Nq, Nk)) {
-            if (pij != 0)
-              fail("masked probability is not 0",
-                   entry_ctx(e, c) + "\n  " + where);
-            continue;
-          }
-          sum += pij;
-          if (!(pij >= lo * (1 - rel) - tiny && pij <= hi * (1 + rel) + tiny))
-            fail("non-saturation bound violated",
-                 entry_ctx(e, c) + "\n  " + where);
-        }
-        if (m > 0 && !(std::fabs(sum - 1) <= rel + mm * tiny))
-          fail("probabilities do not sum to 1",
-               entry_ctx(e, c) + "\n  row sum " + std::to_string(sum));
-      }
+  if (!e.attention_probabilities(p, buf.forward_args(), probs.data(), ws.get()))
+    return;
+  if (const auto g = buf.guard_violations(); !g.empty())
+    fail("probabilities hook wrote outside its views",
+         entry_ctx(e, c) + "\n  " + g.front().message());
+  const std::string v = validation::check_nonsaturation(
+      p, probs, nullptr,
+      validation::computed_logit_amplitude(c, &orc, e.precision(),
+                                           validation::logit_amplitude(c)),
+      e.precision());
+  if (!v.empty()) fail(v.substr(0, v.find(':')), entry_ctx(e, c) + "\n  " + v);
 }
 
 bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
@@ -783,10 +702,10 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   const int64_t B = small ? p.batch : 1, H = small ? p.heads : 1;
   const int64_t Nq = small ? p.q_len : 1, Nk = small ? p.kv_len : 1;
   const int64_t D = small ? p.head_dim : 1;
-  StridedBuffer q(s, B, H, Nq, D, lc.q.layout, lc.q.size);
-  StridedBuffer k(s, B, H, Nk, D, lc.k.layout, lc.k.size);
-  StridedBuffer v(s, B, H, Nk, D, lc.v.layout, lc.v.size);
-  StridedBuffer o(s, B, H, Nq, D, lc.o.layout, lc.o.size);
+  TensorBuffer q("q", s, {B, H, Nq, D}, lc.q.layout, lc.q.size);
+  TensorBuffer k("k", s, {B, H, Nk, D}, lc.k.layout, lc.k.size);
+  TensorBuffer v("v", s, {B, H, Nk, D}, lc.v.layout, lc.v.size);
+  TensorBuffer o("o", s, {B, H, Nq, D}, lc.o.layout, lc.o.size);
   if (small) {
     q.store(lc.qv);
     k.store(lc.kv);

@@ -148,7 +148,7 @@ void log_verdict(const validation::AgreementReport& rep,
   std::replace(where.begin(), where.end(), '\n', ' ');
   for (const auto& fv : rep.fields)
     std::fprintf(f, "%s | %s pass=%d margin=%.17g naive=%.17g worst=%lld\n",
-                 where.c_str(), validation::label(fv).c_str(), fv.pass ? 1 : 0,
+                 where.c_str(), validation::name(fv.id), fv.pass ? 1 : 0,
                  fv.margin, fv.naive_margin,
                  static_cast<long long>(fv.worst_index));
   std::fclose(f);
@@ -168,79 +168,6 @@ int64_t required_size(const Layout4& l, int64_t B, int64_t H, int64_t rows,
   ovf |= __builtin_mul_overflow(rows - 1, l.row_stride, &t);
   ovf |= __builtin_add_overflow(last, t, &last);
   return ovf ? -1 : last;
-}
-
-StridedBuffer::StridedBuffer(Precision p, int64_t B_, int64_t H_, int64_t rows_,
-                             int64_t D_, const Layout4& l, int64_t size_)
-    : prec(p), B(B_), H(H_), rows(rows_), D(D_), size(size_), layout(l) {
-  bytes.resize(static_cast<size_t>(size) * element_bytes(p));
-  addressed.assign(static_cast<size_t>(size), 0);
-  // The guard: a NaN no kernel computes (payload 0x5a), in every format.
-  for (int64_t i = 0; i < size; ++i) {
-    switch (p) {
-      case Precision::kF64: {
-        const uint64_t g = 0x7ff800000000005aull;
-        std::memcpy(bytes.data() + 8 * i, &g, 8);
-        break;
-      }
-      case Precision::kF32: {
-        const uint32_t g = 0x7fc0005au;
-        std::memcpy(bytes.data() + 4 * i, &g, 4);
-        break;
-      }
-      default: {
-        const uint16_t g = p == Precision::kF16 ? 0x7e5a : 0x7fda;
-        std::memcpy(bytes.data() + 2 * i, &g, 2);
-        break;
-      }
-    }
-  }
-  if (rows < 1 || D < 1 || B < 1 || H < 1) return;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n)
-        for (int64_t d = 0; d < D; ++d) {
-          const int64_t o = offset(b, h, n, d);
-          if (o >= 0 && o < size && addressed[o] < 255) ++addressed[o];
-        }
-}
-
-void StridedBuffer::store(const std::vector<double>& dense) {
-  size_t i = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n)
-        for (int64_t d = 0; d < D; ++d)
-          encode(prec, dense[i++], bytes.data(),
-                 static_cast<size_t>(offset(b, h, n, d)));
-}
-
-std::vector<double> StridedBuffer::load() const {
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(B * H * rows * D));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n)
-        for (int64_t d = 0; d < D; ++d)
-          out.push_back(decode(prec, bytes.data(),
-                               static_cast<size_t>(offset(b, h, n, d))));
-  return out;
-}
-
-bool StridedBuffer::overlapping() const {
-  for (uint8_t a : addressed)
-    if (a > 1) return true;
-  return false;
-}
-
-bool StridedBuffer::guards_intact() const {
-  StridedBuffer fresh(prec, 0, 0, 0, 0, layout, size);
-  const size_t eb = element_bytes(prec);
-  for (int64_t i = 0; i < size; ++i)
-    if (addressed[i] == 0 &&
-        std::memcmp(bytes.data() + eb * i, fresh.bytes.data() + eb * i, eb))
-      return false;
-  return true;
 }
 
 bool compute_range_ok(double g, double eps, Precision prec) {

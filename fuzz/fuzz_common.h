@@ -1,6 +1,6 @@
 // Shared pieces of the qknorm fuzz targets: the byte format the targets
-// decode (and the corpus generator encodes), strided test buffers with guard
-// elements, the "representable" domain, and the failure reporting.
+// decode (and the corpus generator encodes), the "representable" domain, and
+// the failure reporting; the strided test buffers are validation/buffers.h's.
 //
 // Byte format. Every field is read front to back; a reader that runs out of
 // bytes yields 0 bytes, so every prefix of an input is itself an input.
@@ -36,6 +36,7 @@
 #include "qknorm/error.h"
 #include "qknorm/precision.h"
 #include "validation/baseline_bounds.h"
+#include "validation/buffers.h"
 #include "validation/judge.h"
 
 namespace qknorm::fuzz {
@@ -122,33 +123,14 @@ bool expect_outcome(bool expect_error, const std::string& ctx, F&& body) {
   return true;
 }
 
-// A storage buffer of `size` elements of precision `prec` holding a strided
-// [B, H, rows, D] tensor. Every element the layout does not address is a
-// guard holding a signalling-looking NaN pattern: an input kernel that reads
-// one propagates NaN; an output kernel that writes one is caught by
-// guards_intact().
-struct StridedBuffer {
-  Precision prec = Precision::kF64;
-  int64_t B = 0, H = 0, rows = 0, D = 0, size = 0;
-  Layout4 layout;
-  std::vector<unsigned char> bytes;
-  std::vector<uint8_t> addressed;  // per element: times addressed
-
-  StridedBuffer(Precision p, int64_t B, int64_t H, int64_t rows, int64_t D,
-                const Layout4& l, int64_t size);
-  int64_t offset(int64_t b, int64_t h, int64_t n, int64_t d) const {
-    return b * layout.batch_stride + h * layout.head_stride +
-           n * layout.row_stride + d;
-  }
-  // Stores dense [B,H,rows,D] values (later writes win where the layout
-  // makes elements overlap) / loads them back, decoded to double.
-  void store(const std::vector<double>& dense);
-  std::vector<double> load() const;
-  bool overlapping() const;  // some element addressed twice
-  bool guards_intact() const;
-  ConstTensor4 cview() const { return {bytes.data(), size, layout}; }
-  MutTensor4 view() { return {bytes.data(), size, layout}; }
-};
+// The layout mode's strided buffers are validation::TensorBuffer in its
+// raw-layout mode (validation/buffers.h): the decoded Layout4 and size, no
+// guard beyond `size`, and every element the layout does not address holds
+// the poison NaN pattern (payload 0x5a): an input kernel that reads one
+// propagates NaN; an output kernel that writes one is caught by
+// guards_intact(); overlapping() tells a layout that addresses an element
+// twice.
+using validation::TensorBuffer;
 
 inline bool all_finite(const std::vector<double>& x) {
   for (double v : x)

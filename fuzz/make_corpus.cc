@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_common.h"
+#include "fuzz/seed_files.h"
 #include "qknorm/formulation.h"
 #include "validation/rng.h"
 
@@ -605,24 +606,15 @@ bool parked(const Seed& s) {
          kParked.end();
 }
 
-std::vector<uint8_t> read_file(const std::filesystem::path& p, bool* ok) {
-  std::ifstream in(p, std::ios::binary);
-  *ok = static_cast<bool>(in);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 }  // namespace
 }  // namespace qknorm::fuzz
 
 int main(int argc, char** argv) {
   using namespace qknorm::fuzz;
-  const bool check = argc == 3 && std::string(argv[1]) == "--check";
-  if (argc != 2 && !check) {
-    std::fprintf(stderr, "usage: %s OUT_DIR | --check DIR\n", argv[0]);
-    return 2;
-  }
-  std::filesystem::path root =
-      std::filesystem::path(argv[argc - 1]).lexically_normal();
+  const auto cmd = parse_seed_command(argc, argv);
+  if (!cmd) return 2;
+  const bool check = cmd->check;
+  std::filesystem::path root = cmd->dir.lexically_normal();
   if (root.filename().empty()) root = root.parent_path();  // "corpus/"
   std::vector<Seed> seeds = attention_seeds();
   for (auto& s : scalenorm_seeds()) seeds.push_back(s);
@@ -630,18 +622,9 @@ int main(int argc, char** argv) {
   for (const Seed& s : seeds) {
     const auto path = (parked(s) ? root.parent_path() / "findings" : root) /
                       s.target / s.name;
-    if (check) {
-      bool ok;
-      if (read_file(path, &ok) != s.bytes || !ok) {
-        std::fprintf(stderr, "out of date: %s\n", path.c_str());
-        ++bad;
-      }
-      continue;
-    }
-    std::filesystem::create_directories(path.parent_path());
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(s.bytes.data()),
-              static_cast<std::streamsize>(s.bytes.size()));
+    const std::string_view bytes(reinterpret_cast<const char*>(s.bytes.data()),
+                                 s.bytes.size());
+    if (!write_or_check_seed(path, bytes, check)) ++bad;
   }
   std::fprintf(stderr, "%zu seeds %s%s\n", seeds.size(),
                check ? "checked in " : "written to ", root.c_str());

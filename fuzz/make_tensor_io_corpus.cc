@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/seed_files.h"
 #include "validation/npy.h"
 #include "validation/safetensors.h"
 
@@ -128,38 +129,18 @@ std::vector<Seed> seeds() {
   return s;
 }
 
-std::string read_all(const std::filesystem::path& p, bool* ok) {
-  std::ifstream in(p, std::ios::binary);
-  *ok = static_cast<bool>(in);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool check = argc == 3 && std::string(argv[1]) == "--check";
-  if (argc != 2 && !check) {
-    std::fprintf(stderr, "usage: %s OUT_DIR | --check DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir =
-      std::filesystem::path(argv[argc - 1]) / "tensor_io_fuzzer";
+  const auto cmd = qknorm::fuzz::parse_seed_command(argc, argv);
+  if (!cmd) return 2;
+  const std::filesystem::path dir = cmd->dir / "tensor_io_fuzzer";
   int bad = 0;
   const std::vector<Seed> all = seeds();
-  for (const Seed& s : all) {
-    const auto path = dir / s.name;
-    if (check) {
-      bool ok;
-      if (read_all(path, &ok) != s.bytes || !ok) {
-        std::fprintf(stderr, "out of date: %s\n", path.c_str());
-        ++bad;
-      }
-      continue;
-    }
-    std::filesystem::create_directories(dir);
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << s.bytes;
-  }
+  for (const Seed& s : all)
+    if (!qknorm::fuzz::write_or_check_seed(dir / s.name, s.bytes, cmd->check))
+      ++bad;
   std::fprintf(stderr, "%zu seeds %s %s\n", all.size(),
-               check ? "checked in" : "written to", dir.c_str());
+               cmd->check ? "checked in" : "written to", dir.c_str());
   return bad ? 1 : 0;
 }

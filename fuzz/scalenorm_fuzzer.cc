@@ -251,10 +251,12 @@ void layout(ByteReader& r) {
   for (const Backend* e : all_backends().entries()) {
     if (!e->available()) continue;
     const Precision s = e->precision();
-    auto buf = [&](const Spec2& sp) {
-      return StridedBuffer(s, 1, 1, rows, dim, {0, 0, sp.row_stride}, sp.size);
+    auto buf = [&](const char* name, const Spec2& sp) {
+      return TensorBuffer(name, s, {1, 1, rows, dim}, {0, 0, sp.row_stride},
+                          sp.size);
     };
-    StridedBuffer x = buf(sx), y = buf(sy), dy = buf(sdy), dx = buf(sdx);
+    TensorBuffer x = buf("x", sx), y = buf("y", sy), dy = buf("dy", sdy),
+                 dx = buf("dx", sdx);
     ScaleNormCase c;
     c.problem = p;
     if (valid) {
@@ -269,12 +271,12 @@ void layout(ByteReader& r) {
     auto ws = e->make_workspace();
     const bool ok = valid && finite && compute_range_ok(p.g, p.eps, s);
     const bool ran = expect_outcome(!ok, ctx, [&] {
-      ScaleNormForwardArgs fa{{x.bytes.data(), x.size, sx.row_stride},
-                              {y.bytes.data(), y.size, sy.row_stride}};
+      ScaleNormForwardArgs fa{{x.data(), x.size(), sx.row_stride},
+                              {y.data(), y.size(), sy.row_stride}};
       checked_scalenorm_forward(*e, p, fa, ws.get());
-      ScaleNormBackwardArgs ba{{x.bytes.data(), x.size, sx.row_stride},
-                               {dy.bytes.data(), dy.size, sdy.row_stride},
-                               {dx.bytes.data(), dx.size, sdx.row_stride},
+      ScaleNormBackwardArgs ba{{x.data(), x.size(), sx.row_stride},
+                               {dy.data(), dy.size(), sdy.row_stride},
+                               {dx.data(), dx.size(), sdx.row_stride},
                                &dg};
       checked_scalenorm_backward(*e, p, ba, ws.get());
     });

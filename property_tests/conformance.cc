@@ -11,13 +11,11 @@
 #include <utility>
 
 #include "property_tests/entry_checks.h"
-#include "property_tests/properties.h"
 #include "property_tests/rc_gens.h"
 #include "property_tests/support.h"
 #include "qknorm/error.h"
-#include "validation/bounds.h"
-#include "validation/oracle.h"
 #include "validation/run.h"
+#include "validation/nonsaturation.h"
 
 namespace qknorm::property {
 
@@ -74,17 +72,17 @@ void check_sdpa_saturates(const Backend& b) {
         validation::make_attention_case(p, validation::Distribution::kGaussian,
                                         seed, b.precision()),
         b.precision());
-    // gamma of the bound at |g| = kGMax (the qknorm problem's, see
-    // properties.cc).
-    const double gamma = kTwoRuns * validation::reference_bounds(
-                                        qk, validation::oracle_attention(qk),
-                                        compute_roundoff(b.precision()))
-                                        .gamma_fwd;
+    // The bound at |g| = kGMax (validation/nonsaturation.h), kept for the
+    // sdpa controls below: unscaled sdpa's small logits satisfy it, scaled
+    // ones do not.
+    const double a_plus_e =
+        validation::computed_logit_amplitude(qk, nullptr, b.precision(), kGMax);
     auto verdict = [&](const validation::AttentionCase& c) {
       std::vector<double> probs;
       if (!hook_probabilities(b, c, &probs)) return std::string("NO HOOK");
       const auto f = validation::run_attention_forward(b, c);
-      return check_nonsaturation(c.problem, probs, f.lse, kGMax, gamma);
+      return validation::check_nonsaturation(c.problem, probs, &f.lse, a_plus_e,
+                                             b.precision());
     };
     const std::string qk_v = verdict(qk);
     ASSERT_NE(qk_v, "NO HOOK")

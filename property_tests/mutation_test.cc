@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 #include "property_tests/support.h"
 #include "qknorm/formulation.h"
 #include "validation/check.h"

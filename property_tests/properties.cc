@@ -11,12 +11,12 @@
 //  - bitwise properties: no tolerance; determinism compares every bit, the
 //    mask and independence properties treat +0 and -0 as one value (an
 //    exact 0 * x term of a masked key may flip an underflowed zero's sign);
-//  - probability / logit / entropy bounds: kTwoRuns times the a-priori
-//    relative error gamma_fwd of the probabilities (bounds.h) at the entry's
-//    compute roundoff: an entry may be kTwoRuns worse than the naive
-//    baseline, whose error gamma_fwd bounds.
-#include "property_tests/properties.h"
-
+//  - the non-saturation bound (probabilities, logits, entropy): its one
+//    definition, validation/nonsaturation.h;
+//  - the logits' sign symmetry: kTwoRuns times the a-priori relative error
+//    gamma_fwd of the probabilities (bounds.h) at the entry's compute
+//    roundoff: an entry may be kTwoRuns worse than the naive baseline, whose
+//    error gamma_fwd bounds.
 #include <rapidcheck.h>
 
 #include <algorithm>
@@ -34,6 +34,7 @@
 #include "validation/check.h"
 #include "validation/bounds.h"
 #include "validation/gradcheck.h"
+#include "validation/nonsaturation.h"
 #include "validation/rng.h"
 #include "validation/sampled.h"
 
@@ -43,6 +44,7 @@ namespace {
 using LD = long double;
 using validation::AttentionCase;
 using validation::AttentionResult;
+using validation::Field;
 using validation::ScaleNormCase;
 using validation::ScaleNormResult;
 
@@ -166,9 +168,12 @@ double prob_gamma(const AttentionCase& c, Precision s) {
 }
 
 // For a 16-bit entry: each stored output must be the round-to-nearest-even
-// of its f32 result. Truncation (Highway 1.0.3's bf16 DemoteTo) moves values
-// by up to 2 ulp against 1 ulp/2: within the rule's atol (4u), so agreement
-// alone does not see it. An element is decidable when the whole interval
+// of its f32 result. Truncation (Highway 1.0.3's bf16 DemoteTo) moves a
+// value by up to one storage ulp where rounding to nearest moves it by half
+// of one; the rule's bound (validation/rule.h) is the element's compute
+// error delta_e plus that half spacing, so a truncation smaller than their
+// sum passes agreement unseen. This check is exact: an element is decidable
+// when the whole interval
 // oracle +- delta rounds to one storage value, delta = kTwoRuns times the
 // a-priori f32 error bound of the field; every decidable element must then
 // equal that value exactly.
@@ -303,8 +308,11 @@ void non_saturation(const Backend& b) {
             "the non-saturation property must see the probabilities the "
             "entry computes");
   const auto fwd = validation::run_attention_forward(b, c);
-  const std::string v = check_nonsaturation(
-      c.problem, probs, fwd.lse, std::fabs(c.problem.g), prob_gamma(c, s));
+  const std::string v = validation::check_nonsaturation(
+      c.problem, probs, &fwd.lse,
+      validation::computed_logit_amplitude(c, nullptr, s,
+                                           validation::logit_amplitude(c)),
+      s);
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 
@@ -324,41 +332,10 @@ void formulation_agreement(const Backend& b) {
   if (!rep.pass) RC_FAIL(rep.failure_message() + "  (" + spec.describe() + ")");
 }
 
-// Non-saturation under a formulation: every normalized row has an a-priori
-// norm bound (l2: 1; rms and layer: sqrt(L), L the normalization row's
-// length: mean(x_hat^2) <= 1; none: the row's own norm), the weight scales it
-// by at most max|w| (|1 + w| for Gemma) and the bias adds at most
-// sqrt(D) max|beta|, so every logit lies within
-//   A = |scale| (W_q N_q + sqrt(D) B_q) (W_k N_k + sqrt(D) B_k)
-// and each row of the entry's probabilities must satisfy the bounds of
-// check_nonsaturation with |g| replaced by A.
-double formulation_amplitude_bound(const AttentionCase& c) {
-  const AttentionProblem& p = c.problem;
-  const double D = static_cast<double>(p.head_dim);
-  auto side = [&](int sd) {
-    const NormRows nr = norm_rows(p, sd);
-    double n = 1;
-    if (p.norm.kind == NormKind::kRms || p.norm.kind == NormKind::kLayer)
-      n = std::sqrt(static_cast<double>(nr.len()));
-    if (p.norm.kind == NormKind::kNone) {
-      const std::vector<double>& x = sd == 0 ? c.q : c.k;
-      n = 0;
-      for (int64_t r = 0; r < static_cast<int64_t>(x.size()) / p.head_dim; ++r)
-        n = std::max(n, row_norm(x, p.head_dim, r));
-    }
-    const std::vector<double>& w =
-        sd == 0 || p.norm.shared_qk_weight ? c.q_weight : c.k_weight;
-    const std::vector<double>& bias = sd == 0 ? c.q_bias : c.k_bias;
-    double wmax = w.empty() ? 1 : 0, bmax = 0;
-    for (double x : w)
-      wmax = std::max(wmax, std::fabs(p.norm.one_plus_weight ? 1 + x : x));
-    for (double x : bias) bmax = std::max(bmax, std::fabs(x));
-    return wmax * n + std::sqrt(D) * bmax;
-  };
-  const double sc = std::fabs(p.fixed_scale ? p.scale : p.g);
-  return sc * side(0) * side(1);
-}
-
+// Non-saturation under a formulation: the bound of validation/nonsaturation.h
+// at the rule's logit amplitude A (|scale| max ||q_a|| max ||k_a||), whose
+// computed logits carry the formulations' error E (the operands' roundings,
+// Qwen3's flips and LayerNorm's mean shift, from the oracle).
 void formulation_non_saturation(const Backend& b) {
   const Precision s = b.precision();
   const AttentionSpec spec = draw_formulation_spec(s);
@@ -367,9 +344,12 @@ void formulation_non_saturation(const Backend& b) {
   if (!hook_probabilities(b, c, &probs))
     RC_FAIL("entry " + b.name() + ": no inspection hook");
   const auto fwd = validation::run_attention_forward(b, c);
-  const std::string v = check_nonsaturation(
-      c.problem, probs, fwd.lse, formulation_amplitude_bound(c),
-      prob_gamma(c, s), min_normal(compute_format(s)));
+  const auto oracle = validation::oracle_attention(c);
+  const std::string v = validation::check_nonsaturation(
+      c.problem, probs, &fwd.lse,
+      validation::computed_logit_amplitude(c, &oracle, s,
+                                           validation::logit_amplitude(c)),
+      s);
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 
@@ -450,19 +430,20 @@ void row_scale_invariance(const Backend& b) {
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
   std::string d =
-      close_diff("o", r1.o, r2.o, B.bound.at("o"), B2.bound.at("o"));
+      close_diff("o", r1.o, r2.o, B.of(Field::kO), B2.of(Field::kO));
   if (d.empty())
-    d = close_diff("lse", r1.lse, r2.lse, B.bound.at("lse"),
-                   B2.bound.at("lse"));
+    d = close_diff("lse", r1.lse, r2.lse, B.of(Field::kLse),
+                   B2.of(Field::kLse));
   if (d.empty())
-    d = close_diff("dv", r1.dv, r2.dv, B.bound.at("dv"), B2.bound.at("dv"));
-  if (d.empty()) d = close_diff("dg", {r1.dg}, {r2.dg}, B["dg"] + B2["dg"]);
+    d = close_diff("dv", r1.dv, r2.dv, B.of(Field::kDv), B2.of(Field::kDv));
   if (d.empty())
-    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.bound.at("dq"),
-                    B2.bound.at("dq"));
+    d = close_diff("dg", {r1.dg}, {r2.dg}, B[Field::kDg] + B2[Field::kDg]);
   if (d.empty())
-    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B.bound.at("dk"),
-                    B2.bound.at("dk"));
+    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.of(Field::kDq),
+                    B2.of(Field::kDq));
+  if (d.empty())
+    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B.of(Field::kDk),
+                    B2.of(Field::kDk));
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": rows of q and k scaled by powers of two in [2^-33, 2^33]: " + d);
@@ -563,15 +544,15 @@ void scalenorm_homogeneity(const Backend& b) {
   std::string d;
   for (size_t i = 0; i < c.x.size() && d.empty(); ++i) {
     d = close_diff("y(alpha x) vs sign(alpha) y(x)", {r2.y[i]},
-                   {sign * r1.y[i]}, B.at("y", i) + B2.at("y", i));
+                   {sign * r1.y[i]}, B.at(Field::kY, i) + B2.at(Field::kY, i));
     if (d.empty())
       d = scaled_diff("dx(alpha x) * |alpha| vs dx(x)", {r1.dx[i]}, {r2.dx[i]},
-                      {alpha}, B.at("dx", i), B2.at("dx", i));
+                      {alpha}, B.at(Field::kDx, i), B2.at(Field::kDx, i));
     if (!d.empty()) d += " at element " + std::to_string(i);
   }
   if (d.empty())
     d = close_diff("dg(alpha x) vs sign(alpha) dg(x)", {r2.dg}, {sign * r1.dg},
-                   B["dg"] + B2["dg"]);
+                   B[Field::kScaleNormDg] + B2[Field::kScaleNormDg]);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": alpha = " + std::to_string(alpha) + ": " + d);
@@ -618,16 +599,16 @@ void orthogonality(const Backend& b) {
   const AttentionResult r = validation::run_attention(b, c);
   const int64_t D = c.problem.head_dim;
   std::string d =
-      orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B.bound.at("dq"));
+      orthogonal_rows("dq", c.q, r.dq, D, c.problem.eps, B.of(Field::kDq));
   if (d.empty())
-    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B.bound.at("dk"));
+    d = orthogonal_rows("dk", c.k, r.dk, D, c.problem.eps, B.of(Field::kDk));
   if (!d.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + d);
   const ScaleNormSpec sspec = draw_scalenorm_spec(s);
   const ScaleNormCase sc = build_case(sspec, s);
   const Budgets SB = scalenorm_budgets(s, sc);
   const ScaleNormResult sr = validation::run_scalenorm(b, sc);
   d = orthogonal_rows("dx", sc.x, sr.dx, sc.problem.dim, sc.problem.eps,
-                      SB.bound.at("dx"));
+                      SB.of(Field::kDx));
   if (!d.empty()) RC_FAIL(entry_and_case(b, sspec.describe()) + ": " + d);
 }
 
@@ -659,8 +640,8 @@ void gradient_sums(const Backend& b) {
           sdv += r.dv[x];
           odk += oracle.dk[x];
           odv += oracle.dv[x];
-          bdk += B.at("dk", x);
-          bdv += B.at("dv", x);
+          bdk += B.at(Field::kDk, x);
+          bdv += B.at(Field::kDv, x);
         }
         for (int64_t i = 0; i < p.q_len; ++i) {
           bool any = false;
@@ -775,7 +756,7 @@ void dg_finite_difference(const Backend& b) {
     l1 += std::fabs(static_cast<LD>(c.d_o[i]) * oracle.o[i]);
   const LD rounding = (p.kv_len + p.head_dim + 10) * 0x1p-64L * l1 / (h / 2);
   const double tol =
-      B["dg"] + static_cast<double>(std::fabs(f1 - f2) + rounding);
+      B[Field::kDg] + static_cast<double>(std::fabs(f1 - f2) + rounding);
   if (!(std::fabs(r.dg - static_cast<double>(fd)) <= tol)) {
     char buf[200];
     std::snprintf(buf, sizeof buf,
@@ -867,19 +848,20 @@ void key_value_permutation(const Backend& b) {
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
   std::string d =
-      close_diff("o", r2.o, r1.o, B2.bound.at("o"), B.bound.at("o"));
+      close_diff("o", r2.o, r1.o, B2.of(Field::kO), B.of(Field::kO));
   if (d.empty())
-    d = close_diff("lse", r2.lse, r1.lse, B2.bound.at("lse"),
-                   B.bound.at("lse"));
+    d = close_diff("lse", r2.lse, r1.lse, B2.of(Field::kLse),
+                   B.of(Field::kLse));
   if (d.empty())
-    d = close_diff("dq", r2.dq, r1.dq, B2.bound.at("dq"), B.bound.at("dq"));
-  if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
+    d = close_diff("dq", r2.dq, r1.dq, B2.of(Field::kDq), B.of(Field::kDq));
   if (d.empty())
-    d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.bound.at("dk"),
-                   B.bound.at("dk"), km);
+    d = close_diff("dg", {r2.dg}, {r1.dg}, B[Field::kDg] + B2[Field::kDg]);
   if (d.empty())
-    d = close_diff("dv (permuted)", r2.dv, r1.dv, B2.bound.at("dv"),
-                   B.bound.at("dv"), km);
+    d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.of(Field::kDk),
+                   B.of(Field::kDk), km);
+  if (d.empty())
+    d = close_diff("dv (permuted)", r2.dv, r1.dv, B2.of(Field::kDv),
+                   B.of(Field::kDv), km);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": keys/values permuted: " + d);
@@ -904,19 +886,20 @@ void query_permutation(const Backend& b) {
   const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
   const AttentionResult r1 = validation::run_attention(b, c);
   const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.bound.at("o"),
-                             B.bound.at("o"), qm);
+  std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.of(Field::kO),
+                             B.of(Field::kO), qm);
   if (d.empty())
-    d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.bound.at("lse"),
-                   B.bound.at("lse"), lse_map(p, perm));
+    d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.of(Field::kLse),
+                   B.of(Field::kLse), lse_map(p, perm));
   if (d.empty())
-    d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.bound.at("dq"),
-                   B.bound.at("dq"), qm);
+    d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.of(Field::kDq),
+                   B.of(Field::kDq), qm);
   if (d.empty())
-    d = close_diff("dk", r2.dk, r1.dk, B2.bound.at("dk"), B.bound.at("dk"));
+    d = close_diff("dk", r2.dk, r1.dk, B2.of(Field::kDk), B.of(Field::kDk));
   if (d.empty())
-    d = close_diff("dv", r2.dv, r1.dv, B2.bound.at("dv"), B.bound.at("dv"));
-  if (d.empty()) d = close_diff("dg", {r2.dg}, {r1.dg}, B["dg"] + B2["dg"]);
+    d = close_diff("dv", r2.dv, r1.dv, B2.of(Field::kDv), B.of(Field::kDv));
+  if (d.empty())
+    d = close_diff("dg", {r2.dg}, {r1.dg}, B[Field::kDg] + B2[Field::kDg]);
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": queries permuted: " + d);
 }
@@ -1113,78 +1096,6 @@ void determinism(const Backend& b) {
 }
 
 }  // namespace
-
-std::string check_nonsaturation(const AttentionProblem& p,
-                                const std::vector<double>& probs,
-                                const std::vector<double>& lse, double abs_g,
-                                double gamma, double tiny) {
-  const LD g = abs_g;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < p.q_len; ++i) {
-        const size_t li = static_cast<size_t>((b * p.heads + h) * p.q_len + i);
-        const double* row = probs.data() + li * static_cast<size_t>(p.kv_len);
-        int64_t m = 0;
-        for (int64_t j = 0; j < p.kv_len; ++j)
-          m += visible(p.mask, b, i, j, p.q_len, p.kv_len) ? 1 : 0;
-        char buf[320], where[160];
-        auto at = [&](int64_t j) {
-          std::snprintf(where, sizeof where,
-                        "P[%lld,%lld,%lld,%lld] (m=%lld visible, |g|=%g)",
-                        (long long)b, (long long)h, (long long)i, (long long)j,
-                        (long long)m, abs_g);
-          return std::string(where);
-        };
-        const LD lo = 1 / (1 + (m - 1) * std::exp(2 * g));
-        const LD hi = 1 / (1 + (m - 1) * std::exp(-2 * g));
-        LD sum = 0, entropy = 0;
-        for (int64_t j = 0; j < p.kv_len; ++j) {
-          const double pj = row[j];
-          if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) {
-            if (pj != 0)
-              return at(j) + " is masked but = " + std::to_string(pj);
-            continue;
-          }
-          if (pj == 0 && lo < tiny) continue;  // flushed below normal
-          if (!std::isfinite(pj) || pj < lo * (1 - gamma) ||
-              pj > hi * (1 + gamma)) {
-            std::snprintf(
-                buf, sizeof buf,
-                " = %.9g outside the non-saturation bound [%.9Lg, %.9Lg] "
-                "(relative tolerance %.3e)",
-                pj, lo, hi, gamma);
-            return at(j) + buf;
-          }
-          sum += pj;
-          if (pj > 0) entropy -= pj * std::log(static_cast<LD>(pj));
-          const double logit = std::log(pj) + lse[li];
-          const double ltol = gamma * (2 + std::fabs(lse[li]));
-          if (!(std::fabs(logit) <= abs_g + ltol)) {
-            std::snprintf(buf, sizeof buf,
-                          ": logit log P + lse = %.9g outside [-|g|, |g|] "
-                          "(tolerance %.3e)",
-                          logit, ltol);
-            return at(j) + buf;
-          }
-        }
-        if (m == 0) continue;
-        if (std::fabs(static_cast<double>(sum) - 1) > gamma) {
-          std::snprintf(buf, sizeof buf,
-                        ": row sums to %.17Lg (tolerance %.3e)", sum, gamma);
-          return at(0) + buf;
-        }
-        const LD hmin = std::log1p((m - 1) * std::exp(-2 * g));
-        const LD htol = gamma * (1 + std::log1p((m - 1) * std::exp(2 * g)));
-        if (entropy < hmin - htol) {
-          std::snprintf(buf, sizeof buf,
-                        ": row entropy %.9Lg below the bound "
-                        "log(1+(m-1)e^{-2|g|}) = %.9Lg (tolerance %.3Lg)",
-                        entropy, hmin, htol);
-          return at(0) + buf;
-        }
-      }
-  return "";
-}
 
 const std::vector<Property>& entry_properties() {
   // Case counts of a default run, per entry: sized so that the whole suite

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "mutants/mutants.h"
 #include "property_tests/entry_checks.h"
-#include "property_tests/mutants.h"
 #include "property_tests/support.h"
 #include "qknorm/backend.h"
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
 #include "validation/judge.h"

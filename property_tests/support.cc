@@ -8,12 +8,14 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "property_tests/rc_gens.h"
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/validate.h"
+#include "validation/buffers.h"
 #include "validation/judge.h"
 
 namespace qknorm::property {
@@ -25,7 +27,7 @@ namespace {
 Budgets from_tables(const std::vector<validation::ToleranceTable>& tables) {
   Budgets b;
   for (const auto& t : tables) {
-    std::vector<double>& v = b.bound[validation::name(t.field)];
+    std::vector<double>& v = b.bound[t.field];
     v.resize(t.expected.size());
     for (size_t i = 0; i < v.size(); ++i)
       v[i] = validation::element_bound(t, i);
@@ -34,9 +36,9 @@ Budgets from_tables(const std::vector<validation::ToleranceTable>& tables) {
 }
 }  // namespace
 
-double Budgets::operator[](const std::string& f) const {
+double Budgets::operator[](validation::Field f) const {
   double m = 0;
-  for (double x : bound.at(f)) m = std::max(m, x);
+  for (double x : of(f)) m = std::max(m, x);
   return m;
 }
 
@@ -56,36 +58,20 @@ Budgets scalenorm_budgets(Precision prec, const ScaleNormCase& c) {
 bool hook_probabilities(const Backend& b, const AttentionCase& c,
                         std::vector<double>* probs) {
   const AttentionProblem& p = c.problem;
-  const Precision s = b.precision();
-  auto encode_all = [s](const std::vector<double>& x) {
-    std::vector<unsigned char> bytes(x.size() * element_bytes(s));
-    for (size_t i = 0; i < x.size(); ++i) encode(s, x[i], bytes.data(), i);
-    return bytes;
-  };
-  auto q = encode_all(c.q), k = encode_all(c.k), v = encode_all(c.v);
-  std::vector<unsigned char> o(q.size());
-  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-  const Layout4 lk = contiguous_layout(kv_heads_of(p), p.kv_len, p.head_dim);
-  const auto nq = static_cast<int64_t>(c.q.size());
-  const auto nk = static_cast<int64_t>(c.k.size());
-  auto ref = [](const std::vector<double>& x) {
-    return ParamRef{x.empty() ? nullptr : x.data(),
-                    static_cast<int64_t>(x.size())};
-  };
-  ForwardArgs fa{
-      {q.data(), nq, lq},
-      {k.data(), nk, lk},
-      {v.data(), nk, lk},
-      {o.data(), nq, lq},
-      lse.data(),
-      static_cast<int64_t>(lse.size()),
-      {ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)}};
-  validate_forward(p, fa, s);
+  // Guarded buffers: the hook reads its inputs through the views, and NaN
+  // poison lies outside them (validation/buffers.h).
+  validation::AttentionBuffers bufs(c, b.precision());
+  const ForwardArgs fa = bufs.forward_args();
+  validate_forward(p, fa, b.precision());
   probs->assign(static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len),
                 std::numeric_limits<double>::quiet_NaN());
   auto ws = b.make_workspace();
-  return b.attention_probabilities(p, fa, probs->data(), ws.get());
+  const bool hooked = b.attention_probabilities(p, fa, probs->data(), ws.get());
+  const std::vector<validation::GuardViolation> g = bufs.guard_violations();
+  if (!g.empty())
+    throw std::logic_error(b.name() + " probabilities hook on " + c.describe() +
+                           ": " + g.front().message());
+  return hooked;
 }
 
 std::string bitwise_diff(const std::vector<double>& a,

@@ -13,6 +13,7 @@
 
 #include "qknorm/backend.h"
 #include "validation/case.h"
+#include "validation/field.h"
 
 namespace qknorm::property {
 
@@ -27,12 +28,18 @@ namespace qknorm::property {
 inline constexpr double kTwoRuns = 2.0;
 
 struct Budgets {
-  // "o", "lse", "dq", "dk", "dv", "dg" (ScaleNorm "y", "dx", "dg"): bound_e.
-  std::map<std::string, std::vector<double>> bound;
+  // bound_e of every field the rule judges: attention kO, kLse, kDq, kDk,
+  // kDv, kDg (and the parameter gradients of a formulation that has them);
+  // ScaleNorm kY, kDx, kScaleNormDg.
+  std::map<validation::Field, std::vector<double>> bound;
+  // The field's per-element budgets.
+  const std::vector<double>& of(validation::Field f) const {
+    return bound.at(f);
+  }
   // Element i's budget.
-  double at(const std::string& f, size_t i) const { return bound.at(f).at(i); }
+  double at(validation::Field f, size_t i) const { return of(f).at(i); }
   // The field's largest budget (for properties that sum over elements).
-  double operator[](const std::string& f) const;
+  double operator[](validation::Field f) const;
 };
 Budgets attention_budgets(Precision prec, const validation::AttentionCase& c);
 Budgets scalenorm_budgets(Precision prec, const validation::ScaleNormCase& c);

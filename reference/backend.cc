@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "qknorm/error.h"
 #include "qknorm/precision.h"
 #include "reference/reference.h"
 #include "reference/register.h"
@@ -191,11 +192,29 @@ class ReferenceBackend final : public Backend {
 
 }  // namespace
 
+const Backend& naive_backend(Precision p) {
+  // Leaked like the registry that holds them: any registry may still hold
+  // them at exit.
+  static const Backend* const kEntries[] = {
+      new ReferenceBackend<double>(Precision::kF64),
+      new ReferenceBackend<float>(Precision::kF32),
+      new ReferenceBackend<float>(Precision::kBF16),
+      new ReferenceBackend<float>(Precision::kF16)};
+  switch (p) {
+    case Precision::kF64:
+      return *kEntries[0];
+    case Precision::kF32:
+      return *kEntries[1];
+    case Precision::kBF16:
+      return *kEntries[2];
+    case Precision::kF16:
+      return *kEntries[3];
+  }
+  throw Error("reference", {}, "no reference entry for this precision");
+}
+
 void register_backends(Registry& r) {
-  r.add(std::make_unique<ReferenceBackend<double>>(Precision::kF64));
-  r.add(std::make_unique<ReferenceBackend<float>>(Precision::kF32));
-  r.add(std::make_unique<ReferenceBackend<float>>(Precision::kBF16));
-  r.add(std::make_unique<ReferenceBackend<float>>(Precision::kF16));
+  for (Precision p : kAllPrecisions) r.add_unowned(naive_backend(p));
 }
 
 }  // namespace qknorm::reference

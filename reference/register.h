@@ -7,5 +7,11 @@ namespace qknorm::reference {
 // tolerance rule: the reference algorithm in f32 math on the stored inputs,
 // with every output rounded to the storage format.
 void register_backends(Registry& r);
+
+// The reference entry at precision p, the naive same-precision baseline of
+// the tolerance rule (validation's naive_for): the very object
+// register_backends adds, so that a registry entry e is the baseline iff
+// e == &naive_backend(e->precision()). Built once, never destroyed.
+const Backend& naive_backend(Precision p);
 }  // namespace qknorm::reference
 #endif  // QKNORM_REFERENCE_REGISTER_H_

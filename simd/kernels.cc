@@ -5,6 +5,8 @@
 #define HWY_TARGET_INCLUDE "simd/kernels.cc"
 #include "simd/kernels.h"
 
+#include <type_traits>
+
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "simd/attention-inl.h"
@@ -15,69 +17,53 @@ HWY_BEFORE_NAMESPACE();
 namespace qknorm::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// One switch per public entry point: the precision is resolved here, then
-// everything below is target-local and precision-specialized.
-void AttentionForwardEntry(const AttentionProblem& p, const ForwardArgs& a,
-                           Precision prec, SimdWorkspace& ws, int threads,
-                           double* probs) {
+// The one switch of the public entry points: the precision is resolved here,
+// then everything below is target-local and precision-specialized. Calls
+// f(std::integral_constant<Precision, P>()) for the storage precision P.
+template <class F>
+void WithStoragePrecision(Precision prec, const F& f) {
   switch (prec) {
     case Precision::kF32:
-      return AttentionForward<Precision::kF32>(p, a, ws, threads, probs);
+      return f(std::integral_constant<Precision, Precision::kF32>());
     case Precision::kBF16:
-      return AttentionForward<Precision::kBF16>(p, a, ws, threads, probs);
+      return f(std::integral_constant<Precision, Precision::kBF16>());
     case Precision::kF16:
-      return AttentionForward<Precision::kF16>(p, a, ws, threads, probs);
+      return f(std::integral_constant<Precision, Precision::kF16>());
     case Precision::kF64:
       break;
   }
   HWY_ABORT("simd: unsupported precision");
 }
 
+void AttentionForwardEntry(const AttentionProblem& p, const ForwardArgs& a,
+                           Precision prec, SimdWorkspace& ws, int threads,
+                           double* probs) {
+  WithStoragePrecision(prec, [&](auto P) {
+    AttentionForward<decltype(P)::value>(p, a, ws, threads, probs);
+  });
+}
+
 void AttentionBackwardEntry(const AttentionProblem& p, const BackwardArgs& a,
                             Precision prec, SimdWorkspace& ws, int threads) {
-  switch (prec) {
-    case Precision::kF32:
-      return AttentionBackward<Precision::kF32>(p, a, ws, threads);
-    case Precision::kBF16:
-      return AttentionBackward<Precision::kBF16>(p, a, ws, threads);
-    case Precision::kF16:
-      return AttentionBackward<Precision::kF16>(p, a, ws, threads);
-    case Precision::kF64:
-      break;
-  }
-  HWY_ABORT("simd: unsupported precision");
+  WithStoragePrecision(prec, [&](auto P) {
+    AttentionBackward<decltype(P)::value>(p, a, ws, threads);
+  });
 }
 
 void ScaleNormForwardEntry(const ScaleNormProblem& p,
                            const ScaleNormForwardArgs& a, Precision prec,
                            SimdWorkspace& ws, int threads) {
-  switch (prec) {
-    case Precision::kF32:
-      return ScaleNormForward<Precision::kF32>(p, a, ws, threads);
-    case Precision::kBF16:
-      return ScaleNormForward<Precision::kBF16>(p, a, ws, threads);
-    case Precision::kF16:
-      return ScaleNormForward<Precision::kF16>(p, a, ws, threads);
-    case Precision::kF64:
-      break;
-  }
-  HWY_ABORT("simd: unsupported precision");
+  WithStoragePrecision(prec, [&](auto P) {
+    ScaleNormForward<decltype(P)::value>(p, a, ws, threads);
+  });
 }
 
 void ScaleNormBackwardEntry(const ScaleNormProblem& p,
                             const ScaleNormBackwardArgs& a, Precision prec,
                             SimdWorkspace& ws, int threads) {
-  switch (prec) {
-    case Precision::kF32:
-      return ScaleNormBackward<Precision::kF32>(p, a, ws, threads);
-    case Precision::kBF16:
-      return ScaleNormBackward<Precision::kBF16>(p, a, ws, threads);
-    case Precision::kF16:
-      return ScaleNormBackward<Precision::kF16>(p, a, ws, threads);
-    case Precision::kF64:
-      break;
-  }
-  HWY_ABORT("simd: unsupported precision");
+  WithStoragePrecision(prec, [&](auto P) {
+    ScaleNormBackward<decltype(P)::value>(p, a, ws, threads);
+  });
 }
 
 // Array conversions through the same vector code the kernels use (LoadRow /

@@ -8,11 +8,13 @@
 
 #include "qknorm/backend.h"
 #include "qknorm/error.h"
+#include "tests/test_support.h"
 #include "validation/run.h"
 
 namespace qknorm {
 namespace {
 
+using test_support::ref64;
 using validation::AttentionCase;
 using validation::AttentionResult;
 
@@ -24,16 +26,9 @@ using validation::AttentionResult;
 // catch.
 constexpr double kCloseTol = 1e-14;
 
-const Backend& ref() { return *all_backends().find("reference:f64"); }
-
 AttentionCase make(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D) {
-  AttentionCase c;
-  c.problem.batch = B;
-  c.problem.heads = H;
-  c.problem.q_len = Nq;
-  c.problem.kv_len = Nk;
-  c.problem.head_dim = D;
-  c = validation::make_attention_case(c.problem,
+  AttentionCase c =
+      validation::make_attention_case(test_support::shape(B, H, Nq, Nk, D),
                                       validation::Distribution::kGaussian, 99);
   c.row_pad = 3;  // exercise strided layouts
   return c;
@@ -48,7 +43,7 @@ TEST(ClosedForm, SingleKeyOutputEqualsV) {
     AttentionCase c = make(2, 3, 5, 1, 7);
     c.problem.variant = var;
     c.problem.g = 17.5;
-    AttentionResult r = validation::run_attention(ref(), c);
+    AttentionResult r = validation::run_attention(ref64(), c);
     for (int64_t bh = 0; bh < 6; ++bh)
       for (int64_t i = 0; i < 5; ++i)
         for (int64_t d = 0; d < 7; ++d)
@@ -72,7 +67,7 @@ TEST(ClosedForm, HeadDimOneGivesSignLogits) {
   c.q = {-0.25};
   c.k = {4.0, -1e-3};  // signs -,+ -> logits -3, +3
   c.v = {10.0, -2.0};
-  AttentionResult r = validation::run_attention(ref(), c);
+  AttentionResult r = validation::run_attention(ref64(), c);
   const double p0 = 1 / (1 + std::exp(6.0));
   EXPECT_NEAR(r.o[0], p0 * 10 + (1 - p0) * -2, kCloseTol * 10);
   EXPECT_NEAR(r.lse[0], std::log(std::exp(-3.0) + std::exp(3.0)),
@@ -85,7 +80,7 @@ TEST(ClosedForm, TwoKeysKnownLogits) {
   c.q = {2, 0};
   c.k = {5, 0, 0, 0.5};  // C = [1, 0], S = [g, 0]
   c.v = {1, 2, -3, 4};
-  AttentionResult r = validation::run_attention(ref(), c);
+  AttentionResult r = validation::run_attention(ref64(), c);
   const double p1 = 1 / (1 + std::exp(-12.5));
   EXPECT_NEAR(r.o[0], p1 * 1 + (1 - p1) * -3, kCloseTol);
   EXPECT_NEAR(r.o[1], p1 * 2 + (1 - p1) * 4, kCloseTol);
@@ -118,7 +113,7 @@ void expect_uniform_average(const AttentionCase& c, const AttentionResult& r) {
 TEST(ClosedForm, ZeroGIsUniformAverage) {
   AttentionCase c = make(2, 2, 6, 9, 5);
   c.problem.g = 0;
-  expect_uniform_average(c, validation::run_attention(ref(), c));
+  expect_uniform_average(c, validation::run_attention(ref64(), c));
 }
 
 // Hand-built visibility: q_len=2, kv_len=4, causal bottom-right: row 0 sees
@@ -138,7 +133,7 @@ TEST(ClosedForm, CausalMaskHandBuilt) {
   AttentionCase c = make(1, 1, 4, 2, 3);
   c.problem.g = 0;
   c.problem.mask = m;
-  AttentionResult r = validation::run_attention(ref(), c);
+  AttentionResult r = validation::run_attention(ref64(), c);
   for (int d = 0; d < 3; ++d) {
     EXPECT_EQ(at(r.o, 0, 3, d), 0.0);
     EXPECT_EQ(at(r.o, 1, 3, d), 0.0);
@@ -155,12 +150,12 @@ TEST(ClosedForm, PaddingMaskHandBuilt) {
   AttentionCase c = make(3, 2, 3, 5, 4);
   c.problem.g = 0;
   c.problem.mask.key_lengths = {2, 5, 0};  // batch 2 fully masked
-  AttentionResult r = validation::run_attention(ref(), c);
+  AttentionResult r = validation::run_attention(ref64(), c);
   expect_uniform_average(c, r);
   // Batch 0 row 0: mean of keys 0 and 1 only.
   EXPECT_NEAR(r.o[0], (c.v[0] + c.v[4]) / 2, kCloseTol);
   c.problem.mask.causal = true;  // combined: row i sees j <= i + 2 and j < len
-  expect_uniform_average(c, validation::run_attention(ref(), c));
+  expect_uniform_average(c, validation::run_attention(ref64(), c));
 }
 
 // Fully masked rows: O = 0, lse = -inf, and no gradient flows: dq of the row
@@ -171,7 +166,7 @@ TEST(ClosedForm, FullyMaskedRowsAreZeroNotNaN) {
     c.problem.variant = var;
     c.problem.g = 20;
     c.problem.mask.key_lengths = {0, 3};
-    AttentionResult r = validation::run_attention(ref(), c);
+    AttentionResult r = validation::run_attention(ref64(), c);
     const size_t half_q = r.o.size() / 2, half_k = r.dk.size() / 2;
     for (size_t i = 0; i < half_q; ++i) {
       EXPECT_EQ(r.o[i], 0.0);
@@ -189,6 +184,24 @@ TEST(ClosedForm, FullyMaskedRowsAreZeroNotNaN) {
   }
 }
 
+// Row `row` of O is the plain mean of V's rows (one batch and head, no mask:
+// every logit of that query is equal).
+void expect_mean_of_v(const AttentionCase& c, const AttentionResult& r,
+                      int64_t row) {
+  const int64_t D = c.problem.head_dim, Nk = c.problem.kv_len;
+  for (int64_t d = 0; d < D; ++d) {
+    double mean = 0;
+    for (int64_t j = 0; j < Nk; ++j)
+      mean += at(c.v, j, D, d) / static_cast<double>(Nk);
+    EXPECT_NEAR(at(r.o, row, D, d), mean, kCloseTol) << "d=" << d;
+  }
+}
+
+void expect_finite(const AttentionResult& r) {
+  for (auto* v : {&r.o, &r.dq, &r.dk, &r.dv})
+    for (double x : *v) EXPECT_TRUE(std::isfinite(x));
+}
+
 // Zero rows: q_hat = 0 (clamped norm), so every logit of that query is 0 and
 // its output is the plain mean of V; its gradient is du / eps: finite.
 TEST(ClosedForm, ZeroRowsAreFinite) {
@@ -196,14 +209,9 @@ TEST(ClosedForm, ZeroRowsAreFinite) {
   c.problem.g = 15;
   for (int d = 0; d < 6; ++d) c.q[static_cast<size_t>(6 + d)] = 0;  // row 1
   for (int d = 0; d < 6; ++d) c.k[static_cast<size_t>(d)] = 0;      // key 0
-  AttentionResult r = validation::run_attention(ref(), c);
-  for (int d = 0; d < 6; ++d) {
-    double mean = 0;
-    for (int j = 0; j < 4; ++j) mean += at(c.v, j, 6, d) / 4;
-    EXPECT_NEAR(at(r.o, 1, 6, d), mean, kCloseTol);
-  }
-  for (auto* v : {&r.o, &r.dq, &r.dk, &r.dv})
-    for (double x : *v) EXPECT_TRUE(std::isfinite(x));
+  AttentionResult r = validation::run_attention(ref64(), c);
+  expect_mean_of_v(c, r, 1);
+  expect_finite(r);
   // Non-zero gradient of the zero row: du / eps, magnitude ~ g/eps scale.
   double mx = 0;
   for (int d = 0; d < 6; ++d) mx = std::max(mx, std::fabs(at(r.dq, 1, 6, d)));
@@ -216,11 +224,11 @@ TEST(ClosedForm, ZeroRowsAreFinite) {
 TEST(ClosedForm, HugeAndSubnormalRows) {
   AttentionCase c = make(1, 1, 3, 5, 8);
   c.problem.g = 10;
-  AttentionResult base = validation::run_attention(ref(), c);
+  AttentionResult base = validation::run_attention(ref64(), c);
   AttentionCase big = c;
   for (double& x : big.q) x *= 1e307;
   for (double& x : big.k) x *= 0x1p1020;
-  AttentionResult rb = validation::run_attention(ref(), big);
+  AttentionResult rb = validation::run_attention(ref64(), big);
   for (size_t i = 0; i < base.o.size(); ++i)
     EXPECT_NEAR(rb.o[i], base.o[i], kCloseTol * 10);
   for (double x : rb.dq) EXPECT_TRUE(std::isfinite(x));
@@ -228,14 +236,9 @@ TEST(ClosedForm, HugeAndSubnormalRows) {
   // all its logits are ~0: uniform average, finite gradients.
   AttentionCase sub = c;
   for (double& x : sub.q) x *= 1e-310;
-  AttentionResult rs = validation::run_attention(ref(), sub);
-  for (int d = 0; d < 8; ++d) {
-    double mean = 0;
-    for (int j = 0; j < 5; ++j) mean += at(c.v, j, 8, d) / 5;
-    EXPECT_NEAR(at(rs.o, 0, 8, d), mean, kCloseTol);
-  }
-  for (auto* v : {&rs.o, &rs.dq, &rs.dk, &rs.dv})
-    for (double x : *v) EXPECT_TRUE(std::isfinite(x));
+  AttentionResult rs = validation::run_attention(ref64(), sub);
+  expect_mean_of_v(c, rs, 0);
+  expect_finite(rs);
 }
 
 TEST(ClosedForm, GInitMatchesPaper) {
@@ -251,7 +254,7 @@ TEST(ClosedForm, ScaleNorm) {
   c.problem = {3, 2, 2.0, kDefaultScaleNormEps};
   c.x = {3, 4, 0, 0, 3e300, -4e300};
   c.dy = {1, 0, 1, 1, 0, 1};
-  validation::ScaleNormResult r = validation::run_scalenorm(ref(), c);
+  validation::ScaleNormResult r = validation::run_scalenorm(ref64(), c);
   EXPECT_NEAR(r.y[0], 1.2, kCloseTol);
   EXPECT_NEAR(r.y[1], 1.6, kCloseTol);
   EXPECT_EQ(r.y[2], 0.0);

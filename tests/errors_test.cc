@@ -8,16 +8,16 @@
 #include "qknorm/backend.h"
 #include "qknorm/error.h"
 #include "qknorm/validate.h"
+#include "tests/test_support.h"
 #include "validation/run.h"
 
 namespace qknorm {
 namespace {
 
-const Backend& ref() { return *all_backends().find("reference:f64"); }
+using test_support::ref64;
 
 validation::AttentionCase base() {
-  AttentionProblem p;
-  p.batch = 2, p.heads = 2, p.q_len = 3, p.kv_len = 4, p.head_dim = 5;
+  AttentionProblem p = test_support::shape(2, 2, 3, 4, 5);
   p.g = 12;
   return validation::make_attention_case(p, validation::Distribution::kGaussian,
                                          1);
@@ -27,7 +27,7 @@ validation::AttentionCase base() {
 Error expect_error(const validation::AttentionCase& c,
                    const std::string& tensor, const std::string& rule_part) {
   try {
-    validation::run_attention(ref(), c);
+    validation::run_attention(ref64(), c);
   } catch (const Error& e) {
     EXPECT_EQ(e.tensor(), tensor) << e.what();
     EXPECT_NE(e.rule().find(rule_part), std::string::npos) << e.what();
@@ -114,7 +114,8 @@ TEST(Errors, LseSizeMismatch) {
                 lse.data(),
                 11,
                 {}};
-  EXPECT_THROW(checked_attention_forward(ref(), c.problem, a, nullptr), Error);
+  EXPECT_THROW(checked_attention_forward(ref64(), c.problem, a, nullptr),
+               Error);
 }
 
 TEST(Errors, BadEps) {
@@ -183,7 +184,7 @@ TEST(Errors, ScaleNormNonFinite) {
   c.x = {1, 2, 3, 4, NAN, 6};
   c.dy = {1, 1, 1, 1, 1, 1};
   try {
-    validation::run_scalenorm(ref(), c);
+    validation::run_scalenorm(ref64(), c);
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_EQ(e.tensor(), "x");

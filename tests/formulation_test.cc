@@ -16,30 +16,23 @@
 #include "qknorm/error.h"
 #include "qknorm/validate.h"
 #include "reference/reference.h"
+#include "tests/test_support.h"
 #include "validation/check.h"
 #include "validation/gradcheck.h"
 
 namespace qknorm {
 namespace {
 
+using test_support::ref64;
+using test_support::shape;
 using validation::AttentionCase;
 using validation::Distribution;
-
-const Backend& ref64() { return *all_backends().find("reference:f64"); }
-
-AttentionProblem shape(int64_t B, int64_t H, int64_t Hk, int64_t Nq, int64_t Nk,
-                       int64_t D) {
-  AttentionProblem p;
-  p.batch = B, p.heads = H, p.kv_heads = Hk, p.q_len = Nq, p.kv_len = Nk;
-  p.head_dim = D;
-  return p;
-}
 
 // The preset on a small GQA shape where the model ships GQA (4 query heads
 // over 2 kv heads), else 2 heads; ngpt shares its weight, so kv = heads.
 AttentionProblem preset_problem(const Preset& s, int64_t Nq, int64_t Nk,
                                 int64_t D, int mask) {
-  AttentionProblem p = shape(1, s.gqa ? 4 : 2, s.gqa ? 2 : 2, Nq, Nk, D);
+  AttentionProblem p = shape(1, s.gqa ? 4 : 2, Nq, Nk, D, 2);
   apply_preset(s.name, &p);
   p.g = 3.5;
   p.mask.causal = mask & 1;
@@ -58,7 +51,7 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(Formulation, PresetsRoundTrip) {
   for (const Preset& s : presets()) {
-    AttentionProblem p = shape(1, 4, s.gqa ? 2 : 0, 3, 3, 64);
+    AttentionProblem p = shape(1, 4, 3, 3, 64, s.gqa ? 2 : 0);
     apply_preset(s.name, &p);
     EXPECT_EQ(formulation_name(p), s.name) << describe_formulation(p);
     validate_problem(p);
@@ -101,7 +94,7 @@ TEST(Formulation, InconsistentDescriptionsAreRejected) {
        "scale"},
   };
   for (const Bad& b : bad) {
-    AttentionProblem p = shape(1, 4, 0, 2, 2, 4);
+    AttentionProblem p = shape(1, 4, 2, 2, 4);
     b.edit(&p);
     const std::string msg = error_of([&] { validate_problem(p); });
     EXPECT_NE(msg.find(b.expect), std::string::npos) << msg;
@@ -109,7 +102,7 @@ TEST(Formulation, InconsistentDescriptionsAreRejected) {
 }
 
 TEST(Formulation, WrongParameterLengthsNameTheTensor) {
-  AttentionProblem p = shape(1, 4, 2, 2, 3, 4);
+  AttentionProblem p = shape(1, 4, 2, 3, 4, 2);
   apply_preset("chameleon", &p);  // [H_x, D] weights and biases
   AttentionCase c =
       validation::make_attention_case(p, Distribution::kGaussian, 1);
@@ -141,7 +134,7 @@ TEST(Formulation, WrongParameterLengthsNameTheTensor) {
 }
 
 TEST(Formulation, EntriesWithoutAFormulationSayWhich) {
-  AttentionProblem p = shape(1, 2, 1, 2, 2, 4);
+  AttentionProblem p = shape(1, 2, 2, 2, 4, 1);
   apply_preset("qwen3", &p);
   const AttentionCase c =
       validation::make_attention_case(p, Distribution::kGaussian, 3);
@@ -159,7 +152,7 @@ TEST(Formulation, EntriesWithoutAFormulationSayWhich) {
 // Closed forms of each normalization on one row of D = 2 (eps 2^-40 keeps
 // them exact to ~1e-12).
 TEST(Formulation, NormalizationClosedForms) {
-  AttentionProblem p = shape(1, 1, 0, 1, 1, 2);
+  AttentionProblem p = shape(1, 1, 1, 1, 2);
   p.eps = 0x1p-40;
   const double x[2] = {3, 4};
   double out[2];
@@ -210,7 +203,7 @@ TEST(Formulation, NormalizationClosedForms) {
 // Across heads (OLMo2): the rms of the whole token row of q; per head
 // would differ whenever the heads' magnitudes differ.
 TEST(Formulation, AcrossHeadsNormalizesTheWholeProjection) {
-  AttentionProblem p = shape(1, 2, 0, 1, 1, 2);
+  AttentionProblem p = shape(1, 2, 1, 1, 2);
   p.eps = 0x1p-40;
   p.norm.kind = NormKind::kRms;
   p.norm.axis = NormAxis::kAllHeads;
@@ -230,7 +223,7 @@ TEST(Formulation, AcrossHeadsNormalizesTheWholeProjection) {
 // problem's gradients (the reduction a GQA backward must not forget).
 TEST(Formulation, GroupedQueryAttentionEqualsRepeatKv) {
   for (const char* name : {"paper", "qwen3", "chameleon", "olmo2"}) {
-    AttentionProblem p = shape(2, 6, 2, 3, 5, 4);
+    AttentionProblem p = shape(2, 6, 3, 5, 4, 2);
     apply_preset(name, &p);
     p.g = 2.5;
     p.mask.causal = true;
@@ -290,27 +283,21 @@ TEST(Formulation, GroupedQueryAttentionEqualsRepeatKv) {
 // central differences of the long-double forward, for every preset, with
 // and without a causal mask and padding, on Gaussian and zero-row inputs.
 TEST(Formulation, EveryGradientMatchesFiniteDifferences) {
-  // The bound of gradient_test (kFdTol, derived there).
-  constexpr double kFdTol = 1e-8;
-  double worst = 0;
+  test_support::FdTally tally;
   int n = 0;
   for (const Preset& s : presets())
     for (int mask = 0; mask < 4; ++mask) {
       const AttentionProblem p = preset_problem(s, 3, 4, 3, mask);
       const AttentionCase c = validation::make_attention_case(
           p, mask == 3 ? Distribution::kZeroRows : Distribution::kGaussian,
-          900 + n);
-      const auto o = validation::oracle_attention(c);
-      validation::AttentionGradients g{o.dq,      o.dk,        o.dv,
-                                       o.dg,      o.dq_weight, o.dk_weight,
-                                       o.dq_bias, o.dk_bias};
-      const auto rep = validation::check_attention_full(c, g, kFdTol);
-      EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
-      worst = std::max(worst, rep.worst_rel);
-      ++n;
+          900 + n++);
+      tally.expect_pass(
+          validation::check_attention_full(
+              c, validation::gradients_of(validation::oracle_attention(c)),
+              validation::kFdTol),
+          c.describe());
     }
-  std::printf("finite differences: %d preset cases, worst relative %.3e\n", n,
-              worst);
+  tally.print("finite differences, every preset");
 }
 
 // The reference self-check per preset: every reference entry (each

@@ -7,6 +7,7 @@
 
 #include "qknorm/backend.h"
 #include "reference/reference.h"
+#include "tests/test_support.h"
 #include "validation/gradcheck.h"
 #include "validation/metrics.h"
 #include "validation/oracle.h"
@@ -15,34 +16,17 @@
 namespace qknorm {
 namespace {
 
-using validation::AttentionGradients;
+using test_support::FdTally;
+using test_support::ref64;
 using validation::Distribution;
+using validation::gradients_of;
+using validation::kFdTol;
 
-// Central differences with h = 2^-20 (relative) in long double have
-// truncation error ~ h^2 |L'''| / 6 ~ 1e-13 relative for O(1) third
-// derivatives and rounding error ~ 2^-64 / h ~ 5e-14. The double reference's
-// own gradient error is ~1e-14 relative (reference_oracle_test). Measured
-// worst relative disagreement over this file's cases: printed by each test
-// (~1e-10 at g = 25, where third derivatives grow like g^3 despite the
-// g-scaled step). kFdTol = 1e-8 sits ~100x above that and ~1e8x below the
-// O(1) relative error of a missing or wrong term.
-constexpr double kFdTol = 1e-8;
-
-const Backend& ref64() { return *all_backends().find("reference:f64"); }
-
-AttentionGradients grads_of(const validation::AttentionResult& r) {
-  AttentionGradients g;
-  g.dq.assign(r.dq.begin(), r.dq.end());
-  g.dk.assign(r.dk.begin(), r.dk.end());
-  g.dv.assign(r.dv.begin(), r.dv.end());
-  g.dg = r.dg;
-  return g;
-}
-
+// The shape with a variant, g and a mask (bit 0 causal, bit 1 the first
+// batch's last key padded).
 AttentionProblem problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk,
                          int64_t D, Variant var, double g, int mask) {
-  AttentionProblem p;
-  p.batch = B, p.heads = H, p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
+  AttentionProblem p = test_support::shape(B, H, Nq, Nk, D);
   p.variant = var;
   p.g = g;
   p.mask.causal = mask & 1;
@@ -53,7 +37,7 @@ AttentionProblem problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk,
 }
 
 TEST(Gradients, FullJacobianTinyProblems) {
-  double worst = 0;
+  FdTally tally;
   int n = 0;
   for (Variant var : {Variant::kQKNorm, Variant::kSDPA})
     for (int mask = 0; mask < 4; ++mask)
@@ -61,47 +45,39 @@ TEST(Gradients, FullJacobianTinyProblems) {
         const auto p = problem(2, 1, 3, 4, 3, var, g, mask);
         const auto c = validation::make_attention_case(
             p, mask == 3 ? Distribution::kZeroRows : Distribution::kGaussian,
-            500 + n);
+            500 + n++);
         const auto r = validation::run_attention(ref64(), c);
-        const auto rep =
-            validation::check_attention_full(c, grads_of(r), kFdTol);
-        EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
-        worst = std::max(worst, rep.worst_rel);
-        ++n;
+        tally.expect_pass(
+            validation::check_attention_full(c, gradients_of(r), kFdTol),
+            c.describe());
       }
-  std::printf("full-Jacobian: %d cases, worst relative disagreement %.3e\n", n,
-              worst);
+  tally.print("full-Jacobian");
 }
 
 TEST(Gradients, RandomDirectionsLargerProblems) {
-  double worst = 0;
+  FdTally tally, oracle;
   int n = 0;
   for (Variant var : {Variant::kQKNorm, Variant::kSDPA})
-    for (int mask = 0; mask < 4; ++mask) {
+    for (int mask = 0; mask < 4; ++mask, ++n) {
       const auto p = problem(2, 2, 9, 13, 16, var, 12.32 + mask, mask);
       const auto c = validation::make_attention_case(
           p, Distribution::kHeavyTailed, 900 + n);
       const auto r = validation::run_attention(ref64(), c);
-      const auto rep = validation::check_attention_directions(c, grads_of(r), 8,
-                                                              77 + n, kFdTol);
-      EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
-      worst = std::max(worst, rep.worst_rel);
+      tally.expect_pass(validation::check_attention_directions(
+                            c, gradients_of(r), 8, 77 + n, kFdTol),
+                        c.describe());
       // The oracle's own gradient too.
-      const auto o = validation::oracle_attention(c);
-      AttentionGradients og{o.dq,        o.dk,        o.dv,      o.dg,
-                            o.dq_weight, o.dk_weight, o.dq_bias, o.dk_bias};
-      const auto rep2 =
-          validation::check_attention_directions(c, og, 4, 5 + n, kFdTol);
-      EXPECT_TRUE(rep2.pass)
-          << "oracle: " << rep2.message() << " on " << c.describe();
-      ++n;
+      oracle.expect_pass(validation::check_attention_directions(
+                             c, gradients_of(validation::oracle_attention(c)),
+                             4, 5 + n, kFdTol),
+                         c.describe());
     }
-  std::printf("random directions: %d cases x 8 directions, worst %.3e\n", n,
-              worst);
+  tally.print("random directions (8 each)");
+  oracle.print("oracle, random directions (4 each)");
 }
 
 TEST(Gradients, ScaleNormFullAndDirectional) {
-  double worst = 0;
+  FdTally tally;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     ScaleNormProblem p{3, static_cast<int64_t>(seed + 1),
                        2.5 * static_cast<double>(seed), kDefaultScaleNormEps};
@@ -109,14 +85,13 @@ TEST(Gradients, ScaleNormFullAndDirectional) {
         p, seed % 2 ? Distribution::kZeroRows : Distribution::kGaussian, seed);
     const auto r = validation::run_scalenorm(ref64(), c);
     validation::ScaleNormGradients g{{r.dx.begin(), r.dx.end()}, r.dg};
-    const auto rep = validation::check_scalenorm_full(c, g, kFdTol);
-    EXPECT_TRUE(rep.pass) << rep.message() << " on " << c.describe();
-    const auto rep2 =
-        validation::check_scalenorm_directions(c, g, 6, seed, kFdTol);
-    EXPECT_TRUE(rep2.pass) << rep2.message() << " on " << c.describe();
-    worst = std::max({worst, rep.worst_rel, rep2.worst_rel});
+    tally.expect_pass(validation::check_scalenorm_full(c, g, kFdTol),
+                      c.describe());
+    tally.expect_pass(
+        validation::check_scalenorm_directions(c, g, 6, seed, kFdTol),
+        c.describe());
   }
-  std::printf("scalenorm: worst %.3e\n", worst);
+  tally.print("scalenorm");
 }
 
 // The checker itself must fail on a wrong gradient (a test that cannot fail
@@ -124,7 +99,7 @@ TEST(Gradients, ScaleNormFullAndDirectional) {
 TEST(Gradients, CheckerCatchesWrongGradients) {
   const auto p = problem(1, 1, 3, 4, 3, Variant::kQKNorm, 12.32, 0);
   const auto c = validation::make_attention_case(p, Distribution::kGaussian, 3);
-  auto g = grads_of(validation::run_attention(ref64(), c));
+  auto g = gradients_of(validation::run_attention(ref64(), c));
   auto bad = g;
   bad.dk[5] *= 1.001;
   EXPECT_FALSE(validation::check_attention_full(c, bad, kFdTol).pass);

@@ -108,10 +108,9 @@ double bound_of(const ReferenceBounds& b, Field field) {
     case Field::kDg:
       return b.dg;
     default:
-      break;
+      throw Error("field", {},
+                  std::string("no attention bound for '") + name(field) + "'");
   }
-  throw Error("field", {},
-              "no attention bound for '" + std::string(name(field)) + "'");
 }
 
 double bound_of(const ScaleNormBounds& b, Field field) {
@@ -123,10 +122,9 @@ double bound_of(const ScaleNormBounds& b, Field field) {
     case Field::kScaleNormDg:
       return b.dg;
     default:
-      break;
+      throw Error("field", {},
+                  std::string("no scalenorm bound for '") + name(field) + "'");
   }
-  throw Error("field", {},
-              "no scalenorm bound for '" + std::string(name(field)) + "'");
 }
 
 }  // namespace qknorm::validation

@@ -1,10 +1,11 @@
 // Derived bounds on the error of the naive baselines themselves.
 //
-// The tolerance rule (rule.h) measures every entry against the naive
-// same-precision baseline reference:<prec>. The baselines therefore need a
-// check of their own, independent of the rule (for them the rule is
-// err <= 2 err + atol, true by construction): their error against the oracle
-// must stay under an a-priori bound.
+// The tolerance rule (validation/rule.h) judges every entry, the naive
+// same-precision baselines reference:<prec> included, against the oracle by
+// a per-element bound; the baselines are also held to a check independent
+// of the rule: their error against the oracle must stay under the a-priori
+// bounds below (a naive that met the rule only because the rule is too
+// loose would fail here).
 //
 // reference:f64 / reference:f32 compute and store in the same format, so
 // their bound is reference_bounds() (bounds.h) at the compute roundoff u_c.
@@ -49,8 +50,9 @@ ReferenceBounds baseline_bounds(const AttentionCase& c,
 ScaleNormBounds baseline_bounds(const ScaleNormCase& c,
                                 const OracleScaleNorm& oracle, Precision prec);
 
-// The bound of `field` (o, lse, dq, dk, dv, dg; ScaleNorm y, dx and
-// kScaleNormDg); throws qknorm::Error for a field it has no bound for.
+// The bound of `field` (attention: kO, kLse, kDq, kDk, kDv, kDg; ScaleNorm:
+// kY, kDx, kScaleNormDg); throws qknorm::Error for a field the bounds do not
+// cover.
 double bound_of(const ReferenceBounds& b, Field field);
 double bound_of(const ScaleNormBounds& b, Field field);
 

@@ -4,19 +4,11 @@
 #include <cmath>
 #include <vector>
 
+#include "reference/reference.h"
 #include "validation/rng.h"
 
 namespace qknorm::validation {
 namespace {
-
-double row_norm(const double* x, int64_t D) {
-  double amax = 0;
-  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
-  if (amax == 0) return 0;
-  double s = 0;
-  for (int64_t d = 0; d < D; ++d) s += (x[d] / amax) * (x[d] / amax);
-  return amax * std::sqrt(s);
-}
 
 // Rows of a dense [BH, rows, D] tensor.
 double* row(std::vector<double>& t, int64_t rows, int64_t D, int64_t bh,
@@ -38,7 +30,7 @@ void below_eps(Rng& rng, std::vector<double>& t, int64_t rows, int64_t D,
   for (int64_t r = 0; r < rows; ++r) {
     if (rng.uniform() >= 1.0 / 3) continue;
     double* x = t.data() + r * D;
-    const double n = row_norm(x, D);
+    const double n = reference::nrm2(x, D);
     if (n == 0) continue;
     const double target =
         std::ldexp(eps, -static_cast<int>(rng.uniform_int(1, 10)));

@@ -133,11 +133,11 @@ Flat flatten(const AttentionCase& c) {
                                        static_cast<int64_t>(i - nq - nk),
                                        kv_heads_of(p));
     size_t j = i - nq - 2 * nk;
-    const Field names[4] = {Field::kDqWeight, Field::kDkWeight, Field::kDqBias,
-                            Field::kDkBias};
+    constexpr Field kParams[4] = {Field::kDqWeight, Field::kDkWeight,
+                                  Field::kDqBias, Field::kDkBias};
     for (int t = 0; t < 4; ++t) {
       if (j < np[t])
-        return std::string(name(names[t])) + "[" + std::to_string(j) + "]";
+        return std::string(name(kParams[t])) + "[" + std::to_string(j) + "]";
       j -= np[t];
     }
     return name(Field::kDg);
@@ -145,7 +145,7 @@ Flat flatten(const AttentionCase& c) {
   return f;
 }
 
-LD attention_loss(const AttentionCase& c, const std::vector<LD>& x) {
+LD loss(const AttentionCase& c, const std::vector<LD>& x) {
   AttentionProblem p = c.problem;
   const size_t nq = c.q.size(), nk = c.k.size();
   const LD* q = x.data();
@@ -272,13 +272,13 @@ Flat flatten(const ScaleNormCase& c) {
   const size_t nx = c.x.size();
   f.item = [D, nx](size_t i) -> std::string {
     if (i >= nx) return name(Field::kScaleNormDg);
-    return std::string(name(Field::kDx)) + "[" + std::to_string(i / D) + "," +
-           std::to_string(i % D) + "]";
+    return name(Field::kDx) +
+           ("[" + std::to_string(i / D) + "," + std::to_string(i % D) + "]");
   };
   return f;
 }
 
-LD scalenorm_loss(const ScaleNormCase& c, const std::vector<LD>& x) {
+LD loss(const ScaleNormCase& c, const std::vector<LD>& x) {
   ScaleNormProblem p = c.problem;
   p.g = static_cast<double>(x.back());
   std::vector<LD> y(c.x.size());
@@ -306,58 +306,62 @@ std::string GradCheckReport::message() const {
   return buf;
 }
 
-// Note on g: attention_loss stores the perturbed g in a double. Steps
+namespace {
+
+// Note on g: the loss stores the perturbed g in a double. Steps
 // kFdStep * max(1,|g|) are not exact multiples in general, so the loss uses
 // the double-rounded g on both sides; the finite difference then divides by
 // the true (rounded) distance between the two g values.
-GradCheckReport check_attention_full(const AttentionCase& c,
-                                     const AttentionGradients& grad,
-                                     double tol) {
+template <class Case, class Gradients>
+GradCheckReport check_full(const Case& c, const Gradients& grad, double tol) {
   Flat f = flatten(c);
   // Make the g step exactly representable: g +- h rounded to double.
   const double g = c.problem.g;
   const double h = static_cast<double>(f.step.back());
   f.step.back() = static_cast<LD>((g + h) - g);
   return full(
-      f, flat_grad(grad),
-      [&](const std::vector<LD>& x) { return attention_loss(c, x); }, tol);
+      f, flat_grad(grad), [&](const std::vector<LD>& x) { return loss(c, x); },
+      tol);
+}
+
+template <class Case, class Gradients>
+GradCheckReport check_directions(const Case& c, const Gradients& grad,
+                                 int n_dirs, uint64_t seed, double tol) {
+  Flat f = flatten(c);
+  // Directional mode keeps g fixed (its derivative is checked in full mode
+  // and by the dg finite-difference property): zero step on g.
+  f.step.back() = 0;
+  return directions(
+      f, flat_grad(grad), [&](const std::vector<LD>& x) { return loss(c, x); },
+      n_dirs, seed, tol);
+}
+
+}  // namespace
+
+GradCheckReport check_attention_full(const AttentionCase& c,
+                                     const AttentionGradients& grad,
+                                     double tol) {
+  return check_full(c, grad, tol);
 }
 
 GradCheckReport check_attention_directions(const AttentionCase& c,
                                            const AttentionGradients& grad,
                                            int n_dirs, uint64_t seed,
                                            double tol) {
-  Flat f = flatten(c);
-  // Directional mode keeps g fixed (its derivative is checked in full mode
-  // and by the dg finite-difference property): zero step on g.
-  f.step.back() = 0;
-  return directions(
-      f, flat_grad(grad),
-      [&](const std::vector<LD>& x) { return attention_loss(c, x); }, n_dirs,
-      seed, tol);
+  return check_directions(c, grad, n_dirs, seed, tol);
 }
 
 GradCheckReport check_scalenorm_full(const ScaleNormCase& c,
                                      const ScaleNormGradients& grad,
                                      double tol) {
-  Flat f = flatten(c);
-  const double g = c.problem.g;
-  f.step.back() = static_cast<LD>((g + static_cast<double>(f.step.back())) - g);
-  return full(
-      f, flat_grad(grad),
-      [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); }, tol);
+  return check_full(c, grad, tol);
 }
 
 GradCheckReport check_scalenorm_directions(const ScaleNormCase& c,
                                            const ScaleNormGradients& grad,
                                            int n_dirs, uint64_t seed,
                                            double tol) {
-  Flat f = flatten(c);
-  f.step.back() = 0;
-  return directions(
-      f, flat_grad(grad),
-      [&](const std::vector<LD>& x) { return scalenorm_loss(c, x); }, n_dirs,
-      seed, tol);
+  return check_directions(c, grad, n_dirs, seed, tol);
 }
 
 }  // namespace qknorm::validation

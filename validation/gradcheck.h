@@ -28,6 +28,18 @@ namespace qknorm::validation {
 
 inline constexpr double kFdStep = 0x1p-20;
 
+// The relative tolerance of a check of f64 (or oracle) gradients. Central
+// differences with h = kFdStep (relative) in long double have truncation
+// error ~ h^2 |L'''| / 6 ~ 1e-13 relative for O(1) third derivatives and
+// rounding error ~ 2^-64 / h ~ 5e-14. The double reference's own gradient
+// error is ~1e-14 relative (reference_oracle_test). Measured worst relative
+// disagreement over the foundation tests' cases: printed by each of
+// tests/gradient_test.cc and tests/formulation_test.cc (~1e-10 at g = 25,
+// where third derivatives grow like g^3 despite the g-scaled step).
+// kFdTol = 1e-8 sits ~100x above that and ~1e8x below the O(1) relative
+// error of a missing or wrong term.
+inline constexpr double kFdTol = 1e-8;
+
 // Gradients to be checked, as long double (an f64 entry's output widens
 // exactly).
 struct AttentionGradients {
@@ -36,6 +48,17 @@ struct AttentionGradients {
   // The formulation's parameter gradients (sizes as the case's parameters).
   std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
 };
+// An entry's (AttentionResult) or the oracle's (OracleAttention) gradients,
+// widened to long double (exactly).
+template <class Result>
+AttentionGradients gradients_of(const Result& r) {
+  const auto wide = [](const auto& v) {
+    return std::vector<long double>(v.begin(), v.end());
+  };
+  return {
+      wide(r.dq),        wide(r.dk),        wide(r.dv),      r.dg,
+      wide(r.dq_weight), wide(r.dk_weight), wide(r.dq_bias), wide(r.dk_bias)};
+}
 struct ScaleNormGradients {
   std::vector<long double> dx;
   long double dg = 0;

@@ -8,6 +8,7 @@
 
 #include "qknorm/error.h"
 #include "qknorm/validate.h"
+#include "reference/register.h"
 
 namespace qknorm::validation {
 namespace {
@@ -174,13 +175,7 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
   return r;
 }
 
-const Backend& naive_for(Precision p) {
-  const Backend* b = all_backends().find("reference:" + std::string(name(p)));
-  if (b == nullptr)
-    throw Error("registry", {},
-                "no naive baseline reference:" + std::string(name(p)));
-  return *b;
-}
+const Backend& naive_for(Precision p) { return reference::naive_backend(p); }
 
 std::span<const double> field_values(const AttentionResult& r, Field f) {
   switch (f) {

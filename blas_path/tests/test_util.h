@@ -13,6 +13,7 @@
 
 #include "qknorm/backend.h"
 #include "validation/check.h"
+#include "validation/tester.h"
 
 namespace qknorm::blas::testing {
 
@@ -157,13 +158,17 @@ inline F64Bound f64_bound(const AttentionCase& c,
 }
 
 // Applies the tolerance rule (and, for f64, the a-priori bound) to one case;
-// every failing field is reported, nothing aborts.
+// every failing field is reported, nothing aborts. The entry runs in guarded
+// buffers (validation::AttentionTester; the verdict is check_attention's,
+// naive included): a read or write outside a view fails the case too.
 inline void expect_case(Precision prec, const AttentionCase& c,
                         const ExecConfig& cfg = {}) {
-  const validation::AgreementReport rep =
-      validation::check_attention(entry(prec), c, cfg);
-  EXPECT_TRUE(rep.pass) << rep.failure_message();
-  if (prec != Precision::kF64) return;
+  const validation::AttentionTestReport r =
+      validation::AttentionTester().use_case(c).config(cfg).with_naive().Test(
+          entry(prec));
+  EXPECT_TRUE(r.ok()) << r.message();
+  if (prec != Precision::kF64 || !r.judged) return;
+  const validation::AgreementReport& rep = r.verdict;
   const AttentionCase rc = validation::round_inputs(c, prec);
   const F64Bound b = f64_bound(rc, validation::oracle_attention(rc));
   for (const auto& f : rep.fields) {

@@ -85,7 +85,7 @@ TEST(ReportLogic, CorrectEntriesPassAndWrongOneFails) {
   EXPECT_EQ(rep.rows[2].name, "mutant:f32");
   EXPECT_FALSE(rep.rows[2].pass);  // attention: O is wrong
   EXPECT_GT(rep.rows[2].worst.margin, 1);
-  EXPECT_EQ(rep.rows[2].worst.field, "o");
+  EXPECT_EQ(rep.rows[2].worst.field, validation::Field::kO);
   EXPECT_GT(rep.rows[2].ratio, 10);
   EXPECT_TRUE(rep.rows[3].pass);  // scalenorm is untouched
   EXPECT_FALSE(rep.pass);
@@ -100,10 +100,10 @@ std::string verdict_of(const EntryRow& row) {
   std::ostringstream s;
   s.precision(17);
   s << row.name << " " << row.kind << " pass=" << row.pass
-    << " ratio=" << row.ratio << " worst=" << row.worst.field << ":"
+    << " ratio=" << row.ratio << " worst=" << row.worst.field_name() << ":"
     << row.worst.where << ":" << row.worst.margin;
   for (const FieldSummary& f : row.fields)
-    s << " | " << f.field << " " << f.pass << " " << f.ratio << " "
+    s << " | " << f.key << " " << f.pass << " " << f.ratio << " "
       << f.worst_element.where << " " << f.worst_element.margin << " "
       << f.failures;
   return s.str();
@@ -182,6 +182,8 @@ TEST(ReportLogic, CaseResultCarriesTheVerdictsWorstElement) {
   const CaseResult r = from_report(rep);
   EXPECT_FALSE(r.pass);
   ASSERT_EQ(r.fields.size(), 1u);
+  EXPECT_EQ(r.fields[0].field, validation::Field::kO);
+  EXPECT_EQ(r.fields[0].key, "o");
   EXPECT_EQ(r.fields[0].where, "[0,1,2,3]");
   EXPECT_DOUBLE_EQ(r.fields[0].margin, 3);
   EXPECT_NE(r.failure.find("2 of"), std::string::npos) << r.failure;
@@ -191,7 +193,8 @@ TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
   EntryRow row;
   CaseResult a, b;
   FieldResult fa, fb;
-  fa.field = fb.field = "o";
+  fa.field = fb.field = validation::Field::kO;
+  fa.key = fb.key = "o";
   fa.entry.max_abs = 1e-6;
   fa.naive.max_abs = 1e-6;
   fa.margin = 0.25;

@@ -102,9 +102,11 @@ TEST(CompareScaleNorm, CorrectF32NpyDumpPasses) {
   EXPECT_EQ(row.kind, "scalenorm");
   EXPECT_TRUE(row.pass);
   ASSERT_EQ(row.cases.size(), 1u);
-  std::vector<std::string> fields;
+  std::vector<validation::Field> fields;
   for (const FieldResult& f : row.cases[0].fields) fields.push_back(f.field);
-  EXPECT_EQ(fields, (std::vector<std::string>{"y", "dx", "dg"}));
+  EXPECT_EQ(fields, (std::vector<validation::Field>{
+                        validation::Field::kY, validation::Field::kDx,
+                        validation::Field::kScaleNormDg}));
   // The JSON report names the kind.
   const testing::CliRun j = testing::run(sn_args(dir.path(), {"--json", "-"}));
   EXPECT_EQ(j.code, kExitPass) << j.out << j.err;

@@ -148,7 +148,7 @@ Judged judge(const Dump& d, const std::string& label,
       std::printf(
           "[%s] %s %s: margin %.3g at %s (expected %.9g, actual %.9g, bound "
           "%.3e); %lld fail, %lld not representable, %lld ill-conditioned\n",
-          label.c_str(), f.pass ? "pass" : "FAIL", f.field.c_str(), f.margin,
+          label.c_str(), f.pass ? "pass" : "FAIL", f.key.c_str(), f.margin,
           f.where.c_str(), f.expected, f.actual, f.bound,
           static_cast<long long>(f.failures),
           static_cast<long long>(f.not_representable),
@@ -235,9 +235,9 @@ TEST(CompareVerdict, F16ZeroRowGradientOverflowIsNotRepresentableAndPasses) {
   EXPECT_GT(infs, 0);
   const Judged j = judge(d, "f16 zero row", {"--json", "-"});
   EXPECT_EQ(j.run.code, kExitPass) << j.run.out << j.run.err;
-  const auto dq =
-      std::find_if(j.fields.begin(), j.fields.end(),
-                   [](const FieldSummary& f) { return f.field == "dq"; });
+  const auto dq = std::find_if(
+      j.fields.begin(), j.fields.end(),
+      [](const FieldSummary& f) { return f.field == validation::Field::kDq; });
   ASSERT_NE(dq, j.fields.end());
   EXPECT_EQ(dq->not_representable, infs);
   EXPECT_EQ(dq->failures, 0);

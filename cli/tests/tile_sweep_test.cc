@@ -14,7 +14,7 @@
 
 #include "cli/tests/test_util.h"
 #include "cli/tiles.h"
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 
 namespace qknorm::cli {
 namespace {

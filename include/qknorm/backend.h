@@ -114,6 +114,10 @@ void checked_scalenorm_backward(const Backend& b, const ScaleNormProblem& p,
 class Registry {
  public:
   void add(std::unique_ptr<Backend> b);  // throws Error on a duplicate name
+  // An entry the registry does not own, for one that must be the same object
+  // in every registry and outside them (reference::naive_backend, the naive
+  // baseline): it must outlive the registry. Throws Error on a duplicate.
+  void add_unowned(const Backend& b);
   const std::vector<const Backend*>& entries() const { return view_; }
   const Backend* find(std::string_view name) const;  // nullptr if absent
   // Entries whose name matches a shell glob ('*', '?'), in registry order.
@@ -128,7 +132,8 @@ class Registry {
 bool glob_match(std::string_view glob, std::string_view s);
 
 // Every production entry of this build (reference at every precision, then
-// simd and blas entries when built). Built once, on first call.
+// simd and blas entries when built). Built once, on first call. Defined in
+// registry/ (library qknorm::all), not in core/: core/ knows no implementation.
 const Registry& all_backends();
 
 }  // namespace qknorm

@@ -42,66 +42,34 @@ void ExpectNoAllocation(const Backend& entry, const char* preset) {
   if (preset) p.kv_heads = 2, apply_preset(preset, &p);
   p.mask.causal = true;
   const int64_t Hk = kv_heads_of(p);
-  std::vector<double> w[4], dw[4];
-  for (int i = 0; i < 4; ++i)
-    if (i < 2 || p.norm.bias) {
-      w[i].assign(static_cast<size_t>(param_size(p, i % 2)), 0.5);
-      dw[i].assign(w[i].size(), 0.0);
-    }
-  auto ref = [&](int i) {
-    return ParamRef{w[i].data(), static_cast<int64_t>(w[i].size())};
-  };
-  auto mref = [&](int i) {
-    return MutParamRef{dw[i].data(), static_cast<int64_t>(dw[i].size())};
-  };
-  const size_t es = element_bytes(entry.precision());
+  // Small integers are exact in every format.
+  validation::AttentionCase c;
+  c.problem = p;
   const size_t nq =
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
   const size_t nk = static_cast<size_t>(p.batch * Hk * p.kv_len * p.head_dim);
-  // Small integers are exact in every format; their bytes are all we need.
-  std::vector<unsigned char> q(nq * es), k(nk * es), v(nk * es), o(nq * es),
-      d_o(nq * es), dq(nq * es), dk(nk * es), dv(nk * es);
   for (size_t i = 0; i < nq; ++i) {
-    encode(entry.precision(), static_cast<double>(i % 7) - 3, q.data(), i);
-    encode(entry.precision(), static_cast<double>(i % 5) - 2, d_o.data(), i);
+    c.q.push_back(static_cast<double>(i % 7) - 3);
+    c.d_o.push_back(static_cast<double>(i % 5) - 2);
   }
   for (size_t i = 0; i < nk; ++i) {
-    encode(entry.precision(), static_cast<double>(i % 3) - 1, k.data(), i);
-    encode(entry.precision(), static_cast<double>(i % 4), v.data(), i);
+    c.k.push_back(static_cast<double>(i % 3) - 1);
+    c.v.push_back(static_cast<double>(i % 4));
   }
-  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-  const Layout4 lk = contiguous_layout(Hk, p.kv_len, p.head_dim);
-  const int64_t sq = static_cast<int64_t>(nq), sk = static_cast<int64_t>(nk);
-  const ForwardArgs fa{{q.data(), sq, lq},
-                       {k.data(), sk, lk},
-                       {v.data(), sk, lk},
-                       {o.data(), sq, lq},
-                       lse.data(),
-                       static_cast<int64_t>(lse.size()),
-                       {ref(0), ref(1), ref(2), ref(3)}};
-  double dg = 0;
-  const BackwardArgs ba{fa.q,
-                        fa.k,
-                        fa.v,
-                        {o.data(), sq, lq},
-                        {d_o.data(), sq, lq},
-                        lse.data(),
-                        static_cast<int64_t>(lse.size()),
-                        {dq.data(), sq, lq},
-                        {dk.data(), sk, lk},
-                        {dv.data(), sk, lk},
-                        &dg,
-                        fa.params,
-                        {mref(0), mref(1), mref(2), mref(3)}};
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<double> w(static_cast<size_t>(param_size(p, side)), 0.5);
+    (side == 0 ? c.q_weight : c.k_weight) = w;
+    if (p.norm.bias) (side == 0 ? c.q_bias : c.k_bias) = w;
+  }
+  validation::AttentionBuffers bufs(c, entry.precision());
+  const ForwardArgs fa = bufs.forward_args();
+  const BackwardArgs ba = bufs.backward_args();
+  // ScaleNorm over the same buffers: q, dO as x, dy; o, dq as y, dx.
   ScaleNormProblem sp;
   sp.rows = p.batch * p.heads * p.q_len, sp.dim = p.head_dim;
-  const ScaleNormForwardArgs sfa{{q.data(), sq, p.head_dim},
-                                 {o.data(), sq, p.head_dim}};
-  const ScaleNormBackwardArgs sba{{q.data(), sq, p.head_dim},
-                                  {d_o.data(), sq, p.head_dim},
-                                  {dq.data(), sq, p.head_dim},
-                                  &dg};
+  const ScaleNormForwardArgs sfa{bufs.q.cview2(), bufs.o.view2()};
+  const ScaleNormBackwardArgs sba{bufs.q.cview2(), bufs.d_o.cview2(),
+                                  bufs.dq.view2(), bufs.dg.doubles()};
   std::unique_ptr<Workspace> ws = entry.make_workspace();
   auto* sws = dynamic_cast<SimdWorkspace*>(ws.get());
   ASSERT_NE(sws, nullptr) << entry.name();
@@ -122,6 +90,8 @@ void ExpectNoAllocation(const Backend& entry, const char* preset) {
   EXPECT_EQ(sws->scratch.Get(1), scratch)
       << entry.name() << ": scratch reallocated";
   EXPECT_EQ(sws->qh.Get(1), qh) << entry.name() << ": q_hat buffer reallocated";
+  for (const validation::GuardViolation& g : bufs.guard_violations())
+    ADD_FAILURE() << entry.name() << ": " << g.message();
 }
 
 TEST_P(SimdAllocation, NoneAfterWarmUp) {

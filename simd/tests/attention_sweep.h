@@ -6,10 +6,12 @@
 // list: every value of every factor occurs several times per entry, and the
 // combinations differ between entries (salted by the entry name).
 //
-// No tolerance is defined here: check_attention applies the suite's rule
-// (validation/rule.h), err(simd) <= 2 err(reference:<prec>) + 4 u scale,
-// and its failure message names entry, target, precision, shape, seed,
-// worst index, expected, actual and bound.
+// No tolerance is defined here: TestCase (test_util.h: the AttentionTester,
+// guarded buffers) applies the suite's rule (the per-element bound of
+// validation/rule.h, against the long-double oracle) as check_attention
+// does, and its failure message names entry, target,
+// precision, shape, seed, worst index, expected, actual and bound, or the
+// tensor and index of a written guard.
 #ifndef QKNORM_SIMD_TESTS_ATTENTION_SWEEP_H_
 #define QKNORM_SIMD_TESTS_ATTENTION_SWEEP_H_
 
@@ -22,6 +24,7 @@
 
 #include "qknorm/attention.h"
 #include "qknorm/backend.h"
+#include "simd/tests/test_util.h"
 #include "validation/check.h"
 
 namespace qknorm::simd::testing {
@@ -104,9 +107,9 @@ inline void RunAttentionSweep(const Backend& entry, int64_t first,
       AttentionCase ac = MakeCase(entry, p, dist, seed);
       // Every third case hands the entry strided rows (row_stride = D + 3).
       if (c % 3 == 1) ac.row_pad = kRowPad;
-      const AgreementReport rep =
-          validation::check_attention(entry, ac, ExecConfig{2});
-      EXPECT_TRUE(rep.pass) << "case " << c << ": " << rep.failure_message();
+      const validation::AttentionTestReport r =
+          TestCase(entry, ac, ExecConfig{2});
+      EXPECT_TRUE(r.ok()) << "case " << c << ": " << r.message();
     }
   }
 }

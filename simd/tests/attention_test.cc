@@ -77,9 +77,9 @@ TEST_P(SimdAttentionSweep, EdgeCases) {
   uint64_t seed = 7;
   for (const Edge& e : edges) {
     const AttentionCase ac = MakeCase(entry, e.p, e.dist, seed++);
-    const AgreementReport rep =
-        validation::check_attention(entry, ac, ExecConfig{2});
-    EXPECT_TRUE(rep.pass) << e.what << ": " << rep.failure_message();
+    const validation::AttentionTestReport r =
+        TestCase(entry, ac, ExecConfig{2});
+    EXPECT_TRUE(r.ok()) << e.what << ": " << r.message();
   }
 }
 
@@ -129,9 +129,9 @@ TEST_P(SimdAttentionSweep, SoftmaxPathsKeepExactness) {
     const auto rf = validation::run_attention(entry, ac, fixed);
     const auto ro = validation::run_attention(entry, ac, online);
     for (const ExecConfig& cfg : {online, fixed}) {
-      const AgreementReport rep = validation::check_attention(entry, ac, cfg);
-      EXPECT_TRUE(rep.pass) << "g " << g << " online " << cfg.online_softmax
-                            << ": " << rep.failure_message();
+      const validation::AttentionTestReport r = TestCase(entry, ac, cfg);
+      EXPECT_TRUE(r.ok()) << "g " << g << " online " << cfg.online_softmax
+                          << ": " << r.message();
     }
     for (const auto* r : {&rf, &ro})
       for (int64_t h = 0; h < p.heads; ++h) {

@@ -8,8 +8,8 @@
 // Odd array lengths exercise the tail path (stack buffer) as well.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -20,17 +20,6 @@
 
 namespace qknorm::simd::testing {
 namespace {
-
-float FloatOf(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-uint32_t BitsOf(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
 
 // The f32 bit patterns to test (see file comment).
 std::vector<float> F32Patterns() {
@@ -54,7 +43,7 @@ std::vector<float> F32Patterns() {
                             0x1p-25f,
                             0x1.8p-25f,
                             3.3895314e38f};
-  for (float f : specials) bits.push_back(BitsOf(f));
+  for (float f : specials) bits.push_back(std::bit_cast<uint32_t>(f));
   // Windows of +-4096 patterns around boundaries, both signs.
   const uint32_t centers[] = {
       0x00000000u, 0x00800000u,  // f32 subnormal / normal edge
@@ -72,7 +61,8 @@ std::vector<float> F32Patterns() {
   for (uint64_t u = 0; u < (1ull << 32); u += 4099)
     bits.push_back(static_cast<uint32_t>(u));
   std::vector<float> out(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) out[i] = FloatOf(bits[i]);
+  for (size_t i = 0; i < bits.size(); ++i)
+    out[i] = std::bit_cast<float>(bits[i]);
   // Odd length: the vector tail path runs too.
   if (out.size() % 2 == 0) out.push_back(1.5f);
   return out;
@@ -95,8 +85,10 @@ TEST_P(SimdConvert, ToF32AllPatterns) {
   k.f32_from_f16(in.data(), hf.data(), in.size());
   int bad = 0;
   for (size_t i = 0; i < in.size() && bad < 10; ++i) {
-    const uint32_t want_b = BitsOf(f32_from_bf16(in[i])), got_b = BitsOf(bf[i]);
-    const uint32_t want_h = BitsOf(f32_from_f16(in[i])), got_h = BitsOf(hf[i]);
+    const uint32_t want_b = std::bit_cast<uint32_t>(f32_from_bf16(in[i])),
+                   got_b = std::bit_cast<uint32_t>(bf[i]);
+    const uint32_t want_h = std::bit_cast<uint32_t>(f32_from_f16(in[i])),
+                   got_h = std::bit_cast<uint32_t>(hf[i]);
     if (want_b != got_b) {
       ADD_FAILURE() << GetParam().name << " bf16 0x" << std::hex << in[i]
                     << " -> 0x" << got_b << ", expected 0x" << want_b;
@@ -121,14 +113,14 @@ TEST_P(SimdConvert, FromF32MatchesScalarRne) {
     const uint16_t want_b = bf16_from_f32(in[i]), want_h = f16_from_f32(in[i]);
     if (bf[i] != want_b) {
       ADD_FAILURE() << GetParam().name << " bf16_from_f32(bits 0x" << std::hex
-                    << BitsOf(in[i]) << ") = 0x" << bf[i] << ", expected 0x"
-                    << want_b;
+                    << std::bit_cast<uint32_t>(in[i]) << ") = 0x" << bf[i]
+                    << ", expected 0x" << want_b;
       ++bad;
     }
     if (hf[i] != want_h) {
       ADD_FAILURE() << GetParam().name << " f16_from_f32(bits 0x" << std::hex
-                    << BitsOf(in[i]) << ") = 0x" << hf[i] << ", expected 0x"
-                    << want_h;
+                    << std::bit_cast<uint32_t>(in[i]) << ") = 0x" << hf[i]
+                    << ", expected 0x" << want_h;
       ++bad;
     }
   }

@@ -8,12 +8,15 @@
 
 #include <cctype>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
-#include "validation/run.h"
+#include "validation/buffers.h"
+#include "validation/check.h"
+#include "validation/tester.h"
 
 namespace qknorm::simd::testing {
 
@@ -57,41 +60,40 @@ inline void ExpectSame(const validation::AttentionResult& a,
   EXPECT_TRUE(SameBits(a.dk_bias, b.dk_bias)) << what << ": dk_bias";
 }
 
+// check_attention's verdict on case c (the naive baseline run and judged
+// too) through validation::AttentionTester: the entry's buffers are guarded
+// (NaN poison outside every input view, guard regions around every output
+// view, checked after each call), so an out-of-bounds read or write fails
+// the case with the tensor and index named in message().
+inline validation::AttentionTestReport TestCase(
+    const Backend& entry, const validation::AttentionCase& c,
+    const ExecConfig& cfg, bool forward_only = false) {
+  return validation::AttentionTester()
+      .use_case(c)
+      .config(cfg)
+      .forward_only(forward_only)
+      .with_naive()
+      .Test(entry);
+}
+
 // The probabilities `entry`'s hook reports for case c (inputs in its
-// storage; empty if the entry has no hook); with `ws` and `lse_out`, in that
-// workspace and with the forward's lse.
+// storage, in guarded buffers: validation/buffers.h; empty if the entry has
+// no hook); with `ws` and `lse_out`, in that workspace and with the
+// forward's lse. A hook that writes outside its views fails the test.
 inline std::vector<double> Probabilities(
     const Backend& entry, const validation::AttentionCase& c,
     Workspace* ws = nullptr, std::vector<double>* lse_out = nullptr) {
   const AttentionProblem& p = c.problem;
-  const Precision prec = entry.precision();
-  auto encode_all = [&](const std::vector<double>& x) {
-    std::vector<unsigned char> buf(x.size() * element_bytes(prec));
-    for (size_t i = 0; i < x.size(); ++i) encode(prec, x[i], buf.data(), i);
-    return buf;
-  };
-  auto q = encode_all(c.q), k = encode_all(c.k), v = encode_all(c.v);
-  std::vector<unsigned char> o(q.size());
-  std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-  const Layout4 lk = contiguous_layout(kv_heads_of(p), p.kv_len, p.head_dim);
-  auto ref = [](const std::vector<double>& w) {
-    return ParamRef{w.data(), static_cast<int64_t>(w.size())};
-  };
-  const int64_t nq = static_cast<int64_t>(c.q.size()),
-                nk = static_cast<int64_t>(c.k.size());
-  ForwardArgs fa{
-      {q.data(), nq, lq},
-      {k.data(), nk, lk},
-      {v.data(), nk, lk},
-      {o.data(), nq, lq},
-      lse.data(),
-      static_cast<int64_t>(lse.size()),
-      {ref(c.q_weight), ref(c.k_weight), ref(c.q_bias), ref(c.k_bias)}};
+  validation::AttentionBuffers bufs(c, entry.precision());
   std::vector<double> probs(
-      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len), -1);
-  if (!entry.attention_probabilities(p, fa, probs.data(), ws)) probs.clear();
-  if (lse_out != nullptr) *lse_out = lse;
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len),
+      std::numeric_limits<double>::quiet_NaN());
+  if (!entry.attention_probabilities(p, bufs.forward_args(), probs.data(), ws))
+    probs.clear();
+  for (const validation::GuardViolation& g : bufs.guard_violations())
+    ADD_FAILURE() << entry.name() << " probabilities hook on " << c.describe()
+                  << ": " << g.message();
+  if (lse_out != nullptr) *lse_out = bufs.lse.load();
   return probs;
 }
 

@@ -32,33 +32,23 @@
 namespace {
 
 using qknorm::simd::tools::BestOf;
-
-void Fill(std::vector<float>* v, uint32_t seed, float lo, float width) {
-  uint32_t s = seed;
-  for (float& x : *v) {
-    s = s * 1664525u + 1013904223u;
-    x = lo + width * (static_cast<float>(s >> 8) * 0x1p-24f);
-  }
-}
+using qknorm::simd::tools::F32Attention;
+using qknorm::simd::tools::Lcg;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace qknorm;
-  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
   const int64_t n = argc > 3 ? std::atoll(argv[3]) : 512;
   const int threads = argc > 4 ? std::atoi(argv[4]) : 1;
   std::vector<std::string> names;
   for (int i = 5; i < argc; ++i) names.push_back(argv[i]);
   if (names.empty()) names = {"paper", "qwen3"};
-  const Backend* b = all_backends().find(name);
-  if (b == nullptr || !b->available()) {
-    std::fprintf(stderr, "no runnable entry %s\n", name.c_str());
-    return 1;
-  }
+  const Backend* b = simd::tools::EntryArgument(argc, argv);
+  if (b == nullptr) return 1;
   const int64_t H = 32, D = 128;
-  std::printf("%s n=%lld H=%lld D=%lld threads=%d\n", name.c_str(),
+  std::printf("%s n=%lld H=%lld D=%lld threads=%d\n", b->name().c_str(),
               static_cast<long long>(n), static_cast<long long>(H),
               static_cast<long long>(D), threads);
   std::printf("%-10s %3s %9s %9s %9s %9s %9s %8s %8s %8s\n", "preset", "Hk",
@@ -77,13 +67,9 @@ int main(int argc, char** argv) {
     apply_preset(preset, &p);
     p.g = 12.32;
     const int64_t Hk = kv_heads_of(p);
-    const size_t sq = static_cast<size_t>(H * n * D),
-                 sk = static_cast<size_t>(Hk * n * D);
-    std::vector<float> q(sq), k(sk), v(sk), o(sq), d_o(sq), dq(sq), dk(sk),
-        dv(sk);
-    Fill(&q, 1, -0.5f, 1), Fill(&k, 2, -0.5f, 1), Fill(&v, 3, -0.5f, 1),
-        Fill(&d_o, 4, -0.5f, 1);
-    std::vector<double> lse(static_cast<size_t>(H * n));
+    F32Attention buf(p);
+    Lcg(1).Fill(&buf.q), Lcg(2).Fill(&buf.k), Lcg(3).Fill(&buf.v),
+        Lcg(4).Fill(&buf.d_o);
     // Weights near their initialization (1, or 0 for Gemma's 1 + w).
     std::vector<double> pw[4], dpw[4];
     for (int i = 0; i < 4; ++i) {
@@ -91,7 +77,7 @@ int main(int argc, char** argv) {
       const bool bias = i >= 2;
       if (bias && !p.norm.bias) continue;
       std::vector<float> f(len);
-      Fill(&f, 10 + static_cast<uint32_t>(i), -0.1f, 0.2f);
+      Lcg(10 + static_cast<uint32_t>(i)).Fill(&f, -0.1f, 0.2f);
       for (float x : f)
         pw[i].push_back((bias || p.norm.one_plus_weight) ? x : 1.0 + x);
       dpw[i].assign(len, 0.0);
@@ -104,31 +90,8 @@ int main(int argc, char** argv) {
     };
     const NormParams prm{ref(0), ref(1), ref(2), ref(3)};
     const NormParamGrads dprm{mref(0), mref(1), mref(2), mref(3)};
-    const Layout4 lq = contiguous_layout(H, n, D),
-                  lk = contiguous_layout(Hk, n, D);
-    const int64_t isq = static_cast<int64_t>(sq),
-                  isk = static_cast<int64_t>(sk);
-    ForwardArgs fa{{q.data(), isq, lq},
-                   {k.data(), isk, lk},
-                   {v.data(), isk, lk},
-                   {o.data(), isq, lq},
-                   lse.data(),
-                   static_cast<int64_t>(lse.size()),
-                   prm};
-    double dg = 0;
-    BackwardArgs ba{fa.q,
-                    fa.k,
-                    fa.v,
-                    {o.data(), isq, lq},
-                    {d_o.data(), isq, lq},
-                    lse.data(),
-                    static_cast<int64_t>(lse.size()),
-                    {dq.data(), isq, lq},
-                    {dk.data(), isk, lk},
-                    {dv.data(), isk, lk},
-                    &dg,
-                    prm,
-                    dprm};
+    const ForwardArgs fa = buf.Forward(prm);
+    const BackwardArgs ba = buf.Backward(prm, dprm);
     std::unique_ptr<Workspace> ws = b->make_workspace();
     const ExecConfig cfg{threads}, online{threads, true};
     checked_attention_forward(*b, p, fa, ws.get(), cfg);  // warm-up

@@ -22,6 +22,6 @@ int main(int argc, char** argv) {
                                          ExecConfig{1});
   for (auto& f : rep.fields)
     std::printf("%s: entry %.3e naive %.3e margin %.3e (naive %.3e) %s\n",
-                validation::label(f).c_str(), f.entry.max_abs, f.naive.max_abs,
+                validation::name(f.id), f.entry.max_abs, f.naive.max_abs,
                 f.margin, f.naive_margin, f.pass ? "ok" : "FAIL");
 }

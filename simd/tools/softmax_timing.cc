@@ -20,15 +20,9 @@
 
 namespace {
 
+using qknorm::simd::tools::F32Attention;
+using qknorm::simd::tools::Lcg;
 using qknorm::simd::tools::Seconds;
-
-void Fill(std::vector<float>* v, uint32_t seed) {
-  uint32_t s = seed;
-  for (float& x : *v) {
-    s = s * 1664525u + 1013904223u;
-    x = -0.5f + static_cast<float>(s >> 8) * 0x1p-24f;
-  }
-}
 
 double Median(std::vector<double> x) {
   std::sort(x.begin(), x.end());
@@ -39,19 +33,15 @@ double Median(std::vector<double> x) {
 
 int main(int argc, char** argv) {
   using namespace qknorm;
-  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const int reps = argc > 2 ? std::atoi(argv[2]) : 15;
   const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
-  const Backend* b = all_backends().find(name);
-  if (b == nullptr || !b->available()) {
-    std::fprintf(stderr, "no runnable entry %s\n", name.c_str());
-    return 1;
-  }
+  const Backend* b = simd::tools::EntryArgument(argc, argv);
+  if (b == nullptr) return 1;
   const int64_t H = 8;
   std::printf(
       "%s B=1 H=%lld g=12.32 threads=%d, median of %d interleaved "
       "pairs\n",
-      name.c_str(), static_cast<long long>(H), threads, reps);
+      b->name().c_str(), static_cast<long long>(H), threads, reps);
   std::printf("%5s %4s %6s %11s %11s %10s %10s %8s\n", "n", "d", "mask",
               "online ms", "fixed ms", "online GF", "fixed GF", "fix/onl");
   for (int64_t D : {64, 128})
@@ -61,19 +51,9 @@ int main(int argc, char** argv) {
         p.batch = 1, p.heads = H, p.q_len = n, p.kv_len = n, p.head_dim = D;
         p.g = 12.32;
         p.mask.causal = causal;
-        const size_t sz = static_cast<size_t>(H * n * D);
-        std::vector<float> q(sz), k(sz), v(sz), o(sz);
-        Fill(&q, 1), Fill(&k, 2), Fill(&v, 3);
-        std::vector<double> lse(static_cast<size_t>(H * n));
-        const Layout4 l = contiguous_layout(H, n, D);
-        const auto is = static_cast<int64_t>(sz);
-        const ForwardArgs fa{{q.data(), is, l},
-                             {k.data(), is, l},
-                             {v.data(), is, l},
-                             {o.data(), is, l},
-                             lse.data(),
-                             static_cast<int64_t>(lse.size()),
-                             {}};
+        F32Attention buf(p);
+        Lcg(1).Fill(&buf.q), Lcg(2).Fill(&buf.k), Lcg(3).Fill(&buf.v);
+        const ForwardArgs fa = buf.Forward();
         std::unique_ptr<Workspace> ws = b->make_workspace();
         ExecConfig online{threads, true}, fixed{threads, false};
         checked_attention_forward(*b, p, fa, ws.get(), online);  // warm-up

@@ -20,21 +20,15 @@
 
 extern "C" void openblas_set_num_threads(int);
 
-namespace {
-
 using qknorm::simd::tools::BestOf;
-
-}  // namespace
+using qknorm::simd::tools::F32Attention;
+using qknorm::simd::tools::Lcg;
 
 int main(int argc, char** argv) {
   using namespace qknorm;
-  const std::string name = argc > 1 ? argv[1] : "simd:AVX2:f32";
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
-  const Backend* b = all_backends().find(name);
-  if (b == nullptr || !b->available()) {
-    std::fprintf(stderr, "no runnable entry %s\n", name.c_str());
-    return 1;
-  }
+  const Backend* b = simd::tools::EntryArgument(argc, argv);
+  if (b == nullptr) return 1;
   const int64_t H = 8, D = 64;
   std::printf("%-6s %3s %10s %10s %10s %8s %8s\n", "n", "thr", "fwd GF/s",
               "bwd GF/s", "sgemm GF/s", "fwd/gemm", "bwd/gemm");
@@ -42,39 +36,11 @@ int main(int argc, char** argv) {
     AttentionProblem p;
     p.batch = 1, p.heads = H, p.q_len = n, p.kv_len = n, p.head_dim = D,
     p.g = 12.32;
-    const size_t sz = static_cast<size_t>(H * n * D);
-    std::vector<float> q(sz), k(sz), v(sz), o(sz), d_o(sz), dq(sz), dk(sz),
-        dv(sz);
-    uint32_t s = 1;
-    for (auto* vec : {&q, &k, &v, &d_o})
-      for (float& x : *vec) {
-        s = s * 1664525u + 1013904223u;
-        x = static_cast<float>(s >> 8) * 0x1p-24f - 0.5f;
-      }
-    std::vector<double> lse(static_cast<size_t>(H * n));
-    const Layout4 l = contiguous_layout(H, n, D);
-    const int64_t isz = static_cast<int64_t>(sz);
-    ForwardArgs fa{{q.data(), isz, l},
-                   {k.data(), isz, l},
-                   {v.data(), isz, l},
-                   {o.data(), isz, l},
-                   lse.data(),
-                   static_cast<int64_t>(lse.size()),
-                   {}};
-    double dg = 0;
-    BackwardArgs ba{fa.q,
-                    fa.k,
-                    fa.v,
-                    {o.data(), isz, l},
-                    {d_o.data(), isz, l},
-                    lse.data(),
-                    static_cast<int64_t>(lse.size()),
-                    {dq.data(), isz, l},
-                    {dk.data(), isz, l},
-                    {dv.data(), isz, l},
-                    &dg,
-                    {},
-                    {}};
+    F32Attention buf(p);
+    Lcg rng(1);
+    for (auto* vec : {&buf.q, &buf.k, &buf.v, &buf.d_o}) rng.Fill(vec);
+    const ForwardArgs fa = buf.Forward();
+    const BackwardArgs ba = buf.Backward();
     std::vector<float> S(static_cast<size_t>(n * n)),
         C(static_cast<size_t>(n * D));
     const double fwd_flops = 4.0 * n * n * D * H,
@@ -93,9 +59,9 @@ int main(int argc, char** argv) {
       openblas_set_num_threads(threads);
       const double tg = BestOf(r, [&] {
         for (int64_t h = 0; h < H; ++h) {
-          const float* qh = q.data() + h * n * D;
-          const float* kh = k.data() + h * n * D;
-          const float* vh = v.data() + h * n * D;
+          const float* qh = buf.q.data() + h * n * D;
+          const float* kh = buf.k.data() + h * n * D;
+          const float* vh = buf.v.data() + h * n * D;
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, D, 1.0f,
                       qh, D, kh, D, 0.0f, S.data(), n);
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, n, 1.0f,

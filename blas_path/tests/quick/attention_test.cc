@@ -18,6 +18,8 @@
 #include "blas_path/tests/test_util.h"
 #include "qknorm/error.h"
 #include "qknorm/precision.h"
+#include "validation/buffers.h"
+#include "validation/nonsaturation.h"
 
 // Counts C++ allocations while armed (the workspace test). OpenBLAS's own
 // buffers come from its C allocator and are not counted: they are allocated
@@ -94,73 +96,37 @@ TEST(BlasAttention, HugeAndTinyRows) {
 // output (head_stride = D, row_stride = H D) and returns o, lse, dq, dk, dv,
 // dg in the dense order; the blas path must give the same bits as on dense
 // buffers (the GEMMs pack their operands, so lda does not change arithmetic).
-template <class T>
+// The buffers are guarded (validation/buffers.h): a write outside a view
+// fails the test.
 validation::AttentionResult run_interleaved(const Backend& b,
                                             const AttentionCase& c) {
   const AttentionProblem& p = c.problem;
   const int64_t B = p.batch, H = p.heads, D = p.head_dim;
-  auto layout = [&](int64_t n) { return Layout4{n * H * D, D, H * D}; };
-  // Offsets of element (b, h, i, d) in the dense and interleaved orders.
-  auto dense_at = [&](int64_t bb, int64_t h, int64_t i, int64_t d, int64_t n) {
-    return static_cast<size_t>(((bb * H + h) * n + i) * D + d);
-  };
-  auto il_at = [&](int64_t bb, int64_t h, int64_t i, int64_t d, int64_t n) {
-    return static_cast<size_t>(((bb * n + i) * H + h) * D + d);
-  };
-  // dst[to(...)] = src[from(...)] over every element.
-  auto permute = [&](const auto& src, auto& dst, int64_t n, auto to,
-                     auto from) {
-    for (int64_t bb = 0; bb < B; ++bb)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t d = 0; d < D; ++d)
-            dst[to(bb, h, i, d, n)] =
-                static_cast<std::decay_t<decltype(dst[0])>>(
-                    src[from(bb, h, i, d, n)]);
-  };
-  auto to_il = [&](const std::vector<double>& x, int64_t n) {
-    std::vector<T> r(x.size());
-    permute(x, r, n, il_at, dense_at);
-    return r;
-  };
-  auto from_il = [&](const std::vector<T>& x, int64_t n) {
-    std::vector<double> r(x.size());
-    permute(x, r, n, dense_at, il_at);
-    return r;
+  auto buffer = [&](const char* name, int64_t n) {
+    return validation::TensorBuffer(name, b.precision(), {B, H, n, D},
+                                    Layout4{n * H * D, D, H * D}, B * n * H * D,
+                                    validation::kGuardElements);
   };
   const int64_t nq = p.q_len, nk = p.kv_len;
-  std::vector<T> q = to_il(c.q, nq), k = to_il(c.k, nk), v = to_il(c.v, nk),
-                 d_o = to_il(c.d_o, nq), o(q.size()), dq(q.size()),
-                 dk(k.size()), dv(k.size());
-  validation::AttentionResult r;
-  r.lse.resize(static_cast<size_t>(B * H * nq));
-  auto cv = [](const std::vector<T>& x, Layout4 l) {
-    return ConstTensor4{x.data(), static_cast<int64_t>(x.size()), l};
-  };
-  auto mv = [](std::vector<T>& x, Layout4 l) {
-    return MutTensor4{x.data(), static_cast<int64_t>(x.size()), l};
-  };
-  const Layout4 lq = layout(nq), lk = layout(nk);
-  ForwardArgs fa{cv(q, lq), cv(k, lk),    cv(v, lk),
-                 mv(o, lq), r.lse.data(), static_cast<int64_t>(r.lse.size()),
-                 {}};
+  validation::TensorBuffer q = buffer("q", nq), k = buffer("k", nk),
+                           v = buffer("v", nk), d_o = buffer("d_o", nq),
+                           o = buffer("o", nq), dq = buffer("dq", nq),
+                           dk = buffer("dk", nk), dv = buffer("dv", nk),
+                           lse = validation::double_buffer("lse", B * H * nq),
+                           dg = validation::double_buffer("dg", 1);
+  q.store(c.q), k.store(c.k), v.store(c.v), d_o.store(c.d_o);
+  ForwardArgs fa{q.cview(),     k.cview(),  v.cview(), o.view(),
+                 lse.doubles(), lse.size(), {}};
   checked_attention_forward(b, p, fa, nullptr);
-  BackwardArgs ba{cv(q, lq),
-                  cv(k, lk),
-                  cv(v, lk),
-                  cv(o, lq),
-                  cv(d_o, lq),
-                  r.lse.data(),
-                  static_cast<int64_t>(r.lse.size()),
-                  mv(dq, lq),
-                  mv(dk, lk),
-                  mv(dv, lk),
-                  &r.dg,
-                  {},
-                  {}};
+  BackwardArgs ba{q.cview(),     k.cview(),  v.cview(), o.cview(), d_o.cview(),
+                  lse.doubles(), lse.size(), dq.view(), dk.view(), dv.view(),
+                  dg.doubles(),  {},         {}};
   checked_attention_backward(b, p, ba, nullptr);
-  r.o = from_il(o, nq), r.dq = from_il(dq, nq), r.dk = from_il(dk, nk),
-  r.dv = from_il(dv, nk);
+  for (const validation::TensorBuffer* t : {&o, &dq, &dk, &dv, &lse, &dg})
+    EXPECT_TRUE(t->guards_intact()) << t->first_violation().message();
+  validation::AttentionResult r;
+  r.o = o.load(), r.lse = lse.load(), r.dq = dq.load(), r.dk = dk.load(),
+  r.dv = dv.load(), r.dg = dg.load()[0];
   return r;
 }
 
@@ -170,11 +136,11 @@ TEST(BlasAttention, HeadInterleavedLayoutGivesDenseBits) {
         validation::round_inputs(sweep_case(i, 16, 33, 64), Precision::kF32);
     SCOPED_TRACE(c.describe());
     const auto dense = validation::run_attention(entry(Precision::kF32), c);
-    expect_same_bits(dense, run_interleaved<float>(entry(Precision::kF32), c),
+    expect_same_bits(dense, run_interleaved(entry(Precision::kF32), c),
                      "f32 interleaved vs dense");
     const AttentionCase c64 = validation::round_inputs(c, Precision::kF64);
     expect_same_bits(validation::run_attention(entry(Precision::kF64), c64),
-                     run_interleaved<double>(entry(Precision::kF64), c64),
+                     run_interleaved(entry(Precision::kF64), c64),
                      "f64 interleaved vs dense");
   }
 }
@@ -230,47 +196,11 @@ TEST(BlasWorkspace, NoGrowthAndNoAllocationAfterWarmUp) {
     const size_t warm = bytes();
     EXPECT_EQ(warm, workspace_bytes(big, eb, true, 0));
 
-    // Direct calls (no harness buffers) with allocation counting armed.
+    // Direct calls (guarded buffers built before counting is armed).
     const AttentionProblem& p = cbig.problem;
-    const size_t nq =
-        static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim);
-    const size_t nk =
-        static_cast<size_t>(p.batch * p.heads * p.kv_len * p.head_dim);
-    std::vector<unsigned char> q(nq * eb), k(nk * eb), v(nk * eb), o(nq * eb),
-        d_o(nq * eb), dq(nq * eb), dk(nk * eb), dv(nk * eb);
-    for (size_t i = 0; i < nq; ++i) {
-      encode(prec, cbig.q[i], q.data(), i);
-      encode(prec, cbig.d_o[i], d_o.data(), i);
-    }
-    for (size_t i = 0; i < nk; ++i) {
-      encode(prec, cbig.k[i], k.data(), i);
-      encode(prec, cbig.v[i], v.data(), i);
-    }
-    std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-    const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-    const Layout4 lk = contiguous_layout(p.heads, p.kv_len, p.head_dim);
-    const auto inq = static_cast<int64_t>(nq), ink = static_cast<int64_t>(nk);
-    ForwardArgs fa{{q.data(), inq, lq},
-                   {k.data(), ink, lk},
-                   {v.data(), ink, lk},
-                   {o.data(), inq, lq},
-                   lse.data(),
-                   static_cast<int64_t>(lse.size()),
-                   {}};
-    double dg = 0;
-    BackwardArgs ba{{q.data(), inq, lq},
-                    {k.data(), ink, lk},
-                    {v.data(), ink, lk},
-                    {o.data(), inq, lq},
-                    {d_o.data(), inq, lq},
-                    lse.data(),
-                    static_cast<int64_t>(lse.size()),
-                    {dq.data(), inq, lq},
-                    {dk.data(), ink, lk},
-                    {dv.data(), ink, lk},
-                    &dg,
-                    {},
-                    {}};
+    validation::AttentionBuffers bufs(cbig, prec);
+    const ForwardArgs fa = bufs.forward_args();
+    const BackwardArgs ba = bufs.backward_args();
     ExecConfig cfg;
     cfg.threads = 1;
     g_allocs = 0;
@@ -290,7 +220,9 @@ TEST(BlasWorkspace, NoGrowthAndNoAllocationAfterWarmUp) {
         b, validation::make_attention_case(small, Distribution::kGaussian, 4),
         {}, &ws);
     EXPECT_EQ(bytes(), warm);
-    for (double x : lse) EXPECT_TRUE(std::isfinite(x));
+    for (double x : bufs.lse.load()) EXPECT_TRUE(std::isfinite(x));
+    for (const validation::GuardViolation& g : bufs.guard_violations())
+      ADD_FAILURE() << g.message();
   }
 }
 
@@ -307,41 +239,21 @@ TEST(BlasProbabilities, MatchesReferenceAndNonSaturation) {
       SCOPED_TRACE(std::string(name(prec)) + " " + c.describe());
       const int64_t nq = p.q_len, nk = p.kv_len, D = p.head_dim;
       const size_t nqe = c.q.size(), nke = c.k.size();
-      const size_t eb = element_bytes(prec);
-      std::vector<unsigned char> q(nqe * eb), k(nke * eb);
-      std::vector<double> q64(c.q), k64(c.k);
-      for (size_t j = 0; j < nqe; ++j) encode(prec, c.q[j], q.data(), j);
-      for (size_t j = 0; j < nke; ++j) encode(prec, c.k[j], k.data(), j);
-      const Layout4 lq = contiguous_layout(p.heads, nq, D),
-                    lk = contiguous_layout(p.heads, nk, D);
-      ForwardArgs fa{}, fr{};
-      fa.q = {q.data(), static_cast<int64_t>(nqe), lq};
-      fa.k = {k.data(), static_cast<int64_t>(nke), lk};
-      fr.q = {q64.data(), static_cast<int64_t>(nqe), lq};
-      fr.k = {k64.data(), static_cast<int64_t>(nke), lk};
+      // The entry's storage and reference:f64's, guarded.
+      validation::AttentionBuffers mine(c, prec), ref64(c, Precision::kF64);
+      const ForwardArgs fa = mine.forward_args(), fr = ref64.forward_args();
       const size_t np = static_cast<size_t>(p.batch * p.heads * nq * nk);
       std::vector<double> pb(np, std::nan("")), pr(np);
       ASSERT_TRUE(
           entry(prec).attention_probabilities(p, fa, pb.data(), nullptr));
       ASSERT_TRUE(ref.attention_probabilities(p, fr, pr.data(), nullptr));
+      EXPECT_TRUE(mine.guard_violations().empty());
+      EXPECT_TRUE(ref64.guard_violations().empty());
       // Relative error of a probability (bound of test_util.h's forward
       // analysis at the entry's u): 2E + (m + 6) u, E = A (3D + 15) u.
       const double u = compute_roundoff(prec);
-      double A = std::fabs(p.g);
-      if (p.variant == Variant::kSDPA) {
-        double mq = 0, mk = 0;
-        for (size_t r = 0; r < nqe; r += D) {
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += c.q[r + d] * c.q[r + d];
-          mq = std::max(mq, std::sqrt(s));
-        }
-        for (size_t r = 0; r < nke; r += D) {
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += c.k[r + d] * c.k[r + d];
-          mk = std::max(mk, std::sqrt(s));
-        }
-        A = mq * mk / std::sqrt(double(D));
-      }
+      // A: the rule's logit amplitude (|g|, or max||q|| max||k|| / sqrt(D)).
+      const double A = validation::logit_amplitude(c);
       const double E = A * (3.0 * D + 15) * u;
       for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
         for (int64_t row = 0; row < nq; ++row) {
@@ -363,16 +275,14 @@ TEST(BlasProbabilities, MatchesReferenceAndNonSaturation) {
           if (m == 0) continue;
           // sum of m values each within (m + ...) u: the row sums to 1.
           EXPECT_NEAR(sum, 1.0, 2 * (2 * E + (nk + 6) * u)) << "row " << row;
-          if (p.variant == Variant::kQKNorm) {
-            const double lo = 1 / (1 + (m - 1) * std::exp(2 * std::fabs(p.g)));
-            const double hi = 1 / (1 + (m - 1) * std::exp(-2 * std::fabs(p.g)));
-            const double slack = 2 * E + (nk + 6) * u;
-            for (int64_t j = 0; j < m; ++j) {
-              EXPECT_GE(pb[base + j], lo * (1 - slack)) << row << "," << j;
-              EXPECT_LE(pb[base + j], hi * (1 + slack)) << row << "," << j;
-            }
-          }
         }
+      // The non-saturation bound itself: validation/nonsaturation.h.
+      if (p.variant == Variant::kQKNorm)
+        EXPECT_EQ(validation::check_nonsaturation(
+                      p, pb, nullptr,
+                      validation::computed_logit_amplitude(c, nullptr, prec, A),
+                      prec),
+                  "");
     }
 }
 

@@ -21,6 +21,7 @@
 #include "blas_path/attention.h"
 #include "blas_path/tests/test_util.h"
 #include "qknorm/precision.h"
+#include "validation/buffers.h"
 
 namespace qknorm::blas::testing {
 namespace {
@@ -231,7 +232,6 @@ TEST(BlasFormulation, ExtremeRowsStayFiniteAndPass) {
 
 // The probabilities hook honours the formulation and GQA: it matches the
 // reference's hook and its rows sum to 1.
-template <class T>
 void check_probabilities(Precision prec) {
   for (const char* name : {"qwen3", "olmo2", "chameleon", "ngpt"}) {
     const Preset& s = *find_preset(name);
@@ -239,26 +239,8 @@ void check_probabilities(Precision prec) {
     const AttentionCase c = validation::round_inputs(
         validation::make_attention_case(p, Distribution::kGaussian, 11), prec);
     SCOPED_TRACE(c.describe());
-    const int64_t Hk = kv_heads_of(p);
-    std::vector<T> q(c.q.begin(), c.q.end()), k(c.k.begin(), c.k.end()),
-        v(c.v.begin(), c.v.end()), o(c.q.size());
-    std::vector<double> lse(static_cast<size_t>(p.batch * p.heads * p.q_len));
-    const Layout4 lq = contiguous_layout(p.heads, p.q_len, p.head_dim);
-    const Layout4 lk = contiguous_layout(Hk, p.kv_len, p.head_dim);
-    const auto nq = static_cast<int64_t>(q.size()),
-               nk = static_cast<int64_t>(k.size());
-    auto pr = [](const std::vector<double>& x) {
-      return ParamRef{x.empty() ? nullptr : x.data(),
-                      static_cast<int64_t>(x.size())};
-    };
-    const ForwardArgs fa{
-        {q.data(), nq, lq},
-        {k.data(), nk, lk},
-        {v.data(), nk, lk},
-        {o.data(), nq, lq},
-        lse.data(),
-        static_cast<int64_t>(lse.size()),
-        {pr(c.q_weight), pr(c.k_weight), pr(c.q_bias), pr(c.k_bias)}};
+    validation::AttentionBuffers bufs(c, prec);  // guarded
+    const ForwardArgs fa = bufs.forward_args();
     const size_t np =
         static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len);
     std::vector<double> mine(np, NAN), ref(np, NAN);
@@ -271,6 +253,8 @@ void check_probabilities(Precision prec) {
     auto rws = ref_entry.make_workspace();
     ASSERT_TRUE(
         ref_entry.attention_probabilities(p, fa, ref.data(), rws.get()));
+    for (const validation::GuardViolation& g : bufs.guard_violations())
+      ADD_FAILURE() << g.message();
     const double tol = prec == Precision::kF32 ? 1e-5 : 1e-13;
     for (size_t i = 0; i < np; ++i)
       ASSERT_NEAR(mine[i], ref[i], tol) << "element " << i;
@@ -286,8 +270,8 @@ void check_probabilities(Precision prec) {
 }
 
 TEST(BlasFormulation, ProbabilitiesHookHonoursFormulationAndGqa) {
-  check_probabilities<float>(Precision::kF32);
-  check_probabilities<double>(Precision::kF64);
+  check_probabilities(Precision::kF32);
+  check_probabilities(Precision::kF64);
 }
 
 // A fresh workspace holds exactly workspace_bytes() after a forward, then

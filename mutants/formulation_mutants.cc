@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 #include "qknorm/precision.h"
 #include "reference/reference.h"
 

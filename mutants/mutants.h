@@ -1,11 +1,12 @@
 // Deliberately broken backends (mutants) and legitimate variants of the same
-// loops (controls), in the static library qknorm_mutants. They are never part
-// of qknorm::all_backends(): the mutation test (mutation_test.cc) and
-// `qknorm-check mutants` (cli/mutants.h) run them to prove that the property
-// suite and the default suite catch every bug and pass every control.
+// loops (controls), in the static library qknorm_mutants (mutants/, outside
+// the test directories: cli links it). They are never part of
+// qknorm::all_backends(): the mutation test (property_tests/mutation_test.cc)
+// and `qknorm-check mutants` (cli/mutants.h) run them to prove that the
+// property suite and the default suite catch every bug and pass every control.
 //
 // The mutants are small, self-contained copies of reference-style loops
-// (test code, independent of reference/), templated on the arithmetic type
+// (independent of reference/'s entries), templated on the arithmetic type
 // (float for the f32/bf16/f16 storage modes, double for f64) and read and
 // write strided storage exactly as a production entry does. Each carries one
 // bug that real attention / normalization kernels have had:
@@ -17,8 +18,8 @@
 // The controls are the same loops with no bug and another legitimate
 // arithmetic (summation order, FMA, a 2-ulp exp, f32 accumulators for 16-bit
 // storage): a correct kernel may do any of these, so each must pass.
-#ifndef QKNORM_PROPERTY_TESTS_MUTANTS_H_
-#define QKNORM_PROPERTY_TESTS_MUTANTS_H_
+#ifndef QKNORM_MUTANTS_MUTANTS_H_
+#define QKNORM_MUTANTS_MUTANTS_H_
 
 #include <memory>
 #include <string>
@@ -149,4 +150,4 @@ std::unique_ptr<Backend> make_formulation_entry(const char* family,
 
 }  // namespace qknorm::property
 
-#endif  // QKNORM_PROPERTY_TESTS_MUTANTS_H_
+#endif  // QKNORM_MUTANTS_MUTANTS_H_

@@ -1,4 +1,4 @@
-#include "property_tests/mutants.h"
+#include "mutants/mutants.h"
 
 #include <algorithm>
 #include <cmath>

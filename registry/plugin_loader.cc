@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "qknorm/error.h"
@@ -122,21 +123,18 @@ qknorm_attention_problem to_c(const AttentionProblem& p) {
   return c;
 }
 
-qknorm_const_tensor4 to_c(const ConstTensor4& t, int32_t dt) {
-  return {t.data,
-          t.size,
-          t.layout.batch_stride,
-          t.layout.head_stride,
-          t.layout.row_stride,
-          dt};
-}
-qknorm_tensor4 to_c(const MutTensor4& t, int32_t dt) {
-  return {t.data,
-          t.size,
-          t.layout.batch_stride,
-          t.layout.head_stride,
-          t.layout.row_stride,
-          dt};
+// The C view of a tensor: qknorm_const_tensor4 for a read-only view,
+// qknorm_tensor4 for an output.
+template <class Ptr>
+auto to_c(const TensorRef4<Ptr>& t, int32_t dt) {
+  using C = std::conditional_t<std::is_same_v<Ptr, const void*>,
+                               qknorm_const_tensor4, qknorm_tensor4>;
+  return C{t.data,
+           t.size,
+           t.layout.batch_stride,
+           t.layout.head_stride,
+           t.layout.row_stride,
+           dt};
 }
 qknorm_params to_c(const NormParams& p) {
   return {p.q_weight.data, p.k_weight.data, p.q_bias.data, p.k_bias.data,
@@ -367,20 +365,13 @@ class PluginBackend : public Backend {
     const qknorm_attention_problem cp = to_c(p);
     const int32_t dt = dtype_of(precision());
     qknorm_backward_args ca{};
-    ca.q = to_c(a.q, dt);
-    ca.k = to_c(a.k, dt);
-    ca.v = to_c(a.v, dt);
-    ca.o = to_c(a.o, dt);
+    shared_args(a, cfg, &ca);
     ca.d_o = to_c(a.d_o, dt);
-    ca.lse = a.lse;
-    ca.lse_size = a.lse_size;
     ca.dq = to_c(a.dq, dt);
     ca.dk = to_c(a.dk, dt);
     ca.dv = to_c(a.dv, dt);
     ca.dg = a.dg;
-    ca.params = to_c(a.params);
     ca.d_params = to_c(a.d_params);
-    ca.threads = cfg.threads;
     qknorm_param_grads& g = ca.d_params;
     invoke(name(), "attention_backward on " + describe(p),
            {{&ca.dq.data, bytes4(ca.dq, precision())},
@@ -457,18 +448,24 @@ class PluginBackend : public Backend {
     auto* w = dynamic_cast<PluginWorkspace*>(ws);
     return w ? w->get() : nullptr;
   }
+  // The fields the forward and backward arguments share, converted alike
+  // (the C structs name them as the C++ ones do).
+  template <class Args, class CArgs>
+  void shared_args(const Args& a, const ExecConfig& cfg, CArgs* ca) const {
+    const int32_t dt = dtype_of(precision());
+    ca->q = to_c(a.q, dt);
+    ca->k = to_c(a.k, dt);
+    ca->v = to_c(a.v, dt);
+    ca->o = to_c(a.o, dt);
+    ca->lse = a.lse;
+    ca->lse_size = a.lse_size;
+    ca->params = to_c(a.params);
+    ca->threads = cfg.threads;
+  }
   qknorm_forward_args forward_args(const ForwardArgs& a,
                                    const ExecConfig& cfg) const {
-    const int32_t dt = dtype_of(precision());
     qknorm_forward_args ca{};
-    ca.q = to_c(a.q, dt);
-    ca.k = to_c(a.k, dt);
-    ca.v = to_c(a.v, dt);
-    ca.o = to_c(a.o, dt);
-    ca.lse = a.lse;
-    ca.lse_size = a.lse_size;
-    ca.params = to_c(a.params);
-    ca.threads = cfg.threads;
+    shared_args(a, cfg, &ca);
     return ca;
   }
 

@@ -1,0 +1,357 @@
+#include "validation/buffers.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <utility>
+
+#include "qknorm/error.h"
+#include "qknorm/validate.h"
+
+namespace qknorm::validation {
+
+uint64_t poison_bits(Precision p) {
+  switch (p) {
+    case Precision::kF64:
+      return 0x7ff800000000005aull;
+    case Precision::kF32:
+      return 0x7fc0005au;
+    case Precision::kF16:
+      return 0x7e5a;
+    case Precision::kBF16:
+      return 0x7fda;
+  }
+  return 0;
+}
+
+namespace {
+
+uint64_t bits_at(Precision p, const unsigned char* bytes, int64_t i) {
+  uint64_t b = 0;  // little endian: the low bytes hold the element
+  const size_t eb = element_bytes(p);
+  std::memcpy(&b, bytes + eb * static_cast<size_t>(i), eb);
+  return b;
+}
+
+}  // namespace
+
+std::string GuardViolation::message() const {
+  char buf[320];
+  const int hex = static_cast<int>(2 * element_bytes(prec));
+  std::snprintf(buf, sizeof buf,
+                "%s: guard element at index %" PRId64
+                " (%s) was written: holds %.17g (bits 0x%0*" PRIx64
+                "), guard pattern 0x%0*" PRIx64,
+                tensor.c_str(), index, where.c_str(), value, hex, bits, hex,
+                poison_bits(prec));
+  return buf;
+}
+
+TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
+                           int64_t row_pad)
+    : name_(std::move(name)), prec_(p), shape_(shape) {
+  const int64_t rs = shape.D + row_pad;
+  layout_ = Layout4{shape.H * shape.rows * rs, shape.rows * rs, rs};
+  size_ = shape.B * shape.H * shape.rows * rs;
+  lead_ = kGuardElements;
+  total_ = size_ + 2 * kGuardElements;
+  dense_ = true;
+  allocate();
+  // The view starts as the canonical NaN: distinct from the poison, so that
+  // an unwritten output is a NaN the verdict refuses and never mistaken for
+  // a guard.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t i = 0; i < total_; ++i)
+    if (addressed_[static_cast<size_t>(i)] != 0)
+      encode(p, nan, bytes_.data(), static_cast<size_t>(i));
+}
+
+TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
+                           const Layout4& l, int64_t size, int64_t guard)
+    : name_(std::move(name)),
+      prec_(p),
+      shape_(shape),
+      layout_(l),
+      size_(size),
+      lead_(guard),
+      total_(size + 2 * guard) {
+  allocate();
+}
+
+void TensorBuffer::allocate() {
+  const size_t eb = element_bytes(prec_);
+  bytes_.resize(static_cast<size_t>(total_) * eb);
+  const uint64_t poison = poison_bits(prec_);
+  for (int64_t i = 0; i < total_; ++i)
+    std::memcpy(bytes_.data() + static_cast<size_t>(i) * eb, &poison, eb);
+  addressed_.assign(static_cast<size_t>(total_), 0);
+  const Shape4& s = shape_;
+  if (s.B < 1 || s.H < 1 || s.rows < 1 || s.D < 1) return;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t n = 0; n < s.rows; ++n)
+        for (int64_t d = 0; d < s.D; ++d) {
+          const int64_t o = offset(b, h, n, d);
+          if (o < 0 || o >= size_) continue;
+          uint8_t& a = addressed_[static_cast<size_t>(lead_ + o)];
+          if (a < 255) ++a;
+        }
+}
+
+void TensorBuffer::store(const std::vector<double>& dense) {
+  const Shape4& s = shape_;
+  if (static_cast<int64_t>(dense.size()) != s.count())
+    throw Error("case " + name_, {},
+                "length must be " + std::to_string(s.count()) + " (got " +
+                    std::to_string(dense.size()) + ")");
+  size_t i = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t n = 0; n < s.rows; ++n)
+        for (int64_t d = 0; d < s.D; ++d, ++i) {
+          const int64_t o = offset(b, h, n, d);
+          if (o >= 0 && o < size_)
+            encode(prec_, dense[i], data(), static_cast<size_t>(o));
+        }
+}
+
+std::vector<double> TensorBuffer::load() const {
+  const Shape4& s = shape_;
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(std::max<int64_t>(0, s.count())));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t n = 0; n < s.rows; ++n)
+        for (int64_t d = 0; d < s.D; ++d) {
+          const int64_t o = offset(b, h, n, d);
+          out.push_back(o >= 0 && o < size_
+                            ? decode(prec_, data(), static_cast<size_t>(o))
+                            : std::numeric_limits<double>::quiet_NaN());
+        }
+  return out;
+}
+
+double* TensorBuffer::doubles() {
+  return prec_ == Precision::kF64 && shape_.count() > 0
+             ? static_cast<double*>(data())
+             : nullptr;
+}
+const double* TensorBuffer::doubles() const {
+  return const_cast<TensorBuffer*>(this)->doubles();
+}
+
+bool TensorBuffer::overlapping() const {
+  for (uint8_t a : addressed_)
+    if (a > 1) return true;
+  return false;
+}
+
+// "o[b,h,n,d]" of the view element at offset off (dense mode: batch and head
+// strides are multiples of the row stride).
+std::string TensorBuffer::element_name(int64_t off) const {
+  const int64_t rs = layout_.row_stride, D = shape_.D;
+  const int64_t row = rs > 0 ? off / rs : 0, d = rs > 0 ? off % rs : off;
+  const int64_t n = row % shape_.rows, bh = row / shape_.rows;
+  return name_ + "[" + std::to_string(bh / shape_.H) + "," +
+         std::to_string(bh % shape_.H) + "," + std::to_string(n) + "," +
+         std::to_string(std::min(d, D - 1)) + "]";
+}
+
+GuardViolation TensorBuffer::first_violation() const {
+  const uint64_t poison = poison_bits(prec_);
+  int64_t last = -1;  // the view's last addressed offset
+  for (int64_t i = total_ - 1; i >= 0 && last < 0; --i)
+    if (addressed_[static_cast<size_t>(i)] != 0) last = i - lead_;
+  for (int64_t i = 0; i < total_; ++i) {
+    if (addressed_[static_cast<size_t>(i)] != 0 ||
+        bits_at(prec_, bytes_.data(), i) == poison)
+      continue;
+    GuardViolation v;
+    v.tensor = name_;
+    v.prec = prec_;
+    v.index = i - lead_;
+    v.bits = bits_at(prec_, bytes_.data(), i);
+    v.value = decode(prec_, bytes_.data(), static_cast<size_t>(i));
+    const bool dense = dense_;
+    // Built by appending: GCC 12 warns (-Wrestrict, a known false
+    // positive) on chains of std::string operator+ here.
+    std::string& w = v.where;
+    if (v.index < 0) {
+      w = std::to_string(-v.index);
+      w += " before the view's first element";
+    } else if (last >= 0 && v.index > last) {
+      w = std::to_string(v.index - last);
+      w += " past the view's last element";
+      if (dense) {
+        w += " ";
+        w += element_name(last);
+      }
+    } else if (dense) {
+      const int64_t rs = layout_.row_stride;
+      const int64_t row_end = (v.index / rs) * rs + shape_.D - 1;
+      w = "row pad, ";
+      w += std::to_string(v.index - row_end);
+      w += " past ";
+      w += element_name(row_end);
+    } else {
+      w = "a gap inside the view";
+    }
+    return v;
+  }
+  return {};
+}
+
+TensorBuffer double_buffer(std::string name, int64_t n) {
+  return TensorBuffer(std::move(name), Precision::kF64, Shape4{1, 1, 1, n});
+}
+
+namespace {
+
+// The case's tensor stored in a new buffer of its shape (left NaN when the
+// case leaves it empty, as a forward-only case may leave d_o).
+TensorBuffer input(const char* name, Precision s, Shape4 shape, int64_t pad,
+                   const std::vector<double>& x, bool required) {
+  TensorBuffer t(name, s, shape, pad);
+  if (required || !x.empty()) t.store(x);
+  return t;
+}
+TensorBuffer param(const char* name, const std::vector<double>& x) {
+  TensorBuffer t = double_buffer(name, static_cast<int64_t>(x.size()));
+  t.store(x);
+  return t;
+}
+// The problem validated before any buffer is sized from it (a negative or
+// overflowing dimension is bad input, not an allocation).
+const AttentionProblem& valid(const AttentionProblem& p) {
+  validate_problem(p);
+  return p;
+}
+const ScaleNormProblem& valid(const ScaleNormProblem& p) {
+  validate_problem(p);
+  return p;
+}
+std::vector<GuardViolation> first_violations(
+    std::initializer_list<const TensorBuffer*> buffers) {
+  std::vector<GuardViolation> r;
+  for (const TensorBuffer* t : buffers) {
+    GuardViolation v = t->first_violation();
+    if (!v.tensor.empty()) r.push_back(std::move(v));
+  }
+  return r;
+}
+ParamRef ref(const TensorBuffer& t) { return {t.doubles(), t.size()}; }
+MutParamRef mref(TensorBuffer& t) { return {t.doubles(), t.size()}; }
+
+}  // namespace
+
+AttentionBuffers::AttentionBuffers(const AttentionCase& c, Precision s)
+    : q(input("q", s,
+              {valid(c.problem).batch, c.problem.heads, c.problem.q_len,
+               c.problem.head_dim},
+              c.row_pad, c.q, true)),
+      k(input("k", s,
+              {c.problem.batch, kv_heads_of(c.problem), c.problem.kv_len,
+               c.problem.head_dim},
+              c.row_pad, c.k, true)),
+      v(input("v", s, k.shape(), c.row_pad, c.v, true)),
+      d_o(input("d_o", s, q.shape(), c.row_pad, c.d_o, false)),
+      o("o", s, q.shape(), c.row_pad),
+      dq("dq", s, q.shape(), c.row_pad),
+      dk("dk", s, k.shape(), c.row_pad),
+      dv("dv", s, k.shape(), c.row_pad),
+      lse(double_buffer("lse",
+                        c.problem.batch * c.problem.heads * c.problem.q_len)),
+      dg(double_buffer("dg", 1)),
+      q_weight(param("q_weight", c.q_weight)),
+      k_weight(param("k_weight", c.k_weight)),
+      q_bias(param("q_bias", c.q_bias)),
+      k_bias(param("k_bias", c.k_bias)),
+      dq_weight(double_buffer("dq_weight", q_weight.size())),
+      dk_weight(double_buffer("dk_weight", k_weight.size())),
+      dq_bias(double_buffer("dq_bias", q_bias.size())),
+      dk_bias(double_buffer("dk_bias", k_bias.size())),
+      problem_(c.problem) {}
+
+ForwardArgs AttentionBuffers::forward_args() {
+  return ForwardArgs{q.cview(),
+                     k.cview(),
+                     v.cview(),
+                     o.view(),
+                     lse.doubles(),
+                     lse.size(),
+                     {ref(q_weight), ref(k_weight), ref(q_bias), ref(k_bias)}};
+}
+
+BackwardArgs AttentionBuffers::backward_args() {
+  return BackwardArgs{
+      q.cview(),
+      k.cview(),
+      v.cview(),
+      o.cview(),
+      d_o.cview(),
+      lse.doubles(),
+      lse.size(),
+      dq.view(),
+      dk.view(),
+      dv.view(),
+      dg.doubles(),
+      {ref(q_weight), ref(k_weight), ref(q_bias), ref(k_bias)},
+      {mref(dq_weight), mref(dk_weight), mref(dq_bias), mref(dk_bias)}};
+}
+
+std::vector<GuardViolation> AttentionBuffers::guard_violations() const {
+  return first_violations({&q, &k, &v, &d_o, &o, &dq, &dk, &dv, &lse, &dg,
+                           &q_weight, &k_weight, &q_bias, &k_bias, &dq_weight,
+                           &dk_weight, &dq_bias, &dk_bias});
+}
+
+AttentionResult AttentionBuffers::result(bool backward) const {
+  AttentionResult r;
+  r.o = o.load();
+  r.lse = lse.load();
+  if (!backward) return r;
+  r.dq = dq.load();
+  r.dk = dk.load();
+  r.dv = dv.load();
+  r.dg = dg.load()[0];
+  r.dq_weight = dq_weight.load();
+  r.dk_weight = dk_weight.load();
+  r.dq_bias = dq_bias.load();
+  r.dk_bias = dk_bias.load();
+  return r;
+}
+
+ScaleNormBuffers::ScaleNormBuffers(const ScaleNormCase& c, Precision s,
+                                   int64_t row_pad)
+    : x(input("x", s, {1, 1, valid(c.problem).rows, c.problem.dim}, row_pad,
+              c.x, true)),
+      dy(input("dy", s, x.shape(), row_pad, c.dy, false)),
+      y("y", s, x.shape(), row_pad),
+      dx("dx", s, x.shape(), row_pad),
+      dg(double_buffer("dg", 1)) {}
+
+ScaleNormForwardArgs ScaleNormBuffers::forward_args() {
+  return {x.cview2(), y.view2()};
+}
+
+ScaleNormBackwardArgs ScaleNormBuffers::backward_args() {
+  return {x.cview2(), dy.cview2(), dx.view2(), dg.doubles()};
+}
+
+std::vector<GuardViolation> ScaleNormBuffers::guard_violations() const {
+  return first_violations({&x, &dy, &y, &dx, &dg});
+}
+
+ScaleNormResult ScaleNormBuffers::result(bool backward) const {
+  ScaleNormResult r;
+  r.y = y.load();
+  if (!backward) return r;
+  r.dx = dx.load();
+  r.dg = dg.load()[0];
+  return r;
+}
+
+}  // namespace qknorm::validation
