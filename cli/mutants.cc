@@ -235,8 +235,8 @@ int run_mutants(const MutantsOptions& o, const SuiteOptions& so,
   const int n_cases =
       static_cast<int>(suite.attention.size() + suite.scalenorm.size());
   out << fmt::format(
-      "qknorm-check mutants: {} mutants and {} controls (property_tests/"
-      "mutants.h) on the {} suite: {} cases, seed {}; {} jobs\n",
+      "qknorm-check mutants: {} mutants and {} controls (mutants/mutants.h) "
+      "on the {} suite: {} cases, seed {}; {} jobs\n",
       mutants.size(), controls.size(), custom_suite(so) ? "given" : "default",
       n_cases, so.seed, jobs);
   out << "A mutant must FAIL (CAUGHT) and a control PASS. A passing mutant "
