@@ -18,6 +18,7 @@
 #include "mutants/mutants.h"
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
+#include "tests/forwarding_backend.h"
 #include "validation/judge.h"
 #include "validation/sampled.h"
 
@@ -157,26 +158,24 @@ TEST(SampledVerdict, AgreesWithTheFullVerdictOnEveryMutantAndControl) {
 // A correct entry whose forward writes O of the rows after the last full
 // query block of kBlock wrong by a relative 2^-10 (a tail-block epilogue
 // bug, n % kBlock != 0); everything else is the wrapped entry's.
-class TailRowsMutant final : public Backend {
+class TailRowsMutant final : public test_support::ForwardingBackend {
  public:
   static constexpr int64_t kBlock = 64;
   TailRowsMutant(const Backend& inner, bool active)
-      : Backend("mutant", active ? "tail_rows" : "tail_rows_off",
-                inner.precision()),
-        inner_(inner),
+      : ForwardingBackend(inner, active ? "tail_rows" : "tail_rows_off"),
         active_(active) {}
   bool supports(const AttentionProblem& p) const override {
-    return inner_.supports(p);
+    return inner().supports(p);
   }
   std::vector<int64_t> block_sizes(const AttentionProblem&) const override {
     return {kBlock};
   }
   std::unique_ptr<Workspace> make_workspace() const override {
-    return inner_.make_workspace();
+    return inner().make_workspace();
   }
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace* ws, const ExecConfig& cfg) const override {
-    inner_.attention_forward(p, a, ws, cfg);
+    inner().attention_forward(p, a, ws, cfg);
     const int64_t tail = p.q_len / kBlock * kBlock;
     if (!active_ || p.q_len % kBlock == 0 || tail == 0) return;
     if (precision() != Precision::kF32)
@@ -191,23 +190,8 @@ class TailRowsMutant final : public Backend {
             *x *= 1 + 0x1p-10f;
           }
   }
-  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
-                          Workspace* ws, const ExecConfig& cfg) const override {
-    inner_.attention_backward(p, a, ws, cfg);
-  }
-  void scalenorm_forward(const ScaleNormProblem& p,
-                         const ScaleNormForwardArgs& a, Workspace* ws,
-                         const ExecConfig& cfg) const override {
-    inner_.scalenorm_forward(p, a, ws, cfg);
-  }
-  void scalenorm_backward(const ScaleNormProblem& p,
-                          const ScaleNormBackwardArgs& a, Workspace* ws,
-                          const ExecConfig& cfg) const override {
-    inner_.scalenorm_backward(p, a, ws, cfg);
-  }
 
  private:
-  const Backend& inner_;
   bool active_;
 };
 

@@ -15,6 +15,7 @@
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
 #include "qknorm/precision.h"
+#include "tests/forwarding_backend.h"
 #include "validation/buffers.h"
 #include "validation/check.h"
 
@@ -31,20 +32,20 @@ int64_t last_offset(const Layout4& l, int64_t B, int64_t H, int64_t rows,
 }
 
 // A registered entry, delegated to, with one fault injected.
-class FaultyEntry final : public Backend {
+class FaultyEntry final : public test_support::ForwardingBackend {
  public:
   FaultyEntry(const Backend& inner, Fault f)
-      : Backend("mutant", "-", inner.precision()), inner_(inner), fault_(f) {}
+      : ForwardingBackend(inner, "-"), fault_(f) {}
   bool supports(const AttentionProblem& p) const override {
-    return inner_.supports(p);
+    return inner().supports(p);
   }
   std::unique_ptr<Workspace> make_workspace() const override {
-    return inner_.make_workspace();
+    return inner().make_workspace();
   }
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace* ws, const ExecConfig& cfg) const override {
     if (fault_ != Fault::kIgnoreRowStride) {
-      inner_.attention_forward(p, a, ws, cfg);
+      inner().attention_forward(p, a, ws, cfg);
     } else {
       // Reads q, k, v as if they were dense: every row but the first starts
       // inside the previous row's pad.
@@ -52,7 +53,7 @@ class FaultyEntry final : public Backend {
       dense.q.layout = contiguous_layout(p.heads, p.q_len, p.head_dim);
       dense.k.layout = contiguous_layout(kv_heads_of(p), p.kv_len, p.head_dim);
       dense.v.layout = dense.k.layout;
-      inner_.attention_forward(p, dense, ws, cfg);
+      inner().attention_forward(p, dense, ws, cfg);
     }
     if (fault_ == Fault::kWriteOnePastO)
       encode(precision(), 0.5, a.o.data,
@@ -62,26 +63,15 @@ class FaultyEntry final : public Backend {
   }
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                           Workspace* ws, const ExecConfig& cfg) const override {
-    inner_.attention_backward(p, a, ws, cfg);
+    inner().attention_backward(p, a, ws, cfg);
     if (fault_ == Fault::kWriteOnePastDq)
       encode(precision(), -2.0, a.dq.data,
              static_cast<size_t>(last_offset(a.dq.layout, p.batch, p.heads,
                                              p.q_len, p.head_dim) +
                                  1));
   }
-  void scalenorm_forward(const ScaleNormProblem& p,
-                         const ScaleNormForwardArgs& a, Workspace* ws,
-                         const ExecConfig& cfg) const override {
-    inner_.scalenorm_forward(p, a, ws, cfg);
-  }
-  void scalenorm_backward(const ScaleNormProblem& p,
-                          const ScaleNormBackwardArgs& a, Workspace* ws,
-                          const ExecConfig& cfg) const override {
-    inner_.scalenorm_backward(p, a, ws, cfg);
-  }
 
  private:
-  const Backend& inner_;
   Fault fault_;
 };
 

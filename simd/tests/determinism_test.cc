@@ -20,15 +20,7 @@ class SimdDeterminism : public ::testing::TestWithParam<const Backend*> {};
 
 TEST_P(SimdDeterminism, AttentionAcrossThreadsAndReruns) {
   const Backend& entry = *GetParam();
-  AttentionProblem p;
-  p.batch = 3, p.heads = 1, p.q_len = 150, p.kv_len = 200, p.head_dim = 33,
-  p.g = 12.32;
-  p.mask.causal = true;
-  p.mask.key_lengths = {200, 0, 130};
-  const auto c = validation::round_inputs(
-      validation::make_attention_case(p, validation::Distribution::kGaussian,
-                                      99, entry.precision()),
-      entry.precision());
+  const auto c = CausalPaddedCase(entry, 3, 1, 150, 200, 33, {200, 0, 130}, 99);
   const auto one = validation::run_attention(entry, c, ExecConfig{1});
   std::unique_ptr<Workspace> ws = entry.make_workspace();
   const auto two = validation::run_attention(entry, c, ExecConfig{2}, ws.get());

@@ -20,15 +20,8 @@ class SimdProbabilities : public ::testing::TestWithParam<const Backend*> {};
 
 TEST_P(SimdProbabilities, MaskedZeroRowSumsAndNonSaturation) {
   const Backend& entry = *GetParam();
-  AttentionProblem p;
-  p.batch = 2, p.heads = 2, p.q_len = 70, p.kv_len = 131, p.head_dim = 31,
-  p.g = 12.32;
-  p.mask.causal = true;
-  p.mask.key_lengths = {0, 100};
-  const auto c = validation::round_inputs(
-      validation::make_attention_case(p, validation::Distribution::kGaussian, 3,
-                                      entry.precision()),
-      entry.precision());
+  const auto c = CausalPaddedCase(entry, 2, 2, 70, 131, 31, {0, 100}, 3);
+  const AttentionProblem& p = c.problem;
   const std::vector<double> probs = Probabilities(entry, c);
   ASSERT_FALSE(probs.empty()) << entry.name() << ": no probabilities hook";
 

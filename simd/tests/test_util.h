@@ -10,11 +10,13 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
 #include "validation/buffers.h"
+#include "validation/case.h"
 #include "validation/check.h"
 #include "validation/tester.h"
 
@@ -58,6 +60,24 @@ inline void ExpectSame(const validation::AttentionResult& a,
   EXPECT_TRUE(SameBits(a.dk_weight, b.dk_weight)) << what << ": dk_weight";
   EXPECT_TRUE(SameBits(a.dq_bias, b.dq_bias)) << what << ": dq_bias";
   EXPECT_TRUE(SameBits(a.dk_bias, b.dk_bias)) << what << ": dk_bias";
+}
+
+// A Gaussian case at g = 12.32, rounded to `entry`'s storage, of the causal
+// problem [B, H, Nq, Nk, D] whose batch b sees key_lengths[b] keys (0: a
+// fully masked batch): the masked shape the determinism and probabilities
+// tests share.
+inline validation::AttentionCase CausalPaddedCase(
+    const Backend& entry, int64_t B, int64_t H, int64_t Nq, int64_t Nk,
+    int64_t D, std::vector<int64_t> key_lengths, uint64_t seed) {
+  AttentionProblem p;
+  p.batch = B, p.heads = H, p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
+  p.g = 12.32;
+  p.mask.causal = true;
+  p.mask.key_lengths = std::move(key_lengths);
+  return validation::round_inputs(
+      validation::make_attention_case(p, validation::Distribution::kGaussian,
+                                      seed, entry.precision()),
+      entry.precision());
 }
 
 // check_attention's verdict on case c (the naive baseline run and judged
