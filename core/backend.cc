@@ -1,6 +1,7 @@
 #include "qknorm/backend.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
@@ -44,31 +45,44 @@ void check_supported(const Backend& b, const AttentionProblem& p) {
 }
 }  // namespace
 
+namespace {
+// Every front door: validate the arguments against the entry's precision,
+// refuse an attention formulation the entry does not implement, then call.
+template <class Problem, class Args>
+void run_checked(void (*validate)(const Problem&, const Args&, Precision),
+                 void (Backend::*call)(const Problem&, const Args&, Workspace*,
+                                       const ExecConfig&) const,
+                 const Backend& b, const Problem& p, const Args& a,
+                 Workspace* ws, const ExecConfig& cfg) {
+  validate(p, a, b.precision());
+  if constexpr (std::is_same_v<Problem, AttentionProblem>)
+    check_supported(b, p);
+  (b.*call)(p, a, ws, cfg);
+}
+}  // namespace
+
 void checked_attention_forward(const Backend& b, const AttentionProblem& p,
                                const ForwardArgs& a, Workspace* ws,
                                const ExecConfig& cfg) {
-  validate_forward(p, a, b.precision());
-  check_supported(b, p);
-  b.attention_forward(p, a, ws, cfg);
+  run_checked(validate_forward, &Backend::attention_forward, b, p, a, ws, cfg);
 }
 void checked_attention_backward(const Backend& b, const AttentionProblem& p,
                                 const BackwardArgs& a, Workspace* ws,
                                 const ExecConfig& cfg) {
-  validate_backward(p, a, b.precision());
-  check_supported(b, p);
-  b.attention_backward(p, a, ws, cfg);
+  run_checked(validate_backward, &Backend::attention_backward, b, p, a, ws,
+              cfg);
 }
 void checked_scalenorm_forward(const Backend& b, const ScaleNormProblem& p,
                                const ScaleNormForwardArgs& a, Workspace* ws,
                                const ExecConfig& cfg) {
-  validate_scalenorm_forward(p, a, b.precision());
-  b.scalenorm_forward(p, a, ws, cfg);
+  run_checked(validate_scalenorm_forward, &Backend::scalenorm_forward, b, p, a,
+              ws, cfg);
 }
 void checked_scalenorm_backward(const Backend& b, const ScaleNormProblem& p,
                                 const ScaleNormBackwardArgs& a, Workspace* ws,
                                 const ExecConfig& cfg) {
-  validate_scalenorm_backward(p, a, b.precision());
-  b.scalenorm_backward(p, a, ws, cfg);
+  run_checked(validate_scalenorm_backward, &Backend::scalenorm_backward, b, p,
+              a, ws, cfg);
 }
 
 void Registry::add(std::unique_ptr<Backend> b) {

@@ -7,41 +7,33 @@
 namespace qknorm {
 namespace {
 
+// Every per-precision constant, one row a storage format.
 struct FormatInfo {
-  int digits;   // significand bits including the implicit bit
-  int min_exp;  // exponent of the smallest normal, as 2^min_exp
-  int max_exp;  // largest finite is (2 - 2^(1-digits)) * 2^max_exp
+  std::string_view name;
+  size_t bytes;  // element size in storage
+  int digits;    // significand bits including the implicit bit
+  int min_exp;   // exponent of the smallest normal, as 2^min_exp
+  int max_exp;   // largest finite is (2 - 2^(1-digits)) * 2^max_exp
 };
 
 FormatInfo info(Precision p) {
   switch (p) {
     case Precision::kF64:
-      return {53, -1022, 1023};
+      return {"f64", 8, 53, -1022, 1023};
     case Precision::kF32:
-      return {24, -126, 127};
+      return {"f32", 4, 24, -126, 127};
     case Precision::kBF16:
-      return {8, -126, 127};
+      return {"bf16", 2, 8, -126, 127};
     case Precision::kF16:
-      return {11, -14, 15};
+      return {"f16", 2, 11, -14, 15};
   }
-  return {53, -1022, 1023};
+  // Not a Precision: named "?", f64's arithmetic, 2 bytes (as ever).
+  return {"?", 2, 53, -1022, 1023};
 }
 
 }  // namespace
 
-std::string_view name(Precision p) {
-  switch (p) {
-    case Precision::kF64:
-      return "f64";
-    case Precision::kF32:
-      return "f32";
-    case Precision::kBF16:
-      return "bf16";
-    case Precision::kF16:
-      return "f16";
-  }
-  return "?";
-}
+std::string_view name(Precision p) { return info(p).name; }
 
 bool parse_precision(std::string_view s, Precision* out) {
   for (Precision p : kAllPrecisions) {
@@ -53,16 +45,7 @@ bool parse_precision(std::string_view s, Precision* out) {
   return false;
 }
 
-size_t element_bytes(Precision p) {
-  switch (p) {
-    case Precision::kF64:
-      return 8;
-    case Precision::kF32:
-      return 4;
-    default:
-      return 2;
-  }
-}
+size_t element_bytes(Precision p) { return info(p).bytes; }
 
 double unit_roundoff(Precision p) { return std::ldexp(1.0, -info(p).digits); }
 Precision compute_format(Precision p) {
