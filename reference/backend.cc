@@ -12,20 +12,28 @@
 namespace qknorm::reference {
 namespace {
 
+// Calls f(i) with the storage index i of every element of a [B, H, rows, D]
+// view laid out as l, in dense (row-major) order.
+template <class F>
+void for_each_element(const Layout4& l, int64_t B, int64_t H, int64_t rows,
+                      int64_t D, F f) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < rows; ++n) {
+        const int64_t base =
+            b * l.batch_stride + h * l.head_stride + n * l.row_stride;
+        for (int64_t d = 0; d < D; ++d) f(static_cast<size_t>(base + d));
+      }
+}
+
 template <class T>
 std::vector<T> gather(Precision prec, const ConstTensor4& t, int64_t B,
                       int64_t H, int64_t rows, int64_t D) {
   std::vector<T> out(static_cast<size_t>(B * H * rows * D));
   size_t idx = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n) {
-        const int64_t base = b * t.layout.batch_stride +
-                             h * t.layout.head_stride + n * t.layout.row_stride;
-        for (int64_t d = 0; d < D; ++d)
-          out[idx++] = static_cast<T>(
-              decode(prec, t.data, static_cast<size_t>(base + d)));
-      }
+  for_each_element(t.layout, B, H, rows, D, [&](size_t i) {
+    out[idx++] = static_cast<T>(decode(prec, t.data, i));
+  });
   return out;
 }
 
@@ -33,15 +41,9 @@ template <class T>
 void scatter(Precision prec, const std::vector<T>& src, const MutTensor4& t,
              int64_t B, int64_t H, int64_t rows, int64_t D) {
   size_t idx = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n) {
-        const int64_t base = b * t.layout.batch_stride +
-                             h * t.layout.head_stride + n * t.layout.row_stride;
-        for (int64_t d = 0; d < D; ++d)
-          encode(prec, static_cast<double>(src[idx++]), t.data,
-                 static_cast<size_t>(base + d));
-      }
+  for_each_element(t.layout, B, H, rows, D, [&](size_t i) {
+    encode(prec, static_cast<double>(src[idx++]), t.data, i);
+  });
 }
 
 ConstTensor4 rows2(const ConstTensor2& t) {
@@ -84,6 +86,25 @@ void load_params(const NormParams& a, Precision s, Params<T>* out) {
   out->args.storage = s;
 }
 
+// What the forward and the backward both read: q, k, v gathered densely in T
+// and the formulation's parameters.
+template <class T>
+struct QkvParams {
+  std::vector<T> q, k, v;
+  Params<T> w;
+};
+
+// Args: ForwardArgs or BackwardArgs (both carry q, k, v and params).
+template <class T, class Args>
+void load_qkv_params(const AttentionProblem& p, const Args& a, Precision s,
+                     QkvParams<T>* out) {
+  const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
+  out->q = gather<T>(s, a.q, B, H, p.q_len, D);
+  out->k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
+  out->v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
+  load_params(a.params, s, &out->w);
+}
+
 template <class T>
 class ReferenceBackend final : public Backend {
  public:
@@ -95,12 +116,11 @@ class ReferenceBackend final : public Backend {
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig&) const override {
     const Precision s = precision();
-    const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
-    auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
-    Params<T> w;
-    load_params(a.params, s, &w);
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    QkvParams<T> in;
+    load_qkv_params(p, a, s, &in);
+    const auto &q = in.q, &k = in.k, &v = in.v;
+    const Params<T>& w = in.w;
     std::vector<T> o(q.size()), lse(static_cast<size_t>(B * H * p.q_len));
     reference::attention_forward<T>(p, q.data(), k.data(), v.data(), o.data(),
                                     lse.data(), w.args);
@@ -113,13 +133,12 @@ class ReferenceBackend final : public Backend {
                           Workspace*, const ExecConfig&) const override {
     const Precision s = precision();
     const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
-    auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
+    QkvParams<T> in;
+    load_qkv_params(p, a, s, &in);
+    const auto &q = in.q, &k = in.k, &v = in.v;
+    const Params<T>& w = in.w;
     auto o = gather<T>(s, a.o, B, H, p.q_len, D);
     auto d_o = gather<T>(s, a.d_o, B, H, p.q_len, D);
-    Params<T> w;
-    load_params(a.params, s, &w);
     std::vector<T> lse(a.lse, a.lse + a.lse_size);
     std::vector<T> dq(q.size()), dk(k.size()), dv(v.size());
     std::vector<T> dqw(static_cast<size_t>(a.d_params.q_weight.size)),
