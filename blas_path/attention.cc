@@ -976,6 +976,21 @@ int item_threads(const AttentionProblem& p, const ExecConfig& cfg) {
   return static_cast<int>(std::min<int64_t>(t, p.batch * p.heads));
 }
 
+// The forward of every head on `threads` threads (O and lse written); with
+// `probs`, each head's probabilities too, dense [B, H, q_len, kv_len].
+template <class T>
+void forward_all_heads(const AttentionProblem& p, const ForwardArgs& a,
+                       double* probs, BlasWorkspace<T>& ws, int threads) {
+  if (general_path(p)) return general_forward(p, a, probs, ws, threads);
+  const int64_t per_head = p.q_len * p.kv_len;
+  for_each_head(p, ws, threads, false,
+                [&](int64_t b, int64_t h, Scratch<T>& s, int64_t i) {
+                  forward_head(
+                      p, a, b, h,
+                      probs == nullptr ? nullptr : probs + i * per_head, s);
+                });
+}
+
 template <class T>
 void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                        BlasWorkspace<T>& ws, const ExecConfig& cfg) {
@@ -983,12 +998,7 @@ void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                        {"k", a.k.layout, p.kv_len, true},
                        {"v", a.v.layout, p.kv_len},
                        {"o", a.o.layout, p.q_len}});
-  if (general_path(p))
-    return general_forward(p, a, nullptr, ws, item_threads(p, cfg));
-  for_each_head(p, ws, item_threads(p, cfg), false,
-                [&](int64_t b, int64_t h, Scratch<T>& s, int64_t) {
-                  forward_head(p, a, b, h, nullptr, s);
-                });
+  forward_all_heads(p, a, nullptr, ws, item_threads(p, cfg));
 }
 
 template <class T>
@@ -996,12 +1006,7 @@ void attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
                              double* probs, BlasWorkspace<T>& ws) {
   check_blas_range(
       p, {{"q", a.q.layout, p.q_len, true}, {"k", a.k.layout, p.kv_len, true}});
-  if (general_path(p)) return general_forward(p, a, probs, ws, 1);
-  const int64_t per_head = p.q_len * p.kv_len;
-  for_each_head(p, ws, 1, false,
-                [&](int64_t b, int64_t h, Scratch<T>& s, int64_t i) {
-                  forward_head(p, a, b, h, probs + i * per_head, s);
-                });
+  forward_all_heads(p, a, probs, ws, 1);
 }
 
 template <class T>

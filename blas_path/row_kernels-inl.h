@@ -20,22 +20,21 @@ typedef double f64x4 __attribute__((vector_size(QKNORM_BLAS_VBYTES)));
 typedef int32_t i32x8 __attribute__((vector_size(QKNORM_BLAS_VBYTES)));
 typedef int64_t i64x4 __attribute__((vector_size(QKNORM_BLAS_VBYTES)));
 
+// The vector of T at this width, the integer vector of lanes as wide as T's
+// (IE), and the lane count. GCC identifies vector types by element type and
+// size, so Lanes<float>::V is f32x8 and Lanes<double>::V is f64x4.
 template <class T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  using V = f32x8;
-  using I = i32x8;
-  using IE = int32_t;
-  static constexpr int kN = QKNORM_BLAS_VBYTES / 4;
+struct Lanes {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  using IE = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  typedef T V __attribute__((vector_size(QKNORM_BLAS_VBYTES)));
+  typedef IE I __attribute__((vector_size(QKNORM_BLAS_VBYTES)));
+  static constexpr int kN = QKNORM_BLAS_VBYTES / sizeof(T);
 };
-template <>
-struct Lanes<double> {
-  using V = f64x4;
-  using I = i64x4;
-  using IE = int64_t;
-  static constexpr int kN = QKNORM_BLAS_VBYTES / 8;
-};
+static_assert(std::is_same_v<Lanes<float>::V, f32x8> &&
+              std::is_same_v<Lanes<float>::I, i32x8> &&
+              std::is_same_v<Lanes<double>::V, f64x4> &&
+              std::is_same_v<Lanes<double>::I, i64x4>);
 
 template <class T>
 QKNORM_BLAS_INLINE typename Lanes<T>::V load(const T* p) {
