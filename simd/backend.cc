@@ -52,26 +52,17 @@ class SimdBackend final : public Backend {
   }
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                           Workspace* ws, const ExecConfig& cfg) const override {
-    WithWorkspace(ws, [&](SimdWorkspace& w) {
-      target_.kernels.attention_backward(p, a, precision(), w,
-                                         ResolveThreads(cfg));
-    });
+    Call(target_.kernels.attention_backward, p, a, ws, cfg);
   }
   void scalenorm_forward(const ScaleNormProblem& p,
                          const ScaleNormForwardArgs& a, Workspace* ws,
                          const ExecConfig& cfg) const override {
-    WithWorkspace(ws, [&](SimdWorkspace& w) {
-      target_.kernels.scalenorm_forward(p, a, precision(), w,
-                                        ResolveThreads(cfg));
-    });
+    Call(target_.kernels.scalenorm_forward, p, a, ws, cfg);
   }
   void scalenorm_backward(const ScaleNormProblem& p,
                           const ScaleNormBackwardArgs& a, Workspace* ws,
                           const ExecConfig& cfg) const override {
-    WithWorkspace(ws, [&](SimdWorkspace& w) {
-      target_.kernels.scalenorm_backward(p, a, precision(), w,
-                                         ResolveThreads(cfg));
-    });
+    Call(target_.kernels.scalenorm_backward, p, a, ws, cfg);
   }
   // Runs the forward (o and lse are written too) and reports the final
   // probabilities exp(S - m) / l the forward's online softmax ends with.
@@ -92,6 +83,17 @@ class SimdBackend final : public Backend {
     if (auto* w = dynamic_cast<SimdWorkspace*>(ws)) return f(*w);
     SimdWorkspace tmp;
     f(tmp);
+  }
+
+  // A kernel of the table taking (problem, args, precision, workspace,
+  // threads): every call but the forward, which also has a softmax mode and
+  // the probabilities hook.
+  template <class Kernel, class Problem, class Args>
+  void Call(Kernel kernel, const Problem& p, const Args& a, Workspace* ws,
+            const ExecConfig& cfg) const {
+    WithWorkspace(ws, [&](SimdWorkspace& w) {
+      kernel(p, a, precision(), w, ResolveThreads(cfg));
+    });
   }
 
   const CompiledTarget& target_;
