@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -31,8 +32,8 @@
 #include "property_tests/support.h"
 #include "qknorm/formulation.h"
 #include "reference/reference.h"
-#include "validation/check.h"
 #include "validation/bounds.h"
+#include "validation/check.h"
 #include "validation/gradcheck.h"
 #include "validation/nonsaturation.h"
 #include "validation/rng.h"
@@ -150,6 +151,46 @@ std::string scaled_diff(const std::string& field, const std::vector<double>& a,
     const std::string d =
         close_diff(field, {a[i]}, {b[i] * al}, ta[i] + al * tb[i]);
     if (!d.empty()) return d + " at element " + std::to_string(i);
+  }
+  return "";
+}
+
+// The two runs of a metamorphic property: r1 of case c, r2 of the
+// transformed case c2, with each case's per-element budgets. The oracle of c2
+// is the transformed oracle of c (the transformations are exact in storage),
+// so by the triangle inequality a field the transformation leaves unchanged
+// (or only permutes) agrees within the sum of both cases' budgets.
+struct RunPair {
+  Budgets B, B2;
+  AttentionResult r1, r2;
+};
+RunPair run_pair(const Backend& b, Precision s, const AttentionCase& c,
+                 const AttentionCase& c2) {
+  RunPair runs{attention_budgets(s, c), attention_budgets(s, c2), {}, {}};
+  runs.r1 = validation::run_attention(b, c);
+  runs.r2 = validation::run_attention(b, c2);
+  return runs;
+}
+
+// One field the pair must agree on: element i of r2 against element map[i]
+// of r1 (the same element if `map` is null), named "<field> (permuted)"
+// where mapped.
+struct AgreeingField {
+  Field field;
+  const std::vector<size_t>* map = nullptr;
+};
+
+// The first of `fields`, in order, on which the runs disagree; "" if none.
+std::string first_disagreement(const RunPair& runs,
+                               std::initializer_list<AgreeingField> fields) {
+  for (const AgreeingField& f : fields) {
+    const auto a = validation::field_values(runs.r2, f.field);
+    const auto b = validation::field_values(runs.r1, f.field);
+    const std::string d = close_diff(
+        std::string(validation::name(f.field)) + (f.map ? " (permuted)" : ""),
+        {a.begin(), a.end()}, {b.begin(), b.end()}, runs.B2.of(f.field),
+        runs.B.of(f.field), f.map ? *f.map : std::vector<size_t>{});
+    if (!d.empty()) return d;
   }
   return "";
 }
@@ -426,24 +467,15 @@ void row_scale_invariance(const Backend& b) {
   const int64_t D = c.problem.head_dim;
   const auto fq = scale_rows(&c2.q, D, s, eps, ag, rng);
   const auto fk = scale_rows(&c2.k, D, s, eps, ag, rng);
-  const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
-  const AttentionResult r1 = validation::run_attention(b, c);
-  const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d =
-      close_diff("o", r1.o, r2.o, B.of(Field::kO), B2.of(Field::kO));
+  const RunPair runs = run_pair(b, s, c, c2);
+  std::string d = first_disagreement(
+      runs, {{Field::kO}, {Field::kLse}, {Field::kDv}, {Field::kDg}});
   if (d.empty())
-    d = close_diff("lse", r1.lse, r2.lse, B.of(Field::kLse),
-                   B2.of(Field::kLse));
+    d = scaled_diff("dq * alpha", runs.r1.dq, runs.r2.dq, fq,
+                    runs.B.of(Field::kDq), runs.B2.of(Field::kDq));
   if (d.empty())
-    d = close_diff("dv", r1.dv, r2.dv, B.of(Field::kDv), B2.of(Field::kDv));
-  if (d.empty())
-    d = close_diff("dg", {r1.dg}, {r2.dg}, B[Field::kDg] + B2[Field::kDg]);
-  if (d.empty())
-    d = scaled_diff("dq * alpha", r1.dq, r2.dq, fq, B.of(Field::kDq),
-                    B2.of(Field::kDq));
-  if (d.empty())
-    d = scaled_diff("dk * alpha", r1.dk, r2.dk, fk, B.of(Field::kDk),
-                    B2.of(Field::kDk));
+    d = scaled_diff("dk * alpha", runs.r1.dk, runs.r2.dk, fk,
+                    runs.B.of(Field::kDk), runs.B2.of(Field::kDk));
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": rows of q and k scaled by powers of two in [2^-33, 2^33]: " + d);
@@ -844,24 +876,13 @@ void key_value_permutation(const Backend& b) {
   AttentionCase c2 = c;
   c2.k = gather_map(c.k, km);
   c2.v = gather_map(c.v, km);
-  const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
-  const AttentionResult r1 = validation::run_attention(b, c);
-  const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d =
-      close_diff("o", r2.o, r1.o, B2.of(Field::kO), B.of(Field::kO));
-  if (d.empty())
-    d = close_diff("lse", r2.lse, r1.lse, B2.of(Field::kLse),
-                   B.of(Field::kLse));
-  if (d.empty())
-    d = close_diff("dq", r2.dq, r1.dq, B2.of(Field::kDq), B.of(Field::kDq));
-  if (d.empty())
-    d = close_diff("dg", {r2.dg}, {r1.dg}, B[Field::kDg] + B2[Field::kDg]);
-  if (d.empty())
-    d = close_diff("dk (permuted)", r2.dk, r1.dk, B2.of(Field::kDk),
-                   B.of(Field::kDk), km);
-  if (d.empty())
-    d = close_diff("dv (permuted)", r2.dv, r1.dv, B2.of(Field::kDv),
-                   B.of(Field::kDv), km);
+  const std::string d =
+      first_disagreement(run_pair(b, s, c, c2), {{Field::kO},
+                                                 {Field::kLse},
+                                                 {Field::kDq},
+                                                 {Field::kDg},
+                                                 {Field::kDk, &km},
+                                                 {Field::kDv, &km}});
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) +
             ": keys/values permuted: " + d);
@@ -883,23 +904,14 @@ void query_permutation(const Backend& b) {
   AttentionCase c2 = c;
   c2.q = gather_map(c.q, qm);
   c2.d_o = gather_map(c.d_o, qm);
-  const Budgets B = attention_budgets(s, c), B2 = attention_budgets(s, c2);
-  const AttentionResult r1 = validation::run_attention(b, c);
-  const AttentionResult r2 = validation::run_attention(b, c2);
-  std::string d = close_diff("o (permuted)", r2.o, r1.o, B2.of(Field::kO),
-                             B.of(Field::kO), qm);
-  if (d.empty())
-    d = close_diff("lse (permuted)", r2.lse, r1.lse, B2.of(Field::kLse),
-                   B.of(Field::kLse), lse_map(p, perm));
-  if (d.empty())
-    d = close_diff("dq (permuted)", r2.dq, r1.dq, B2.of(Field::kDq),
-                   B.of(Field::kDq), qm);
-  if (d.empty())
-    d = close_diff("dk", r2.dk, r1.dk, B2.of(Field::kDk), B.of(Field::kDk));
-  if (d.empty())
-    d = close_diff("dv", r2.dv, r1.dv, B2.of(Field::kDv), B.of(Field::kDv));
-  if (d.empty())
-    d = close_diff("dg", {r2.dg}, {r1.dg}, B[Field::kDg] + B2[Field::kDg]);
+  const std::vector<size_t> lm = lse_map(p, perm);
+  const std::string d =
+      first_disagreement(run_pair(b, s, c, c2), {{Field::kO, &qm},
+                                                 {Field::kLse, &lm},
+                                                 {Field::kDq, &qm},
+                                                 {Field::kDk},
+                                                 {Field::kDv},
+                                                 {Field::kDg}});
   if (!d.empty())
     RC_FAIL(entry_and_case(b, spec.describe()) + ": queries permuted: " + d);
 }
