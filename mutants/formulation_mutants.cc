@@ -17,56 +17,19 @@
 #include "mutants/mutants.h"
 #include "qknorm/precision.h"
 #include "reference/reference.h"
+#include "reference/storage.h"
 
 namespace qknorm::property {
 namespace {
 
 // Storage <-> dense T, exactly as reference/backend.cc reads and writes it.
-template <class T>
-std::vector<T> gather(Precision prec, const ConstTensor4& t, int64_t B,
-                      int64_t H, int64_t rows, int64_t D) {
-  std::vector<T> out(static_cast<size_t>(B * H * rows * D));
-  size_t idx = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n) {
-        const int64_t base = b * t.layout.batch_stride +
-                             h * t.layout.head_stride + n * t.layout.row_stride;
-        for (int64_t d = 0; d < D; ++d)
-          out[idx++] = static_cast<T>(
-              decode(prec, t.data, static_cast<size_t>(base + d)));
-      }
-  return out;
-}
-
-template <class T>
-void scatter(Precision prec, const std::vector<T>& src, const MutTensor4& t,
-             int64_t B, int64_t H, int64_t rows, int64_t D) {
-  size_t idx = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < rows; ++n) {
-        const int64_t base = b * t.layout.batch_stride +
-                             h * t.layout.head_stride + n * t.layout.row_stride;
-        for (int64_t d = 0; d < D; ++d)
-          encode(prec, static_cast<double>(src[idx++]), t.data,
-                 static_cast<size_t>(base + d));
-      }
-}
-
-ConstTensor4 rows4(const ConstTensor2& t) {
-  return {t.data, t.size, {0, 0, t.row_stride}};
-}
-MutTensor4 rows4(const MutTensor2& t) {
-  return {t.data, t.size, {0, 0, t.row_stride}};
-}
-
-template <class T>
-std::vector<T> param_vec(const ParamRef& r) {
-  std::vector<T> v(static_cast<size_t>(r.size));
-  for (int64_t i = 0; i < r.size; ++i) v[i] = static_cast<T>(r.data[i]);
-  return v;
-}
+using reference::gather;
+using reference::load_params;
+using reference::load_qkv_params;
+using reference::Params;
+using reference::QkvParams;
+using reference::rows4;
+using reference::scatter;
 
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
@@ -373,28 +336,6 @@ class FormulationKernel {
 };
 
 template <class T>
-struct Params {
-  std::vector<T> qw, kw, qb, kb;
-  reference::NormArgs<T> args;
-};
-
-template <class T>
-void load_params(const NormParams& a, Precision s, Params<T>* out) {
-  out->qw = param_vec<T>(a.q_weight);
-  out->kw = param_vec<T>(a.k_weight);
-  out->qb = param_vec<T>(a.q_bias);
-  out->kb = param_vec<T>(a.k_bias);
-  auto ptr = [](const std::vector<T>& v) {
-    return v.empty() ? nullptr : v.data();
-  };
-  out->args.q_weight = ptr(out->qw);
-  out->args.k_weight = ptr(out->kw);
-  out->args.q_bias = ptr(out->qb);
-  out->args.k_bias = ptr(out->kb);
-  out->args.storage = s;
-}
-
-template <class T>
 class FormulationBackend final : public Backend {
  public:
   FormulationBackend(const char* family, const char* name, Precision precision,
@@ -407,12 +348,11 @@ class FormulationBackend final : public Backend {
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig&) const override {
     const Precision s = precision();
-    const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
-    auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
-    Params<T> w;
-    load_params(a.params, s, &w);
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    QkvParams<T> in;
+    load_qkv_params(p, a, s, &in);
+    const auto &q = in.q, &k = in.k, &v = in.v;
+    const Params<T>& w = in.w;
     std::vector<T> o(q.size()), lse(static_cast<size_t>(B * H * p.q_len));
     kernel().forward(p, q.data(), k.data(), v.data(), o.data(), lse.data(),
                      w.args);
@@ -425,13 +365,12 @@ class FormulationBackend final : public Backend {
                           Workspace*, const ExecConfig&) const override {
     const Precision s = precision();
     const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
-    auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
+    QkvParams<T> in;
+    load_qkv_params(p, a, s, &in);
+    const auto &q = in.q, &k = in.k, &v = in.v;
+    const Params<T>& w = in.w;
     auto o = gather<T>(s, a.o, B, H, p.q_len, D);
     auto d_o = gather<T>(s, a.d_o, B, H, p.q_len, D);
-    Params<T> w;
-    load_params(a.params, s, &w);
     std::vector<T> lse(a.lse, a.lse + a.lse_size);
     std::vector<T> dq(q.size()), dk(k.size()), dv(v.size());
     std::vector<T> dqw(static_cast<size_t>(a.d_params.q_weight.size)),
