@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "qknorm/formulation.h"
+#include "validation/name_table.h"
 #include "validation/rng.h"
 
 namespace qknorm::validation {
@@ -80,40 +81,33 @@ std::vector<double> rounded(const std::vector<double>& x, Precision p) {
   return r;
 }
 
-}  // namespace
-
-const char* name(Distribution d) {
-  switch (d) {
-    case Distribution::kGaussian:
-      return "gaussian";
-    case Distribution::kUniform:
-      return "uniform";
-    case Distribution::kHeavyTailed:
-      return "heavy";
-    case Distribution::kWideMagnitude:
-      return "wide";
-    case Distribution::kZeroRows:
-      return "zerorows";
-    case Distribution::kOutlierRows:
-      return "outliers";
-    case Distribution::kMixedScaleV:
-      return "mixedv";
-  }
-  return "?";
+// A case's identity: its problem and the distribution and seed its inputs
+// are generated from.
+template <typename Case, typename Problem>
+Case seeded(const Problem& problem, Distribution dist, uint64_t seed) {
+  Case c;
+  c.problem = problem;
+  c.seed = seed;
+  c.dist = dist;
+  return c;
 }
 
+}  // namespace
+
+constexpr NamedValue<Distribution> kDistributionNames[] = {
+    {Distribution::kGaussian, "gaussian"},
+    {Distribution::kUniform, "uniform"},
+    {Distribution::kHeavyTailed, "heavy"},
+    {Distribution::kWideMagnitude, "wide"},
+    {Distribution::kZeroRows, "zerorows"},
+    {Distribution::kOutlierRows, "outliers"},
+    {Distribution::kMixedScaleV, "mixedv"},
+};
+
+const char* name(Distribution d) { return name_in(kDistributionNames, d); }
+
 bool parse_distribution(const std::string& s, Distribution* out) {
-  for (Distribution d :
-       {Distribution::kGaussian, Distribution::kUniform,
-        Distribution::kHeavyTailed, Distribution::kWideMagnitude,
-        Distribution::kZeroRows, Distribution::kOutlierRows,
-        Distribution::kMixedScaleV}) {
-    if (s == name(d)) {
-      *out = d;
-      return true;
-    }
-  }
-  return false;
+  return parse_in(kDistributionNames, s, out);
 }
 
 std::string AttentionCase::describe() const {
@@ -161,10 +155,7 @@ AttentionCase overflowing_logits_case(double big, bool with_nan_key) {
 AttentionCase make_attention_case(const AttentionProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range) {
-  AttentionCase c;
-  c.problem = problem;
-  c.seed = seed;
-  c.dist = dist;
+  AttentionCase c = seeded<AttentionCase>(problem, dist, seed);
   Rng rng(seed);
   const int64_t BH = problem.batch * problem.heads, D = problem.head_dim,
                 BHk = problem.batch * kv_heads_of(problem);
@@ -193,10 +184,7 @@ AttentionCase make_attention_case(const AttentionProblem& problem,
 ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range) {
-  ScaleNormCase c;
-  c.problem = problem;
-  c.seed = seed;
-  c.dist = dist;
+  ScaleNormCase c = seeded<ScaleNormCase>(problem, dist, seed);
   Rng rng(seed);
   fill(rng, dist, problem.rows, problem.dim, true, range, &c.x);
   fill(rng, dist, problem.rows, problem.dim, false, range, &c.dy);
