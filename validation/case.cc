@@ -81,17 +81,6 @@ std::vector<double> rounded(const std::vector<double>& x, Precision p) {
   return r;
 }
 
-// A case's identity: its problem and the distribution and seed its inputs
-// are generated from.
-template <typename Case, typename Problem>
-Case seeded(const Problem& problem, Distribution dist, uint64_t seed) {
-  Case c;
-  c.problem = problem;
-  c.seed = seed;
-  c.dist = dist;
-  return c;
-}
-
 }  // namespace
 
 constexpr NamedValue<Distribution> kDistributionNames[] = {
@@ -155,7 +144,10 @@ AttentionCase overflowing_logits_case(double big, bool with_nan_key) {
 AttentionCase make_attention_case(const AttentionProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range) {
-  AttentionCase c = seeded<AttentionCase>(problem, dist, seed);
+  AttentionCase c;
+  c.problem = problem;
+  c.seed = seed;
+  c.dist = dist;
   Rng rng(seed);
   const int64_t BH = problem.batch * problem.heads, D = problem.head_dim,
                 BHk = problem.batch * kv_heads_of(problem);
@@ -184,7 +176,10 @@ AttentionCase make_attention_case(const AttentionProblem& problem,
 ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range) {
-  ScaleNormCase c = seeded<ScaleNormCase>(problem, dist, seed);
+  ScaleNormCase c;
+  c.problem = problem;
+  c.seed = seed;
+  c.dist = dist;
   Rng rng(seed);
   fill(rng, dist, problem.rows, problem.dim, true, range, &c.x);
   fill(rng, dist, problem.rows, problem.dim, false, range, &c.dy);
