@@ -8,6 +8,7 @@
 #include "qknorm/formulation.h"
 #include "validation/case.h"
 #include "validation/metrics.h"
+#include "validation/name_table.h"
 
 namespace qknorm::bench {
 
@@ -169,22 +170,13 @@ void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads) {
                              ws_.get(), ExecConfig{threads});
 }
 
+constexpr validation::NamedValue<GemmOp> kGemmOpNames[] = {
+    {GemmOp::kQK, "qk"}, {GemmOp::kPV, "pv"}, {GemmOp::kDV, "dv"},
+    {GemmOp::kDP, "dp"}, {GemmOp::kDQ, "dq"}, {GemmOp::kDK, "dk"},
+};
+
 const char* gemm_op_name(GemmOp op) {
-  switch (op) {
-    case GemmOp::kQK:
-      return "qk";
-    case GemmOp::kPV:
-      return "pv";
-    case GemmOp::kDV:
-      return "dv";
-    case GemmOp::kDP:
-      return "dp";
-    case GemmOp::kDQ:
-      return "dq";
-    case GemmOp::kDK:
-      return "dk";
-  }
-  return "?";
+  return validation::name_in(kGemmOpNames, op);
 }
 
 GemmAnchor::GemmAnchor(const Shape& s) : shape_(s) {

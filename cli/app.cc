@@ -192,6 +192,17 @@ void add_common(CLI::App& app, Common& c) {
 }
 
 // Loads --plugin libraries before anything reads the registry.
+// A subcommand (a tool) with its own options; the common options given
+// before it reach it too (fallthrough).
+template <typename Options>
+CLI::App* add_tool(CLI::App& app, const char* name, const char* what,
+                   void (*add_options)(CLI::App&, Options&), Options& o) {
+  CLI::App* tool = app.add_subcommand(name, what);
+  add_options(*tool, o);
+  tool->fallthrough();
+  return tool;
+}
+
 bool load_plugins(const Common& c, std::ostream& err) {
   set_plugin_isolation(c.isolate);
   try {
@@ -434,40 +445,35 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
   add_common(app, common);
 
   SweepOptions sweep_opt;
-  CLI::App* sweep =
-      app.add_subcommand("sweep",
-                         "Error against a swept value, one line per entry "
-                         "(plus the sdpa baseline): CSV "
-                         "and a gnuplot PNG");
-  add_sweep_options(*sweep, sweep_opt);
-  sweep->fallthrough();
+  CLI::App* sweep = add_tool(app, "sweep",
+                             "Error against a swept value, one line per entry "
+                             "(plus the sdpa baseline): CSV "
+                             "and a gnuplot PNG",
+                             add_sweep_options, sweep_opt);
 
   PowerOptions power_opt;
-  CLI::App* power = app.add_subcommand(
-      "power",
+  CLI::App* power = add_tool(
+      app, "power",
       "Measure the verdict's detection power: inject relative errors into "
       "correct outputs (one element, row, head or field) and report the "
-      "smallest caught, beside torch.testing.assert_close's defaults");
-  add_power_options(*power, power_opt);
-  power->fallthrough();
+      "smallest caught, beside torch.testing.assert_close's defaults",
+      add_power_options, power_opt);
 
   CompareOptions cmp_opt;
   CLI::App* compare =
-      app.add_subcommand("compare",
-                         "Validate another framework's outputs (.npy files or "
-                         "one .safetensors) against "
-                         "the oracle with the same metrics and rule");
-  add_compare_options(*compare, cmp_opt);
-  compare->fallthrough();
+      add_tool(app, "compare",
+               "Validate another framework's outputs (.npy files or "
+               "one .safetensors) against "
+               "the oracle with the same metrics and rule",
+               add_compare_options, cmp_opt);
 
   MutantsOptions mut_opt;
-  CLI::App* mutants = app.add_subcommand(
-      "mutants",
-      "Run the suite on every deliberately broken backend and every "
-      "legitimate control (mutants/mutants.h): kill table, exit 0 iff "
-      "every mutant FAILs and every control PASSes");
-  add_mutants_options(*mutants, mut_opt);
-  mutants->fallthrough();
+  CLI::App* mutants =
+      add_tool(app, "mutants",
+               "Run the suite on every deliberately broken backend and every "
+               "legitimate control (mutants/mutants.h): kill table, exit 0 iff "
+               "every mutant FAILs and every control PASSes",
+               add_mutants_options, mut_opt);
   app.require_subcommand(0, 1);
 
   std::vector<const char*> argv;

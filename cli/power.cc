@@ -18,6 +18,7 @@
 #include "cli/sweep.h"
 #include "qknorm/error.h"
 #include "validation/judge.h"
+#include "validation/name_table.h"
 #include "validation/npy.h"
 #include "validation/rng.h"
 #include "validation/tensor_io.h"
@@ -67,26 +68,31 @@ Field parse_field(const std::string& s) {
   throw Error("--field", {}, "unknown field '" + s + "' (" + known + ")");
 }
 
+constexpr validation::NamedValue<Granularity> kGranularityNames[] = {
+    {Granularity::kElement, "element"},
+    {Granularity::kRow, "row"},
+    {Granularity::kHead, "head"},
+    {Granularity::kField, "field"},
+};
+
 Granularity parse_granularity(const std::string& s) {
-  for (Granularity g : {Granularity::kElement, Granularity::kRow,
-                        Granularity::kHead, Granularity::kField})
-    if (s == name(g)) return g;
+  Granularity g;
+  if (validation::parse_in(kGranularityNames, s, &g)) return g;
   throw Error("--granularity", {},
-              "unknown granularity '" + s + "' (element, row, head, field)");
+              "unknown granularity '" + s + "' (" +
+                  validation::names_in(kGranularityNames) + ")");
 }
 
+// torch's dtype names, for the dump torch replays.
+constexpr validation::NamedValue<Precision> kTorchDtypes[] = {
+    {Precision::kF64, "float64"},
+    {Precision::kF32, "float32"},
+    {Precision::kBF16, "bfloat16"},
+    {Precision::kF16, "float16"},
+};
+
 const char* torch_dtype(Precision p) {
-  switch (p) {
-    case Precision::kF64:
-      return "float64";
-    case Precision::kF32:
-      return "float32";
-    case Precision::kBF16:
-      return "bfloat16";
-    case Precision::kF16:
-      return "float16";
-  }
-  return "?";
+  return validation::name_in(kTorchDtypes, p);
 }
 
 // One case of one (precision, distribution): the inputs as the entries see
@@ -473,17 +479,7 @@ struct PowerRun {
 }  // namespace
 
 const char* name(Granularity g) {
-  switch (g) {
-    case Granularity::kElement:
-      return "element";
-    case Granularity::kRow:
-      return "row";
-    case Granularity::kHead:
-      return "head";
-    case Granularity::kField:
-      return "field";
-  }
-  return "?";
+  return validation::name_in(kGranularityNames, g);
 }
 
 AssertCloseTol assert_close_defaults(Precision p) {

@@ -15,6 +15,7 @@
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "validation/check.h"
+#include "validation/name_table.h"
 
 namespace qknorm::cli {
 namespace {
@@ -91,20 +92,17 @@ Suite default_suite(uint64_t seed) {
   return s;
 }
 
+// The dump's tensor names where they differ from the field's: lse, dg, y,
+// dx and the parameter gradients keep theirs.
+constexpr validation::NamedValue<validation::Field> kTensorNames[] = {
+    {validation::Field::kO, "O"},
+    {validation::Field::kDq, "dQ"},
+    {validation::Field::kDk, "dK"},
+    {validation::Field::kDv, "dV"},
+};
+
 const char* tensor_name(validation::Field f) {
-  using validation::Field;
-  switch (f) {
-    case Field::kO:
-      return "O";
-    case Field::kDq:
-      return "dQ";
-    case Field::kDk:
-      return "dK";
-    case Field::kDv:
-      return "dV";
-    default:  // lse, dg, y, dx and the parameter gradients keep their names
-      return validation::name(f);
-  }
+  return validation::name_in(kTensorNames, f, validation::name(f));
 }
 
 std::string WorstElement::field_name() const {

@@ -15,6 +15,7 @@
 #include "qknorm/error.h"
 #include "reference/reference.h"
 #include "validation/metrics.h"
+#include "validation/name_table.h"
 #include "validation/tensor_io.h"
 
 extern char** environ;
@@ -55,18 +56,16 @@ Defaults defaults_for(const std::string& over) {
 
 }  // namespace
 
+// One color per precision, the same in every sweep's plot.
+constexpr validation::NamedValue<Precision> kSweepColors[] = {
+    {Precision::kF64, "#000000"},
+    {Precision::kF32, "#1f77b4"},
+    {Precision::kBF16, "#ff7f0e"},
+    {Precision::kF16, "#d62728"},
+};
+
 std::string sweep_color(Precision p) {
-  switch (p) {
-    case Precision::kF64:
-      return "#000000";
-    case Precision::kF32:
-      return "#1f77b4";
-    case Precision::kBF16:
-      return "#ff7f0e";
-    case Precision::kF16:
-      return "#d62728";
-  }
-  return "#777777";
+  return validation::name_in(kSweepColors, p, "#777777");
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "qknorm/precision.h"
+#include "validation/name_table.h"
 
 namespace qknorm::property {
 namespace {
@@ -695,16 +696,14 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
 
 }  // namespace
 
+constexpr validation::NamedValue<MutantKind> kMutantKindNames[] = {
+    {MutantKind::kFormula, "formula"},
+    {MutantKind::kPrecision, "precision"},
+    {MutantKind::kDeterminism, "determinism"},
+};
+
 const char* name(MutantKind k) {
-  switch (k) {
-    case MutantKind::kFormula:
-      return "formula";
-    case MutantKind::kPrecision:
-      return "precision";
-    case MutantKind::kDeterminism:
-      return "determinism";
-  }
-  return "?";
+  return validation::name_in(kMutantKindNames, k);
 }
 
 const std::vector<MutantInfo>& mutant_list() {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "qknorm/error.h"
@@ -93,38 +95,41 @@ ScaleNormBounds baseline_bounds(const ScaleNormCase& c,
   return b;
 }
 
+namespace {
+
+// Which member of a bounds struct bounds each field it covers.
+template <typename Bounds>
+using BoundMember = std::pair<Field, double Bounds::*>;
+
+constexpr BoundMember<ReferenceBounds> kAttentionBounds[] = {
+    {Field::kO, &ReferenceBounds::o},   {Field::kLse, &ReferenceBounds::lse},
+    {Field::kDq, &ReferenceBounds::dq}, {Field::kDk, &ReferenceBounds::dk},
+    {Field::kDv, &ReferenceBounds::dv}, {Field::kDg, &ReferenceBounds::dg},
+};
+
+constexpr BoundMember<ScaleNormBounds> kScaleNormBounds[] = {
+    {Field::kY, &ScaleNormBounds::y},
+    {Field::kDx, &ScaleNormBounds::dx},
+    {Field::kScaleNormDg, &ScaleNormBounds::dg},
+};
+
+template <typename Bounds, size_t N>
+double bound_in(const BoundMember<Bounds> (&table)[N], const Bounds& b,
+                Field field, const char* kind) {
+  for (const auto& [f, member] : table)
+    if (f == field) return b.*member;
+  throw Error("field", {},
+              std::string("no ") + kind + " bound for '" + name(field) + "'");
+}
+
+}  // namespace
+
 double bound_of(const ReferenceBounds& b, Field field) {
-  switch (field) {
-    case Field::kO:
-      return b.o;
-    case Field::kLse:
-      return b.lse;
-    case Field::kDq:
-      return b.dq;
-    case Field::kDk:
-      return b.dk;
-    case Field::kDv:
-      return b.dv;
-    case Field::kDg:
-      return b.dg;
-    default:
-      throw Error("field", {},
-                  std::string("no attention bound for '") + name(field) + "'");
-  }
+  return bound_in(kAttentionBounds, b, field, "attention");
 }
 
 double bound_of(const ScaleNormBounds& b, Field field) {
-  switch (field) {
-    case Field::kY:
-      return b.y;
-    case Field::kDx:
-      return b.dx;
-    case Field::kScaleNormDg:
-      return b.dg;
-    default:
-      throw Error("field", {},
-                  std::string("no scalenorm bound for '") + name(field) + "'");
-  }
+  return bound_in(kScaleNormBounds, b, field, "scalenorm");
 }
 
 }  // namespace qknorm::validation

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "qknorm/formulation.h"
+#include "validation/name_table.h"
 #include "validation/rng.h"
 
 namespace qknorm::validation {
@@ -82,38 +83,20 @@ std::vector<double> rounded(const std::vector<double>& x, Precision p) {
 
 }  // namespace
 
-const char* name(Distribution d) {
-  switch (d) {
-    case Distribution::kGaussian:
-      return "gaussian";
-    case Distribution::kUniform:
-      return "uniform";
-    case Distribution::kHeavyTailed:
-      return "heavy";
-    case Distribution::kWideMagnitude:
-      return "wide";
-    case Distribution::kZeroRows:
-      return "zerorows";
-    case Distribution::kOutlierRows:
-      return "outliers";
-    case Distribution::kMixedScaleV:
-      return "mixedv";
-  }
-  return "?";
-}
+constexpr NamedValue<Distribution> kDistributionNames[] = {
+    {Distribution::kGaussian, "gaussian"},
+    {Distribution::kUniform, "uniform"},
+    {Distribution::kHeavyTailed, "heavy"},
+    {Distribution::kWideMagnitude, "wide"},
+    {Distribution::kZeroRows, "zerorows"},
+    {Distribution::kOutlierRows, "outliers"},
+    {Distribution::kMixedScaleV, "mixedv"},
+};
+
+const char* name(Distribution d) { return name_in(kDistributionNames, d); }
 
 bool parse_distribution(const std::string& s, Distribution* out) {
-  for (Distribution d :
-       {Distribution::kGaussian, Distribution::kUniform,
-        Distribution::kHeavyTailed, Distribution::kWideMagnitude,
-        Distribution::kZeroRows, Distribution::kOutlierRows,
-        Distribution::kMixedScaleV}) {
-    if (s == name(d)) {
-      *out = d;
-      return true;
-    }
-  }
-  return false;
+  return parse_in(kDistributionNames, s, out);
 }
 
 std::string AttentionCase::describe() const {

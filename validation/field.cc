@@ -1,56 +1,40 @@
 #include "validation/field.h"
 
+#include "validation/name_table.h"
+
 namespace qknorm::validation {
+namespace {
 
-const char* name(Field f) {
-  switch (f) {
-    case Field::kO:
-      return "o";
-    case Field::kLse:
-      return "lse";
-    case Field::kDq:
-      return "dq";
-    case Field::kDk:
-      return "dk";
-    case Field::kDv:
-      return "dv";
-    case Field::kDg:
-    case Field::kScaleNormDg:
-      return "dg";
-    case Field::kY:
-      return "y";
-    case Field::kDx:
-      return "dx";
-    case Field::kDqWeight:
-      return "dq_weight";
-    case Field::kDkWeight:
-      return "dk_weight";
-    case Field::kDqBias:
-      return "dq_bias";
-    case Field::kDkBias:
-      return "dk_bias";
-  }
-  return "?";
-}
+constexpr NamedValue<Field> kFieldNames[] = {
+    {Field::kO, "o"},
+    {Field::kLse, "lse"},
+    {Field::kDq, "dq"},
+    {Field::kDk, "dk"},
+    {Field::kDv, "dv"},
+    {Field::kDg, "dg"},
+    {Field::kScaleNormDg, "dg"},
+    {Field::kY, "y"},
+    {Field::kDx, "dx"},
+    {Field::kDqWeight, "dq_weight"},
+    {Field::kDkWeight, "dk_weight"},
+    {Field::kDqBias, "dq_bias"},
+    {Field::kDkBias, "dk_bias"},
+};
 
-const char* name(Channel ch) {
-  switch (ch) {
-    case Channel::kMagnitude:
-      return "magnitude";
-    case Channel::kStoredOAbs:
-      return "stored-O abs";
-    case Channel::kSubnormalCount:
-      return "subnormal count";
-    case Channel::kStoredORel:
-      return "stored-O rel";
-    case Channel::kSoftmaxTerms:
-      return "softmax terms";
-    case Channel::kPResolution:
-      return "P resolution";
-    case Channel::kLayerShift:
-      return "layer shift";
-  }
-  return "?";
-}
+constexpr NamedValue<Channel> kChannelNames[] = {
+    {Channel::kMagnitude, "magnitude"},
+    {Channel::kStoredOAbs, "stored-O abs"},
+    {Channel::kSubnormalCount, "subnormal count"},
+    {Channel::kStoredORel, "stored-O rel"},
+    {Channel::kSoftmaxTerms, "softmax terms"},
+    {Channel::kPResolution, "P resolution"},
+    {Channel::kLayerShift, "layer shift"},
+};
+
+}  // namespace
+
+const char* name(Field f) { return name_in(kFieldNames, f); }
+
+const char* name(Channel ch) { return name_in(kChannelNames, ch); }
 
 }  // namespace qknorm::validation

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "reference/reference.h"
+#include "validation/name_table.h"
 #include "validation/rng.h"
 
 namespace qknorm::validation {
@@ -58,23 +59,16 @@ void multiple_of(Rng& rng, const double* src, double* dst, int64_t D,
 
 }  // namespace
 
-const char* name(Structure s) {
-  switch (s) {
-    case Structure::kNone:
-      return "none";
-    case Structure::kRowsBelowEps:
-      return "below_eps";
-    case Structure::kParallelRows:
-      return "parallel";
-    case Structure::kAntiParallelRows:
-      return "antiparallel";
-    case Structure::kDuplicatedKeys:
-      return "dupkeys";
-    case Structure::kSubnormalEntries:
-      return "subnormal";
-  }
-  return "?";
-}
+constexpr NamedValue<Structure> kStructureNames[] = {
+    {Structure::kNone, "none"},
+    {Structure::kRowsBelowEps, "below_eps"},
+    {Structure::kParallelRows, "parallel"},
+    {Structure::kAntiParallelRows, "antiparallel"},
+    {Structure::kDuplicatedKeys, "dupkeys"},
+    {Structure::kSubnormalEntries, "subnormal"},
+};
+
+const char* name(Structure s) { return name_in(kStructureNames, s); }
 
 double min_subnormal(Precision p) {
   return min_normal(p) * 2 * unit_roundoff(p);

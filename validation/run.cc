@@ -177,31 +177,29 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
 
 const Backend& naive_for(Precision p) { return reference::naive_backend(p); }
 
+namespace {
+
+// The fields a result holds as vectors; dg is its one scalar.
+constexpr std::pair<Field, std::vector<double> AttentionResult::*>
+    kResultVectors[] = {
+        {Field::kO, &AttentionResult::o},
+        {Field::kLse, &AttentionResult::lse},
+        {Field::kDq, &AttentionResult::dq},
+        {Field::kDk, &AttentionResult::dk},
+        {Field::kDv, &AttentionResult::dv},
+        {Field::kDqWeight, &AttentionResult::dq_weight},
+        {Field::kDkWeight, &AttentionResult::dk_weight},
+        {Field::kDqBias, &AttentionResult::dq_bias},
+        {Field::kDkBias, &AttentionResult::dk_bias},
+};
+
+}  // namespace
+
 std::span<const double> field_values(const AttentionResult& r, Field f) {
-  switch (f) {
-    case Field::kO:
-      return r.o;
-    case Field::kLse:
-      return r.lse;
-    case Field::kDq:
-      return r.dq;
-    case Field::kDk:
-      return r.dk;
-    case Field::kDv:
-      return r.dv;
-    case Field::kDg:
-      return {&r.dg, 1};
-    case Field::kDqWeight:
-      return r.dq_weight;
-    case Field::kDkWeight:
-      return r.dk_weight;
-    case Field::kDqBias:
-      return r.dq_bias;
-    case Field::kDkBias:
-      return r.dk_bias;
-    default:
-      return {};
-  }
+  if (f == Field::kDg) return {&r.dg, 1};
+  for (const auto& [field, member] : kResultVectors)
+    if (field == f) return r.*member;
+  return {};
 }
 
 std::span<double> field_values(AttentionResult& r, Field f) {

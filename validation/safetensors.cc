@@ -4,6 +4,7 @@
 #include <set>
 
 #include "qknorm/error.h"
+#include "validation/name_table.h"
 
 namespace qknorm::validation {
 namespace {
@@ -12,33 +13,19 @@ namespace {
   throw Error(std::string(source), {}, rule);
 }
 
+// The safetensors dtype strings of the formats a tensor file may hold.
+constexpr NamedValue<Precision> kDtypeNames[] = {
+    {Precision::kF64, "F64"},
+    {Precision::kF32, "F32"},
+    {Precision::kF16, "F16"},
+    {Precision::kBF16, "BF16"},
+};
+
 bool parse_dtype(const std::string& s, Precision* p) {
-  if (s == "F64")
-    *p = Precision::kF64;
-  else if (s == "F32")
-    *p = Precision::kF32;
-  else if (s == "F16")
-    *p = Precision::kF16;
-  else if (s == "BF16")
-    *p = Precision::kBF16;
-  else
-    return false;
-  return true;
+  return parse_in(kDtypeNames, s, p);
 }
 
-const char* dtype_name(Precision p) {
-  switch (p) {
-    case Precision::kF64:
-      return "F64";
-    case Precision::kF32:
-      return "F32";
-    case Precision::kF16:
-      return "F16";
-    case Precision::kBF16:
-      return "BF16";
-  }
-  return "?";
-}
+const char* dtype_name(Precision p) { return name_in(kDtypeNames, p); }
 
 uint64_t as_u64(const nlohmann::json& v, std::string_view source,
                 const std::string& what) {

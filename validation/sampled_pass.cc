@@ -239,6 +239,16 @@ bool has_avx2() {
   return yes;
 }
 
+// out[n] = |<w, x_n>| for the n_rows rows x_n of D elements starting at x.
+void abs_dots(const LD* w, const LD* x, int64_t n_rows, int64_t D,
+              double* out) {
+  for (int64_t n = 0; n < n_rows; ++n) {
+    LD t = 0;
+    for (int64_t d = 0; d < D; ++d) t += w[d] * x[n * D + d];
+    out[n] = static_cast<double>(std::fabs(t));
+  }
+}
+
 }  // namespace
 
 // p_del_i = sum_j |dO_i|.|v_j| over row i's visible keys (GivenRows), for
@@ -350,20 +360,8 @@ Pass run_pass(const AttentionCase& c, double A, const std::vector<LD>& p_del,
           const int64_t bh = b * H + h, bk = b * Hk + h / group;
           const LD* wqv = qm.wv.data() + bh * Nq * D;  // row 0 of (b, h)
           const LD* wkv = km.wv.data() + bk * Nk * D;
-          for (int64_t j = 0; j < Nk; ++j) {
-            LD t = 0;
-            for (int64_t d = 0; d < D; ++d)
-              t += wqv[d] * km.xt[static_cast<size_t>((bk * Nk + j) * D + d)];
-            wk[static_cast<size_t>(bh * Nk + j)] =
-                static_cast<double>(std::fabs(t));
-          }
-          for (int64_t i = 0; i < Nq; ++i) {
-            LD t = 0;
-            for (int64_t d = 0; d < D; ++d)
-              t += wkv[d] * qm.xt[static_cast<size_t>((bh * Nq + i) * D + d)];
-            wq[static_cast<size_t>(bh * Nq + i)] =
-                static_cast<double>(std::fabs(t));
-          }
+          abs_dots(wqv, km.xt.data() + bk * Nk * D, Nk, D, wk.data() + bh * Nk);
+          abs_dots(wkv, qm.xt.data() + bh * Nq * D, Nq, D, wq.data() + bh * Nq);
         }
     }
   }

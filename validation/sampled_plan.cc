@@ -114,6 +114,34 @@ bool zero_row(const std::vector<double>& x, int64_t row, int64_t D) {
   return true;
 }
 
+// The rows a kernel is most likely to get wrong, for one side (queries or
+// keys) of N rows per (b, h) with H heads: per batch the first and last row
+// `edge(b, n)` marks (each on a random head), then the first four all-zero
+// rows of x.
+template <typename Edge>
+void add_edge_rows(Picker& pk, Rng& rng, int64_t B, int64_t H, int64_t N,
+                   int64_t D, const std::vector<double>& x, const char* why,
+                   Edge edge) {
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t first = -1, last = -1;
+    for (int64_t n = 0; n < N; ++n)
+      if (edge(b, n)) {
+        if (first < 0) first = n;
+        last = n;
+      }
+    if (first >= 0) {
+      pk.add(b, rng.uniform_int(0, H - 1), first, why);
+      pk.add(b, rng.uniform_int(0, H - 1), last, why);
+    }
+  }
+  int zeros = 0;
+  for (int64_t r = 0; r < B * H * N && zeros < 4; ++r)
+    if (zero_row(x, r, D)) {
+      pk.add(r / (H * N), (r / N) % H, r % N, "zero row");
+      ++zeros;
+    }
+}
+
 }  // namespace
 
 void plan_rows(const AttentionCase& c, const SampleOptions& opt, Rng& rng,
@@ -123,44 +151,14 @@ void plan_rows(const AttentionCase& c, const SampleOptions& opt, Rng& rng,
                 Nk = p.kv_len, D = p.head_dim;
   SampledOracle& so = *out;
   so.query_rows = pick_rows(B, H, Nq, opt, rng, [&](Picker& pk) {
-    for (int64_t b = 0; b < B; ++b) {  // fully masked rows: first and last
-      int64_t first = -1, last = -1;
-      for (int64_t i = 0; i < Nq; ++i)
-        if (visible_keys(p, b, i) == 0) {
-          if (first < 0) first = i;
-          last = i;
-        }
-      if (first >= 0) {
-        pk.add(b, rng.uniform_int(0, H - 1), first, "fully masked");
-        pk.add(b, rng.uniform_int(0, H - 1), last, "fully masked");
-      }
-    }
-    int zeros = 0;
-    for (int64_t r = 0; r < B * H * Nq && zeros < 4; ++r)
-      if (zero_row(c.q, r, D)) {
-        pk.add(r / (H * Nq), (r / Nq) % H, r % Nq, "zero row");
-        ++zeros;
-      }
+    add_edge_rows(
+        pk, rng, B, H, Nq, D, c.q, "fully masked",
+        [&](int64_t b, int64_t i) { return visible_keys(p, b, i) == 0; });
   });
   so.key_rows = pick_rows(B, Hk, Nk, opt, rng, [&](Picker& pk) {
-    for (int64_t b = 0; b < B; ++b) {  // keys no query sees
-      int64_t first = -1, last = -1;
-      for (int64_t j = 0; j < Nk; ++j)
-        if (first_query(p, b, j) >= Nq) {
-          if (first < 0) first = j;
-          last = j;
-        }
-      if (first >= 0) {
-        pk.add(b, rng.uniform_int(0, Hk - 1), first, "seen by no query");
-        pk.add(b, rng.uniform_int(0, Hk - 1), last, "seen by no query");
-      }
-    }
-    int zeros = 0;
-    for (int64_t r = 0; r < B * Hk * Nk && zeros < 4; ++r)
-      if (zero_row(c.k, r, D)) {
-        pk.add(r / (Hk * Nk), (r / Nk) % Hk, r % Nk, "zero row");
-        ++zeros;
-      }
+    add_edge_rows(
+        pk, rng, B, Hk, Nk, D, c.k, "seen by no query",
+        [&](int64_t b, int64_t j) { return first_query(p, b, j) >= Nq; });
   });
 }
 

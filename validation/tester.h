@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qknorm/backend.h"
@@ -73,7 +74,56 @@ struct TestReport {
 using AttentionTestReport = TestReport<AttentionCase, AttentionResult>;
 using ScaleNormTestReport = TestReport<ScaleNormCase, ScaleNormResult>;
 
-class AttentionTester {
+// The setters both testers share (Tester: the derived class, returned for
+// chaining; Problem, Case: the problem and case it runs).
+template <typename Tester, typename Problem, typename Case>
+class TesterBase {
+ public:
+  Tester& dist(Distribution d) {
+    dist_ = d;
+    return self();
+  }
+  Tester& seed(uint64_t s) {
+    seed_ = s;
+    return self();
+  }
+  // Test this case instead of drawing one (row_pad(), if set, overrides
+  // the case's).
+  Tester& use_case(const Case& c) {
+    case_ = c;
+    return self();
+  }
+  Tester& config(const ExecConfig& cfg) {
+    cfg_ = cfg;
+    return self();
+  }
+  // Also run and judge the naive baseline (see the contract above).
+  Tester& with_naive(bool on = true) {
+    with_naive_ = on;
+    return self();
+  }
+
+ protected:
+  // One field of the problem.
+  template <typename T>
+  Tester& set(T Problem::*field, T value) {
+    problem_.*field = std::move(value);
+    return self();
+  }
+
+  Problem problem_;
+  Distribution dist_ = Distribution::kGaussian;
+  uint64_t seed_ = 1;
+  std::optional<Case> case_;
+  ExecConfig cfg_;
+  bool with_naive_ = false;
+
+ private:
+  Tester& self() { return static_cast<Tester&>(*this); }
+};
+
+class AttentionTester
+    : public TesterBase<AttentionTester, AttentionProblem, AttentionCase> {
  public:
   AttentionTester& batch(int64_t n) { return set(&AttentionProblem::batch, n); }
   AttentionTester& heads(int64_t n) { return set(&AttentionProblem::heads, n); }
@@ -89,17 +139,10 @@ class AttentionTester {
     return set(&AttentionProblem::head_dim, n);
   }
   AttentionTester& variant(Variant v) {
-    problem_.variant = v;
-    return *this;
+    return set(&AttentionProblem::variant, v);
   }
-  AttentionTester& g(double x) {
-    problem_.g = x;
-    return *this;
-  }
-  AttentionTester& eps(double x) {
-    problem_.eps = x;
-    return *this;
-  }
+  AttentionTester& g(double x) { return set(&AttentionProblem::g, x); }
+  AttentionTester& eps(double x) { return set(&AttentionProblem::eps, x); }
   AttentionTester& causal(bool on = true) {
     problem_.mask.causal = on;
     return *this;
@@ -119,14 +162,6 @@ class AttentionTester {
     problem_ = p;
     return *this;
   }
-  AttentionTester& dist(Distribution d) {
-    dist_ = d;
-    return *this;
-  }
-  AttentionTester& seed(uint64_t s) {
-    seed_ = s;
-    return *this;
-  }
   // The storage format kWideMagnitude's row scales stay within (default:
   // the entry's precision).
   AttentionTester& range(Precision p) {
@@ -138,26 +173,12 @@ class AttentionTester {
     row_pad_ = n;
     return *this;
   }
-  // Test this case instead of drawing one (row_pad(), if set, overrides
-  // the case's).
-  AttentionTester& use_case(const AttentionCase& c) {
-    case_ = c;
-    return *this;
-  }
-  AttentionTester& config(const ExecConfig& cfg) {
-    cfg_ = cfg;
-    return *this;
-  }
   AttentionTester& threads(int n) {
     cfg_.threads = n;
     return *this;
   }
   AttentionTester& forward_only(bool on = true) {
     forward_only_ = on;
-    return *this;
-  }
-  AttentionTester& with_naive(bool on = true) {
-    with_naive_ = on;
     return *this;
   }
 
@@ -171,20 +192,10 @@ class AttentionTester {
   AttentionTestReport Run(const Backend& entry, Workspace* ws = nullptr) const;
 
  private:
-  AttentionTester& set(int64_t AttentionProblem::*field, int64_t n) {
-    problem_.*field = n;
-    return *this;
-  }
-
-  AttentionProblem problem_;
   std::string preset_;
-  Distribution dist_ = Distribution::kGaussian;
-  uint64_t seed_ = 1;
   std::optional<Precision> range_;
   std::optional<int64_t> row_pad_;
-  std::optional<AttentionCase> case_;
-  ExecConfig cfg_;
-  bool forward_only_ = false, with_naive_ = false;
+  bool forward_only_ = false;
 };
 
 // Runs `entry` on the (already rounded) case in fresh guarded buffers:
@@ -196,58 +207,21 @@ AttentionTestReport run_guarded(const Backend& entry, const AttentionCase& c,
 
 // The same for ScaleNorm (forward then backward, judged by
 // judge_scalenorm against oracle_scalenorm).
-class ScaleNormTester {
+class ScaleNormTester
+    : public TesterBase<ScaleNormTester, ScaleNormProblem, ScaleNormCase> {
  public:
-  ScaleNormTester& rows(int64_t n) {
-    problem_.rows = n;
-    return *this;
-  }
-  ScaleNormTester& dim(int64_t n) {
-    problem_.dim = n;
-    return *this;
-  }
-  ScaleNormTester& g(double x) {
-    problem_.g = x;
-    return *this;
-  }
-  ScaleNormTester& eps(double x) {
-    problem_.eps = x;
-    return *this;
-  }
-  ScaleNormTester& dist(Distribution d) {
-    dist_ = d;
-    return *this;
-  }
-  ScaleNormTester& seed(uint64_t s) {
-    seed_ = s;
-    return *this;
-  }
+  ScaleNormTester& rows(int64_t n) { return set(&ScaleNormProblem::rows, n); }
+  ScaleNormTester& dim(int64_t n) { return set(&ScaleNormProblem::dim, n); }
+  ScaleNormTester& g(double x) { return set(&ScaleNormProblem::g, x); }
+  ScaleNormTester& eps(double x) { return set(&ScaleNormProblem::eps, x); }
   ScaleNormTester& row_pad(int64_t n) {
     row_pad_ = n;
-    return *this;
-  }
-  ScaleNormTester& use_case(const ScaleNormCase& c) {
-    case_ = c;
-    return *this;
-  }
-  ScaleNormTester& with_naive(bool on = true) {
-    with_naive_ = on;
-    return *this;
-  }
-  ScaleNormTester& config(const ExecConfig& cfg) {
-    cfg_ = cfg;
     return *this;
   }
   ScaleNormTestReport Test(const Backend& entry, Workspace* ws = nullptr) const;
 
  private:
-  ScaleNormProblem problem_;
-  Distribution dist_ = Distribution::kGaussian;
-  uint64_t seed_ = 1;
   int64_t row_pad_ = 0;
-  std::optional<ScaleNormCase> case_;
-  ExecConfig cfg_;
-  bool with_naive_ = false;
 };
 
 }  // namespace qknorm::validation

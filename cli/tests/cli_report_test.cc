@@ -15,6 +15,7 @@
 #include "cli/suite.h"
 #include "cli/tests/test_util.h"
 #include "qknorm/error.h"
+#include "validation/forwarding_backend.h"
 #include "validation/npy.h"
 #include "validation/safetensors.h"
 
@@ -25,38 +26,23 @@ using testing::expect_input_error;
 using validation::HostTensor;
 
 // reference:f32 with O scaled by (1 + kRelError): a bug far above roundoff.
-class WrongOutput final : public Backend {
+class WrongOutput final : public validation::ForwardingBackend {
  public:
   static constexpr double kRelError = 1e-3;
   explicit WrongOutput(bool available = true)
-      : Backend("mutant", "-", Precision::kF32),
-        base_(validation::naive_for(Precision::kF32)),
+      : ForwardingBackend("mutant", "-", Precision::kF32,
+                          validation::naive_for(Precision::kF32)),
         available_(available) {}
   bool available() const override { return available_; }
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace* ws, const ExecConfig& c) const override {
-    base_.attention_forward(p, a, ws, c);
+    ForwardingBackend::attention_forward(p, a, ws, c);
     float* o = static_cast<float*>(a.o.data);
     for (int64_t i = 0; i < a.o.size; ++i)
       o[i] = static_cast<float>(o[i] * (1 + kRelError));
   }
-  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
-                          Workspace* ws, const ExecConfig& c) const override {
-    base_.attention_backward(p, a, ws, c);
-  }
-  void scalenorm_forward(const ScaleNormProblem& p,
-                         const ScaleNormForwardArgs& a, Workspace* ws,
-                         const ExecConfig& c) const override {
-    base_.scalenorm_forward(p, a, ws, c);
-  }
-  void scalenorm_backward(const ScaleNormProblem& p,
-                          const ScaleNormBackwardArgs& a, Workspace* ws,
-                          const ExecConfig& c) const override {
-    base_.scalenorm_backward(p, a, ws, c);
-  }
 
  private:
-  const Backend& base_;
   bool available_;
 };
 
@@ -224,17 +210,9 @@ TEST(ReportLogic, SummaryTakesMaximaAndAnyFailure) {
 // .safetensors) into `dir`, optionally corrupting one element of O.
 void dump_case(const std::string& dir, Precision prec, bool safetensors,
                int64_t corrupt = -1) {
-  AttentionProblem p;
-  p.batch = 1;
-  p.heads = 2;
-  p.q_len = 7;
-  p.kv_len = 9;
-  p.head_dim = 8;
-  p.g = g_init(72);
-  const validation::AttentionCase c = validation::round_inputs(
-      validation::make_attention_case(p, validation::Distribution::kGaussian, 5,
-                                      prec),
-      prec);
+  const validation::AttentionCase c =
+      testing::gaussian_case(7, 9, 8, g_init(72), prec, 5);
+  const AttentionProblem& p = c.problem;
   validation::AttentionResult r =
       validation::run_attention(validation::naive_for(prec), c);
   if (corrupt >= 0) r.o[static_cast<size_t>(corrupt)] += 0.25;

@@ -71,13 +71,8 @@ void write_npys(const std::string& dir, const SnDump& d) {
 
 std::vector<std::string> sn_args(const std::string& dir,
                                  std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"compare"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  a.push_back("--inputs");
-  for (const char* n : {"x", "g", "dy"}) a.push_back(dir + "/" + n + ".npy");
-  a.push_back("--outputs");
-  for (const char* n : {"y", "dx", "dg"}) a.push_back(dir + "/" + n + ".npy");
-  return a;
+  return testing::compare_npy_args(dir, {"x", "g", "dy"}, {"y", "dx", "dg"},
+                                   extra);
 }
 
 TEST(CompareScaleNorm, CorrectF32NpyDumpPasses) {

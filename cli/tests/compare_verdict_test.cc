@@ -61,17 +61,7 @@ Dump make_dump(const validation::AttentionCase& c, Precision prec) {
 
 // B=1 H=2 N=16 D=16, Gaussian, g = g_init(16), inputs rounded to `prec`.
 validation::AttentionCase gaussian_case(Precision prec, uint64_t seed) {
-  AttentionProblem p;
-  p.batch = 1;
-  p.heads = 2;
-  p.q_len = 16;
-  p.kv_len = 16;
-  p.head_dim = 16;
-  p.g = g_init(16);
-  return validation::round_inputs(
-      validation::make_attention_case(p, validation::Distribution::kGaussian,
-                                      seed, prec),
-      prec);
+  return testing::gaussian_case(16, 16, 16, g_init(16), prec, seed);
 }
 
 size_t at(const AttentionProblem& p, int64_t h, int64_t n, int64_t d,
@@ -107,15 +97,8 @@ void write(const std::string& dir, const Dump& d) {
 
 std::vector<std::string> args(const std::string& dir,
                               std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"compare"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  a.push_back("--inputs");
-  for (const char* n : {"q", "k", "v", "g", "dO"})
-    a.push_back(dir + "/" + n + ".npy");
-  a.push_back("--outputs");
-  for (const char* n : {"O", "dQ", "dK", "dV", "dg"})
-    a.push_back(dir + "/" + n + ".npy");
-  return a;
+  return testing::compare_npy_args(dir, {"q", "k", "v", "g", "dO"},
+                                   {"O", "dQ", "dK", "dV", "dg"}, extra);
 }
 
 // A compare run on a dump: the command line's exit code and output, and the

@@ -1,0 +1,53 @@
+// A Backend that runs another one: the base of the deliberately wrong
+// entries the tests build around a correct one (a corrupted output, a write
+// past a view). A subclass overrides only the call it corrupts, calls the
+// inner entry's through ForwardingBackend, and inherits the rest.
+#ifndef QKNORM_VALIDATION_FORWARDING_BACKEND_H_
+#define QKNORM_VALIDATION_FORWARDING_BACKEND_H_
+
+#include <string>
+#include <utility>
+
+#include "qknorm/backend.h"
+
+namespace qknorm::validation {
+
+class ForwardingBackend : public Backend {
+ public:
+  ForwardingBackend(std::string family, std::string target, Precision precision,
+                    const Backend& inner)
+      : Backend(std::move(family), std::move(target), precision),
+        inner_(inner) {}
+
+  // The four computations go to the inner entry; availability, support and
+  // workspaces keep Backend's defaults (none of the inner entries the tests
+  // wrap has a workspace).
+  void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
+                         Workspace* ws, const ExecConfig& c) const override {
+    inner_.attention_forward(p, a, ws, c);
+  }
+  void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
+                          Workspace* ws, const ExecConfig& c) const override {
+    inner_.attention_backward(p, a, ws, c);
+  }
+  void scalenorm_forward(const ScaleNormProblem& p,
+                         const ScaleNormForwardArgs& a, Workspace* ws,
+                         const ExecConfig& c) const override {
+    inner_.scalenorm_forward(p, a, ws, c);
+  }
+  void scalenorm_backward(const ScaleNormProblem& p,
+                          const ScaleNormBackwardArgs& a, Workspace* ws,
+                          const ExecConfig& c) const override {
+    inner_.scalenorm_backward(p, a, ws, c);
+  }
+
+ protected:
+  const Backend& inner() const { return inner_; }
+
+ private:
+  const Backend& inner_;
+};
+
+}  // namespace qknorm::validation
+
+#endif  // QKNORM_VALIDATION_FORWARDING_BACKEND_H_
