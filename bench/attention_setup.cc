@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "qknorm/formulation.h"
+#include "qknorm/name_table.h"
 #include "validation/case.h"
 #include "validation/metrics.h"
-#include "validation/name_table.h"
 
 namespace qknorm::bench {
 
@@ -170,14 +170,12 @@ void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads) {
                              ws_.get(), ExecConfig{threads});
 }
 
-constexpr validation::NamedValue<GemmOp> kGemmOpNames[] = {
+constexpr NamedValue<GemmOp> kGemmOpNames[] = {
     {GemmOp::kQK, "qk"}, {GemmOp::kPV, "pv"}, {GemmOp::kDV, "dv"},
     {GemmOp::kDP, "dp"}, {GemmOp::kDQ, "dq"}, {GemmOp::kDK, "dk"},
 };
 
-const char* gemm_op_name(GemmOp op) {
-  return validation::name_in(kGemmOpNames, op);
-}
+const char* gemm_op_name(GemmOp op) { return name_in(kGemmOpNames, op); }
 
 GemmAnchor::GemmAnchor(const Shape& s) : shape_(s) {
   const size_t hnd = static_cast<size_t>(s.heads * s.n * s.d);

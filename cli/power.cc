@@ -17,8 +17,8 @@
 #include "cli/app.h"
 #include "cli/sweep.h"
 #include "qknorm/error.h"
+#include "qknorm/name_table.h"
 #include "validation/judge.h"
-#include "validation/name_table.h"
 #include "validation/npy.h"
 #include "validation/rng.h"
 #include "validation/tensor_io.h"
@@ -68,7 +68,7 @@ Field parse_field(const std::string& s) {
   throw Error("--field", {}, "unknown field '" + s + "' (" + known + ")");
 }
 
-constexpr validation::NamedValue<Granularity> kGranularityNames[] = {
+constexpr NamedValue<Granularity> kGranularityNames[] = {
     {Granularity::kElement, "element"},
     {Granularity::kRow, "row"},
     {Granularity::kHead, "head"},
@@ -77,23 +77,21 @@ constexpr validation::NamedValue<Granularity> kGranularityNames[] = {
 
 Granularity parse_granularity(const std::string& s) {
   Granularity g;
-  if (validation::parse_in(kGranularityNames, s, &g)) return g;
-  throw Error("--granularity", {},
-              "unknown granularity '" + s + "' (" +
-                  validation::names_in(kGranularityNames) + ")");
+  if (parse_in(kGranularityNames, s, &g)) return g;
+  throw Error(
+      "--granularity", {},
+      "unknown granularity '" + s + "' (" + names_in(kGranularityNames) + ")");
 }
 
 // torch's dtype names, for the dump torch replays.
-constexpr validation::NamedValue<Precision> kTorchDtypes[] = {
+constexpr NamedValue<Precision> kTorchDtypes[] = {
     {Precision::kF64, "float64"},
     {Precision::kF32, "float32"},
     {Precision::kBF16, "bfloat16"},
     {Precision::kF16, "float16"},
 };
 
-const char* torch_dtype(Precision p) {
-  return validation::name_in(kTorchDtypes, p);
-}
+const char* torch_dtype(Precision p) { return name_in(kTorchDtypes, p); }
 
 // One case of one (precision, distribution): the inputs as the entries see
 // them, the oracle and the verdict's tables.
@@ -478,9 +476,7 @@ struct PowerRun {
 
 }  // namespace
 
-const char* name(Granularity g) {
-  return validation::name_in(kGranularityNames, g);
-}
+const char* name(Granularity g) { return name_in(kGranularityNames, g); }
 
 AssertCloseTol assert_close_defaults(Precision p) {
   // torch.testing._comparison._DTYPE_PRECISIONS.

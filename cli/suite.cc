@@ -14,8 +14,8 @@
 
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
+#include "qknorm/name_table.h"
 #include "validation/check.h"
-#include "validation/name_table.h"
 
 namespace qknorm::cli {
 namespace {
@@ -94,7 +94,7 @@ Suite default_suite(uint64_t seed) {
 
 // The dump's tensor names where they differ from the field's: lse, dg, y,
 // dx and the parameter gradients keep theirs.
-constexpr validation::NamedValue<validation::Field> kTensorNames[] = {
+constexpr NamedValue<validation::Field> kTensorNames[] = {
     {validation::Field::kO, "O"},
     {validation::Field::kDq, "dQ"},
     {validation::Field::kDk, "dK"},
@@ -102,7 +102,7 @@ constexpr validation::NamedValue<validation::Field> kTensorNames[] = {
 };
 
 const char* tensor_name(validation::Field f) {
-  return validation::name_in(kTensorNames, f, validation::name(f));
+  return name_in(kTensorNames, f, validation::name(f));
 }
 
 std::string WorstElement::field_name() const {

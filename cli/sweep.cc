@@ -13,9 +13,9 @@
 #include "cli/app.h"
 #include "cli/tiles.h"
 #include "qknorm/error.h"
+#include "qknorm/name_table.h"
 #include "reference/reference.h"
 #include "validation/metrics.h"
-#include "validation/name_table.h"
 #include "validation/tensor_io.h"
 
 extern char** environ;
@@ -57,7 +57,7 @@ Defaults defaults_for(const std::string& over) {
 }  // namespace
 
 // One color per precision, the same in every sweep's plot.
-constexpr validation::NamedValue<Precision> kSweepColors[] = {
+constexpr NamedValue<Precision> kSweepColors[] = {
     {Precision::kF64, "#000000"},
     {Precision::kF32, "#1f77b4"},
     {Precision::kBF16, "#ff7f0e"},
@@ -65,7 +65,7 @@ constexpr validation::NamedValue<Precision> kSweepColors[] = {
 };
 
 std::string sweep_color(Precision p) {
-  return validation::name_in(kSweepColors, p, "#777777");
+  return name_in(kSweepColors, p, "#777777");
 }
 
 namespace {

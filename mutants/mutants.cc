@@ -7,8 +7,8 @@
 #include <limits>
 #include <memory>
 
+#include "qknorm/name_table.h"
 #include "qknorm/precision.h"
-#include "validation/name_table.h"
 
 namespace qknorm::property {
 namespace {
@@ -696,15 +696,13 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
 
 }  // namespace
 
-constexpr validation::NamedValue<MutantKind> kMutantKindNames[] = {
+constexpr NamedValue<MutantKind> kMutantKindNames[] = {
     {MutantKind::kFormula, "formula"},
     {MutantKind::kPrecision, "precision"},
     {MutantKind::kDeterminism, "determinism"},
 };
 
-const char* name(MutantKind k) {
-  return validation::name_in(kMutantKindNames, k);
-}
+const char* name(MutantKind k) { return name_in(kMutantKindNames, k); }
 
 const std::vector<MutantInfo>& mutant_list() {
   // The formula bugs of issue 5 (O(1) errors), then the precision bugs of

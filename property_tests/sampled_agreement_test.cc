@@ -18,7 +18,7 @@
 #include "mutants/mutants.h"
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
-#include "tests/forwarding_backend.h"
+#include "validation/forwarding_backend.h"
 #include "validation/judge.h"
 #include "validation/sampled.h"
 
@@ -158,7 +158,7 @@ TEST(SampledVerdict, AgreesWithTheFullVerdictOnEveryMutantAndControl) {
 // A correct entry whose forward writes O of the rows after the last full
 // query block of kBlock wrong by a relative 2^-10 (a tail-block epilogue
 // bug, n % kBlock != 0); everything else is the wrapped entry's.
-class TailRowsMutant final : public test_support::ForwardingBackend {
+class TailRowsMutant final : public validation::ForwardingBackend {
  public:
   static constexpr int64_t kBlock = 64;
   TailRowsMutant(const Backend& inner, bool active)

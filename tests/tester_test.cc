@@ -15,9 +15,9 @@
 #include "qknorm/backend.h"
 #include "qknorm/formulation.h"
 #include "qknorm/precision.h"
-#include "tests/forwarding_backend.h"
 #include "validation/buffers.h"
 #include "validation/check.h"
+#include "validation/forwarding_backend.h"
 
 namespace qknorm::validation {
 namespace {
@@ -32,7 +32,7 @@ int64_t last_offset(const Layout4& l, int64_t B, int64_t H, int64_t rows,
 }
 
 // A registered entry, delegated to, with one fault injected.
-class FaultyEntry final : public test_support::ForwardingBackend {
+class FaultyEntry final : public validation::ForwardingBackend {
  public:
   FaultyEntry(const Backend& inner, Fault f)
       : ForwardingBackend(inner, "-"), fault_(f) {}

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "qknorm/formulation.h"
-#include "validation/name_table.h"
+#include "qknorm/name_table.h"
 #include "validation/rng.h"
 
 namespace qknorm::validation {

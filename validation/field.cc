@@ -1,6 +1,6 @@
 #include "validation/field.h"
 
-#include "validation/name_table.h"
+#include "qknorm/name_table.h"
 
 namespace qknorm::validation {
 namespace {

@@ -1,7 +1,10 @@
 // A Backend that runs another one: the base of the deliberately wrong
 // entries the tests build around a correct one (a corrupted output, a write
-// past a view). A subclass overrides only the call it corrupts, calls the
-// inner entry's through ForwardingBackend, and inherits the rest.
+// past a view, a mutant of the tail rows). A subclass overrides only the
+// call it corrupts, calls the inner entry's through ForwardingBackend, and
+// inherits the rest. Only the four computations are forwarded: available(),
+// supports(), make_workspace(), block_sizes() and the probabilities hook
+// keep Backend's defaults unless the subclass forwards them.
 #ifndef QKNORM_VALIDATION_FORWARDING_BACKEND_H_
 #define QKNORM_VALIDATION_FORWARDING_BACKEND_H_
 
@@ -18,6 +21,10 @@ class ForwardingBackend : public Backend {
                     const Backend& inner)
       : Backend(std::move(family), std::move(target), precision),
         inner_(inner) {}
+  // "mutant:<target>:<inner's precision>".
+  ForwardingBackend(const Backend& inner, std::string target)
+      : ForwardingBackend("mutant", std::move(target), inner.precision(),
+                          inner) {}
 
   // The four computations go to the inner entry; availability, support and
   // workspaces keep Backend's defaults (none of the inner entries the tests

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "qknorm/name_table.h"
 #include "reference/reference.h"
-#include "validation/name_table.h"
 #include "validation/rng.h"
 
 namespace qknorm::validation {

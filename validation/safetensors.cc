@@ -4,7 +4,7 @@
 #include <set>
 
 #include "qknorm/error.h"
-#include "validation/name_table.h"
+#include "qknorm/name_table.h"
 
 namespace qknorm::validation {
 namespace {

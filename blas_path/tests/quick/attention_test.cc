@@ -238,7 +238,6 @@ TEST(BlasProbabilities, MatchesReferenceAndNonSaturation) {
       const AttentionProblem& p = c.problem;
       SCOPED_TRACE(std::string(name(prec)) + " " + c.describe());
       const int64_t nq = p.q_len, nk = p.kv_len, D = p.head_dim;
-      const size_t nqe = c.q.size(), nke = c.k.size();
       // The entry's storage and reference:f64's, guarded.
       validation::AttentionBuffers mine(c, prec), ref64(c, Precision::kF64);
       const ForwardArgs fa = mine.forward_args(), fr = ref64.forward_args();
@@ -277,12 +276,13 @@ TEST(BlasProbabilities, MatchesReferenceAndNonSaturation) {
           EXPECT_NEAR(sum, 1.0, 2 * (2 * E + (nk + 6) * u)) << "row " << row;
         }
       // The non-saturation bound itself: validation/nonsaturation.h.
-      if (p.variant == Variant::kQKNorm)
+      if (p.variant == Variant::kQKNorm) {
         EXPECT_EQ(validation::check_nonsaturation(
                       p, pb, nullptr,
                       validation::computed_logit_amplitude(c, nullptr, prec, A),
                       prec),
                   "");
+      }
     }
 }
 

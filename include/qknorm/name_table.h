@@ -1,16 +1,16 @@
 // One table of {value, "name"} per small enum, read both ways: name() for
 // printing and parse for options and files. Each enum's names are then
 // listed once, so the printed name and the accepted spelling cannot drift.
-// Header-only (constexpr), so mutants/ and cli/ use it without linking
-// validation.
-#ifndef QKNORM_VALIDATION_NAME_TABLE_H_
-#define QKNORM_VALIDATION_NAME_TABLE_H_
+// Header-only (constexpr), part of the shared interface: core/, mutants/,
+// validation/, cli/ and bench/ use it without linking one another.
+#ifndef QKNORM_NAME_TABLE_H_
+#define QKNORM_NAME_TABLE_H_
 
 #include <cstddef>
 #include <string>
 #include <string_view>
 
-namespace qknorm::validation {
+namespace qknorm {
 
 template <typename E>
 struct NamedValue {
@@ -50,6 +50,6 @@ std::string names_in(const NamedValue<E> (&table)[N]) {
   return s;
 }
 
-}  // namespace qknorm::validation
+}  // namespace qknorm
 
-#endif  // QKNORM_VALIDATION_NAME_TABLE_H_
+#endif  // QKNORM_NAME_TABLE_H_
