@@ -22,17 +22,8 @@ namespace {
 
 using validation::Distribution;
 
-AttentionProblem shape(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t D,
-                       double g) {
-  AttentionProblem p;
-  p.batch = B;
-  p.heads = H;
-  p.q_len = Nq;
-  p.kv_len = Nk;
-  p.head_dim = D;
-  p.g = g;
-  return p;
-}
+// The default suite's shapes (validation/case.h).
+constexpr auto shape = &validation::attention_shape;
 
 bool is_reference(const Backend& b) { return b.family() == "reference"; }
 

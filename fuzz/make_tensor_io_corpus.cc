@@ -27,20 +27,16 @@ struct Seed {
 
 HostTensor tensor(const std::string& name, Precision dtype,
                   std::vector<int64_t> shape) {
-  HostTensor t;
-  t.name = name;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  const double specials[] = {0.0,
-                             -0.0,
-                             1.5,
-                             -2.25,
-                             65504.0,
-                             1e-7,
-                             std::numeric_limits<double>::infinity(),
-                             std::numeric_limits<double>::quiet_NaN()};
-  for (int64_t i = 0; i < t.numel(); ++i) t.values.push_back(specials[i % 8]);
-  return t;
+  static const double specials[] = {0.0,
+                                    -0.0,
+                                    1.5,
+                                    -2.25,
+                                    65504.0,
+                                    1e-7,
+                                    std::numeric_limits<double>::infinity(),
+                                    std::numeric_limits<double>::quiet_NaN()};
+  return qknorm::validation::make_host_tensor(
+      name, dtype, std::move(shape), [](int64_t i) { return specials[i % 8]; });
 }
 
 // An npy file with a hand-written header (format 1.0, padded to 64 bytes).

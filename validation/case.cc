@@ -141,6 +141,14 @@ AttentionCase overflowing_logits_case(double big, bool with_nan_key) {
   return c;
 }
 
+AttentionProblem attention_shape(int64_t B, int64_t H, int64_t Nq, int64_t Nk,
+                                 int64_t D, double g) {
+  AttentionProblem p;
+  p.batch = B, p.heads = H, p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
+  p.g = g;
+  return p;
+}
+
 AttentionCase make_attention_case(const AttentionProblem& problem,
                                   Distribution dist, uint64_t seed,
                                   Precision range) {

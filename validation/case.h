@@ -58,6 +58,12 @@ struct ScaleNormCase {
   std::string describe() const;
 };
 
+// The paper's problem of batch B, H heads, q_len Nq, kv_len Nk, head_dim D
+// and logit scale g, every other field at AttentionProblem's default: the
+// shapes of the default suite (cli/suite.cc) and the tests that mirror it.
+AttentionProblem attention_shape(int64_t B, int64_t H, int64_t Nq, int64_t Nk,
+                                 int64_t D, double g);
+
 // Draws q, k, v, dO for `problem` from `dist` with Rng(seed). `range`
 // limits kWideMagnitude's row scales to what that storage format represents
 // (row scales stay below max_finite / (32 sqrt(D)) and above

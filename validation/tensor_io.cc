@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "qknorm/error.h"
 
@@ -14,6 +15,19 @@ int64_t HostTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+HostTensor make_host_tensor(std::string name, Precision dtype,
+                            std::vector<int64_t> shape,
+                            const std::function<double(int64_t)>& value) {
+  HostTensor t;
+  t.name = std::move(name);
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  const int64_t n = t.numel();
+  t.values.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t.values.push_back(value(i));
+  return t;
 }
 
 std::string HostTensor::shape_text() const {

@@ -14,6 +14,7 @@
 #define QKNORM_VALIDATION_TENSOR_IO_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,13 @@ struct HostTensor {
   // "[2, 8, 72, 64]"
   std::string shape_text() const;
 };
+
+// A tensor `name` of `dtype` and `shape` whose element i (row-major) is
+// value(i), as written (no rounding): the files tests and the corpus
+// generator write.
+HostTensor make_host_tensor(std::string name, Precision dtype,
+                            std::vector<int64_t> shape,
+                            const std::function<double(int64_t)>& value);
 
 // Whole file as bytes; throws Error(path, "cannot open ...") on failure.
 std::string read_file_bytes(const std::string& path);

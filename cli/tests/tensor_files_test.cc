@@ -19,16 +19,12 @@ namespace {
 
 HostTensor tensor(const std::string& name, Precision p,
                   std::vector<int64_t> shape) {
-  HostTensor t;
-  t.name = name;
-  t.dtype = p;
-  t.shape = std::move(shape);
-  const int64_t n = t.numel();
-  for (int64_t i = 0; i < n;
-       ++i)  // values exactly representable in every format
-    t.values.push_back(
-        round_to(p, std::ldexp(static_cast<double>(i % 13) - 6.25, -(i % 5))));
-  return t;
+  // Values exactly representable in every format.
+  return validation::make_host_tensor(
+      name, p, std::move(shape), [&](int64_t i) {
+        return round_to(
+            p, std::ldexp(static_cast<double>(i % 13) - 6.25, -(i % 5)));
+      });
 }
 
 // Runs `f`, expecting qknorm::Error whose file is `source` and whose rule
