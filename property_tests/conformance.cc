@@ -14,8 +14,8 @@
 #include "property_tests/rc_gens.h"
 #include "property_tests/support.h"
 #include "qknorm/error.h"
-#include "validation/run.h"
 #include "validation/nonsaturation.h"
+#include "validation/run.h"
 
 namespace qknorm::property {
 
