@@ -45,6 +45,9 @@ void check_entry_property(const Backend& b, const std::string& property) {
       std::string(info->test_suite_name()) + "/" + info->name();
   const RunResult r = run_property(prop, b, id,
                                    /*shrink=*/true, /*honour_reproduce=*/true);
+  // The generated cases this property ran (a soak's size is their sum over
+  // the gtest JSON/XML output: --gtest_output=json:FILE).
+  testing::Test::RecordProperty("cases_run", r.cases_run);
   EXPECT_TRUE(r.pass) << r.message;
 }
 
