@@ -93,7 +93,8 @@ struct Fields {
   int64_t failing_count(std::initializer_list<Field> fs) const {
     int64_t n = 0;
     for (Field f : fs)
-      if (const Judged* j = find(f)) n += static_cast<int64_t>(j->failing.size());
+      if (const Judged* j = find(f))
+        n += static_cast<int64_t>(j->failing.size());
     return n;
   }
 };
@@ -187,8 +188,7 @@ RangeRows range_rows(const AttentionCase& c, int side, Precision cf) {
   RangeRows r;
   const int64_t trows = nr.B * nr.H * nr.N;
   r.far.assign(static_cast<size_t>(trows), 0);
-  if (p.variant != Variant::kQKNorm || p.norm.kind == NormKind::kNone)
-    return r;
+  if (p.variant != Variant::kQKNorm || p.norm.kind == NormKind::kNone) return r;
   const LD big = max_finite(cf), tiny = min_normal(cf);
   std::vector<char> norm_far(static_cast<size_t>(nr.rows()), 0);
   for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
@@ -201,8 +201,8 @@ RangeRows range_rows(const AttentionCase& c, int side, Precision cf) {
                          ? std::sqrt(s2)
                          : s2 / static_cast<LD>(nr.len());
     const bool over = s2 > big;
-    const bool under = s2 > 0 && s2 < tiny && scale > p.eps &&
-                       p.norm.kind != NormKind::kLayer;
+    const bool under =
+        s2 > 0 && s2 < tiny && scale > p.eps && p.norm.kind != NormKind::kLayer;
     r.over += over;
     r.under += under;
     norm_far[static_cast<size_t>(r0)] = over || under;
@@ -228,8 +228,7 @@ AttentionCase zero_rows(const AttentionCase& c, const RangeRows& qr,
   return z;
 }
 
-std::string range_text(const RangeRows& qr, const RangeRows& kr,
-                       Precision cf) {
+std::string range_text(const RangeRows& qr, const RangeRows& kr, Precision cf) {
   const std::string fmt(name(cf));
   std::string s;
   if (qr.over + kr.over > 0)
@@ -237,9 +236,10 @@ std::string range_text(const RangeRows& qr, const RangeRows& kr,
                std::sqrt(max_finite(cf)), fmt.c_str());
   if (qr.under + kr.under > 0)
     s += (s.empty() ? "" : ", or ") +
-         format("||x|| < %.2g above eps, where the %s sum of squares "
-                "underflows",
-                std::sqrt(min_normal(cf)), fmt.c_str());
+         format(
+             "||x|| < %.2g above eps, where the %s sum of squares "
+             "underflows",
+             std::sqrt(min_normal(cf)), fmt.c_str());
   return s;
 }
 
@@ -306,14 +306,13 @@ void diagnose_norm_range(const AttentionCase& c, Precision s,
     return format("%s[%lld,%lld,%lld]", side, (long long)(r / n / heads),
                   (long long)(r / n % heads), (long long)(r % n));
   };
-  const std::string first = qr.first >= 0
-                                ? row_text("q", qr.first, H, Nq)
-                                : row_text("k", kr.first, Hk, Nk);
+  const std::string first = qr.first >= 0 ? row_text("q", qr.first, H, Nq)
+                                          : row_text("k", kr.first, Hk, Nk);
   const bool over = qr.over + kr.over > 0;
-  const std::string phrase =
-      over && qr.under + kr.under > 0 ? "norm overflow/underflow"
-      : over                          ? "norm overflow"
-                                      : "norm underflow";
+  const std::string phrase = over && qr.under + kr.under > 0
+                                 ? "norm overflow/underflow"
+                             : over ? "norm overflow"
+                                    : "norm underflow";
   const std::string counts =
       format("%lld q and %lld k rows of this case have %s (first %s)",
              (long long)(qr.over + qr.under), (long long)(kr.over + kr.under),
@@ -352,8 +351,7 @@ void diagnose_norm_range(const AttentionCase& c, Precision s,
                 "the norm or its backward mishandles rows whose "
                 "sum of squares leaves the format's range; scale the row "
                 "before squaring",
-                phrase.c_str(), all ? "the" : "of the",
-                (long long)failing,
+                phrase.c_str(), all ? "the" : "of the", (long long)failing,
                 fs.failing_names({Field::kO, Field::kLse, Field::kDq,
                                   Field::kDk, Field::kDv})
                     .c_str(),
@@ -438,8 +436,7 @@ void diagnose_sixteen_bit(const AttentionCase& c, const OracleAttention& orc,
   // through the normalization backward: M is no such scale there.)
   for (Field f : {Field::kLse, Field::kO, Field::kDv}) {
     const Judged* j = fs.find(f);
-    if (j == nullptr || j->failing.empty() || !j->t->index_of.empty())
-      continue;
+    if (j == nullptr || j->failing.empty() || !j->t->index_of.empty()) continue;
     const std::vector<LD>* mag = f == Field::kO    ? &orc.o_mag
                                  : f == Field::kDv ? &orc.dv_mag
                                                    : nullptr;
@@ -495,12 +492,11 @@ void diagnose_sixteen_bit(const AttentionCase& c, const OracleAttention& orc,
     };
     const double med = quantile(rel, 0.5), p10 = quantile(rel, 0.1),
                  p90 = quantile(rel, 0.9);
-    const bool grid =
-        wide_storage && nonzero > 0 && on_grid >= kMost * nonzero;
-    const bool sized =
-        grid ? med >= kGridLow && med <= kHigh
-             : mag != nullptr && med >= kLow && med <= kHigh &&
-                   p90 <= kSpread * p10 && quantile(margin, 0.5) >= 2;
+    const bool grid = wide_storage && nonzero > 0 && on_grid >= kMost * nonzero;
+    const bool sized = grid ? med >= kGridLow && med <= kHigh
+                            : mag != nullptr && med >= kLow && med <= kHigh &&
+                                  p90 <= kSpread * p10 &&
+                                  quantile(margin, 0.5) >= 2;
     if (!sized) continue;
     if (fields.empty()) {
       cause = f == Field::kLse
@@ -571,7 +567,8 @@ void diagnose_gqa(const AttentionCase& c, const Fields& fs,
                 "%lld failing elements equal the oracle's dK/dV of query head "
                 "%lld of each group alone (the other heads' dO zeroed): sum "
                 "dK and dV over the group's query heads",
-                (long long)G, fs.failing_names({Field::kDk, Field::kDv}).c_str(),
+                (long long)G,
+                fs.failing_names({Field::kDk, Field::kDv}).c_str(),
                 (long long)m, (long long)n, (long long)keep),
          0.97 * static_cast<double>(m) / static_cast<double>(n)});
     return;
@@ -611,6 +608,22 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
                ? Nk
                : std::min(Nk, p.mask.key_lengths[static_cast<size_t>(b)]);
   };
+  // Key rows that failing query rows attend to: the backward reads the
+  // entry's own O and lse, so a wrong query row spreads to those keys' dk
+  // and dv; they are not evidence against a query-side tail.
+  std::vector<char> seen(fk.mark.size(), 0);
+  for (size_t r = 0; r < fq.mark.size(); ++r) {
+    if (!fq.mark[r]) continue;
+    const int64_t bh = static_cast<int64_t>(r) / Nq,
+                  i = static_cast<int64_t>(r) % Nq, b = bh / H,
+                  kb = (b * Hk + bh % H / (H / Hk)) * Nk;
+    for (int64_t j = 0; j < Nk; ++j)
+      if (visible(p.mask, b, i, j, Nq, Nk))
+        seen[static_cast<size_t>(kb + j)] = 1;
+  }
+  bool k_spread = fk.count > 0 && fq.count > 0;
+  for (size_t r = 0; r < fk.mark.size() && k_spread; ++r)
+    k_spread = !fk.mark[r] || seen[r];
   // (i) Every failing row of each failing side after the last full block.
   if (fq.count + fk.count > 0) {
     int64_t best = -1;
@@ -624,7 +637,7 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
         ok = t > 0 && n >= t;
         if (ok) frac = std::max(frac, static_cast<double>(Nq - t) / Nq);
       }
-      for (size_t r = 0; r < fk.mark.size() && ok; ++r) {
+      for (size_t r = 0; r < fk.mark.size() && ok && !k_spread; ++r) {
         if (!fk.mark[r]) continue;
         const int64_t b = static_cast<int64_t>(r) / (Hk * Nk),
                       n = static_cast<int64_t>(r) % Nk, len = key_len(b),
@@ -639,21 +652,27 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
           std::find(declared.begin(), declared.end(), best) != declared.end();
       std::string where;
       if (fq.count > 0)
-        where = format("the %lld failing query rows (%s) are all rows >= %lld "
-                       "of q_len %lld",
-                       (long long)fq.count,
-                       fs.failing_names({Field::kO, Field::kLse, Field::kDq})
-                           .c_str(),
-                       (long long)tail_start(Nq, best), (long long)Nq);
-      if (fk.count > 0)
+        where = format(
+            "the %lld failing query rows (%s) are all rows >= %lld "
+            "of q_len %lld",
+            (long long)fq.count,
+            fs.failing_names({Field::kO, Field::kLse, Field::kDq}).c_str(),
+            (long long)tail_start(Nq, best), (long long)Nq);
+      if (k_spread)
+        where += format(
+            "; %s fail on the keys those rows attend to (the "
+            "backward reads the entry's O and lse)",
+            fs.failing_names({Field::kDk, Field::kDv}).c_str());
+      else if (fk.count > 0)
         where += (where.empty() ? "" : "; ") +
-                 format("the %lld failing key rows (%s) all lie after the "
-                        "last full block of each batch's keys",
-                        (long long)fk.count,
-                        fs.failing_names({Field::kDk, Field::kDv}).c_str());
+                 format(
+                     "the %lld failing key rows (%s) all lie after the "
+                     "last full block of each batch's keys",
+                     (long long)fk.count,
+                     fs.failing_names({Field::kDk, Field::kDv}).c_str());
       // A random failing row lands in the tail with probability frac.
-      const double chance =
-          std::pow(best_frac, static_cast<double>(fq.count + fk.count));
+      const double chance = std::pow(
+          best_frac, static_cast<double>(fq.count + (k_spread ? 0 : fk.count)));
       out->push_back(
           {DiagnosisKind::kTailBlock,
            format("rows after the last full block of %lld", (long long)best),
@@ -662,8 +681,7 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
                   "block",
                   (long long)best,
                   declared_b ? " (a block size the entry declares)" : "",
-                  where.c_str(),
-                  (fq.count > 0 ? fq.first : fk.first).c_str()),
+                  where.c_str(), (fq.count > 0 ? fq.first : fk.first).c_str()),
            0.9 * (1 - chance)});
       return;
     }
@@ -704,9 +722,8 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
 // ---- (f) a learned parameter's gradient alone ----------------------------
 
 bool is_param(Field f) {
-  return f == Field::kDg || f == Field::kScaleNormDg ||
-         f == Field::kDqWeight || f == Field::kDkWeight ||
-         f == Field::kDqBias || f == Field::kDkBias;
+  return f == Field::kDg || f == Field::kScaleNormDg || f == Field::kDqWeight ||
+         f == Field::kDkWeight || f == Field::kDqBias || f == Field::kDkBias;
 }
 
 void diagnose_parameter(const Fields& fs, std::initializer_list<Field> fwd,

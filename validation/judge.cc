@@ -251,7 +251,8 @@ std::string AgreementReport::failure_message() const {
     }
   }
   if (m.empty()) return "";
-  for (const Diagnosis& d : diagnoses) m += "  likely cause: " + d.message + "\n";
+  for (const Diagnosis& d : diagnoses)
+    m += "  likely cause: " + d.message + "\n";
   return "entry " + entry_name + " vs oracle" +
          (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
          case_desc + "\n" + m;
