@@ -434,9 +434,13 @@ void diagnose_sixteen_bit(const AttentionCase& c, const OracleAttention& orc,
   // o, dv: the P.V-type sums whose magnitude M (sum of |terms|) is the
   // scale of an accumulator's rounding; lse on a grid only. (dq and dk sum
   // through the normalization backward: M is no such scale there.)
+  // dV = P^T dO reads P through lse: where lse fails otherwise, dv's
+  // errors are lse's, not an accumulator's.
+  bool lse_ok = !fs.fails(Field::kLse);
   for (Field f : {Field::kLse, Field::kO, Field::kDv}) {
     const Judged* j = fs.find(f);
     if (j == nullptr || j->failing.empty() || !j->t->index_of.empty()) continue;
+    if (f == Field::kDv && !lse_ok) continue;
     const std::vector<LD>* mag = f == Field::kO    ? &orc.o_mag
                                  : f == Field::kDv ? &orc.dv_mag
                                                    : nullptr;
@@ -498,6 +502,7 @@ void diagnose_sixteen_bit(const AttentionCase& c, const OracleAttention& orc,
                                   p90 <= kSpread * p10 &&
                                   quantile(margin, 0.5) >= 2;
     if (!sized) continue;
+    if (f == Field::kLse) lse_ok = true;
     if (fields.empty()) {
       cause = f == Field::kLse
                   ? "the softmax statistics (lse) computed or stored in 16 "
@@ -594,6 +599,17 @@ int64_t tail_start(int64_t len, int64_t blk) {
   return len / blk * blk;
 }
 
+// "16", "8 or 16", "16, 32 or 64": the block sizes that cut the same tail.
+std::string sizes_text(const std::vector<int64_t>& v) {
+  std::string t;
+  for (size_t i = 0; i < v.size(); ++i)
+    t += (i == 0              ? ""
+          : i + 1 == v.size() ? " or "
+                              : ", ") +
+         std::to_string(v[i]);
+  return t;
+}
+
 void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
                          const std::vector<int64_t>& declared,
                          std::vector<Diagnosis>* out) {
@@ -628,6 +644,7 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
   if (fq.count + fk.count > 0) {
     int64_t best = -1;
     double best_frac = 2;
+    std::vector<int64_t> same;  // every size that cuts best's tail
     for (int64_t blk : cands) {
       bool ok = true;
       double frac = 0;
@@ -645,9 +662,14 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
         ok = t > 0 && n >= t && n < len;
         if (ok) frac = std::max(frac, static_cast<double>(len - t) / len);
       }
-      if (ok && frac < best_frac) best = blk, best_frac = frac;
+      if (ok && frac < best_frac) best = blk, best_frac = frac, same.clear();
+      if (ok && frac == best_frac) same.push_back(blk);
     }
-    if (best > 0) {
+    // A random failing row lands in the tail with probability best_frac;
+    // fewer than 1% of random patterns would put them all there.
+    const double chance = std::pow(
+        best_frac, static_cast<double>(fq.count + (k_spread ? 0 : fk.count)));
+    if (best > 0 && chance <= 0.01) {
       const bool declared_b =
           std::find(declared.begin(), declared.end(), best) != declared.end();
       std::string where;
@@ -670,17 +692,16 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
                      "last full block of each batch's keys",
                      (long long)fk.count,
                      fs.failing_names({Field::kDk, Field::kDv}).c_str());
-      // A random failing row lands in the tail with probability frac.
-      const double chance = std::pow(
-          best_frac, static_cast<double>(fq.count + (k_spread ? 0 : fk.count)));
       out->push_back(
-          {DiagnosisKind::kTailBlock,
-           format("rows after the last full block of %lld", (long long)best),
-           format("rows after the last full block of %lld%s: %s (first %s), "
+          {DiagnosisKind::kTailBlock, "rows after the last full block",
+           format("rows after the last full block of %s%s: %s (first %s), "
                   "every earlier row passes: the tail loop of a partial last "
                   "block",
-                  (long long)best,
-                  declared_b ? " (a block size the entry declares)" : "",
+                  sizes_text(same).c_str(),
+                  declared_b
+                      ? format(" (%lld declared by the entry)", (long long)best)
+                            .c_str()
+                      : "",
                   where.c_str(), (fq.count > 0 ? fq.first : fk.first).c_str()),
            0.9 * (1 - chance)});
       return;
@@ -701,17 +722,18 @@ void diagnose_tail_block(const AttentionCase& c, const Fields& fs,
       std::fill_n(z.d_o.begin() + (bh * Nq + t) * D, (Nq - t) * D, 0.0);
     const auto [m, n] = dk_dv_matches(fs, z);
     if (n == 0 || m < kMost * n) continue;
+    std::vector<int64_t> same;
+    for (int64_t b : cands)
+      if (tail_start(Nq, b) == t) same.push_back(b);
     out->push_back(
         {DiagnosisKind::kTailBlock,
-         format("%s drops the query rows after the last full block of %lld",
-                fs.failing_names({Field::kDk, Field::kDv}).c_str(),
-                (long long)blk),
-         format("rows after the last full block of %lld: %s fail while o, "
+         "rows after the last full block (dK/dV reduction)",
+         format("rows after the last full block of %s: %s fail while o, "
                 "lse, dq pass, and %lld of their %lld failing elements equal "
                 "the oracle's without query rows >= %lld of q_len %lld (their "
                 "dO zeroed): the reduction over query blocks drops the partial "
                 "last block",
-                (long long)blk,
+                sizes_text(same).c_str(),
                 fs.failing_names({Field::kDk, Field::kDv}).c_str(),
                 (long long)m, (long long)n, (long long)t, (long long)Nq),
          0.95 * static_cast<double>(m) / static_cast<double>(n)});
