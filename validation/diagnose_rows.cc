@@ -181,7 +181,11 @@ void diagnose_norm_range(const AttentionCase& c, Precision s,
                                   Field::kDk, Field::kDv})
                     .c_str(),
                 all ? "exactly" : format("%lld", (long long)direct).c_str(),
-                range.c_str(), counts.c_str()),
+                range.c_str(),
+                format("the case has %lld q and %lld k such rows; first %s",
+                       (long long)(qr.over + qr.under),
+                       (long long)(kr.over + kr.under), first.c_str())
+                    .c_str()),
          0.9 * static_cast<double>(direct) / static_cast<double>(failing)});
   }
 }
