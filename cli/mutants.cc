@@ -40,6 +40,9 @@ struct Outcome {
   // property::MutantInfo::correct_when: a passing mutant in that regime is
   // right to pass.
   std::string correct_when;
+  // The most confident diagnosis of each failing case (validation/
+  // diagnose.h), once each, with the number of cases it leads.
+  std::vector<std::pair<std::string, int>> causes;
   double seconds = 0;
 };
 
@@ -130,6 +133,16 @@ Outcome judge_entry(const Backend& b, const Suite& suite,
     for (const CaseResult& c : row.cases) {
       ++r.cases;
       r.failing_cases += c.pass ? 0 : 1;
+      if (c.pass) continue;
+      const std::string cause = c.diagnoses.empty()
+                                    ? std::string("none")
+                                    : c.diagnoses.front().phrase;
+      auto it = std::find_if(r.causes.begin(), r.causes.end(),
+                             [&](const auto& x) { return x.first == cause; });
+      if (it == r.causes.end())
+        r.causes.emplace_back(cause, 1);
+      else
+        ++it->second;
     }
     const WorstElement& w = row.worst;
     if (w.case_index >= 0 && (r.worst.empty() || !(w.margin <= r.margin))) {
@@ -277,6 +290,13 @@ int run_mutants(const MutantsOptions& o, const SuiteOptions& so,
                        r.entry->name(), r.kind,
                        fmt::format("{}/{}", r.failing_cases, r.cases),
                        join(r.failing_fields), note);
+    if (!r.causes.empty()) {
+      std::string causes;
+      for (const auto& [cause, n] : r.causes)
+        causes += fmt::format("{}{} ({} case{})", causes.empty() ? "" : "; ",
+                              cause, n, n == 1 ? "" : "s");
+      out << fmt::format("{:<12} likely cause: {}\n", "", causes);
+    }
   }
   const bool ok = survived == 0 && precision_caught == precision_total &&
                   controls_pass == static_cast<int>(controls.size());

@@ -26,6 +26,17 @@ std::string verdict(const EntryRow& r) {
   if (r.unsupported > 0)
     v += fmt::format(" ({} of {} cases not implemented)", r.unsupported,
                      r.cases.size());
+  // The likely causes (validation/diagnose.h): each case's most confident
+  // one, once each.
+  std::vector<std::string> causes;
+  for (const CaseResult& c : r.cases)
+    if (!c.pass && !c.diagnoses.empty() &&
+        std::find(causes.begin(), causes.end(), c.diagnoses[0].phrase) ==
+            causes.end())
+      causes.push_back(c.diagnoses[0].phrase);
+  for (size_t i = 0; i < causes.size(); ++i)
+    v += (i == 0 ? " (likely: " : "; ") + causes[i] +
+         (i + 1 == causes.size() ? ")" : "");
   return v;
 }
 
@@ -437,6 +448,15 @@ std::string to_json(const Report& rep) {
       nlohmann::json jc = {{"case", c.desc}, {"pass", c.pass}};
       if (c.unsupported) jc["not_implemented"] = true;
       if (!c.error.empty()) jc["error"] = c.error;
+      if (!c.pass) {
+        nlohmann::json dj = nlohmann::json::array();
+        for (const validation::Diagnosis& d : c.diagnoses)
+          dj.push_back({{"kind", validation::name(d.kind)},
+                        {"phrase", d.phrase},
+                        {"message", d.message},
+                        {"confidence", d.confidence}});
+        jc["diagnoses"] = dj;
+      }
       for (const FieldResult& f : c.fields)
         jc["fields"][f.key] = {
             {"entry", stats_json(f.entry)},

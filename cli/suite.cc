@@ -131,6 +131,7 @@ CaseResult from_report(const validation::AgreementReport& rep) {
     r.fields.push_back(fr);
   }
   if (!r.pass) r.failure = rep.failure_message();
+  r.diagnoses = rep.diagnoses;
   return r;
 }
 
@@ -254,9 +255,12 @@ CaseResult judge_attention_shared(const Backend& entry,
     if (sh->sampled())
       return from_report(
           validation::judge_sampled(sh->rc, sh->so, er, entry.name()));
-    return from_report(validation::judge_attention(
+    validation::AgreementReport rep = validation::judge_attention(
         sh->rc, prec, sh->orc, er, with_naive ? &sh->naive : nullptr, false,
-        entry.name(), nb.name()));
+        entry.name(), nb.name());
+    validation::diagnose_with_entry_blocks(entry, sh->rc, sh->orc, er, false,
+                                           &rep);
+    return from_report(rep);
   } catch (const std::exception& e) {
     CaseResult r;
     r.desc = describe();

@@ -97,6 +97,8 @@ struct CaseResult {
   bool unsupported = false;
   std::vector<FieldResult> fields;
   std::string failure;  // failure message (rule's) if !pass
+  // The likely causes if !pass (validation/diagnose.h), most confident first.
+  std::vector<validation::Diagnosis> diagnoses;
 };
 
 // The element of largest margin: which case, field and index.

@@ -13,9 +13,24 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
   AttentionResult nr;
   if (with_naive)
     nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
-  return judge_attention(c, s, oracle_attention(c), er,
-                         with_naive ? &nr : nullptr, forward_only, entry.name(),
-                         nb.name());
+  const OracleAttention orc = oracle_attention(c);
+  AgreementReport rep =
+      judge_attention(c, s, orc, er, with_naive ? &nr : nullptr, forward_only,
+                      entry.name(), nb.name());
+  diagnose_with_entry_blocks(entry, c, orc, er, forward_only, &rep);
+  return rep;
+}
+
+void diagnose_with_entry_blocks(const Backend& entry, const AttentionCase& c,
+                                const OracleAttention& orc,
+                                const AttentionResult& er, bool forward_only,
+                                AgreementReport* rep) {
+  if (rep->pass) return;
+  const std::vector<int64_t> blocks = entry.block_sizes(c.problem);
+  if (blocks.empty()) return;
+  const Precision s = entry.precision();
+  rep->diagnoses = diagnose_attention(
+      c, s, orc, attention_tolerances(c, s, orc, forward_only), er, blocks);
 }
 
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,

@@ -24,6 +24,15 @@ AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c,
                                 const ExecConfig& cfg = {},
                                 bool with_naive = true);
 
+// judge_attention knows no entry: its tail-block diagnosis tries the common
+// block sizes alone. Where `rep` fails and `entry` declares block sizes for
+// the case (Backend::block_sizes), its diagnoses are formed again with those
+// tried first (c, oracle, result and forward_only as judged).
+void diagnose_with_entry_blocks(const Backend& entry, const AttentionCase& c,
+                                const OracleAttention& oracle,
+                                const AttentionResult& result,
+                                bool forward_only, AgreementReport* rep);
+
 }  // namespace qknorm::validation
 
 #endif  // QKNORM_VALIDATION_CHECK_H_

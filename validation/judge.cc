@@ -176,11 +176,13 @@ AgreementReport judge_attention(
   rep.naive_name = nr != nullptr ? naive_name : "";
   rep.case_desc = c.describe();
   const double A = logit_amplitude(c);
-  for (const ToleranceTable& t :
-       attention_tolerances(c, s, orc, forward_only, compute_unit)) {
-    if (only != nullptr &&
-        std::find(only->begin(), only->end(), t.field) == only->end())
-      continue;
+  std::vector<ToleranceTable> tables =
+      attention_tolerances(c, s, orc, forward_only, compute_unit);
+  if (only != nullptr)
+    std::erase_if(tables, [&](const ToleranceTable& t) {
+      return std::find(only->begin(), only->end(), t.field) == only->end();
+    });
+  for (const ToleranceTable& t : tables) {
     auto pick = [&](const AttentionResult& r) {
       const std::span<const double> x = field_values(r, t.field);
       return std::vector<double>(x.begin(), x.end());
@@ -192,6 +194,7 @@ AgreementReport judge_attention(
     rep.fields.back().amplitude = A;
   }
   finish(&rep);
+  if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, tables, er);
   return rep;
 }
 
@@ -206,10 +209,12 @@ AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
   rep.entry_name = entry_name;
   rep.naive_name = nr != nullptr ? naive_name : "";
   rep.case_desc = c.describe();
-  for (const ToleranceTable& t : scalenorm_tolerances(c, s, orc)) {
-    if (only != nullptr &&
-        std::find(only->begin(), only->end(), t.field) == only->end())
-      continue;
+  std::vector<ToleranceTable> tables = scalenorm_tolerances(c, s, orc);
+  if (only != nullptr)
+    std::erase_if(tables, [&](const ToleranceTable& t) {
+      return std::find(only->begin(), only->end(), t.field) == only->end();
+    });
+  for (const ToleranceTable& t : tables) {
     auto pick = [&](const ScaleNormResult& r) -> std::vector<double> {
       if (t.field == Field::kY) return r.y;
       if (t.field == Field::kDx) return r.dx;
@@ -221,6 +226,7 @@ AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
         judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
   }
   finish(&rep);
+  if (!rep.pass) rep.diagnoses = diagnose_scalenorm(c, s, orc, tables, er);
   return rep;
 }
 
@@ -245,6 +251,8 @@ std::string AgreementReport::failure_message() const {
     }
   }
   if (m.empty()) return "";
+  for (const Diagnosis& d : diagnoses)
+    m += "  likely cause: " + d.message + "\n";
   return "entry " + entry_name + " vs oracle" +
          (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
          case_desc + "\n" + m;

@@ -11,6 +11,7 @@
 
 #include "qknorm/precision.h"
 #include "validation/case.h"
+#include "validation/diagnose.h"
 #include "validation/field.h"
 #include "validation/metrics.h"
 #include "validation/oracle.h"
@@ -82,8 +83,12 @@ struct AgreementReport {
   // and the field it is in.
   double margin = 0;
   std::string worst_field;
+  // The likely causes of the failure, most confident first (empty when the
+  // case passes; validation/diagnose.h). They never change the verdict.
+  std::vector<Diagnosis> diagnoses;
   // Every failing field: entry, case (shape, seed), the element of largest
-  // margin (index, expected, actual, bound), the first failure's diagnosis.
+  // margin (index, expected, actual, bound), the first failure's diagnosis;
+  // then "likely cause: ..." for each of `diagnoses`.
   std::string failure_message() const;
 };
 

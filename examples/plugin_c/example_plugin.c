@@ -10,6 +10,12 @@
  * partial sum rounded to binary16), a precision bug no eye sees in the
  * output. qknorm-check and the property suite FAIL it and name it.
  *
+ * Built with -DQKNORM_EXAMPLE_UNSCALED_NORM it computes every norm as
+ * sqrtf(sum x^2) in float, unscaled, as torch's F.normalize does in f32: a
+ * row with ||x|| > 1.8e19 squares to inf and normalizes to 0. Right on
+ * realistic inputs, wrong on the extreme-range rows: qknorm-check FAILs it
+ * and diagnoses the norm overflow.
+ *
  *   qknorm-check --plugin ./libqknorm_example_plugin.so --backend 'plugin:*'
  */
 #include <math.h>
@@ -22,6 +28,8 @@
 
 #ifdef QKNORM_EXAMPLE_F16_PV
 #define PLUGIN_NAME "example_f16_pv"
+#elif defined(QKNORM_EXAMPLE_UNSCALED_NORM)
+#define PLUGIN_NAME "example_unscaled_norm"
 #elif defined(QKNORM_EXAMPLE_CRASH)
 #define PLUGIN_NAME "example_crash"
 #else
@@ -59,6 +67,15 @@ static double round_f16(double x) {
 #define ACC(x) (x)
 #endif
 
+/* What a row's sum of squares accumulates in: double (no f32 row overflows
+ * it), or, unscaled, float (inf once ||x|| > 1.8e19, so x_hat = x / inf = 0
+ * and the backward's du / ||x|| = 0). */
+#ifdef QKNORM_EXAMPLE_UNSCALED_NORM
+typedef float SumSq;
+#else
+typedef double SumSq;
+#endif
+
 static int visible(const qknorm_attention_problem* p, int64_t b, int64_t i,
                    int64_t j) {
   if (p->causal && j > i + p->kv_len - p->q_len) return 0;
@@ -78,11 +95,11 @@ static void operand(const qknorm_attention_problem* p,
                     int64_t N, double* out, double* nrm) {
   const int64_t D = p->head_dim;
   for (int64_t n = 0; n < N; ++n) {
-    double s = 0;
+    SumSq s = 0;
     for (int64_t d = 0; d < D; ++d) {
       const double x = ld4(t, b, h, n, d);
       out[n * D + d] = x;
-      s += x * x;
+      s += (SumSq)x * (SumSq)x;
     }
     nrm[n] = sqrt(s);
     if (p->variant == QKNORM_VARIANT_QKNORM) {
@@ -300,8 +317,8 @@ static int scalenorm_forward(void* ctx, void* ws,
   float* y = a->y.data;
   for (int64_t r = 0; r < p->rows; ++r) {
     const float* xr = x + r * a->x.row_stride;
-    double s = 0;
-    for (int64_t d = 0; d < p->dim; ++d) s += (double)xr[d] * xr[d];
+    SumSq s = 0;
+    for (int64_t d = 0; d < p->dim; ++d) s += (SumSq)xr[d] * xr[d];
     const double nrm = sqrt(s), den = nrm > p->eps ? nrm : p->eps;
     for (int64_t d = 0; d < p->dim; ++d)
       y[r * a->y.row_stride + d] = (float)(p->g * (xr[d] / den));
@@ -322,8 +339,9 @@ static int scalenorm_backward(void* ctx, void* ws,
   for (int64_t r = 0; r < p->rows; ++r) {
     const float* xr = x + r * a->x.row_stride;
     const float* dyr = dy + r * a->dy.row_stride;
-    double s = 0, c = 0;
-    for (int64_t d = 0; d < p->dim; ++d) s += (double)xr[d] * xr[d];
+    SumSq s = 0;
+    double c = 0;
+    for (int64_t d = 0; d < p->dim; ++d) s += (SumSq)xr[d] * xr[d];
     const double nrm = sqrt(s), den = nrm > p->eps ? nrm : p->eps;
     for (int64_t d = 0; d < p->dim; ++d) c += (xr[d] / den) * dyr[d];
     dg += c;
