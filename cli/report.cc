@@ -26,6 +26,9 @@ std::string verdict(const EntryRow& r) {
   if (r.unsupported > 0)
     v += fmt::format(" ({} of {} cases not implemented)", r.unsupported,
                      r.cases.size());
+  if (r.contract != "f32-accumulate")  // the contract and its bound's cost
+    v += fmt::format(" under {} (o's bound {:.3g}x f32-accumulate's)",
+                     r.contract, r.looseness);
   return v;
 }
 
@@ -414,6 +417,7 @@ std::string to_json(const Report& rep) {
         {"target", r.target},
         {"precision", r.precision},
         {"rule", r.rule},
+        {"contract", r.contract},
         {"available", r.available},
         {"pass", r.pass},
         {"ratio_to_naive", r.has_naive || r.family == "reference"

@@ -15,7 +15,7 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
     nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
   return judge_attention(c, s, oracle_attention(c), er,
                          with_naive ? &nr : nullptr, forward_only, entry.name(),
-                         nb.name());
+                         nb.name(), nullptr, entry.contract());
 }
 
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,

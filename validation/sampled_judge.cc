@@ -26,6 +26,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
   AgreementReport rep;
   rep.entry_name = entry_name;
   rep.case_desc = c.describe() + " [" + so.describe() + "]";
+  rep.contract = so.options.contract.describe();
   for (const ToleranceTable& t : so.tables) {
     const std::span<const double> all = field_values(er, t.field);
     std::vector<double> actual(t.index_of.empty() ? all.size()

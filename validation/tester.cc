@@ -94,7 +94,8 @@ AttentionTestReport AttentionTester::Test(const Backend& entry,
   }
   r.verdict = judge_attention(r.test_case, s, oracle_attention(r.test_case),
                               r.result, with_naive_ ? &naive.result : nullptr,
-                              forward_only_, entry.name(), nb.name());
+                              forward_only_, entry.name(), nb.name(), nullptr,
+                              entry.contract());
   r.judged = true;
   return r;
 }
