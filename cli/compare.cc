@@ -291,13 +291,12 @@ void reject_attention_options(const SuiteOptions& s,
   no(!s.flags.empty(), "--norm-flags");
   no(s.scale != 0, "--scale");
   if (!contract.is_default())
-    throw Error(contract == ComputeContract::storage() ? "--compute"
-                                                       : "--contract",
-                {},
-                contract.describe() +
-                    " is not available for ScaleNorm dumps (its bound "
-                    "assumes f32 compute for 16-bit storage); use "
-                    "--contract f32-accumulate");
+    throw Error(
+        contract == ComputeContract::storage() ? "--compute" : "--contract", {},
+        contract.describe() +
+            " is not available for ScaleNorm dumps (its bound "
+            "assumes f32 compute for 16-bit storage); use "
+            "--contract f32-accumulate");
 }
 
 // ScaleNorm (issue 17): x, g, [dy] in; y, [dx, dg] out.
@@ -546,10 +545,9 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
                : validation::run_attention_forward(naive, c);
   return files_row(
       "attention", prec, *case_desc,
-      validation::judge_attention(c, prec, validation::oracle_attention(c),
-                                  given, &naive_result, !backward,
-                                  files_entry(prec), naive.name(), &only,
-                                  contract));
+      validation::judge_attention(
+          c, prec, validation::oracle_attention(c), given, &naive_result,
+          !backward, files_entry(prec), naive.name(), &only, contract));
 }
 
 }  // namespace
@@ -608,8 +606,9 @@ ComputeContract CompareOptions::resolved_contract() const {
   if (!parse_contract(contract, &c, &why)) throw Error("--contract", {}, why);
   if (compute == "storage" && c != by_compute)
     throw Error("--contract", {},
-                contract + " conflicts with --compute storage (its alias "
-                           "for --contract storage); give one of them");
+                contract +
+                    " conflicts with --compute storage (its alias "
+                    "for --contract storage); give one of them");
   return c;
 }
 

@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "cli/options.h"
-#include "qknorm/contract.h"
 #include "cli/report.h"
+#include "qknorm/contract.h"
 #include "validation/tensor_io.h"
 
 namespace CLI {

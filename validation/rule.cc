@@ -144,8 +144,8 @@ void contract_units(const ComputeContract& k, Precision s, double A,
   };
   r->uq = extra(RoundingPoint::kQ);
   r->uk = extra(RoundingPoint::kKv);
-  r->uv = unit_roundoff(fmt(RoundingPoint::kKv)) > unit_roundoff(s) ? r->uk
-                                                                     : 0.0;
+  r->uv =
+      unit_roundoff(fmt(RoundingPoint::kKv)) > unit_roundoff(s) ? r->uk : 0.0;
   r->ulog = extra(RoundingPoint::kLogits);
   r->up = extra(RoundingPoint::kP);
   r->uacc = extra(RoundingPoint::kPvAcc);
@@ -221,8 +221,8 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.c_res = ulp(r.wf, 0);
   r.p_res = std::max(min_normal(r.wf),
                      ulp(contract.format(RoundingPoint::kP, s), 0) / 2);
-  r.acc_res = std::max(
-      r.c_res, ulp(contract.format(RoundingPoint::kPvAcc, s), 0));
+  r.acc_res =
+      std::max(r.c_res, ulp(contract.format(RoundingPoint::kPvAcc, s), 0));
   r.u_given = orc.given_units > 0 || orc.given_soft_units > 0
                   ? unit_roundoff(Precision::kF64)
                   : 0;
@@ -288,8 +288,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
         t.delta[e] += (units * rs.uacc + rs.uv + rs.up) * d(orc.o_mag[e]) +
                       (rs.logit_abs + rs.up) * d(orc.o_dev_mag[e]);
       if (rs.uout > 0)
-        t.delta[e] += rs.uout * (d(std::fabs(orc.o[e])) + t.delta[e]) +
-                      rs.out_res;
+        t.delta[e] +=
+            rs.uout * (d(std::fabs(orc.o[e])) + t.delta[e]) + rs.out_res;
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -391,19 +391,19 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                          sum_units(static_cast<double>(n)) + kOpUnits + div;
     for (size_t e = 0; e < x.size(); ++e) {
       auto chan = [&](Channel k) { return ch[at(k)][e]; };
-      t.delta[e] = uc * (units * d(chan(Channel::kMagnitude)) +
-                         soft * d(chan(Channel::kSoftmaxTerms)) +
-                         d(chan(Channel::kLayerShift))) +
-                   us * d(chan(Channel::kStoredORel)) +
-                   o_res * d(chan(Channel::kStoredOAbs)) +
-                   c_res * (d(chan(Channel::kSubnormalCount)) +
-                            static_cast<double>(R + 2)) +
-                   p_res * d(chan(Channel::kPResolution)) +
-                   rs.s_rel * d(chan(Channel::kMagnitude)) +
-                   (rs.uq + rs.uk + rs.uv) * d(chan(Channel::kMagnitude)) +
-                   (2 * rs.logit_abs + rs.up) *
-                       d(chan(Channel::kSoftmaxTerms)) +
-                   rs.uout * d(chan(Channel::kStoredORel));
+      t.delta[e] =
+          uc * (units * d(chan(Channel::kMagnitude)) +
+                soft * d(chan(Channel::kSoftmaxTerms)) +
+                d(chan(Channel::kLayerShift))) +
+          us * d(chan(Channel::kStoredORel)) +
+          o_res * d(chan(Channel::kStoredOAbs)) +
+          c_res *
+              (d(chan(Channel::kSubnormalCount)) + static_cast<double>(R + 2)) +
+          p_res * d(chan(Channel::kPResolution)) +
+          rs.s_rel * d(chan(Channel::kMagnitude)) +
+          (rs.uq + rs.uk + rs.uv) * d(chan(Channel::kMagnitude)) +
+          (2 * rs.logit_abs + rs.up) * d(chan(Channel::kSoftmaxTerms)) +
+          rs.uout * d(chan(Channel::kStoredORel));
       t.cond[e] = condition(chan(Channel::kMagnitude), x[e]);
     }
     out.push_back(std::move(t));

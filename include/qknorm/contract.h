@@ -50,7 +50,14 @@ inline constexpr int kRoundingPoints = 7;
 std::string_view key(RoundingPoint r);
 
 // A point's declared format.
-enum class PointFormat : uint8_t { kCompute, kStorage, kF64, kF32, kBF16, kF16 };
+enum class PointFormat : uint8_t {
+  kCompute,
+  kStorage,
+  kF64,
+  kF32,
+  kBF16,
+  kF16
+};
 
 struct ComputeContract {
   std::array<PointFormat, kRoundingPoints> at{};  // all kCompute
