@@ -144,8 +144,13 @@ void contract_units(const ComputeContract& k, Precision s, double A,
   };
   r->uq = extra(RoundingPoint::kQ);
   r->uk = extra(RoundingPoint::kKv);
-  r->uv =
-      unit_roundoff(fmt(RoundingPoint::kKv)) > unit_roundoff(s) ? r->uk : 0.0;
+  // v (storage s) is exact in the cache format kvf when kvf holds every
+  // value of s: kvf = s, f64, or f32 for a 16-bit s (bf16 values need not
+  // fit f16's exponent range).
+  const Precision kvf = fmt(RoundingPoint::kKv);
+  const bool v_exact = kvf == s || kvf == Precision::kF64 ||
+                       (kvf == Precision::kF32 && s != Precision::kF64);
+  r->uv = v_exact ? 0.0 : r->uk;
   r->ulog = extra(RoundingPoint::kLogits);
   r->up = extra(RoundingPoint::kP);
   r->uacc = extra(RoundingPoint::kPvAcc);

@@ -134,8 +134,9 @@
 //   u_X  := the unit roundoff of point X's format where it is coarser than
 //          u_c, else 0 (a point no coarser than the compute costs nothing
 //          beyond the rows above); u_v := u_kv only where the cache format
-//          is coarser than storage (v is an input, already in storage; k_hat
-//          is computed, so u_k := u_kv);
+//          does not hold every storage value (v is an input, already in
+//          storage: exact in the same format, f64, or f32 for 16-bit
+//          storage; k_hat is computed, so u_k := u_kv);
 // and each point's rounding enters the channels it reaches:
 //   logits  a logit moves by e_S = A (u_q + u_k + u_S) + ulp_S(0) / 2 (u_S
 //           > 0): q_hat and k_hat rounded relatively, |q_hat . k_hat| <= 1
@@ -171,9 +172,15 @@
 // The oracle rounds no input for a contract (v in a cache format coarser
 // than storage enters as the bound term u_v M, not as a rounded oracle
 // input), so one oracle serves every contract; every computed
-// intermediate enters as the bound terms above. Unresolved here: the
-// subnormal range of q_hat and k_hat in a 16-bit q or kv point (absolute
-// ulp(0) / 2 per element, below 1e-4 of A u_q on unit rows).
+// intermediate enters as the bound terms above. The `storage` preset is
+// the former compute_unit = u_s rule (compare's --compute storage) plus the
+// resolution terms of its P and accumulator points: at f16 P's 2.98e-8 and
+// ulp_16(0) per term join (bounds looser by 7e-5 relative on a Gaussian
+// dump), at bf16 only ulp_bf16(0) = 9e-41 per term replaces ulp_32(0)
+// (margins unchanged), at f32 and f64 nothing. Not covered: the subnormal
+// range of q_hat and k_hat at a 16-bit q or kv point (absolute ulp(0) / 2
+// per element: at most ulp(0) sqrt(D) / (2 u) = 5e-4 of A u_q at f16, D =
+// 64, on unit rows), and a bf16 v outside f16's range in an f16 cache.
 #ifndef QKNORM_VALIDATION_RULE_H_
 #define QKNORM_VALIDATION_RULE_H_
 
