@@ -159,6 +159,13 @@ void add_compare_options(CLI::App& app, CompareOptions& o) {
          "P.V accumulator), out (O before it is stored), compute (all other "
          "arithmetic), FORMAT one of f64, f32, bf16, f16, storage, compute; "
          "e.g. pv_acc=f16 or q=f16,p=f16")
+      ->check(
+          [](const std::string& spec) {
+            ComputeContract c;
+            std::string why;
+            return parse_contract(spec, &c, &why) ? std::string() : why;
+          },
+          "SPEC")
       ->type_name("SPEC");
   app.add_option("--kind", o.kind,
                  "What the files hold: attention, scalenorm, or auto (x, y, "
@@ -617,11 +624,17 @@ int run_compare(const CompareOptions& o, const SuiteOptions& s,
   const auto t0 = std::chrono::steady_clock::now();
   Report rep;
   rep.title = "qknorm-check compare";
+  ComputeContract contract;
+  try {
+    contract = o.resolved_contract();  // a bad option: kExitUsage
+  } catch (const Error& e) {
+    err << "qknorm-check compare: " << e.what() << "\n";
+    return kExitUsage;
+  }
   try {
     const auto in = load_tensors(o.inputs, "--inputs");
     const auto outs = load_tensors(o.outputs, "--outputs");
     std::string desc;
-    const ComputeContract contract = o.resolved_contract();
     rep.rows.push_back(compare_tensors(in, outs, s, &desc, contract, o.kind));
     rep.cases.push_back(desc);
   } catch (const Error& e) {

@@ -59,8 +59,8 @@ struct CompareOptions {
   // The compute contract the framework declares (qknorm/contract.h): a
   // preset (f32-accumulate, storage) or a spec of rounding points,
   // "q=f16,kv=f16,logits=f32,p=f16,pv_acc=f16,out=f32,compute=f32"; empty:
-  // --compute's. contract() resolves both (throws qknorm::Error on a bad
-  // spec or a conflict).
+  // --compute's. resolved_contract() resolves both (throws qknorm::Error on
+  // a bad spec or a conflict; run_compare exits kExitUsage).
   std::string contract;
   ComputeContract resolved_contract() const;
   // "attention", "scalenorm" or "auto" (dump_kind()).

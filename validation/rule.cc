@@ -119,9 +119,9 @@ struct RuleScalars {
   double s_rel = 0;
   // The compute contract's rounding points (qknorm/contract.h; rule.h,
   // "Compute contracts"): each point's unit roundoff where it is coarser
-  // than u_c (0 otherwise), v's where the cache is coarser than storage,
-  // the logits' extra absolute error, O's accumulator resolution per term
-  // and the output point's half ulp(0).
+  // than u_c (0 otherwise), v's where the cache format does not hold every
+  // storage value, the logits' extra absolute error, O's accumulator
+  // resolution per term and the output point's half ulp(0).
   double uq = 0, uk = 0, uv = 0, ulog = 0, up = 0, uacc = 0, uout = 0;
   double logit_abs = 0, acc_res = 0, out_res = 0;
 };
@@ -129,8 +129,8 @@ struct RuleScalars {
 // The contract's units (rule.h, "Compute contracts"): u_c is the coarser of
 // the compute format and the declared compute point; every other point
 // costs its unit roundoff where it is coarser than u_c. v is an input in the
-// storage format: its cache rounding costs only where the cache is coarser
-// than storage. The logits move by A (u_q + u_k) (|q_hat . k_hat| <= 1 per
+// storage format: its cache rounding costs only where it is inexact. The
+// logits move by A (u_q + u_k) (|q_hat . k_hat| <= 1 per
 // unit of A, Cauchy-Schwarz) and by their own rounding, |S| u_S + ulp_S(0)
 // / 2 <= A u_S + ulp_S(0) / 2.
 void contract_units(const ComputeContract& k, Precision s, double A,
