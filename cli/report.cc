@@ -27,8 +27,10 @@ std::string verdict(const EntryRow& r) {
     v += fmt::format(" ({} of {} cases not implemented)", r.unsupported,
                      r.cases.size());
   if (r.contract != "f32-accumulate")  // the contract and its bound's cost
-    v += fmt::format(" under {} (o's bound {:.3g}x f32-accumulate's)",
-                     r.contract, r.looseness);
+    v += r.looseness > 0
+             ? fmt::format(" under {} (o's bound {:.3g}x f32-accumulate's)",
+                           r.contract, r.looseness)
+             : " under " + r.contract;
   return v;
 }
 

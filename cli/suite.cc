@@ -366,6 +366,7 @@ CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
 void summarize(EntryRow* row) {
   row->fields.clear();
   row->pass = true;
+  row->contract = "f32-accumulate";
   row->looseness = 1;
   row->unsupported = 0;
   row->ratio = 0;
@@ -378,9 +379,11 @@ void summarize(EntryRow* row) {
       continue;
     }
     row->pass = row->pass && c.pass;
-    if (c.contract != "f32-accumulate") {
+    if (c.contract != "f32-accumulate") {  // 0: unknown (sampled)
+      row->looseness = row->contract == "f32-accumulate"
+                           ? c.looseness
+                           : std::max(row->looseness, c.looseness);
       row->contract = c.contract;
-      row->looseness = std::max(row->looseness, c.looseness);
     }
     if (!c.error.empty()) {
       row->worst.margin = std::numeric_limits<double>::infinity();

@@ -21,6 +21,7 @@
 #include "mutants/contract_entries.h"
 #include "validation/check.h"
 #include "validation/rule.h"
+#include "validation/sampled.h"
 
 namespace qknorm {
 namespace {
@@ -205,6 +206,29 @@ TEST(Contract, RoundingPUndeclaredFailsThroughItsResolution) {
   EXPECT_TRUE(check(ContractKernel::kPvAccF16, "pv_acc=f16", j, true).pass);
   EXPECT_FALSE(
       check(ContractKernel::kPvAccF16RoundsP, "f32-accumulate", j, true).pass);
+}
+
+// The sampled verdict (validation/sampled.h) judges its sampled rows by the
+// contract's tables and the rest by properties at the contract's units: the
+// eager f16 entry PASSes under storage and FAILs under f32-accumulate there
+// too, and the report names the contract (its looseness is not computed).
+TEST(Contract, SampledVerdictJudgesByTheContract) {
+  const Judged j(Precision::kF16, gaussian(64, 64, 32, g_init(64), 9));
+  const auto e = make_contract_entry(ContractKernel::kEagerStorage, j.s,
+                                     ComputeContract::storage());
+  const validation::AttentionResult er = validation::run_attention(*e, j.c);
+  validation::SampleOptions opt;
+  opt.rows = 8;
+  opt.contract = ComputeContract::storage();
+  const AgreementReport st = validation::judge_sampled(
+      j.c, validation::sampled_oracle(j.c, j.s, opt), er, e->name());
+  EXPECT_TRUE(st.pass) << st.failure_message();
+  EXPECT_EQ(st.contract, "storage");
+  opt.contract = {};
+  const AgreementReport f32 = validation::judge_sampled(
+      j.c, validation::sampled_oracle(j.c, j.s, opt), er, e->name());
+  EXPECT_FALSE(f32.pass);
+  EXPECT_EQ(f32.contract, "f32-accumulate");
 }
 
 }  // namespace

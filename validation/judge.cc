@@ -272,10 +272,14 @@ std::string AgreementReport::failure_message() const {
   std::string under;
   if (contract != "f32-accumulate") {
     char buf[160];
-    std::snprintf(buf, sizeof buf,
-                  "  judged under compute contract %s (o's bound %.3gx "
-                  "f32-accumulate's, median)\n",
-                  contract.c_str(), looseness);
+    if (looseness > 0)
+      std::snprintf(buf, sizeof buf,
+                    "  judged under compute contract %s (o's bound %.3gx "
+                    "f32-accumulate's, median)\n",
+                    contract.c_str(), looseness);
+    else
+      std::snprintf(buf, sizeof buf, "  judged under compute contract %s\n",
+                    contract.c_str());
     under = buf;
   }
   return "entry " + entry_name + " vs oracle" +

@@ -84,7 +84,7 @@ struct AgreementReport {
   std::string worst_field;
   // The compute contract the entry was judged under (qknorm/contract.h) and
   // how much looser its bound is than f32-accumulate's (contract_looseness;
-  // 1 for f32-accumulate).
+  // 1 for f32-accumulate, 0 where not computed: the sampled verdict).
   std::string contract = "f32-accumulate";
   double looseness = 1;
   // Every failing field: entry, case (shape, seed), the element of largest

@@ -163,6 +163,22 @@ void contract_units(const ComputeContract& k, Precision s, double A,
   r->out_res = r->uout > 0 ? ulp(fmt(RoundingPoint::kOut), 0) / 2 : 0.0;
 }
 
+}  // namespace
+
+ContractUnits contract_units(const ComputeContract& k, Precision s) {
+  RuleScalars r;
+  contract_units(k, s, 0, &r);
+  ContractUnits u;
+  u.u = std::max({r.uc, r.uq, r.uk, r.ulog, r.up, r.uacc, r.uout});
+  const double p_half = ulp(k.format(RoundingPoint::kP, s), 0) / 2;
+  u.p_res = p_half > min_normal(compute_format(s)) ? p_half : 0.0;
+  u.logit_res =
+      r.ulog > 0 ? ulp(k.format(RoundingPoint::kLogits, s), 0) / 2 : 0.0;
+  return u;
+}
+
+namespace {
+
 RuleScalars rule_scalars(const AttentionCase& c, Precision s,
                          const OracleAttention& orc,
                          const ComputeContract& contract) {

@@ -236,6 +236,16 @@ std::vector<ToleranceTable> attention_tolerances(
 ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
                                       const OracleAttention& oracle,
                                       const ComputeContract& contract = {});
+// For bounds that hold by one unit roundoff rather than the tables' channels
+// (the sampled verdict's O(n D) properties, validation/sampled_judge.cc):
+// the contract's coarsest unit roundoff (u_c or any declared point's; u_c
+// itself for f32-accumulate), P's absolute resolution beyond tiny_c (ulp_P(0)
+// / 2 where it exceeds tiny_c, else 0) and the logits' (ulp_S(0) / 2 at a
+// coarser logits point, else 0).
+struct ContractUnits {
+  double u = 0, p_res = 0, logit_res = 0;
+};
+ContractUnits contract_units(const ComputeContract& contract, Precision s);
 // Tables for y, dx, dg.
 std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
                                                  Precision s,
