@@ -165,7 +165,7 @@ void add_compare_options(CLI::App& app, CompareOptions& o) {
             std::string why;
             return parse_contract(spec, &c, &why) ? std::string() : why;
           },
-          "SPEC")
+          "")
       ->type_name("SPEC");
   app.add_option("--kind", o.kind,
                  "What the files hold: attention, scalenorm, or auto (x, y, "
