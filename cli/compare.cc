@@ -142,13 +142,31 @@ void add_compare_options(CLI::App& app, CompareOptions& o) {
       ->required()
       ->type_name("FILE");
   app.add_option("--compute", o.compute,
-                 "f32: the framework rounds only its outputs to the files' "
-                 "dtype (our entries' contract); storage: it also rounds its "
-                 "intermediates (q_hat, S, P) to that dtype, as PyTorch's "
-                 "bfloat16 CPU autograd does: the bound uses the storage unit "
-                 "roundoff for the compute")
+                 "Alias of --contract: f32 is f32-accumulate, storage is "
+                 "storage")
       ->check(CLI::IsMember({"f32", "storage"}))
       ->capture_default_str();
+  app.add_option(
+         "--contract", o.contract,
+         "The framework's compute contract: where it rounds its "
+         "intermediates, and to what (validation/rule.h derives the bound "
+         "for it). f32-accumulate (default): f32 compute (f64 for f64 "
+         "files), only the outputs rounded to the files' dtype; storage: "
+         "every intermediate rounded to the files' dtype, as PyTorch's "
+         "bfloat16 CPU autograd does; or rounding points KEY=FORMAT,... "
+         "after an optional preset, KEY one of q (q at the dot product), kv "
+         "(k_hat and v as cached), logits, p (P before P.V), pv_acc (the "
+         "P.V accumulator), out (O before it is stored), compute (all other "
+         "arithmetic), FORMAT one of f64, f32, bf16, f16, storage, compute; "
+         "e.g. pv_acc=f16 or q=f16,p=f16")
+      ->check(
+          [](const std::string& spec) {
+            ComputeContract c;
+            std::string why;
+            return parse_contract(spec, &c, &why) ? std::string() : why;
+          },
+          "")
+      ->type_name("SPEC");
   app.add_option("--kind", o.kind,
                  "What the files hold: attention, scalenorm, or auto (x, y, "
                  "dy or dx present and no attention tensor: scalenorm)")
@@ -262,7 +280,8 @@ void require_finite_nd(const HostTensor& t, const std::string& name) {
 
 // The attention problem's options mean nothing to ScaleNorm: giving one is
 // an error rather than silently ignored.
-void reject_attention_options(const SuiteOptions& s, bool storage_compute) {
+void reject_attention_options(const SuiteOptions& s,
+                              const ComputeContract& contract) {
   auto no = [](bool given, const char* flag) {
     if (given)
       throw Error(
@@ -278,18 +297,21 @@ void reject_attention_options(const SuiteOptions& s, bool storage_compute) {
   no(!s.weight.empty(), "--weight");
   no(!s.flags.empty(), "--norm-flags");
   no(s.scale != 0, "--scale");
-  if (storage_compute)
-    throw Error("--compute", {},
-                "storage is not available for ScaleNorm dumps (its bound "
-                "assumes f32 compute for 16-bit storage); use --compute f32");
+  if (!contract.is_default())
+    throw Error(
+        contract == ComputeContract::storage() ? "--compute" : "--contract", {},
+        contract.describe() +
+            " is not available for ScaleNorm dumps (its bound "
+            "assumes f32 compute for 16-bit storage); use "
+            "--contract f32-accumulate");
 }
 
 // ScaleNorm (issue 17): x, g, [dy] in; y, [dx, dg] out.
 EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
                            const std::map<std::string, HostTensor>& outs,
                            const SuiteOptions& s, std::string* case_desc,
-                           bool storage_compute) {
-  reject_attention_options(s, storage_compute);
+                           const ComputeContract& contract) {
+  reject_attention_options(s, contract);
   const HostTensor& x = need(in, "x", "--inputs");
   const HostTensor& y = need(outs, tensor_name(Field::kY), "--outputs");
   const Precision prec = x.dtype;
@@ -369,7 +391,7 @@ EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
 EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
                            const std::map<std::string, HostTensor>& outs,
                            const SuiteOptions& s, std::string* case_desc,
-                           bool storage_compute) {
+                           const ComputeContract& contract) {
   const HostTensor &q = need(in, "q", "--inputs"),
                    &k = need(in, "k", "--inputs"),
                    &v = need(in, "v", "--inputs");
@@ -530,10 +552,9 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
                : validation::run_attention_forward(naive, c);
   return files_row(
       "attention", prec, *case_desc,
-      validation::judge_attention(c, prec, validation::oracle_attention(c),
-                                  given, &naive_result, !backward,
-                                  files_entry(prec), naive.name(), &only,
-                                  storage_compute ? unit_roundoff(prec) : 0.0));
+      validation::judge_attention(
+          c, prec, validation::oracle_attention(c), given, &naive_result,
+          !backward, files_entry(prec), naive.name(), &only, contract));
 }
 
 }  // namespace
@@ -575,10 +596,27 @@ std::string dump_kind(const std::map<std::string, HostTensor>& in,
 EntryRow compare_tensors(const std::map<std::string, HostTensor>& in,
                          const std::map<std::string, HostTensor>& outs,
                          const SuiteOptions& s, std::string* case_desc,
-                         bool storage_compute, const std::string& kind) {
+                         const ComputeContract& contract,
+                         const std::string& kind) {
   return dump_kind(in, outs, kind) == "scalenorm"
-             ? compare_scalenorm(in, outs, s, case_desc, storage_compute)
-             : compare_attention(in, outs, s, case_desc, storage_compute);
+             ? compare_scalenorm(in, outs, s, case_desc, contract)
+             : compare_attention(in, outs, s, case_desc, contract);
+}
+
+ComputeContract CompareOptions::resolved_contract() const {
+  const ComputeContract by_compute = compute == "storage"
+                                         ? ComputeContract::storage()
+                                         : ComputeContract::f32_accumulate();
+  if (contract.empty()) return by_compute;
+  ComputeContract c;
+  std::string why;
+  if (!parse_contract(contract, &c, &why)) throw Error("--contract", {}, why);
+  if (compute == "storage" && c != by_compute)
+    throw Error("--contract", {},
+                contract +
+                    " conflicts with --compute storage (its alias "
+                    "for --contract storage); give one of them");
+  return c;
 }
 
 int run_compare(const CompareOptions& o, const SuiteOptions& s,
@@ -586,12 +624,18 @@ int run_compare(const CompareOptions& o, const SuiteOptions& s,
   const auto t0 = std::chrono::steady_clock::now();
   Report rep;
   rep.title = "qknorm-check compare";
+  ComputeContract contract;
+  try {
+    contract = o.resolved_contract();  // a bad option: kExitUsage
+  } catch (const Error& e) {
+    err << "qknorm-check compare: " << e.what() << "\n";
+    return kExitUsage;
+  }
   try {
     const auto in = load_tensors(o.inputs, "--inputs");
     const auto outs = load_tensors(o.outputs, "--outputs");
     std::string desc;
-    rep.rows.push_back(
-        compare_tensors(in, outs, s, &desc, o.compute == "storage", o.kind));
+    rep.rows.push_back(compare_tensors(in, outs, s, &desc, contract, o.kind));
     rep.cases.push_back(desc);
   } catch (const Error& e) {
     err << "qknorm-check compare: " << e.what() << "\n";

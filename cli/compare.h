@@ -39,6 +39,7 @@
 
 #include "cli/options.h"
 #include "cli/report.h"
+#include "qknorm/contract.h"
 #include "validation/tensor_io.h"
 
 namespace CLI {
@@ -53,7 +54,15 @@ struct CompareOptions {
   // rounds only its outputs, our entries' contract. "storage": it rounds its
   // intermediates to the files' dtype too (PyTorch's bfloat16 autograd on
   // CPU); the verdict's compute unit becomes the storage unit roundoff.
+  // An alias of --contract f32-accumulate / --contract storage.
   std::string compute = "f32";
+  // The compute contract the framework declares (qknorm/contract.h): a
+  // preset (f32-accumulate, storage) or a spec of rounding points,
+  // "q=f16,kv=f16,logits=f32,p=f16,pv_acc=f16,out=f32,compute=f32"; empty:
+  // --compute's. resolved_contract() resolves both (throws qknorm::Error on
+  // a bad spec or a conflict; run_compare exits kExitUsage).
+  std::string contract;
+  ComputeContract resolved_contract() const;
   // "attention", "scalenorm" or "auto" (dump_kind()).
   std::string kind = "auto";
 };
@@ -79,8 +88,8 @@ std::string dump_kind(const std::map<std::string, validation::HostTensor>& in,
 EntryRow compare_tensors(
     const std::map<std::string, validation::HostTensor>& in,
     const std::map<std::string, validation::HostTensor>& out,
-    const SuiteOptions& s, std::string* case_desc, bool storage_compute = false,
-    const std::string& kind = "auto");
+    const SuiteOptions& s, std::string* case_desc,
+    const ComputeContract& contract = {}, const std::string& kind = "auto");
 
 int run_compare(const CompareOptions& o, const SuiteOptions& s,
                 const std::string& json, std::ostream& out, std::ostream& err);

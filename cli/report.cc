@@ -26,6 +26,11 @@ std::string verdict(const EntryRow& r) {
   if (r.unsupported > 0)
     v += fmt::format(" ({} of {} cases not implemented)", r.unsupported,
                      r.cases.size());
+  if (r.contract != "f32-accumulate")  // the contract and its bound's cost
+    v += r.looseness > 0
+             ? fmt::format(" under {} (o's bound {:.3g}x f32-accumulate's)",
+                           r.contract, r.looseness)
+             : " under " + r.contract;
   // The likely causes (validation/diagnose.h): each case's most confident
   // one, once each.
   std::vector<std::string> causes;
@@ -425,6 +430,7 @@ std::string to_json(const Report& rep) {
         {"target", r.target},
         {"precision", r.precision},
         {"rule", r.rule},
+        {"contract", r.contract},
         {"available", r.available},
         {"pass", r.pass},
         {"ratio_to_naive", r.has_naive || r.family == "reference"

@@ -132,6 +132,8 @@ CaseResult from_report(const validation::AgreementReport& rep) {
   }
   if (!r.pass) r.failure = rep.failure_message();
   r.diagnoses = rep.diagnoses;
+  r.contract = rep.contract;
+  r.looseness = rep.looseness;
   return r;
 }
 
@@ -252,12 +254,20 @@ CaseResult judge_attention_shared(const Backend& entry,
       throw std::runtime_error(sh->naive_error);
     const validation::AttentionResult er =
         validation::run_attention(entry, sh->rc, exec);
+    if (sh->sampled() && !entry.contract().is_default()) {
+      // The shared sampled oracle's tables are f32-accumulate's.
+      validation::SampleOptions o = sh->sample;
+      o.contract = entry.contract();
+      return from_report(validation::judge_sampled(
+          sh->rc, validation::sampled_oracle(sh->rc, prec, o), er,
+          entry.name()));
+    }
     if (sh->sampled())
       return from_report(
           validation::judge_sampled(sh->rc, sh->so, er, entry.name()));
     validation::AgreementReport rep = validation::judge_attention(
         sh->rc, prec, sh->orc, er, with_naive ? &sh->naive : nullptr, false,
-        entry.name(), nb.name());
+        entry.name(), nb.name(), nullptr, entry.contract());
     validation::diagnose_with_entry_blocks(entry, sh->rc, sh->orc, er, false,
                                            &rep);
     return from_report(rep);
@@ -360,6 +370,8 @@ CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
 void summarize(EntryRow* row) {
   row->fields.clear();
   row->pass = true;
+  row->contract = "f32-accumulate";
+  row->looseness = 1;
   row->unsupported = 0;
   row->ratio = 0;
   row->worst = WorstElement{};
@@ -371,6 +383,12 @@ void summarize(EntryRow* row) {
       continue;
     }
     row->pass = row->pass && c.pass;
+    if (c.contract != "f32-accumulate") {  // 0: unknown (sampled)
+      row->looseness = row->contract == "f32-accumulate"
+                           ? c.looseness
+                           : std::max(row->looseness, c.looseness);
+      row->contract = c.contract;
+    }
     if (!c.error.empty()) {
       row->worst.margin = std::numeric_limits<double>::infinity();
       row->worst.case_index = static_cast<int>(ci);

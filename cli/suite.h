@@ -99,6 +99,10 @@ struct CaseResult {
   std::string failure;  // failure message (rule's) if !pass
   // The likely causes if !pass (validation/diagnose.h), most confident first.
   std::vector<validation::Diagnosis> diagnoses;
+  // The compute contract it was judged under and its bound's looseness
+  // against f32-accumulate (validation::AgreementReport).
+  std::string contract = "f32-accumulate";
+  double looseness = 1;
 };
 
 // The element of largest margin: which case, field and index.
@@ -129,6 +133,10 @@ struct EntryRow {
   std::string kind;  // "attention" or "scalenorm"
   std::string name, family, target, precision;
   std::string rule = "componentwise";
+  // The compute contract (qknorm/contract.h) and the largest looseness of
+  // its bound against f32-accumulate's over the cases (summarize).
+  std::string contract = "f32-accumulate";
+  double looseness = 1;
   std::vector<FieldSummary> fields;
   std::vector<CaseResult> cases;
   double ratio = 0;

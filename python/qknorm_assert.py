@@ -31,8 +31,10 @@ None entries of `grads` are skipped (a parameter that got no gradient).
 
 The binary: the `qknorm_check` option, else $QKNORM_CHECK, else
 `qknorm-check` on PATH. Options (keyword arguments):
-  eps, variant, formulation, compute   compare's --eps, --variant,
-                                       --formulation, --compute
+  eps, variant, formulation, compute, contract
+                compare's --eps, --variant, --formulation, --compute,
+                --contract (a compute contract: "storage", "pv_acc=f16",
+                ...; cli/README.md)
   params        attention only: {"q_weight": ..., "k_weight": ...,
                 "q_bias": ..., "k_bias": ...} of a formulation
   extra_args    further compare arguments, a list of strings
@@ -81,7 +83,8 @@ _SCALENORM_GRADS = {
 }
 _PARAMS = ("q_weight", "k_weight", "q_bias", "k_bias")
 _FLAGS = {"eps": "--eps", "variant": "--variant",
-          "formulation": "--formulation", "compute": "--compute"}
+          "formulation": "--formulation", "compute": "--compute",
+          "contract": "--contract"}
 _OTHER_OPTIONS = ("params", "extra_args", "qknorm_check", "workdir", "timeout")
 
 

@@ -16,7 +16,7 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
   const OracleAttention orc = oracle_attention(c);
   AgreementReport rep =
       judge_attention(c, s, orc, er, with_naive ? &nr : nullptr, forward_only,
-                      entry.name(), nb.name());
+                      entry.name(), nb.name(), nullptr, entry.contract());
   diagnose_with_entry_blocks(entry, c, orc, er, forward_only, &rep);
   return rep;
 }
@@ -30,7 +30,9 @@ void diagnose_with_entry_blocks(const Backend& entry, const AttentionCase& c,
   if (blocks.empty()) return;
   const Precision s = entry.precision();
   rep->diagnoses = diagnose_attention(
-      c, s, orc, attention_tolerances(c, s, orc, forward_only), er, blocks);
+      c, s, orc,
+      attention_tolerances(c, s, orc, forward_only, entry.contract()), er,
+      blocks);
 }
 
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,

@@ -170,14 +170,18 @@ AgreementReport judge_attention(
     const AttentionCase& c, Precision s, const OracleAttention& orc,
     const AttentionResult& er, const AttentionResult* nr, bool forward_only,
     const std::string& entry_name, const std::string& naive_name,
-    const std::vector<Field>* only, double compute_unit) {
+    const std::vector<Field>* only, const ComputeContract& contract) {
   AgreementReport rep;
   rep.entry_name = entry_name;
   rep.naive_name = nr != nullptr ? naive_name : "";
   rep.case_desc = c.describe();
+  rep.contract = contract.describe();
   const double A = logit_amplitude(c);
   std::vector<ToleranceTable> tables =
-      attention_tolerances(c, s, orc, forward_only, compute_unit);
+      attention_tolerances(c, s, orc, forward_only, contract);
+  if (!contract.is_default())
+    rep.looseness = contract_looseness(
+        tables, attention_tolerances(c, s, orc, forward_only));
   if (only != nullptr)
     std::erase_if(tables, [&](const ToleranceTable& t) {
       return std::find(only->begin(), only->end(), t.field) == only->end();
@@ -196,6 +200,25 @@ AgreementReport judge_attention(
   finish(&rep);
   if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, tables, er);
   return rep;
+}
+
+double contract_looseness(const std::vector<ToleranceTable>& tables,
+                          const std::vector<ToleranceTable>& base) {
+  auto o_of = [](const std::vector<ToleranceTable>& ts) {
+    for (const ToleranceTable& t : ts)
+      if (t.field == Field::kO) return &t;
+    return static_cast<const ToleranceTable*>(nullptr);
+  };
+  const ToleranceTable *a = o_of(tables), *b = o_of(base);
+  if (a == nullptr || b == nullptr) return 1;
+  std::vector<double> r;
+  for (size_t i = 0; i < a->delta.size() && i < b->delta.size(); ++i) {
+    const double x = element_bound(*a, i), y = element_bound(*b, i);
+    if (y > 0 && !std::isnan(x / y)) r.push_back(x / y);
+  }
+  if (r.empty()) return 1;
+  std::nth_element(r.begin(), r.begin() + r.size() / 2, r.end());
+  return r[r.size() / 2];
 }
 
 AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
@@ -251,11 +274,24 @@ std::string AgreementReport::failure_message() const {
     }
   }
   if (m.empty()) return "";
+  std::string under;
+  if (contract != "f32-accumulate") {
+    char buf[160];
+    if (looseness > 0)
+      std::snprintf(buf, sizeof buf,
+                    "  judged under compute contract %s (o's bound %.3gx "
+                    "f32-accumulate's, median)\n",
+                    contract.c_str(), looseness);
+    else
+      std::snprintf(buf, sizeof buf, "  judged under compute contract %s\n",
+                    contract.c_str());
+    under = buf;
+  }
   for (const Diagnosis& d : diagnoses)
     m += "  likely cause: " + d.message + "\n";
   return "entry " + entry_name + " vs oracle" +
          (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
-         case_desc + "\n" + m;
+         case_desc + "\n" + under + m;
 }
 
 }  // namespace qknorm::validation

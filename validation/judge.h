@@ -86,6 +86,11 @@ struct AgreementReport {
   // The likely causes of the failure, most confident first (empty when the
   // case passes; validation/diagnose.h). They never change the verdict.
   std::vector<Diagnosis> diagnoses;
+  // The compute contract the entry was judged under (qknorm/contract.h) and
+  // how much looser its bound is than f32-accumulate's (contract_looseness;
+  // 1 for f32-accumulate, 0 where not computed: the sampled verdict).
+  std::string contract = "f32-accumulate";
+  double looseness = 1;
   // Every failing field: entry, case (shape, seed), the element of largest
   // margin (index, expected, actual, bound), the first failure's diagnosis;
   // then "likely cause: ..." for each of `diagnoses`.
@@ -105,7 +110,13 @@ AgreementReport judge_attention(const AttentionCase& c, Precision s,
                                 const std::string& entry_name,
                                 const std::string& naive_name,
                                 const std::vector<Field>* only = nullptr,
-                                double compute_unit = 0);
+                                const ComputeContract& contract = {});
+// How much looser a contract's bound is than f32-accumulate's on the same
+// case: the median over o's elements of element_bound(tables) /
+// element_bound(base), 1 where o is absent or no ratio is defined (inf
+// where the contract's o is unresolved).
+double contract_looseness(const std::vector<ToleranceTable>& tables,
+                          const std::vector<ToleranceTable>& base);
 AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
                                 const OracleScaleNorm& oracle,
                                 const ScaleNormResult& entry,

@@ -117,10 +117,71 @@ struct RuleScalars {
   // 0; reference:f32 returned dq = 0 for -2.6e-30, margin 184). 0 for a
   // normal s, whose relative rounding the op units cover.
   double s_rel = 0;
+  // The compute contract's rounding points (qknorm/contract.h; rule.h,
+  // "Compute contracts"): each point's unit roundoff where it is coarser
+  // than u_c (0 otherwise), v's where the cache format does not hold every
+  // storage value, the logits' extra absolute error, O's accumulator
+  // resolution per term and the output point's half ulp(0).
+  double uq = 0, uk = 0, uv = 0, ulog = 0, up = 0, uacc = 0, uout = 0;
+  double logit_abs = 0, acc_res = 0, out_res = 0;
 };
 
+// The contract's units (rule.h, "Compute contracts"): u_c is the coarser of
+// the compute format and the declared compute point; every other point
+// costs its unit roundoff where it is coarser than u_c. v is an input in the
+// storage format: its cache rounding costs only where it is inexact. The
+// logits move by A (u_q + u_k) (|q_hat . k_hat| <= 1 per
+// unit of A, Cauchy-Schwarz) and by their own rounding, |S| u_S + ulp_S(0)
+// / 2 <= A u_S + ulp_S(0) / 2.
+void contract_units(const ComputeContract& k, Precision s, double A,
+                    RuleScalars* r) {
+  auto fmt = [&](RoundingPoint p) { return k.format(p, s); };
+  r->uc = std::max(compute_roundoff(s),
+                   unit_roundoff(fmt(RoundingPoint::kCompute)));
+  auto extra = [&](RoundingPoint p) {
+    const double u = unit_roundoff(fmt(p));
+    return u > r->uc ? u : 0.0;
+  };
+  r->uq = extra(RoundingPoint::kQ);
+  r->uk = extra(RoundingPoint::kKv);
+  // v (storage s) is exact in the cache format kvf when kvf holds every
+  // value of s: kvf = s, f64, or f32 for a 16-bit s (bf16 values need not
+  // fit f16's exponent range).
+  const Precision kvf = fmt(RoundingPoint::kKv);
+  const bool v_exact = kvf == s || kvf == Precision::kF64 ||
+                       (kvf == Precision::kF32 && s != Precision::kF64);
+  r->uv = v_exact ? 0.0 : r->uk;
+  r->ulog = extra(RoundingPoint::kLogits);
+  r->up = extra(RoundingPoint::kP);
+  r->uacc = extra(RoundingPoint::kPvAcc);
+  r->uout = extra(RoundingPoint::kOut);
+  // (Only where a point is declared: A may be inf, and inf * 0 is NaN.)
+  if (r->uq + r->uk + r->ulog > 0)
+    r->logit_abs =
+        A * (r->uq + r->uk + r->ulog) +
+        (r->ulog > 0 ? ulp(fmt(RoundingPoint::kLogits), 0) / 2 : 0.0);
+  r->out_res = r->uout > 0 ? ulp(fmt(RoundingPoint::kOut), 0) / 2 : 0.0;
+}
+
+}  // namespace
+
+ContractUnits contract_units(const ComputeContract& k, Precision s) {
+  RuleScalars r;
+  contract_units(k, s, 0, &r);
+  ContractUnits u;
+  u.u = std::max({r.uc, r.uq, r.uk, r.ulog, r.up, r.uacc, r.uout});
+  const double p_half = ulp(k.format(RoundingPoint::kP, s), 0) / 2;
+  u.p_res = p_half > min_normal(compute_format(s)) ? p_half : 0.0;
+  u.logit_res =
+      r.ulog > 0 ? ulp(k.format(RoundingPoint::kLogits, s), 0) / 2 : 0.0;
+  return u;
+}
+
+namespace {
+
 RuleScalars rule_scalars(const AttentionCase& c, Precision s,
-                         const OracleAttention& orc, double compute_unit) {
+                         const OracleAttention& orc,
+                         const ComputeContract& contract) {
   const AttentionProblem& p = c.problem;
   RuleScalars r;
   r.B = p.batch;
@@ -131,9 +192,9 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.Nq = orc.count_q_len > 0 ? orc.count_q_len : p.q_len;
   r.Nk = orc.count_kv_len > 0 ? orc.count_kv_len : p.kv_len;
   r.us = unit_roundoff(s);
-  r.uc = compute_unit > 0 ? compute_unit : compute_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
   r.wf = compute_format(s);
+  contract_units(contract, s, std::fabs(r.A), &r);
   {
     const double sc = p.variant != Variant::kQKNorm ? 0
                       : p.fixed_scale               ? p.scale
@@ -179,7 +240,10 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   // g = 1e4, P ~ 1e-40 of a key whose v is O(1), O = -2e-40 returned as 0).
   r.o_res = ulp(s, 0);
   r.c_res = ulp(r.wf, 0);
-  r.p_res = min_normal(r.wf);
+  r.p_res = std::max(min_normal(r.wf),
+                     ulp(contract.format(RoundingPoint::kP, s), 0) / 2);
+  r.acc_res =
+      std::max(r.c_res, ulp(contract.format(RoundingPoint::kPvAcc, s), 0));
   r.u_given = orc.given_units > 0 || orc.given_soft_units > 0
                   ? unit_roundoff(Precision::kF64)
                   : 0;
@@ -202,7 +266,9 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
       r.us * d(orc.dg_o_rel_sens) + r.o_res * d(orc.dg_o_sens) +
       r.c_res * d(orc.dg_uf_sens) + r.p_res * d(orc.dg_p_sens) +
       r.uc * d(orc.dg_shift) +
-      r.u_given * (orc.given_units + orc.given_soft_units) * d(orc.dg_scale);
+      r.u_given * (orc.given_units + orc.given_soft_units) * d(orc.dg_scale) +
+      (2 * r.logit_abs + r.up + r.uq + r.uk + r.uv) * d(orc.dg_scale) +
+      r.uout * d(orc.dg_o_rel_sens);
   t.cond[0] = condition(orc.dg_scale, orc.dg);
   return t;
 }
@@ -213,9 +279,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                                                  Precision s,
                                                  const OracleAttention& orc,
                                                  bool forward_only,
-                                                 double compute_unit) {
+                                                 const ComputeContract& k) {
   const AttentionProblem& p = c.problem;
-  const RuleScalars rs = rule_scalars(c, s, orc, compute_unit);
+  const RuleScalars rs = rule_scalars(c, s, orc, k);
   const int64_t B = p.batch, H = p.heads, Nq = p.q_len, Nk = p.kv_len,
                 D = p.head_dim, Hk = rs.Hk, group = rs.group, Lq = rs.Lq,
                 Lk = rs.Lk;
@@ -238,7 +304,13 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     for (size_t e = 0; e < orc.o.size(); ++e) {
       t.delta[e] =
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
-          p_res * d(orc.o_p_sens_e[e]) + c_res * (nk + 2);
+          p_res * d(orc.o_p_sens_e[e]) + rs.acc_res * (nk + 2);
+      if (rs.logit_abs > 0 || rs.up > 0 || rs.uacc > 0 || rs.uv > 0)
+        t.delta[e] += (units * rs.uacc + rs.uv + rs.up) * d(orc.o_mag[e]) +
+                      (rs.logit_abs + rs.up) * d(orc.o_dev_mag[e]);
+      if (rs.uout > 0)
+        t.delta[e] +=
+            rs.uout * (d(std::fabs(orc.o[e])) + t.delta[e]) + rs.out_res;
       t.cond[e] = condition(orc.o_mag[e], orc.o[e]);
       t.masked_row[e] = std::isinf(orc.lse[e / static_cast<size_t>(D)]);
     }
@@ -257,14 +329,14 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       const double mag = d(std::fabs(x)) + std::fabs(A);
       t.delta[e] = uc * ((kDotUnits + div) * std::fabs(A) + sum_units(nk) +
                          2 * d(std::fabs(x)) + orc.logit_shift) +
-                   orc.logit_flip;
+                   orc.logit_flip + rs.logit_abs;
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));
   }
   if (forward_only) {
     add_final_ops(&out, c_res);
-    unresolved_softmax(&out, soft * uc);
+    unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
     return out;
   }
   // dQ, dK: the dS sums (Nk resp. Nq terms) through the normalization
@@ -292,7 +364,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
           p_res * d(p_sens[e]) +
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
-          rs.s_rel * d(mag[e]);
+          rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
+          (2 * rs.logit_abs + rs.up) * d(ds_mag[e]) + rs.uout * d(o_rel[e]);
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
@@ -316,7 +389,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       // 1/4: four products of 0.5 ulp(0) rounded to even).
       t.delta[e] = uc * units * d(orc.dv_mag[e]) +
                    p_res * d(orc.dv_p_sens_e[e]) + c_res * (group * nq + 2) +
-                   rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]);
+                   rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]) +
+                   (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }
     out.push_back(std::move(t));
@@ -338,15 +412,19 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                          sum_units(static_cast<double>(n)) + kOpUnits + div;
     for (size_t e = 0; e < x.size(); ++e) {
       auto chan = [&](Channel k) { return ch[at(k)][e]; };
-      t.delta[e] = uc * (units * d(chan(Channel::kMagnitude)) +
-                         soft * d(chan(Channel::kSoftmaxTerms)) +
-                         d(chan(Channel::kLayerShift))) +
-                   us * d(chan(Channel::kStoredORel)) +
-                   o_res * d(chan(Channel::kStoredOAbs)) +
-                   c_res * (d(chan(Channel::kSubnormalCount)) +
-                            static_cast<double>(R + 2)) +
-                   p_res * d(chan(Channel::kPResolution)) +
-                   rs.s_rel * d(chan(Channel::kMagnitude));
+      t.delta[e] =
+          uc * (units * d(chan(Channel::kMagnitude)) +
+                soft * d(chan(Channel::kSoftmaxTerms)) +
+                d(chan(Channel::kLayerShift))) +
+          us * d(chan(Channel::kStoredORel)) +
+          o_res * d(chan(Channel::kStoredOAbs)) +
+          c_res *
+              (d(chan(Channel::kSubnormalCount)) + static_cast<double>(R + 2)) +
+          p_res * d(chan(Channel::kPResolution)) +
+          rs.s_rel * d(chan(Channel::kMagnitude)) +
+          (rs.uq + rs.uk + rs.uv) * d(chan(Channel::kMagnitude)) +
+          (2 * rs.logit_abs + rs.up) * d(chan(Channel::kSoftmaxTerms)) +
+          rs.uout * d(chan(Channel::kStoredORel));
       t.cond[e] = condition(chan(Channel::kMagnitude), x[e]);
     }
     out.push_back(std::move(t));
@@ -359,16 +437,17 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
         group * rs.Nq);
   add_final_ops(&out, c_res);
-  unresolved_softmax(&out, soft * uc);
+  unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
   return out;
 }
 
 ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
-                                      const OracleAttention& orc) {
-  const RuleScalars rs = rule_scalars(c, s, orc, 0);
+                                      const OracleAttention& orc,
+                                      const ComputeContract& k) {
+  const RuleScalars rs = rule_scalars(c, s, orc, k);
   std::vector<ToleranceTable> out{dg_table(rs, orc)};
   add_final_ops(&out, rs.c_res);
-  unresolved_softmax(&out, rs.soft * rs.uc);
+  unresolved_softmax(&out, rs.soft * rs.uc + 2 * rs.logit_abs);
   return out[0];
 }
 

@@ -121,6 +121,66 @@
 // parameter element sums over, s_rel the logit scale's relative resolution
 // below the compute format's normal range, given* the sampled pass's units
 // (0 outside the sampled verdict).
+//
+// Compute contracts (issue 31; qknorm/contract.h). An entry declares the
+// format of each intermediate it rounds: q at the dot product, k_hat and v
+// as the cache stores them, the logits S, P before P.V, O's P.V
+// accumulator, the output, and `compute` (all other arithmetic). The rows
+// above are the default contract, f32-accumulate: every point in the
+// compute format. For any other contract:
+//   u_c := max(u_c, u_compute) (the `storage` preset: u_c := u_s in every
+//          channel, forward and backward: eager 16-bit PyTorch rounds every
+//          op's result);
+//   u_X  := the unit roundoff of point X's format where it is coarser than
+//          u_c, else 0 (a point no coarser than the compute costs nothing
+//          beyond the rows above); u_v := u_kv only where the cache format
+//          does not hold every storage value (v is an input, already in
+//          storage: exact in the same format, f64, or f32 for 16-bit
+//          storage; k_hat is computed, so u_k := u_kv);
+// and each point's rounding enters the channels it reaches:
+//   logits  a logit moves by e_S = A (u_q + u_k + u_S) + ulp_S(0) / 2 (u_S
+//           > 0): q_hat and k_hat rounded relatively, |q_hat . k_hat| <= 1
+//           per unit of A (Cauchy-Schwarz; the scale folded into q changes
+//           nothing), S rounded relatively, |S| <= A, plus S's subnormal
+//           resolution. P's relative error is 2 e_S: O moves by e_S T (the
+//           softmax row above: dS enters O as sum_j P_ij dS_ij (v_jd -
+//           O_id)), lse by e_S, and the gradients' softmax terms by 2 e_S
+//           T (dq, dk, params: ds_mag; dv: its M; dg: dg_scale). The
+//           logits are unresolved (delta = inf) where soft u_c + 2 e_S >
+//           1/8.
+//   p       P rounded relatively: u_P (M + T) on O (a kernel that divides
+//           by the row sum of unrounded P moves O by sum_j dP_ij v_jd <=
+//           u_P M; one that normalizes the rounded P moves it as a softmax
+//           perturbation, <= u_P T; both are covered), u_P on the
+//           gradients' softmax terms (dS_ij = P_ij (dP_ij - delta_i): u_P
+//           ds_mag) and on dV's M. P is resolved absolutely only to
+//           max(tiny_c, ulp_P(0) / 2): a value below half P's smallest
+//           subnormal rounds to 0 (the Sp channel; max, not sum: an exp
+//           that flushes below tiny_c leaves a value P's rounding flushes
+//           anyway).
+//   pv_acc O's Nk-term sum accumulated in its format: sum_units(Nk) u_acc
+//           M, and max(ulp_c(0), ulp_acc(0)) per term instead of ulp_c(0).
+//   kv      v rounded to the cache: u_v M on O; the backward reads k_hat
+//   q       and v (dQ_hat = g dS k_hat, dP = dO v^T) and q_hat (dK_hat =
+//           g dS^T q_hat): (u_q + u_k + u_v) M on dq, dk, params and dg.
+//   out     O rounded before it is stored: u_out (|x| + delta) + ulp_out(0)
+//           / 2 on O's delta, and u_out R (the stored O the backward reads)
+//           on dq, dk, params and dg.
+// The backward recomputes the points q, kv, logits and p (as a flash
+// backward or eager autograd does); pv_acc and out act on the forward O
+// only; every other backward operation is `compute`.
+// The oracle rounds no input for a contract (v in a cache format coarser
+// than storage enters as the bound term u_v M, not as a rounded oracle
+// input), so one oracle serves every contract; every computed
+// intermediate enters as the bound terms above. The `storage` preset is
+// the former compute_unit = u_s rule (compare's --compute storage) plus the
+// resolution terms of its P and accumulator points: at f16 P's 2.98e-8 and
+// ulp_16(0) per term join (bounds looser by 7e-5 relative on a Gaussian
+// dump), at bf16 only ulp_bf16(0) = 9e-41 per term replaces ulp_32(0)
+// (margins unchanged), at f32 and f64 nothing. Not covered: the subnormal
+// range of q_hat and k_hat at a 16-bit q or kv point (absolute ulp(0) / 2
+// per element: at most ulp(0) sqrt(D) / (2 u) = 5e-4 of A u_q at f16, D =
+// 64, on unit rows), and a bf16 v outside f16's range in an f16 cache.
 #ifndef QKNORM_VALIDATION_RULE_H_
 #define QKNORM_VALIDATION_RULE_H_
 
@@ -128,6 +188,7 @@
 #include <string>
 #include <vector>
 
+#include "qknorm/contract.h"
 #include "qknorm/precision.h"
 #include "validation/case.h"
 #include "validation/field.h"
@@ -163,20 +224,28 @@ ToleranceTable empty_table(Field f, Precision fmt, int64_t B, int64_t H,
                            int64_t rows, int64_t cols);
 
 // Tables for o, lse, dq, dk, dv, dg (forward_only: o, lse) of a case whose
-// inputs are already in the entry's precision s. compute_unit > 0 replaces
-// u_c = compute_roundoff(s): compare's `--compute storage` declares a
-// framework that rounds its intermediates (q_hat, S, P) to the 16-bit storage
-// format, as PyTorch's bfloat16 CPU autograd does; the bound is then u_s
-// times the same magnitudes, which is all a kernel of that kind promises.
-std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
-                                                 Precision s,
-                                                 const OracleAttention& oracle,
-                                                 bool forward_only,
-                                                 double compute_unit = 0);
+// inputs are already in the entry's precision s, for an entry that declares
+// `contract` (above, "Compute contracts"; default f32-accumulate). The
+// `storage` preset declares a framework that rounds every intermediate to
+// the 16-bit storage format, as PyTorch's bfloat16 CPU autograd does.
+std::vector<ToleranceTable> attention_tolerances(
+    const AttentionCase& c, Precision s, const OracleAttention& oracle,
+    bool forward_only, const ComputeContract& contract = {});
 // dg's table alone, from dg and its channels in `oracle` (the sampled
 // oracle's pass sets them; validation/sampled.h).
 ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
-                                      const OracleAttention& oracle);
+                                      const OracleAttention& oracle,
+                                      const ComputeContract& contract = {});
+// For bounds that hold by one unit roundoff rather than the tables' channels
+// (the sampled verdict's O(n D) properties, validation/sampled_judge.cc):
+// the contract's coarsest unit roundoff (u_c or any declared point's; u_c
+// itself for f32-accumulate), P's absolute resolution beyond tiny_c (ulp_P(0)
+// / 2 where it exceeds tiny_c, else 0) and the logits' (ulp_S(0) / 2 at a
+// coarser logits point, else 0).
+struct ContractUnits {
+  double u = 0, p_res = 0, logit_res = 0;
+};
+ContractUnits contract_units(const ComputeContract& contract, Precision s);
 // Tables for y, dx, dg.
 std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
                                                  Precision s,

@@ -205,7 +205,8 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         OracleAttention o =
             oracle_attention(sc, nullptr, {Nq, Nk, true, false}, ws);
         scope(&o);
-        sub[static_cast<size_t>(w)] = attention_tolerances(sc, s, o, false);
+        sub[static_cast<size_t>(w)] =
+            attention_tolerances(sc, s, o, false, opt.contract);
         sub_head[static_cast<size_t>(w)] = all_heads ? r.h : 0;
       } else {
         const SampledRow& r = so.key_rows[static_cast<size_t>(w) - nqr];
@@ -233,7 +234,8 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
           o = oracle_attention(sc, nullptr, {Nq, Nk, false, true}, ws);
         }
         scope(&o);
-        sub[static_cast<size_t>(w)] = attention_tolerances(sc, s, o, false);
+        sub[static_cast<size_t>(w)] =
+            attention_tolerances(sc, s, o, false, opt.contract);
         sub_head[static_cast<size_t>(w)] = all_heads ? r.h : 0;
       }
     } catch (const std::exception& e) {
@@ -279,7 +281,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   if (p.variant == Variant::kQKNorm && !p.fixed_scale) {
     OracleAttention g = pass.dg;
     scope(&g);
-    so.tables.push_back(attention_dg_tolerance(c, s, g));
+    so.tables.push_back(attention_dg_tolerance(c, s, g, opt.contract));
   }
   // The lse range's slack: the rule's lse bound with |lse| <= log n + A.
   {

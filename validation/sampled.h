@@ -63,6 +63,9 @@ struct SampleOptions {
   // Tile sizes whose boundary rows are sampled, besides 16 ... 256.
   std::vector<int64_t> blocks;
   int threads = 2;  // the pass
+  // The judged entry's compute contract: the sampled elements' tables are
+  // the rule's for it (qknorm/contract.h; rule.h).
+  ComputeContract contract;
 };
 
 struct SampledRow {

@@ -22,10 +22,17 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
                 Nk = p.kv_len, D = p.head_dim, group = H / Hk;
   const Precision s = so.storage;
   const Precision wf = compute_format(s);
-  const double uc = compute_roundoff(s), c_res = ulp(wf, 0);
+  // The entry's contract: its coarsest unit roundoff for the properties'
+  // u_c (compute_roundoff(s) for f32-accumulate), P's and the logits'
+  // resolution (rule.h, contract_units).
+  const ContractUnits cu = contract_units(so.options.contract, s);
+  const double uc = cu.u, c_res = ulp(wf, 0);
   AgreementReport rep;
   rep.entry_name = entry_name;
   rep.case_desc = c.describe() + " [" + so.describe() + "]";
+  rep.contract = so.options.contract.describe();
+  // f32-accumulate's sampled tables are not built here: looseness unknown.
+  if (!so.options.contract.is_default()) rep.looseness = 0;
   for (const ToleranceTable& t : so.tables) {
     const std::span<const double> all = field_values(er, t.field);
     std::vector<double> actual(t.index_of.empty() ? all.size()
@@ -174,7 +181,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
         const double ln = std::log(static_cast<double>(n));
         const double mag = std::fabs(ln) + A;
         const double slack = uc * (so.lse_units + 2 * mag) + so.lse_abs +
-                             half_spacing(wf, mag, 0);
+                             cu.logit_res + half_spacing(wf, mag, 0);
         for (int64_t h = 0; h < H; ++h) {
           const double l = er.lse[static_cast<size_t>((b * H + h) * Nq + i)];
           if (!std::isfinite(l)) continue;  // judged above
@@ -226,6 +233,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
               const double slack =
                   uc * units * top +
                   c_res * (static_cast<double>(n) + 2 + kOpUnits) +
+                  cu.p_res * static_cast<double>(n) * top +
                   half_spacing(s, top, 0);
               const double out = std::max({0.0, lo[e] - x, x - hi[e]});
               const double margin = out / slack;

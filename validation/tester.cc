@@ -92,9 +92,10 @@ AttentionTestReport AttentionTester::Test(const Backend& entry,
     naive = run_guarded(nb, r.test_case, forward_only_);
     if (!naive.guards.empty()) return naive;  // the baseline itself is wrong
   }
-  r.verdict = judge_attention(r.test_case, s, oracle_attention(r.test_case),
-                              r.result, with_naive_ ? &naive.result : nullptr,
-                              forward_only_, entry.name(), nb.name());
+  r.verdict =
+      judge_attention(r.test_case, s, oracle_attention(r.test_case), r.result,
+                      with_naive_ ? &naive.result : nullptr, forward_only_,
+                      entry.name(), nb.name(), nullptr, entry.contract());
   r.judged = true;
   return r;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qknorm/attention.h"
+#include "qknorm/contract.h"
 #include "qknorm/precision.h"
 #include "qknorm/scalenorm.h"
 
@@ -57,6 +58,12 @@ class Backend {
   virtual bool supports(const AttentionProblem& p) const {
     return is_paper_formulation(p);
   }
+
+  // The compute contract the entry declares (qknorm/contract.h, issue 31):
+  // the formats its attention rounds its intermediates to, which the
+  // verdict's bounds are derived for. Default: f32-accumulate (every
+  // intermediate in the compute format), which every production entry keeps.
+  virtual ComputeContract contract() const { return {}; }
 
   virtual std::unique_ptr<Workspace> make_workspace() const { return nullptr; }
 
