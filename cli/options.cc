@@ -97,13 +97,10 @@ std::vector<validation::InputClass> parse_classes(
   for (const std::string& list : names)
     for (const std::string& n : split(list, ',')) {
       validation::InputClass k;
-      if (!validation::parse_input_class(n, &k)) {
-        std::string known;
-        for (validation::InputClass c : validation::kAllInputClasses)
-          known += (known.empty() ? "" : ", ") + std::string(name(c));
+      if (!validation::parse_input_class(n, &k))
         throw Error("--classes", {},
-                    "unknown input class '" + n + "' (" + known + ")");
-      }
+                    "unknown input class '" + n + "' (" +
+                        validation::input_class_names() + ")");
       chosen[static_cast<size_t>(k)] = true;
     }
   std::vector<validation::InputClass> out;

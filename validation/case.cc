@@ -194,6 +194,8 @@ bool parse_input_class(const std::string& s, InputClass* out) {
   return parse_in(kInputClassNames, s, out);
 }
 
+std::string input_class_names() { return names_in(kInputClassNames); }
+
 bool has_fully_masked_rows(const AttentionProblem& p) {
   if (p.mask.causal && p.kv_len < p.q_len) return true;
   for (int64_t len : p.mask.key_lengths)

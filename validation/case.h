@@ -88,6 +88,7 @@ inline constexpr InputClass kAllInputClasses[] = {
     InputClass::kRealistic, InputClass::kExtremeRange, InputClass::kDegenerate};
 const char* name(InputClass c);  // "realistic", "extreme-range", "degenerate"
 bool parse_input_class(const std::string& s, InputClass* out);
+std::string input_class_names();  // "realistic, extreme-range, degenerate"
 // The row norms that bound extreme-range (see InputClass): 2^64 and 2^-63
 // are sqrt of f32's largest finite value (to 2^-25) and of its smallest
 // normal, so a row beyond them overflows or underflows an unscaled f32 sum
