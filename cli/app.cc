@@ -101,8 +101,17 @@ void add_common(CLI::App& app, Common& c) {
   app.add_option("--dist", s.dists,
                  "Input distribution (repeatable): gaussian, uniform, heavy "
                  "(Student t3), "
-                 "wide (row scales 10^U[-30,30] within the format), zerorows")
+                 "wide (row scales 10^U[-30,30] within the format), zerorows, "
+                 "outliers (outlier rows), mixedv (V rows 10^U[-3,3]), sink "
+                 "(first key and value rows 10^U[2,3]), channels (1-4 "
+                 "channels 100x in every q, k row)")
       ->type_name("DIST");
+  app.add_option("--classes", s.classes,
+                 "Only the cases of these input classes run and count toward "
+                 "the exit status (comma list, repeatable): realistic, "
+                 "extreme-range, degenerate (validation/case.h). Default: "
+                 "every class; any FAIL exits 1")
+      ->type_name("LIST");
   app.add_option("--variant", s.variant, "Attention variant: qknorm or sdpa")
       ->capture_default_str();
   app.add_option("--formulation", s.formulations,
@@ -388,11 +397,16 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   rep.machine = machine_info(all_backends());
   rep.seed = c.suite.seed;
   rep.threads = c.threads;
-  for (const AttentionSpec& s : suite.attention)
+  rep.classes = parse_classes(c.suite.classes);  // build_suite checked them
+  for (const AttentionSpec& s : suite.attention) {
     rep.cases.push_back(describe_case(s));
-  for (const ScaleNormSpec& s : suite.scalenorm)
+    rep.case_classes.push_back(input_class(s));
+  }
+  for (const ScaleNormSpec& s : suite.scalenorm) {
     rep.cases.push_back(
         validation::make_scalenorm_case(s.problem, s.dist, s.seed).describe());
+    rep.case_classes.push_back(input_class(s));
+  }
   RunOptions opt;
   opt.exec.threads = c.threads;
   opt.time_forward = !c.no_timing;
@@ -490,6 +504,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
            "to the default run only (not to sweep, power, compare or "
            "mutants; the tile sweep takes its own: sweep --over tiles "
            "--sample N)\n";
+    return kExitUsage;
+  }
+  if ((*sweep || *compare) && !common.suite.classes.empty()) {
+    err << "qknorm-check: --classes selects the cases of the default run, "
+           "power and mutants (a sweep's and compare's cases are given; "
+           "their reports name each case's class)\n";
     return kExitUsage;
   }
   if (!load_plugins(common, err)) return kExitInput;

@@ -227,8 +227,10 @@ std::string files_entry(Precision prec) {
 }
 
 // The report row of the one judged case.
+// `cls`: the files' case's input class, by validation::input_class from its
+// rows and mask (a file carries no distribution).
 EntryRow files_row(const char* kind, Precision prec,
-                   const std::string& case_desc,
+                   const std::string& case_desc, validation::InputClass cls,
                    validation::AgreementReport rep) {
   rep.case_desc = case_desc;
   EntryRow row;
@@ -238,6 +240,7 @@ EntryRow files_row(const char* kind, Precision prec,
   row.target = "-";
   row.precision = std::string(name(prec));
   row.cases.push_back(from_report(rep));
+  row.cases.back().input_class = cls;
   summarize(&row);
   return row;
 }
@@ -382,7 +385,7 @@ EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
   const Backend& naive = validation::naive_for(prec);
   const validation::ScaleNormResult naive_result =
       validation::run_scalenorm(naive, c);
-  return files_row("scalenorm", prec, *case_desc,
+  return files_row("scalenorm", prec, *case_desc, validation::input_class(c),
                    validation::judge_scalenorm(
                        c, prec, validation::oracle_scalenorm(c), given,
                        &naive_result, files_entry(prec), naive.name(), &only));
@@ -551,7 +554,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
       backward ? validation::run_attention(naive, c)
                : validation::run_attention_forward(naive, c);
   return files_row(
-      "attention", prec, *case_desc,
+      "attention", prec, *case_desc, validation::input_class(c),
       validation::judge_attention(
           c, prec, validation::oracle_attention(c), given, &naive_result,
           !backward, files_entry(prec), naive.name(), &only, contract));
@@ -637,6 +640,7 @@ int run_compare(const CompareOptions& o, const SuiteOptions& s,
     std::string desc;
     rep.rows.push_back(compare_tensors(in, outs, s, &desc, contract, o.kind));
     rep.cases.push_back(desc);
+    rep.case_classes.push_back(rep.rows.back().cases.front().input_class);
   } catch (const Error& e) {
     err << "qknorm-check compare: " << e.what() << "\n";
     return kExitInput;

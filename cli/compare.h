@@ -23,6 +23,12 @@
 // reference:<dtype of q> runs on the same inputs for the report's statistics
 // and its own margin only; it is no part of the verdict.
 //
+// The report names the case's input class (validation/case.h input_class),
+// found from the files' q and k rows (x rows) and the mask option, as a file
+// carries no distribution: extreme-range if a row's norm leaves the range
+// of an unscaled f32 norm, degenerate if a row is zero or a query row fully
+// masked, realistic otherwise.
+//
 // Non-finite values: in an output they are the verdict's to classify (an
 // infinity where the oracle rounds to it in the dtype passes as "not
 // representable"; NaN or inf where a finite or defined value exists, e.g.

@@ -249,9 +249,17 @@ int run_mutants(const MutantsOptions& o, const SuiteOptions& so,
       static_cast<int>(suite.attention.size() + suite.scalenorm.size());
   out << fmt::format(
       "qknorm-check mutants: {} mutants and {} controls (mutants/mutants.h) "
-      "on the {} suite: {} cases, seed {}; {} jobs\n",
+      "on the {} suite: {} cases{}, seed {}; {} jobs\n",
       mutants.size(), controls.size(), custom_suite(so) ? "given" : "default",
-      n_cases, so.seed, jobs);
+      n_cases,
+      [&] {
+        std::string k;
+        for (validation::InputClass c : parse_classes(so.classes))
+          k += (k.empty() ? " of the input classes " : ", ") +
+               std::string(validation::name(c));
+        return k.empty() ? k : k + " only (--classes)";
+      }(),
+      so.seed, jobs);
   out << "A mutant must FAIL (CAUGHT) and a control PASS. A passing mutant "
          "whose outputs equal the unmutated copy's bit for bit on every\n"
          "case is UNTRIGGERED (these cases never exercise its bug; the "

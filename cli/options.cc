@@ -86,9 +86,27 @@ validation::Distribution parse_dist(const std::string& s) {
   validation::Distribution d;
   if (!validation::parse_distribution(s, &d))
     throw Error("--dist", {},
-                "unknown distribution '" + s +
-                    "' (gaussian, uniform, heavy, wide, zerorows)");
+                "unknown distribution '" + s + "' (" +
+                    validation::distribution_names() + ")");
   return d;
+}
+
+std::vector<validation::InputClass> parse_classes(
+    const std::vector<std::string>& names) {
+  std::vector<bool> chosen(std::size(validation::kAllInputClasses), false);
+  for (const std::string& list : names)
+    for (const std::string& n : split(list, ',')) {
+      validation::InputClass k;
+      if (!validation::parse_input_class(n, &k))
+        throw Error("--classes", {},
+                    "unknown input class '" + n + "' (" +
+                        validation::input_class_names() + ")");
+      chosen[static_cast<size_t>(k)] = true;
+    }
+  std::vector<validation::InputClass> out;
+  for (validation::InputClass c : validation::kAllInputClasses)
+    if (chosen[static_cast<size_t>(c)]) out.push_back(c);
+  return out;
 }
 
 Precision parse_prec(const std::string& s) {
@@ -162,6 +180,10 @@ void apply_formulation(const SuiteOptions& o, const std::string& preset,
   validate_problem(*p);
 }
 
+namespace {
+Suite product_suite(const SuiteOptions& o);
+}  // namespace
+
 Suite build_suite(const SuiteOptions& o) {
   if (o.variant != "qknorm" && o.variant != "sdpa")
     throw Error("--variant", {},
@@ -170,7 +192,15 @@ Suite build_suite(const SuiteOptions& o) {
     throw Error("--eps", {}, "must be finite and > 0");
   for (double g : o.g)
     if (!std::isfinite(g)) throw Error("--g", {}, "must be finite");
-  if (!custom_suite(o)) return default_suite(o.seed);
+  const std::vector<validation::InputClass> classes = parse_classes(o.classes);
+  Suite s = custom_suite(o) ? product_suite(o) : default_suite(o.seed);
+  return classes.empty() ? s : select_classes(s, classes);
+}
+
+namespace {
+
+// The suite of the attention options' lists (custom_suite()).
+Suite product_suite(const SuiteOptions& o) {
   Suite s = default_suite(o.seed);
   const std::vector<std::string> shapes =
       o.shapes.empty() ? std::vector<std::string>{"2x8x72x64"} : o.shapes;
@@ -233,6 +263,8 @@ Suite build_suite(const SuiteOptions& o) {
   }
   return s;
 }
+
+}  // namespace
 
 std::vector<const Backend*> select_entries(const Registry& r,
                                            const SuiteOptions& o) {

@@ -34,15 +34,25 @@ struct SuiteOptions {
   double scale = 0;        // > 0 or < 0: fixed logit scale; 0: as preset
   bool eps_given = false;  // --eps given: overrides the preset's eps
   uint64_t seed = 42;
+  // --classes: only the cases of these input classes (validation/case.h
+  // InputClass names) run and count; empty: every class.
+  std::vector<std::string> classes;
   // Entry selection (globs on the entry name and on target(); precisions by
   // name). Empty: everything.
   std::vector<std::string> backends, targets, precisions;
 };
 
+// The input classes --classes names (comma lists, repeatable; throws
+// naming the option on an unknown name), in kAllInputClasses order; empty
+// if none is given (every class).
+std::vector<validation::InputClass> parse_classes(
+    const std::vector<std::string>& names);
+
 // True if any attention suite option was given (then the suite is the
 // Cartesian product shapes x g x masks x dists, missing lists taking the
 // defaults below); false: default_suite().
 bool custom_suite(const SuiteOptions& o);
+// The suite the options describe, restricted to the --classes selected.
 Suite build_suite(const SuiteOptions& o);
 
 // "2x8x72x64" (q_len = kv_len) or "1x2x33x47x31".

@@ -40,8 +40,10 @@ constexpr double kPlotCeiling = 10;
 constexpr const char* kShape = "2x4x64x64";
 constexpr double kG = 20;
 const std::vector<std::string> kMasks = {"none", "causal"};
-const std::vector<std::string> kDists = {"gaussian", "zerorows", "outliers",
-                                         "mixedv"};
+// The activation statistics of trained models (issue 31) come last, so that
+// the earlier rows keep their seeds.
+const std::vector<std::string> kDists = {
+    "gaussian", "zerorows", "outliers", "mixedv", "heavy", "sink", "channels"};
 const std::vector<std::string> kPrecisions = {"f32", "bf16", "f16"};
 constexpr Field kFields[] = {Field::kO, Field::kDq, Field::kDk, Field::kDv};
 const std::vector<std::string> kGranularities = {"element", "row", "head",
@@ -296,6 +298,9 @@ class TrialRunner {
 struct PowerRow {
   Precision prec = Precision::kF32;
   Distribution dist = Distribution::kGaussian;
+  // The input class of the distribution's cases (validation/case.h; the
+  // most extreme of them if they differ).
+  validation::InputClass input_class = validation::InputClass::kRealistic;
   Field field = Field::kO;
   Granularity gran = Granularity::kElement;
   int trials = 0, ac_trials = 0, runs = 0;
@@ -597,6 +602,18 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
                          : o.quick        ? kQuickDists
                                           : kDists)
       dists.push_back(parse_dist(d));
+    // --classes: the distributions whose cases are of those classes.
+    const std::vector<validation::InputClass> classes =
+        parse_classes(s.classes);
+    if (!classes.empty())
+      std::erase_if(dists, [&](Distribution d) {
+        AttentionCase c;  // parameters only: the default masks leave no
+        c.dist = d;       // query row fully masked
+        return std::find(classes.begin(), classes.end(),
+                         validation::input_class(c)) == classes.end();
+      });
+    if (dists.empty())
+      throw Error("--classes", {}, "selects none of the distributions");
     if (o.fields.empty()) fields.assign(std::begin(kFields), std::end(kFields));
     for (const auto& f : o.fields) fields.push_back(parse_field(f));
     for (const auto& g :
@@ -649,6 +666,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
                                  validation::name(d))
                   << std::flush;
       std::vector<CaseData> cases;
+      validation::InputClass cls = validation::InputClass::kRealistic;
       for (size_t ci = 0; ci < problems.size(); ++ci) {
         CaseData cd;
         cd.rc = validation::round_inputs(
@@ -656,6 +674,11 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
                 problems[ci], d, s.seed + di * problems.size() + ci, p),
             p);
         cd.orc = validation::oracle_attention(cd.rc);
+        // Precedence (case.h): extreme-range, then degenerate.
+        const validation::InputClass k = validation::input_class(cd.rc);
+        if (k == validation::InputClass::kExtremeRange ||
+            cls == validation::InputClass::kRealistic)
+          cls = k;
         cd.tables = validation::attention_tolerances(cd.rc, p, cd.orc, false);
         cases.push_back(std::move(cd));
       }
@@ -667,7 +690,8 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
           run.case_index = ci;
           const CaseData& cd = cases[ci];
           const std::string where =
-              fmt::format("{} on {}", b->name(), cd.rc.describe());
+              fmt::format("{} on {} class={}", b->name(), cd.rc.describe(),
+                          validation::name(validation::input_class(cd.rc)));
           try {
             run.res = validation::run_attention(*b, cd.rc, exec);
           } catch (const std::exception& e) {
@@ -732,6 +756,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
           PowerRow row;
           row.prec = p;
           row.dist = d;
+          row.input_class = cls;
           row.field = f;
           row.gran = g;
           row.runs = static_cast<int>(runs.size());
@@ -796,10 +821,10 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
       grid.front(), grid.back(), o.per_decade, grid.size(), trials, o.sign,
       problems_text, validation::kIllConditioned);
   const std::string head = fmt::format(
-      "{:<4} {:<8} {:<3} {:<7} | {:>7} {:>9} {:>7} | {:<15} | {:>7} {:>9} "
-      "{:>7} | {:<20} | {}",
-      "prec", "dist", "fld", "gran", "qk all", "(eff)", "qk med", "target",
-      "ac all", "(eff)", "ac med", "ill-cond", "false alarms qk/ac");
+      "{:<4} {:<8} {:<13} {:<3} {:<7} | {:>7} {:>9} {:>7} | {:<15} | {:>7} "
+      "{:>9} {:>7} | {:<20} | {}",
+      "prec", "dist", "class", "fld", "gran", "qk all", "(eff)", "qk med",
+      "target", "ac all", "(eff)", "ac med", "ill-cond", "false alarms qk/ac");
   const double lo = grid.front();
   for (size_t i = 0; i < pr.rows.size(); ++i) {
     const PowerRow& r = pr.rows[i];
@@ -808,13 +833,13 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
     else if (r.dist != pr.rows[i - 1].dist)
       out << "\n";
     out << fmt::format(
-        "{:<4} {:<8} {:<3} {:<7} | {:>7} {:>9} {:>7} | {:<15} | {:>7} {:>9} "
-        "{:>7} | {:<20} | {}/{} {}/{}\n",
-        name(r.prec), validation::name(r.dist), tensor_name(r.field),
-        name(r.gran), thr(r.qk_all, lo), "(" + thr(r.qk_all_eff) + ")",
-        thr(r.qk_med, lo), target_text(r), thr(r.ac_all, lo),
-        "(" + thr(r.ac_all_eff) + ")", thr(r.ac_med, lo), ill_text(r),
-        r.qk_false, r.runs, r.ac_false, r.runs);
+        "{:<4} {:<8} {:<13} {:<3} {:<7} | {:>7} {:>9} {:>7} | {:<15} | {:>7} "
+        "{:>9} {:>7} | {:<20} | {}/{} {}/{}\n",
+        name(r.prec), validation::name(r.dist), validation::name(r.input_class),
+        tensor_name(r.field), name(r.gran), thr(r.qk_all, lo),
+        "(" + thr(r.qk_all_eff) + ")", thr(r.qk_med, lo), target_text(r),
+        thr(r.ac_all, lo), "(" + thr(r.ac_all_eff) + ")", thr(r.ac_med, lo),
+        ill_text(r), r.qk_false, r.runs, r.ac_false, r.runs);
   }
   // Footer: targets, false alarms, the verdict cross-check, the exit status.
   int with_target = 0, met = 0;
@@ -877,11 +902,11 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
          "all_eff,assert_close_median,assert_close_median_eff,target,target_"
          "met,ill_conditioned,elements,injected,injected_ill_conditioned,"
          "qknorm_false_alarms,assert_close_false_alarms,verdict_checks,"
-         "verdict_disagreements,qknorm_rel_bound_max\n";
+         "verdict_disagreements,qknorm_rel_bound_max,class\n";
   for (const PowerRow& r : pr.rows)
     csv << fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},"
-        "{},{},{}\n",
+        "{},{},{},{}\n",
         name(r.prec), validation::name(r.dist), validation::name(r.field),
         name(r.gran), r.trials, r.ac_trials, r.runs, csv_num(r.qk_all),
         csv_num(r.qk_all_eff), csv_num(r.qk_med), csv_num(r.qk_med_eff),
@@ -889,7 +914,7 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
         csv_num(r.ac_med_eff), csv_num(r.target),
         r.has_target() ? (r.met() ? "yes" : "no") : "", r.ill, r.elements,
         r.injected, r.injected_ill, r.qk_false, r.ac_false, r.checks,
-        r.mismatches, csv_num(r.rel_bound));
+        r.mismatches, csv_num(r.rel_bound), validation::name(r.input_class));
   // One data block per precision: x, label, target, then qk and ac
   // thresholds (every trial) per distribution.
   std::vector<Precision> plot_precs;

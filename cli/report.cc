@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "validation/metrics.h"
@@ -56,6 +57,9 @@ std::string margin_text(double m) {
   if (!std::isfinite(m)) return "inf";
   return fmt::format("{:.3f}", m);
 }
+
+// A class segment's margin: "0.28", "0.999", "5.5e7", "inf".
+std::string class_margin(double m);
 
 // "dQ c3[1,4,17,5] 0.1234 vs 0.1235 +- 2.1e-7": the worst element of a row.
 std::string worst_text(const WorstElement& w) {
@@ -154,6 +158,20 @@ void print_kind(std::ostream& out, const Report& rep, const std::string& kind,
   print_columns(out, cols);
 }
 
+// The verdict per input class, one line per (entry, kind).
+void print_classes(std::ostream& out, const Report& rep) {
+  if (rep.rows.empty()) return;
+  size_t w = 0;
+  for (const EntryRow& r : rep.rows) w = std::max(w, r.name.size());
+  out << "\nverdict per input class (validation/case.h; the worst margin, "
+         "and the worst element where a class FAILs):\n";
+  for (const char* kind : {"attention", "scalenorm"})
+    for (const EntryRow& r : rep.rows)
+      if (r.kind == kind)
+        out << fmt::format("  {:<{}} {:<9} {}\n", r.name, w, r.kind,
+                           class_line(r));
+}
+
 nlohmann::json stats_json(const validation::ErrorStats& s) {
   auto num = [](double x) -> nlohmann::json {
     if (std::isfinite(x)) return x;
@@ -240,6 +258,54 @@ std::string ulps(double v) {
   return short_exponent(fmt::format("{:.0e}", v));
 }
 
+namespace {
+std::string class_margin(double m) {
+  if (!std::isfinite(m)) return std::isnan(m) ? "nan" : "inf";
+  return short_exponent(fmt::format("{:.3g}", m));
+}
+
+std::string classes_text(const std::vector<validation::InputClass>& ks) {
+  std::string s;
+  for (validation::InputClass k : ks)
+    s += (s.empty() ? "" : ", ") + std::string(validation::name(k));
+  return s;
+}
+
+// The worst margin over a case's fields (inf if it threw).
+double case_margin(const CaseResult& c) {
+  if (!c.error.empty() && !c.unsupported)
+    return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (const FieldResult& f : c.fields)
+    if (!(f.margin <= m)) m = f.margin;
+  return m;
+}
+}  // namespace
+
+std::string class_line(const EntryRow& row) {
+  if (!row.available) return "n/a (entry not available on this CPU)";
+  std::string s;
+  for (const ClassSummary& c : row.classes) {
+    s += s.empty() ? "" : " · ";
+    const char* k = validation::name(c.input_class);
+    if (c.cases == 0) {
+      s += fmt::format("n/i {} ({} cases not implemented)", k, c.unsupported);
+      continue;
+    }
+    // Padded to the longest class name and a 6-character margin, so that
+    // the segments of consecutive entries line up.
+    s += fmt::format("{} {:<13} {:<6}", c.pass ? "PASS" : "FAIL", k,
+                     class_margin(c.worst.margin));
+    if (!c.pass && c.worst.case_index >= 0)
+      s += c.worst.threw
+               ? fmt::format(" (case c{} threw)", c.worst.case_index)
+               : fmt::format(" ({}{} in case c{})", c.worst.field_name(),
+                             c.worst.where, c.worst.case_index);
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s.empty() ? "-" : s;
+}
+
 void finalize(Report* report) {
   report->pass = true;
   for (const EntryRow& r : report->rows)
@@ -253,7 +319,7 @@ void print_table(std::ostream& out, const Report& rep) {
     targets += (targets.empty() ? "" : " ") + t;
   if (targets.empty()) targets = "none (no simd entries in this build)";
   out << fmt::format(
-      "{}: {} entries, {} cases, {}\n", rep.title,
+      "{}: {} entries, {} cases, {}{}\n", rep.title,
       [&] {
         std::vector<std::string> names;
         for (const auto& r : rep.rows)
@@ -263,7 +329,12 @@ void print_table(std::ostream& out, const Report& rep) {
       }(),
       rep.cases.size(),
       rep.seeded ? "seed " + std::to_string(rep.seed)
-                 : std::string("inputs from files"));
+                 : std::string("inputs from files"),
+      rep.classes.empty()
+          ? std::string()
+          : fmt::format("; input classes {} only (--classes: the other "
+                        "classes' cases are not run and do not count)",
+                        classes_text(rep.classes)));
   out << fmt::format(
       "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {} ({}), "
       "{} threads; entry threads: {}\n",
@@ -276,7 +347,11 @@ void print_table(std::ostream& out, const Report& rep) {
                        : std::to_string(rep.threads));
   out << "cases:\n";
   for (size_t i = 0; i < rep.cases.size(); ++i) {
-    out << fmt::format("  [{}] {}\n", i, rep.cases[i]);
+    out << fmt::format("  [{}] {:<13} {}\n", i,
+                       i < rep.case_classes.size()
+                           ? validation::name(rep.case_classes[i])
+                           : "",
+                       rep.cases[i]);
     if (i >= rep.case_costs.size()) continue;
     // Sampled mode: the sample once per case (the same rows in every
     // precision; each precision's own pass and rows timings).
@@ -307,13 +382,16 @@ void print_table(std::ostream& out, const Report& rep) {
   print_kind(out, rep, "attention", {}, true);
   out << "\n";
   print_kind(out, rep, "scalenorm", {}, false);
+  print_classes(out, rep);
   int shown = 0;
   constexpr int kMaxFailuresShown = 20;  // the JSON report has all of them
   for (const EntryRow& r : rep.rows)
     for (const CaseResult& c : r.cases) {
       if (c.pass) continue;
       if (shown == 0) out << "\nfailures:\n";
-      if (shown++ < kMaxFailuresShown) out << c.failure << "\n";
+      if (shown++ < kMaxFailuresShown)
+        out << "[" << validation::name(c.input_class) << "] " << c.failure
+            << "\n";
     }
   if (shown > kMaxFailuresShown)
     out << fmt::format("... and {} more failing cases (see --json)\n",
@@ -421,6 +499,16 @@ std::string to_json(const Report& rep) {
        "sqrt(n_e) + op_units + 2 dot_units |A|) M_e + u_s R_e + ulp_s(0) "
        "So_e + ulp_c(0) Sc_e"}};
   j["cases"] = rep.cases;
+  {
+    nlohmann::json cc = nlohmann::json::array();
+    for (validation::InputClass k : rep.case_classes)
+      cc.push_back(validation::name(k));
+    j["case_classes"] = cc;
+    nlohmann::json sel = nlohmann::json::array();
+    for (validation::InputClass k : rep.classes)
+      sel.push_back(validation::name(k));
+    j["classes_selected"] = rep.classes.empty() ? nlohmann::json() : sel;
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const EntryRow& r : rep.rows) {
     nlohmann::json jr = {
@@ -449,9 +537,20 @@ std::string to_json(const Report& rep) {
           {"failures", f.failures},
           {"not_representable", f.not_representable},
           {"pass", f.pass}};
+    nlohmann::json classes = nlohmann::json::array();
+    for (const ClassSummary& c : r.classes)
+      classes.push_back({{"class", validation::name(c.input_class)},
+                         {"pass", c.pass},
+                         {"cases", c.cases},
+                         {"cases_not_implemented", c.unsupported},
+                         {"margin", finite_or_string(c.worst.margin)},
+                         {"worst", worst_json(c.worst)}});
+    jr["classes"] = classes;
     nlohmann::json cases = nlohmann::json::array();
     for (const CaseResult& c : r.cases) {
-      nlohmann::json jc = {{"case", c.desc}, {"pass", c.pass}};
+      nlohmann::json jc = {{"case", c.desc},
+                           {"class", validation::name(c.input_class)},
+                           {"pass", c.pass}};
       if (c.unsupported) jc["not_implemented"] = true;
       if (!c.error.empty()) jc["error"] = c.error;
       if (!c.pass) {
@@ -493,17 +592,34 @@ std::string to_json(const Report& rep) {
 void write_csv(std::ostream& out, const Report& rep) {
   out << "kind,entry,family,target,precision,rule,field,max_abs,max_rel,ulp_"
          "p50,"
-         "ulp_p99,ulp_max,ratio_to_naive,margin,pass,forward_gflops,seed\n";
+         "ulp_p99,ulp_max,ratio_to_naive,margin,pass,forward_gflops,seed,"
+         "class,case\n";
   for (const EntryRow& r : rep.rows) {
     if (!r.available) continue;
     for (const FieldSummary& f : r.fields) {
       const validation::ErrorStats& s = f.worst;
       out << fmt::format(
           "{},{},{},{},{},{},{},{:.6e},{:.6e},{:.4g},{:.4g},{:.4g},{:.6g},{:."
-          "6g},{},{:.4g},{}\n",
+          "6g},{},{:.4g},{},all,all\n",
           r.kind, r.name, r.family, r.target, r.precision, r.rule, f.key,
           s.max_abs, s.max_rel, s.ulp_p50, s.ulp_p99, s.ulp_max, f.ratio,
           f.worst_element.margin, f.pass ? "PASS" : "FAIL", r.gflops, rep.seed);
+    }
+    // The class and case rows: field "all", no statistics.
+    auto line = [&](double margin, const char* verdict, const char* cls,
+                    const std::string& case_id) {
+      out << fmt::format(
+          "{},{},{},{},{},{},all,,,,,,,{:.6g},{},{:.4g},{},{},{}\n", r.kind,
+          r.name, r.family, r.target, r.precision, r.rule, margin, verdict,
+          r.gflops, rep.seed, cls, case_id);
+    };
+    for (const ClassSummary& c : r.classes)
+      line(c.worst.margin, c.cases == 0 ? "n/i" : (c.pass ? "PASS" : "FAIL"),
+           validation::name(c.input_class), "all");
+    for (size_t i = 0; i < r.cases.size(); ++i) {
+      const CaseResult& c = r.cases[i];
+      line(case_margin(c), c.unsupported ? "n/i" : (c.pass ? "PASS" : "FAIL"),
+           validation::name(c.input_class), fmt::format("c{}", i));
     }
   }
 }

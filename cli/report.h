@@ -20,6 +20,11 @@ struct Report {
   bool seeded = true;  // false: the cases came from files (compare)
   int threads = 0;
   std::vector<std::string> cases;  // case descriptions, in suite order
+  // Each case's input class (validation/case.h), parallel to `cases`.
+  std::vector<validation::InputClass> case_classes;
+  // The classes --classes selected (only their cases ran); empty: every
+  // class.
+  std::vector<validation::InputClass> classes;
   std::vector<EntryRow> rows;
   double seconds = 0;
   // The default run's estimate made before it started (cli/cost.h; 0 and
@@ -45,11 +50,18 @@ void finalize(Report* report);
 
 // One row per entry: backend:target:precision, per field max abs / max rel /
 // ULP p50/p99/max (maxima over cases), ratio to the naive baseline, the
-// worst err/limit, forward GFLOP/s and PASS/FAIL; then every failure.
+// worst err/limit, forward GFLOP/s and PASS/FAIL; then the verdict per input
+// class of every entry (class_line); then every failure, its class first.
 void print_table(std::ostream& out, const Report& report);
+// One entry's verdict per input class, one segment per class with cases:
+// "PASS realistic 0.2 · FAIL extreme-range 5.5e7 (o[1,3,7,2] in case c2)
+// · PASS degenerate 0.01" (the worst element only where the class FAILs).
+std::string class_line(const EntryRow& row);
 // Everything, including each case's per-field statistics.
 std::string to_json(const Report& report);
-// One line per (entry, field) summary.
+// One line per (entry, field) summary (class and case "all"), then one per
+// (entry, input class) and one per (entry, case), field "all", with the
+// class, the case, the margin and the verdict.
 void write_csv(std::ostream& out, const Report& report);
 
 // Compact number formats shared by the table printers.

@@ -53,11 +53,15 @@ struct Suite {
 // The built-in default suite: the translation-scale shape B=2 H=8 n=72 D=64
 // under g = g_init(72) and g = 20, causal and padding masks and the gaussian
 // and wide-magnitude distributions (every pair of those choices appears), plus
-// small odd shapes (q_len != kv_len, odd D, fully masked rows) and ScaleNorm.
-// The formulations models ship (issue 16) at a GQA shape scaled down from
-// head_dim 128 with 32 query / 8 kv heads: qwen3, gemma3 and olmo2 at
-// B=1 H=8 kv_heads=2 n=64 D=128 (causal, padding; gaussian, outlier rows,
-// zero rows).
+// small odd shapes (q_len != kv_len, odd D, heavy tails; fully masked rows)
+// and ScaleNorm. The formulations models ship (issue 16) at a GQA shape
+// scaled down from head_dim 128 with 32 query / 8 kv heads: qwen3, gemma3
+// and olmo2 at B=1 H=8 kv_heads=2 n=64 D=128 (causal, padding; attention
+// sink, massive channels, zero rows).
+// Every input class (validation/case.h) has cases, each a clean
+// representative of its class: realistic c0, c3, c4, c6, c7 and the first
+// ScaleNorm case; extreme-range c1, c2 and the second ScaleNorm case;
+// degenerate c5 (fully masked rows) and c8 (zero rows).
 // Case i gets seed `seed + i`.
 Suite default_suite(uint64_t seed);
 
@@ -90,6 +94,9 @@ struct FieldResult {
 
 struct CaseResult {
   std::string desc;
+  // The case's input class (validation/case.h input_class, from the spec:
+  // the same class --classes selects by).
+  validation::InputClass input_class = validation::InputClass::kRealistic;
   bool pass = false;
   std::string error;  // non-empty if the entry threw
   // The entry does not implement the case's formulation (Backend::supports;
@@ -129,6 +136,16 @@ struct FieldSummary {
   bool pass = true;
 };
 
+// The cases of one input class summarized for an entry (issue 31): the
+// report's verdict per class.
+struct ClassSummary {
+  validation::InputClass input_class = validation::InputClass::kRealistic;
+  int cases = 0;        // judged cases of the class
+  int unsupported = 0;  // cases whose formulation the entry does not implement
+  WorstElement worst;   // over every field and case of the class
+  bool pass = true;
+};
+
 struct EntryRow {
   std::string kind;  // "attention" or "scalenorm"
   std::string name, family, target, precision;
@@ -139,6 +156,8 @@ struct EntryRow {
   double looseness = 1;
   std::vector<FieldSummary> fields;
   std::vector<CaseResult> cases;
+  // One per input class that has cases, in kAllInputClasses order.
+  std::vector<ClassSummary> classes;
   double ratio = 0;
   WorstElement worst;      // over every field and case
   bool has_naive = false;  // some field was compared with the naive baseline
@@ -233,10 +252,18 @@ CaseResult judge_scalenorm(const Backend& entry, const ScaleNormSpec& spec,
 // validation::AttentionCase::describe() of the spec's case, without drawing
 // its inputs (a long case holds gigabytes).
 std::string describe_case(const AttentionSpec& spec);
+// validation::input_class of the spec's case, from its parameters alone
+// (without drawing its inputs, as describe_case).
+validation::InputClass input_class(const AttentionSpec& spec);
+validation::InputClass input_class(const ScaleNormSpec& spec);
+// The cases of `suite` whose input class is in `classes` (the others are
+// dropped; the timing shape is kept).
+Suite select_classes(const Suite& suite,
+                     const std::vector<validation::InputClass>& classes);
 // The case result of a finished verdict.
 CaseResult from_report(const validation::AgreementReport& rep);
 
-// Folds case results into the per-field summary of a row.
+// Folds case results into the per-field and per-class summaries of a row.
 void summarize(EntryRow* row);
 
 // Best-of-several wall time of one forward call, as GFLOP/s: after an

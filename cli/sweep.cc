@@ -247,6 +247,7 @@ std::vector<SweepPoint> run_sweep_points(
           pt.precision = std::string(name(prec));
           pt.x = x;
           pt.max_prob = max_prob;
+          pt.input_class = validation::input_class(rc);
           pt.o_err = pt.dq_err = NAN;
           if (progress)
             std::cerr << fmt::format("\r[{:>3}/{}] {}={:<10g} {:<28}", xi + 1,
@@ -297,14 +298,16 @@ int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
   const Defaults d = defaults_for(o.over);
   // CSV: raw values ("inf" for non-finite output, empty where not run).
   std::ostringstream csv;
-  csv << "over,x,line,variant,precision,o_err,dq_err,mean_max_prob,note\n";
+  csv << "over,x,line,variant,precision,o_err,dq_err,mean_max_prob,note,"
+         "class\n";
   auto raw = [](double v) {
     return std::isnan(v) ? std::string() : fmt::format("{:.6e}", v);
   };
   for (const SweepPoint& p : pts)
-    csv << fmt::format("{},{:g},{},{},{},{},{},{:.6f},\"{}\"\n", o.over, p.x,
+    csv << fmt::format("{},{:g},{},{},{},{},{},{:.6f},\"{}\",{}\n", o.over, p.x,
                        p.line, p.variant, p.precision, raw(p.o_err),
-                       raw(p.dq_err), p.max_prob, p.error);
+                       raw(p.dq_err), p.max_prob, p.error,
+                       validation::name(p.input_class));
   // Data blocks for gnuplot, one per line, in first-seen order.
   std::vector<std::string> lines;
   std::map<std::string, const SweepPoint*> first;
@@ -374,6 +377,18 @@ int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
        << p.variant << "'";
   }
   gp << "\nunset multiplot\n";
+  // The input classes the points' cases fall in (validation/case.h):
+  // --over magnitude leaves the realistic class at large and small scales.
+  std::string classes;
+  for (validation::InputClass k : validation::kAllInputClasses) {
+    const auto n = std::count_if(pts.begin(), pts.end(), [&](const auto& p) {
+      return p.input_class == k;
+    });
+    if (n > 0)
+      classes += fmt::format("{}{} {}", classes.empty() ? "" : ", ",
+                             validation::name(k), n);
+  }
+  out << "input classes of the points: " << classes << "\n";
   return write_sweep_files(o.out, csv.str(), dat.str(), gp.str(), pts.size(),
                            lines.size(), o.no_plot, kExitPass, out, err);
 }

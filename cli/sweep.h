@@ -42,7 +42,10 @@ struct SweepPoint {
   double o_err = 0;     // max|O - oracle| / max|oracle O|
   double dq_err = 0;    // max|dQ - oracle| / max|oracle dQ|
   double max_prob = 0;  // oracle's mean over rows of max_j P_ij
-  std::string error;    // entry threw (e.g. input overflowed the format)
+  // The input class of the point's case as the entry reads it
+  // (validation/case.h; --over magnitude moves it).
+  validation::InputClass input_class = validation::InputClass::kRealistic;
+  std::string error;  // entry threw (e.g. input overflowed the format)
 };
 
 // The swept values of `o` (validated; throws qknorm::Error).

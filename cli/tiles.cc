@@ -278,6 +278,7 @@ std::vector<TilePoint> run_tile_points(
         pt.entry = b->name();
         pt.precision = std::string(name(prec));
         pt.why = L.why.at(n);
+        pt.input_class = validation::input_class(rc);
         pt.oracle_seconds = oracle_s;
         pt.query_rows = static_cast<int64_t>(oracle.query_rows.size());
         pt.key_rows = static_cast<int64_t>(oracle.key_rows.size());
@@ -386,7 +387,7 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
   // CSV.
   std::ostringstream csv;
   csv << "n,entry,precision,pass,margin,worst_field,worst_where,seconds,"
-         "oracle_seconds,query_rows,key_rows,why,note,reproduce\n";
+         "oracle_seconds,query_rows,key_rows,why,note,reproduce,class\n";
   auto q = [](std::string t) {
     for (char& c : t)
       if (c == '"')
@@ -397,14 +398,15 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
   };
   for (const TilePoint& p : pts)
     csv << fmt::format(
-        "{},{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{}\n", p.n, p.entry,
+        "{},{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{}\n", p.n, p.entry,
         p.precision,
         !p.run   ? ""
         : p.pass ? "1"
                  : "0",
         std::isnan(p.margin) ? std::string() : fmt::format("{:.6e}", p.margin),
         p.worst_field, q(p.worst_where), p.seconds, p.oracle_seconds,
-        p.query_rows, p.key_rows, q(p.why), q(p.note), q(p.command));
+        p.query_rows, p.key_rows, q(p.why), q(p.note), q(p.command),
+        validation::name(p.input_class));
   // Per-entry summary, in selection order.
   std::vector<std::string> lines;
   for (const TilePoint& p : pts)
@@ -420,7 +422,7 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
                        who);
   out << "\n"
       << fmt::format("{:<22} {:>6} {:>5} {:>10}  {}\n", "entry", "points",
-                     "FAIL", "worst", "at (n, field, index)");
+                     "FAIL", "worst", "at (n, field, index, input class)");
   for (const std::string& l : lines) {
     int run = 0, fail = 0, skipped = 0;
     double worst = -1, secs = 0;
@@ -443,8 +445,9 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
     failures += fail;
     out << fmt::format("{:<22} {:>6} {:>5} {:>10}  {}{}\n", l, run, fail,
                        at ? fmt::format("{:.4g}", worst) : std::string("-"),
-                       at ? fmt::format("n={} {}{} ({:.0f} s in all)", at->n,
-                                        at->worst_field, at->worst_where, secs)
+                       at ? fmt::format("n={} {}{} {} ({:.0f} s in all)", at->n,
+                                        at->worst_field, at->worst_where,
+                                        validation::name(at->input_class), secs)
                           : std::string(),
                        skipped ? fmt::format(" ({} not run: {})", skipped,
                                              [&] {

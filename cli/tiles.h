@@ -44,6 +44,8 @@ TileLengths tile_lengths(int64_t from, int64_t to,
 struct TilePoint {
   int64_t n = 0;
   std::string entry, precision, why;
+  // The input class of the length's case (validation/case.h).
+  validation::InputClass input_class = validation::InputClass::kRealistic;
   bool run = false;   // false: not run (entry unavailable, unsupported)
   bool pass = false;  // run and judged PASS
   double margin = 0;  // the worst element's err / bound (NaN: threw)

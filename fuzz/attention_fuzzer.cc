@@ -431,7 +431,11 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   std::snprintf(mags, sizeof mags,
                 "\n  max|q|=%.3g max|k|=%.3g max|v|=%.3g max|dO|=%.3g",
                 max_abs(c.q), max_abs(c.k), max_abs(c.v), max_abs(c.d_o));
-  std::string m = "entry " + e.name() + " on " + c.describe() + mags;
+  // The input class (validation/case.h) from the case's rows and mask: the
+  // fuzzed bytes carry no distribution.
+  std::string m = "entry " + e.name() + " on " + c.describe() +
+                  " class=" + validation::name(validation::input_class(c)) +
+                  mags;
   // Small cases print their values (minimized findings mostly are), enough
   // to rebuild the case without the fuzzer's byte format.
   if (c.q.size() + c.k.size() + c.v.size() + c.d_o.size() <= 128) {

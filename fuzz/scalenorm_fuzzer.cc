@@ -77,7 +77,8 @@ bool in_domain(const ScaleNormCase& c, const OracleScaleNorm& orc,
 }
 
 std::string entry_ctx(const Backend& e, const ScaleNormCase& c) {
-  std::string m = "entry " + e.name() + " on " + c.describe();
+  std::string m = "entry " + e.name() + " on " + c.describe() +
+                  " class=" + validation::name(validation::input_class(c));
   // Small cases print their values (findings are minimized, so most are).
   if (c.x.size() <= 16) {
     for (const auto* t : {&c.x, &c.dy}) {

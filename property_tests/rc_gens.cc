@@ -42,6 +42,15 @@ double draw_fixed(int64_t lo, int64_t hi, double scale) {
   return static_cast<double>(*rc::gen::inRange<int64_t>(lo, hi)) / scale;
 }
 
+// The activation statistics of trained models (issue 31): an attention sink
+// and massive channels, qknorm only. Unnormalized (sdpa) rows 10^2..10^3
+// larger give logits of 10^4 and more: saturated rows, which the rule's
+// budgets cannot judge (kSdpaMaxBackwardScale), not realistic inputs.
+std::vector<Distribution> realistic_activations(bool sdpa) {
+  if (sdpa) return {};
+  return {Distribution::kSink, Distribution::kChannels};
+}
+
 }  // namespace
 
 double draw_g() {
@@ -136,6 +145,7 @@ AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o0) {
     dists = {Distribution::kGaussian, Distribution::kUniform,
              Distribution::kHeavyTailed};
     if (!sdpa) dists.push_back(Distribution::kWideMagnitude);
+    for (Distribution d : realistic_activations(sdpa)) dists.push_back(d);
     structs = {Structure::kNone, Structure::kParallelRows,
                Structure::kAntiParallelRows, Structure::kDuplicatedKeys};
   } else {
@@ -144,6 +154,7 @@ AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o0) {
     // sdpa has no normalization: per-row magnitudes up to 1e30 overflow its
     // logits in every format (the failure QKNorm exists to remove).
     if (!sdpa) dists.push_back(Distribution::kWideMagnitude);
+    for (Distribution d : realistic_activations(sdpa)) dists.push_back(d);
     structs.assign(std::begin(validation::kAllStructures),
                    std::end(validation::kAllStructures));
   }
@@ -186,8 +197,9 @@ ScaleNormSpec draw_scalenorm_spec(Precision prec, bool smooth_only) {
   s.problem.eps = *rc::gen::weightedElement<double>(
       {{4, kDefaultScaleNormEps}, {1, 1e-12}, {1, 0.25}});
   std::vector<Distribution> dists = {
-      Distribution::kGaussian, Distribution::kUniform,
-      Distribution::kHeavyTailed, Distribution::kWideMagnitude};
+      Distribution::kGaussian,    Distribution::kUniform,
+      Distribution::kHeavyTailed, Distribution::kWideMagnitude,
+      Distribution::kSink,        Distribution::kChannels};
   std::vector<Structure> structs = {Structure::kNone, Structure::kParallelRows,
                                     Structure::kAntiParallelRows};
   if (!smooth_only) {
@@ -242,21 +254,28 @@ AttentionSpec draw_formulation_spec(Precision prec) {
   p.scale = *rc::gen::elementOf(
       std::vector<double>{1 / std::sqrt(D), std::sqrt(D), 0.0625, 2.5});
   // Unnormalized rows (kind none) of the wide distribution overflow the
-  // logits in every format, as sdpa's do.
-  if (n.kind == NormKind::kNone && s.dist == Distribution::kWideMagnitude)
+  // logits in every format, as sdpa's do; sinks and massive channels
+  // saturate them (realistic_activations).
+  if (n.kind == NormKind::kNone &&
+      (s.dist == Distribution::kWideMagnitude ||
+       s.dist == Distribution::kSink || s.dist == Distribution::kChannels))
     s.dist = Distribution::kGaussian;
   return s;
 }
 
+// The spec's case without its inputs: its describe() and its input class
+// (validation::input_class, from the parameters alone).
 std::string AttentionSpec::describe() const {
   validation::AttentionCase c;
   c.problem = problem;
   c.dist = dist;
+  c.structure = structure;
   c.seed = seed;
   c.row_pad = row_pad;
   char buf[96];
-  std::snprintf(buf, sizeof buf, " structure=%s sdpa_scale=%g",
-                validation::name(structure), sdpa_scale);
+  std::snprintf(buf, sizeof buf, " structure=%s sdpa_scale=%g class=%s",
+                validation::name(structure), sdpa_scale,
+                validation::name(validation::input_class(c)));
   return c.describe() + buf;
 }
 
@@ -264,8 +283,10 @@ std::string ScaleNormSpec::describe() const {
   validation::ScaleNormCase c;
   c.problem = problem;
   c.dist = dist;
+  c.structure = structure;
   c.seed = seed;
-  return c.describe() + " structure=" + validation::name(structure);
+  return c.describe() + " structure=" + validation::name(structure) +
+         " class=" + validation::name(validation::input_class(c));
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -29,21 +30,26 @@ std::string mask_desc(const Mask& m) {
   return s.empty() ? "none" : s;
 }
 
+// The largest decimal exponent of a row scale in format `range`, rows of
+// length D: 8 sqrt(D) below max_finite leaves room for the row's norm
+// (Gaussian entries), and 4x more for apply_structure's multiples 2^e x src,
+// e <= 2 (generators.cc). Without the 4x, f16 rows of dim 1 with a
+// parallel-row structure rounded to +-inf: invalid input, and a false alarm
+// in the property soak (issue 15's findings, property-soak-d7649ef.txt:
+// Determinism, Orthogonality, ZeroDO on simd f16 entries).
+double max_scale_exponent(Precision range, int64_t D) {
+  return std::min(30.0,
+                  std::log10(max_finite(range) / (32 * std::sqrt(double(D)))));
+}
+
 // Fills `rows` rows of length D drawn from dist; `scale_rows` applies the
 // per-row magnitude spread (q and k only) and zero rows.
 // `v_operand` marks v (kMixedScaleV scales its rows).
 void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
           Precision range, std::vector<double>* out, bool v_operand = false) {
   out->resize(static_cast<size_t>(rows * D));
-  // Exponent range of kWideMagnitude row scales, clamped to the format:
-  // 8 sqrt(D) below max_finite leaves room for the row's norm (Gaussian
-  // entries), and 4x more for apply_structure's multiples 2^e x src, e <= 2
-  // (generators.cc). Without the 4x, f16 rows of dim 1 with a parallel-row
-  // structure rounded to +-inf: invalid input, and a false alarm in the
-  // property soak (issue 15's findings, property-soak-d7649ef.txt:
-  // Determinism, Orthogonality, ZeroDO on simd f16 entries).
-  const double hi = std::min(
-      30.0, std::log10(max_finite(range) / (32 * std::sqrt(double(D)))));
+  // Exponent range of kWideMagnitude row scales, clamped to the format.
+  const double hi = max_scale_exponent(range, D);
   const double lo = std::max(-30.0, std::log10(min_normal(range) * 0x1p12));
   for (int64_t r = 0; r < rows; ++r) {
     double row_scale = 1;
@@ -75,6 +81,79 @@ void fill(Rng& rng, Distribution dist, int64_t rows, int64_t D, bool qk_operand,
   }
 }
 
+// kSink: row 0 of every block of `len` rows of each tensor in `ts` scaled by
+// one draw of 10^U[2, 3] per block (clamped to the format), the same factor
+// for the blocks' rows of every tensor (a sink token's key and value).
+void sink_rows(Rng& rng, int64_t blocks, int64_t len, int64_t D,
+               Precision range,
+               std::initializer_list<std::vector<double>*> ts) {
+  const double hi = max_scale_exponent(range, D);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double s =
+        std::pow(10.0, std::min(rng.uniform(kSinkLog10Min, kSinkLog10Max), hi));
+    for (std::vector<double>* t : ts)
+      for (int64_t d = 0; d < D; ++d)
+        (*t)[static_cast<size_t>(b * len * D + d)] *= s;
+  }
+}
+
+// kChannels: 1 to min(4, D) distinct channels of rows of length D (drawn
+// once) scaled by 100 (clamped to the format) in every row of every tensor
+// of `ts`.
+void massive_channels(Rng& rng, int64_t D, Precision range,
+                      std::initializer_list<std::vector<double>*> ts) {
+  const int64_t m = rng.uniform_int(1, std::min(kMaxMassiveChannels, D));
+  std::vector<int64_t> all(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) all[static_cast<size_t>(d)] = d;
+  for (int64_t i = 0; i < m; ++i)  // a partial Fisher-Yates shuffle
+    std::swap(all[static_cast<size_t>(i)],
+              all[static_cast<size_t>(rng.uniform_int(i, D - 1))]);
+  const double s =
+      std::pow(10.0, std::min(kChannelsLog10, max_scale_exponent(range, D)));
+  for (std::vector<double>* t : ts)
+    for (size_t r = 0; r < t->size() / static_cast<size_t>(D); ++r)
+      for (int64_t i = 0; i < m; ++i)
+        (*t)[r * static_cast<size_t>(D) + static_cast<size_t>(all[i])] *= s;
+}
+
+// Whether some row of length D has an extreme-range norm (InputClass; the
+// norm scaled by the row's largest element, so that no square over- or
+// underflows double) or is all zero.
+struct RowNorms {
+  bool extreme = false, zero = false;
+};
+void scan_rows(const std::vector<double>& t, int64_t D, RowNorms* out) {
+  if (D <= 0) return;
+  for (size_t r = 0; r + static_cast<size_t>(D) <= t.size();
+       r += static_cast<size_t>(D)) {
+    double m = 0;
+    for (int64_t d = 0; d < D; ++d)
+      m = std::max(m, std::fabs(t[r + static_cast<size_t>(d)]));
+    if (m == 0) {
+      out->zero = true;
+      continue;
+    }
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double x = t[r + static_cast<size_t>(d)] / m;
+      ss += x * x;
+    }
+    const double n = m * std::sqrt(ss);
+    if (!(n <= kExtremeNormHigh) || n < kExtremeNormLow) out->extreme = true;
+  }
+}
+
+InputClass classify(Distribution dist, Structure structure, bool masked_rows,
+                    const RowNorms& rows) {
+  if (dist == Distribution::kWideMagnitude ||
+      structure == Structure::kSubnormalEntries || rows.extreme)
+    return InputClass::kExtremeRange;
+  if (dist == Distribution::kZeroRows ||
+      structure == Structure::kRowsBelowEps || masked_rows || rows.zero)
+    return InputClass::kDegenerate;
+  return InputClass::kRealistic;
+}
+
 std::vector<double> rounded(const std::vector<double>& x, Precision p) {
   std::vector<double> r(x.size());
   for (size_t i = 0; i < x.size(); ++i) r[i] = round_to(p, x[i]);
@@ -91,12 +170,50 @@ constexpr NamedValue<Distribution> kDistributionNames[] = {
     {Distribution::kZeroRows, "zerorows"},
     {Distribution::kOutlierRows, "outliers"},
     {Distribution::kMixedScaleV, "mixedv"},
+    {Distribution::kSink, "sink"},
+    {Distribution::kChannels, "channels"},
 };
 
 const char* name(Distribution d) { return name_in(kDistributionNames, d); }
 
 bool parse_distribution(const std::string& s, Distribution* out) {
   return parse_in(kDistributionNames, s, out);
+}
+
+std::string distribution_names() { return names_in(kDistributionNames); }
+
+constexpr NamedValue<InputClass> kInputClassNames[] = {
+    {InputClass::kRealistic, "realistic"},
+    {InputClass::kExtremeRange, "extreme-range"},
+    {InputClass::kDegenerate, "degenerate"},
+};
+
+const char* name(InputClass c) { return name_in(kInputClassNames, c); }
+
+bool parse_input_class(const std::string& s, InputClass* out) {
+  return parse_in(kInputClassNames, s, out);
+}
+
+std::string input_class_names() { return names_in(kInputClassNames); }
+
+bool has_fully_masked_rows(const AttentionProblem& p) {
+  if (p.mask.causal && p.kv_len < p.q_len) return true;
+  for (int64_t len : p.mask.key_lengths)
+    if (len <= 0) return true;
+  return false;
+}
+
+InputClass input_class(const AttentionCase& c) {
+  RowNorms rows;
+  scan_rows(c.q, c.problem.head_dim, &rows);
+  scan_rows(c.k, c.problem.head_dim, &rows);
+  return classify(c.dist, c.structure, has_fully_masked_rows(c.problem), rows);
+}
+
+InputClass input_class(const ScaleNormCase& c) {
+  RowNorms rows;
+  scan_rows(c.x, c.problem.dim, &rows);
+  return classify(c.dist, c.structure, false, rows);
 }
 
 std::string AttentionCase::describe() const {
@@ -163,6 +280,10 @@ AttentionCase make_attention_case(const AttentionProblem& problem,
   fill(rng, dist, BHk * problem.kv_len, D, true, range, &c.k);
   fill(rng, dist, BHk * problem.kv_len, D, false, range, &c.v, true);
   fill(rng, dist, BH * problem.q_len, D, false, range, &c.d_o);
+  if (dist == Distribution::kSink)
+    sink_rows(rng, BHk, problem.kv_len, D, range, {&c.k, &c.v});
+  if (dist == Distribution::kChannels)
+    massive_channels(rng, D, range, {&c.q, &c.k});
   // Learned parameters as trained models hold them: weights near their
   // init (gamma ~ 1 + N(0, 1/4), Gemma's w ~ N(0, 1/4)), biases N(0, 1/10).
   const Normalization& n = problem.norm;
@@ -191,6 +312,10 @@ ScaleNormCase make_scalenorm_case(const ScaleNormProblem& problem,
   Rng rng(seed);
   fill(rng, dist, problem.rows, problem.dim, true, range, &c.x);
   fill(rng, dist, problem.rows, problem.dim, false, range, &c.dy);
+  if (dist == Distribution::kSink)
+    sink_rows(rng, 1, problem.rows, problem.dim, range, {&c.x});
+  if (dist == Distribution::kChannels)
+    massive_channels(rng, problem.dim, range, {&c.x});
   return c;
 }
 

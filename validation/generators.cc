@@ -79,6 +79,7 @@ void apply_structure(AttentionCase* c, Structure s, uint64_t seed,
   const AttentionProblem& p = c->problem;
   const int64_t BH = p.batch * p.heads, D = p.head_dim;
   Rng rng(seed ^ 0x5bd1e995ull);
+  c->structure = s;
   switch (s) {
     case Structure::kNone:
       return;
@@ -122,6 +123,7 @@ void apply_structure(ScaleNormCase* c, Structure s, uint64_t seed,
                      Precision range) {
   const ScaleNormProblem& p = c->problem;
   Rng rng(seed ^ 0x5bd1e995ull);
+  c->structure = s;
   switch (s) {
     case Structure::kNone:
       return;

@@ -20,34 +20,32 @@
 
 namespace qknorm::validation {
 
-enum class Structure {
-  kNone,
-  // About a third of the q and k rows rescaled to a norm of eps * 2^-t,
-  // t in [1, 10]: strictly inside the clamp region, at least a factor 2 away
-  // from the kink ||x|| = eps (where the gradient is discontinuous, so two
-  // correct implementations may legitimately pick different branches).
-  kRowsBelowEps,
-  // Some key rows are exact positive power-of-two multiples of a query row
-  // of the same (b, h): their logits are exactly +g (the edge of the
-  // non-saturation bound).
-  kParallelRows,
-  // As kParallelRows with negative multiples: logits exactly -g.
-  kAntiParallelRows,
-  // Some key rows (and their value rows) are copies of another key row:
-  // tied logits, tied maxima.
-  kDuplicatedKeys,
-  // About a quarter of the q and k elements replaced by random subnormals of
-  // the storage format `range` (one row in four is entirely subnormal, so it
-  // falls in the clamp region for every eps >= the format's min normal).
-  kSubnormalEntries,
-};
+// The structures (enum Structure, validation/case.h):
+//   kNone.
+//   kRowsBelowEps: about a third of the q and k rows rescaled to a norm of
+//     eps * 2^-t, t in [1, 10]: strictly inside the clamp region, at least a
+//     factor 2 away from the kink ||x|| = eps (where the gradient is
+//     discontinuous, so two correct implementations may legitimately pick
+//     different branches).
+//   kParallelRows: some key rows are exact positive power-of-two multiples
+//     of a query row of the same (b, h): their logits are exactly +g (the
+//     edge of the non-saturation bound).
+//   kAntiParallelRows: as kParallelRows with negative multiples: logits
+//     exactly -g.
+//   kDuplicatedKeys: some key rows (and their value rows) are copies of
+//     another key row: tied logits, tied maxima.
+//   kSubnormalEntries: about a quarter of the q and k elements replaced by
+//     random subnormals of the storage format `range` (one row in four is
+//     entirely subnormal, so it falls in the clamp region for every eps >=
+//     the format's min normal).
 inline constexpr Structure kAllStructures[] = {
     Structure::kNone,           Structure::kRowsBelowEps,
     Structure::kParallelRows,   Structure::kAntiParallelRows,
     Structure::kDuplicatedKeys, Structure::kSubnormalEntries};
 const char* name(Structure s);
 
-// Applies `s` to c's q and k (in place) with Rng(seed). `range` is the
+// Applies `s` to c's q and k (in place) with Rng(seed), and records it in
+// c->structure (its input class may depend on it). `range` is the
 // storage format the case will be rounded to (subnormals are that format's).
 void apply_structure(AttentionCase* c, Structure s, uint64_t seed,
                      Precision range);
