@@ -22,7 +22,7 @@ namespace qknorm::validation {
 enum class ElementClass {
   kWithin,            // finite and within its bound
   kEqualInfinity,     // the oracle is +-inf and so is the value
-  kNotRepresentable,  // the oracle rounds to +-inf in fmt; the value is that
+  kNotRepresentable,  // an infinity on a side the bound's interval reaches
   kOver,              // finite, beyond its bound
   kWrongNonFinite,    // NaN or inf where another value is defined
 };
@@ -36,6 +36,15 @@ struct ElementJudgement {
 };
 ElementJudgement judge_element(const ToleranceTable& t, size_t i,
                                double actual);
+// Where round to nearest gives inf in fmt: max_finite + ulp(max_finite) / 2
+// (65520 in f16; the tie rounds to inf, max_finite's last bit being odd).
+long double overflow_threshold(Precision fmt);
+// Which infinities element i of a finite x_i may correctly round to: those
+// on the sides where [x_i - delta_i, x_i + delta_i] reaches the threshold.
+struct InfinityReach {
+  bool positive = false, negative = false;
+};
+InfinityReach infinity_reach(const ToleranceTable& t, size_t i);
 // The bound element i of a finite answer is held to (delta_i + the half
 // spacing at x_i, x_i clamped to the format's range); 0 where x_i = +-inf.
 double element_bound(const ToleranceTable& t, size_t i);
@@ -52,7 +61,7 @@ struct FieldVerdict {
   bool has_naive = false;
   int64_t count = 0;
   int64_t failures = 0;           // elements that fail
-  int64_t not_representable = 0;  // accepted infinities (oracle overflows)
+  int64_t not_representable = 0;  // accepted infinities (interval overflows)
   int64_t ill_conditioned = 0;    // elements with kappa_e > kIllConditioned
   // The element of largest margin err_e / bound_e (> 1 fails).
   double margin = 0;
