@@ -215,7 +215,8 @@ void make_naive(Precision prec, SharedCase* sh) {
   sh->naive_made = true;
   const auto t0 = Clock::now();
   try {
-    sh->naive = validation::run_attention(validation::naive_for(prec), sh->rc);
+    sh->naive = validation::run_attention_fed(
+        validation::naive_for(prec), sh->rc, [sh] { return &sh->orc; });
   } catch (const std::exception& e) {
     sh->naive_error = e.what();
   }
@@ -249,8 +250,15 @@ CaseResult judge_attention_shared(const Backend& entry,
     if (with_naive) make_naive(prec, sh);
     if (with_naive && !sh->naive_error.empty())
       throw std::runtime_error(sh->naive_error);
-    const validation::AttentionResult er =
-        validation::run_attention(entry, sh->rc, exec);
+    // Where the entry's forward output is no valid backward input, the
+    // backward reads the oracle's O (full mode) or does not run (sampled:
+    // no full O), and its fields say so (validation/run.h).
+    const validation::AttentionResult er = validation::run_attention_fed(
+        entry, sh->rc,
+        [sh]() -> const validation::OracleAttention* {
+          return sh->sampled() ? nullptr : &sh->orc;
+        },
+        exec);
     if (sh->sampled())
       return from_report(
           validation::judge_sampled(sh->rc, sh->so, er, entry.name()));

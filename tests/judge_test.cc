@@ -145,13 +145,7 @@ TEST(SoakFinding, ReferenceF16PassesTheLongSequenceCase) {
   const Backend& b = naive_for(Precision::kF16);
   ASSERT_EQ(b.name(), "reference:f16");
   const Precision s = b.precision();
-  AttentionProblem p;
-  p.batch = 1;
-  p.heads = 1;
-  p.q_len = 221;
-  p.kv_len = 490;
-  p.head_dim = 128;
-  p.g = 26;
+  const AttentionProblem p = attention_shape(1, 1, 221, 490, 128, 26);
   const uint64_t seed = 24161866;
   const AttentionCase c =
       round_inputs(make_attention_case(p, Distribution::kZeroRows, seed, s), s);

@@ -1,5 +1,7 @@
 #include "validation/check.h"
 
+#include <optional>
+
 namespace qknorm::validation {
 
 AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
@@ -8,14 +10,22 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
   const Precision s = entry.precision();
   const AttentionCase c = round_inputs(c0, s);
   const Backend& nb = naive_for(s);
-  const AttentionResult er = forward_only ? run_attention_forward(entry, c, cfg)
-                                          : run_attention(entry, c, cfg);
+  // Made after the entry's forward validated the case, or when the backward
+  // needs its O (BackwardInput, validation/run.h).
+  std::optional<OracleAttention> orc;
+  const OracleSource oracle = [&]() -> const OracleAttention* {
+    if (!orc) orc = oracle_attention(c);
+    return &*orc;
+  };
+  const AttentionResult er = forward_only
+                                 ? run_attention_forward(entry, c, cfg)
+                                 : run_attention_fed(entry, c, oracle, cfg);
   AttentionResult nr;
   if (with_naive)
-    nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
-  return judge_attention(c, s, oracle_attention(c), er,
-                         with_naive ? &nr : nullptr, forward_only, entry.name(),
-                         nb.name());
+    nr = forward_only ? run_attention_forward(nb, c)
+                      : run_attention_fed(nb, c, oracle);
+  return judge_attention(c, s, *oracle(), er, with_naive ? &nr : nullptr,
+                         forward_only, entry.name(), nb.name());
 }
 
 AgreementReport check_scalenorm(const Backend& entry, const ScaleNormCase& c0,

@@ -174,6 +174,36 @@ FieldVerdict judge_field(const ToleranceTable& t,
   return v;
 }
 
+void apply_backward_input(const AttentionResult& er, AgreementReport* rep) {
+  if (er.backward_input == BackwardInput::kEntry) return;
+  const bool ran = er.backward_input == BackwardInput::kOracle;
+  std::string fields;
+  for (FieldVerdict& f : rep->fields) {
+    // The forward's fields and the sampled verdict's O(n D) properties keep
+    // their verdicts.
+    if (f.property != nullptr || f.id == Field::kO || f.id == Field::kLse)
+      continue;
+    fields += (fields.empty() ? "" : ", ") + label(f);
+    if (ran) {
+      f.note = "judged on the oracle's O and lse";
+      continue;
+    }
+    FieldVerdict not_judged;
+    not_judged.id = f.id;
+    not_judged.amplitude = f.amplitude;
+    not_judged.count = f.count;
+    not_judged.judged = false;
+    not_judged.note = "not judged: " + er.backward_note;
+    f = std::move(not_judged);
+  }
+  if (fields.empty()) return;
+  rep->note = (ran ? "backward fields " + fields +
+                         " judged on the oracle's O (rounded to storage) and "
+                         "lse: "
+                   : "backward fields " + fields + " not judged: ") +
+              er.backward_note;
+}
+
 namespace {
 void finish(AgreementReport* rep) {
   rep->pass = true;
@@ -213,6 +243,7 @@ AgreementReport judge_attention(
         judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
     rep.fields.back().amplitude = A;
   }
+  apply_backward_input(er, &rep);
   finish(&rep);
   return rep;
 }
@@ -260,6 +291,7 @@ std::string AgreementReport::failure_message() const {
                   f.worst_actual, f.worst_bound, f.margin, f.amplitude,
                   f.diagnosis.c_str());
     m += buf;
+    if (!f.note.empty()) m += "    " + f.note + "\n";
     m += "    entry: " + describe(f.entry) + "\n";
     if (f.has_naive) {
       std::snprintf(buf, sizeof buf, "    naive margin %.3g: ", f.naive_margin);
@@ -269,7 +301,7 @@ std::string AgreementReport::failure_message() const {
   if (m.empty()) return "";
   return "entry " + entry_name + " vs oracle" +
          (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
-         case_desc + "\n" + m;
+         case_desc + "\n" + m + (note.empty() ? "" : "  " + note + "\n");
 }
 
 }  // namespace qknorm::validation

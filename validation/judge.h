@@ -71,6 +71,13 @@ struct FieldVerdict {
   double naive_margin = 0;  // the naive's own largest margin
   std::string diagnosis;    // the first failing element's diagnosis
   bool pass = true;
+  // False where the field could not be judged (the backward did not run:
+  // BackwardInput::kNotRun, validation/run.h); it then neither passes nor
+  // fails the case (pass stays true, failures 0) and `note` says why.
+  bool judged = true;
+  // "judged on the oracle's O and lse", "not judged: <reason>"; "" when
+  // judged on the entry's own outputs.
+  std::string note;
 };
 
 // The field's name, with the property where there is one: "o", "o[all
@@ -91,10 +98,19 @@ struct AgreementReport {
   // and the field it is in.
   double margin = 0;
   std::string worst_field;
+  // What the backward read where it was not the entry's own O and lse
+  // (apply_backward_input); "" otherwise.
+  std::string note;
   // Every failing field: entry, case (shape, seed), the element of largest
   // margin (index, expected, actual, bound), the first failure's diagnosis.
   std::string failure_message() const;
 };
+
+// Marks an attention report's backward fields by what the backward read
+// (entry.backward_input): kOracle notes that they were judged on the
+// oracle's O and lse, kNotRun replaces each by "not judged: <reason>".
+// judge_attention and judge_sampled call it before they sum up the case.
+void apply_backward_input(const AttentionResult& entry, AgreementReport* rep);
 
 // The verdict on results already computed (check_* = run + judge_*): `c` is
 // the case as the entries saw it (round_inputs(case, s)), `oracle` its
