@@ -216,7 +216,9 @@ void make_naive(Precision prec, SharedCase* sh) {
   const auto t0 = Clock::now();
   try {
     sh->naive = validation::run_attention_fed(
-        validation::naive_for(prec), sh->rc, [sh] { return &sh->orc; });
+        validation::naive_for(prec), sh->rc, [sh] {
+          return validation::ExactForward{sh->orc.o, sh->orc.lse};
+        });
   } catch (const std::exception& e) {
     sh->naive_error = e.what();
   }
@@ -255,8 +257,10 @@ CaseResult judge_attention_shared(const Backend& entry,
     // no full O), and its fields say so (validation/run.h).
     const validation::AttentionResult er = validation::run_attention_fed(
         entry, sh->rc,
-        [sh]() -> const validation::OracleAttention* {
-          return sh->sampled() ? nullptr : &sh->orc;
+        [sh] {
+          return sh->sampled()
+                     ? validation::ExactForward{}
+                     : validation::ExactForward{sh->orc.o, sh->orc.lse};
         },
         exec);
     if (sh->sampled())

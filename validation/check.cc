@@ -1,8 +1,18 @@
 #include "validation/check.h"
 
-#include <optional>
-
 namespace qknorm::validation {
+
+const OracleAttention& LazyOracle::get() {
+  if (!orc_) orc_ = oracle_attention(c_);
+  return *orc_;
+}
+
+OracleSource LazyOracle::source() {
+  return [this] {
+    const OracleAttention& o = get();
+    return ExactForward{o.o, o.lse};
+  };
+}
 
 AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
                                 const ExecConfig& cfg, bool forward_only,
@@ -10,21 +20,15 @@ AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
   const Precision s = entry.precision();
   const AttentionCase c = round_inputs(c0, s);
   const Backend& nb = naive_for(s);
-  // Made after the entry's forward validated the case, or when the backward
-  // needs its O (BackwardInput, validation/run.h).
-  std::optional<OracleAttention> orc;
-  const OracleSource oracle = [&]() -> const OracleAttention* {
-    if (!orc) orc = oracle_attention(c);
-    return &*orc;
-  };
-  const AttentionResult er = forward_only
-                                 ? run_attention_forward(entry, c, cfg)
-                                 : run_attention_fed(entry, c, oracle, cfg);
+  LazyOracle oracle(c);
+  const AttentionResult er =
+      forward_only ? run_attention_forward(entry, c, cfg)
+                   : run_attention_fed(entry, c, oracle.source(), cfg);
   AttentionResult nr;
   if (with_naive)
     nr = forward_only ? run_attention_forward(nb, c)
-                      : run_attention_fed(nb, c, oracle);
-  return judge_attention(c, s, *oracle(), er, with_naive ? &nr : nullptr,
+                      : run_attention_fed(nb, c, oracle.source());
+  return judge_attention(c, s, oracle.get(), er, with_naive ? &nr : nullptr,
                          forward_only, entry.name(), nb.name());
 }
 

@@ -16,7 +16,6 @@
 
 namespace qknorm::validation {
 
-struct OracleAttention;  // validation/oracle.h
 class AttentionBuffers;  // validation/buffers.h
 
 // The o and lse an entry's backward read (issue 31: a failure is reported
@@ -65,9 +64,15 @@ std::span<double> field_values(AttentionResult& r, Field f);
 AttentionResult run_attention(const Backend& b, const AttentionCase& c,
                               const ExecConfig& cfg = {},
                               Workspace* ws = nullptr);
-// The oracle of the case, made when first needed: after the entry's
-// forward, whose input validation comes first (null: none at hand).
-using OracleSource = std::function<const OracleAttention*()>;
+// The exact forward outputs a backward reads where the entry's own are no
+// valid backward input: an oracle's o and lse, dense, as OracleAttention
+// holds them (validation/check.h, LazyOracle). Empty o: none at hand.
+struct ExactForward {
+  std::span<const long double> o, lse;
+};
+// Asked for only then, after the entry's forward validated the case: an
+// oracle is made when first needed.
+using OracleSource = std::function<ExactForward()>;
 AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
                                   const OracleSource& oracle,
                                   const ExecConfig& cfg = {},
@@ -76,7 +81,8 @@ AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
 // Between a forward and a backward on `bufs` (run_attention, the tester's
 // run_guarded): leaves the entry's o and lse where they are a valid
 // backward input (kEntry); otherwise stores the oracle's there (kOracle),
-// or, with oracle null or an oracle O that overflows the storage format,
+// or, with no oracle (null, or an empty o) or an oracle O that overflows
+// the storage format,
 // returns kNotRun (the caller must not run the backward). `forward` holds
 // the entry's own o and lse, to judge. `oracle` is called only then.
 struct BackwardFeed {

@@ -1,7 +1,6 @@
 #include "validation/tester.h"
 
 #include <memory>
-#include <optional>
 
 #include "qknorm/formulation.h"
 
@@ -91,23 +90,17 @@ AttentionTestReport AttentionTester::Test(const Backend& entry,
                                           Workspace* ws) const {
   const Precision s = entry.precision();
   const AttentionCase c = round_inputs(make_case(s), s);
-  // Made after the entry's forward validated the case, or when the backward
-  // needs its O (BackwardInput, validation/run.h).
-  std::optional<OracleAttention> orc;
-  const OracleSource oracle = [&]() -> const OracleAttention* {
-    if (!orc) orc = oracle_attention(c);
-    return &*orc;
-  };
+  LazyOracle oracle(c);
   AttentionTestReport r =
-      run_guarded(entry, c, forward_only_, cfg_, ws, oracle);
+      run_guarded(entry, c, forward_only_, cfg_, ws, oracle.source());
   if (!r.guards.empty()) return r;
   const Backend& nb = naive_for(s);
   AttentionTestReport naive;
   if (with_naive_) {
-    naive = run_guarded(nb, c, forward_only_, {}, nullptr, oracle);
+    naive = run_guarded(nb, c, forward_only_, {}, nullptr, oracle.source());
     if (!naive.guards.empty()) return naive;  // the baseline itself is wrong
   }
-  r.verdict = judge_attention(c, s, *oracle(), r.result,
+  r.verdict = judge_attention(c, s, oracle.get(), r.result,
                               with_naive_ ? &naive.result : nullptr,
                               forward_only_, entry.name(), nb.name());
   r.judged = true;
