@@ -81,10 +81,10 @@ AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
 // Between a forward and a backward on `bufs` (run_attention, the tester's
 // run_guarded): leaves the entry's o and lse where they are a valid
 // backward input (kEntry); otherwise stores the oracle's there (kOracle),
-// or, with no oracle (null, or an empty o) or an oracle O that overflows
-// the storage format,
-// returns kNotRun (the caller must not run the backward). `forward` holds
-// the entry's own o and lse, to judge. `oracle` is called only then.
+// or returns kNotRun (the caller must not run the backward) with no oracle
+// (null, or an empty o) or an oracle O that overflows the storage format.
+// `forward` holds the entry's own o and lse, to judge. `oracle` is called
+// only when needed.
 struct BackwardFeed {
   BackwardInput input = BackwardInput::kEntry;
   std::string note;
