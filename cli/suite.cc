@@ -223,7 +223,10 @@ void make_naive(Precision prec, SharedCase* sh) {
   sh->naive_made = true;
   const auto t0 = Clock::now();
   try {
-    sh->naive = validation::run_attention(validation::naive_for(prec), sh->rc);
+    sh->naive = validation::run_attention_fed(
+        validation::naive_for(prec), sh->rc, [sh] {
+          return validation::ExactForward{sh->orc.o, sh->orc.lse};
+        });
   } catch (const std::exception& e) {
     sh->naive_error = e.what();
   }
@@ -257,8 +260,17 @@ CaseResult judge_attention_unclassed(const Backend& entry,
     if (with_naive) make_naive(prec, sh);
     if (with_naive && !sh->naive_error.empty())
       throw std::runtime_error(sh->naive_error);
-    const validation::AttentionResult er =
-        validation::run_attention(entry, sh->rc, exec);
+    // Where the entry's forward output is no valid backward input, the
+    // backward reads the oracle's O (full mode) or does not run (sampled:
+    // no full O), and its fields say so (validation/run.h).
+    const validation::AttentionResult er = validation::run_attention_fed(
+        entry, sh->rc,
+        [sh] {
+          return sh->sampled()
+                     ? validation::ExactForward{}
+                     : validation::ExactForward{sh->orc.o, sh->orc.lse};
+        },
+        exec);
     if (sh->sampled() && !entry.contract().is_default()) {
       // The shared sampled oracle's tables are f32-accumulate's.
       validation::SampleOptions o = sh->sample;

@@ -261,13 +261,18 @@ std::vector<SweepPoint> run_sweep_points(
             try {
               // Forward first: a forward that overflows (sdpa at huge c)
               // gives a non-finite O, drawn at the ceiling; the backward then
-              // refuses that O as input and dQ is counted non-finite too.
+              // does not run on that O (validation/run.h) and dQ is counted
+              // non-finite too.
               const validation::AttentionResult f =
                   validation::run_attention_forward(*b, rc, exec);
               pt.o_err = scaled_err(f.o, orc.o, prec);
               const validation::AttentionResult r =
                   validation::run_attention(*b, rc, exec);
               pt.dq_err = scaled_err(r.dq, orc.dq, prec);
+              if (r.backward_input != validation::BackwardInput::kEntry) {
+                pt.dq_err = INFINITY;
+                pt.error = r.backward_note;
+              }
             } catch (const std::exception& e) {
               if (std::isinf(pt.o_err)) pt.dq_err = INFINITY;
               pt.error = e.what();

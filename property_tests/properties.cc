@@ -65,12 +65,6 @@ constexpr int kMaxScaleExpF16 = 4;
 
 bool is16(Precision p) { return p == Precision::kBF16 || p == Precision::kF16; }
 
-std::string entry_and_case(const Backend& b, const std::string& desc) {
-  return "entry " + b.name() + " (family " + b.family() + ", target " +
-         b.target() + ", precision " + std::string(name(b.precision())) +
-         ") on " + desc;
-}
-
 // The index of a flat [B,H,rows,D] element, for messages.
 std::string where4(const AttentionProblem& p, int64_t rows, size_t i) {
   const int64_t D = p.head_dim, n = static_cast<int64_t>(i);
@@ -323,6 +317,7 @@ void long_sequence(const Backend& b) {
   const uint64_t seed = *rc::gen::arbitrary<uint32_t>();
   const AttentionCase c = validation::round_inputs(
       validation::make_attention_case(p, dist, seed, s), s);
+  note_case(c.describe());
   validation::SampleOptions opt;
   opt.rows = 12;
   opt.seed = seed + 1;

@@ -4,15 +4,20 @@
 //   Registry/EntryProperty.NonSaturation/simd_AVX2_f32
 // so --gtest_filter='*/simd_SSE4_*' picks one target and ctest shards by test.
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
 
 #include <cstdlib>
+#include <regex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "mutants/mutants.h"
 #include "property_tests/entry_checks.h"
+#include "property_tests/rc_gens.h"
 #include "property_tests/support.h"
 #include "qknorm/backend.h"
+#include "validation/forwarding_backend.h"
 
 namespace qknorm::property {
 namespace {
@@ -87,6 +92,66 @@ TEST(PropertyTable, EveryPropertyHasATest) {
     }
     EXPECT_TRUE(found) << "property " << p.name << " has no TEST_P";
   }
+}
+
+// reference:f32 whose forward throws (a plug-in's exception, a bug of ours).
+class ThrowingEntry final : public validation::ForwardingBackend {
+ public:
+  explicit ThrowingEntry(const Backend& inner)
+      : ForwardingBackend(inner, "throws") {}
+  bool supports(const AttentionProblem& p) const override {
+    return inner().supports(p);
+  }
+  void attention_forward(const AttentionProblem&, const ForwardArgs&,
+                         Workspace*, const ExecConfig&) const override {
+    throw std::runtime_error("planted: attention_forward throws");
+  }
+};
+
+// The case's own description ("... dist=gaussian seed=123 ..."), not only
+// the run's "seed=... max_success=..." line.
+bool names_a_case(const std::string& m) {
+  return std::regex_search(m,
+                           std::regex("Nq=\\d+ Nk=\\d+ .*dist=\\w+ seed=\\d+"));
+}
+
+// Issue 31: an exception escaping a property (here from the entry, inside
+// LongSequence and AttentionAgreement) fails it with the entry and the
+// case in the message, besides rapidcheck's drawn values.
+TEST(PropertyTable, AnExceptionNamesTheEntryAndTheCase) {
+  const ThrowingEntry e(*all_backends().find("reference:f32"));
+  for (const char* name : {"LongSequence", "AttentionAgreement"}) {
+    const RunResult r = run_property(
+        entry_property(name), e, std::string("PropertyTable/Throws/") + name,
+        false, false, 1);
+    EXPECT_FALSE(r.pass) << name;
+    EXPECT_NE(r.message.find("entry mutant:throws:f32 (family mutant"),
+              std::string::npos)
+        << r.message;
+    EXPECT_NE(r.message.find("threw: planted: attention_forward throws"),
+              std::string::npos)
+        << r.message;
+    EXPECT_TRUE(names_a_case(r.message)) << r.message;
+  }
+}
+
+// An RC_FAIL that names neither gets both.
+void fails_naming_nothing(const Backend& b) {
+  build_case(draw_attention_spec(b.precision()), b.precision());
+  RC_FAIL("planted: a bare failure");
+}
+
+TEST(PropertyTable, ABareFailureNamesTheEntryAndTheCase) {
+  const Property bare{"Bare", fails_naming_nothing, 1};
+  const RunResult r = run_property(bare, *all_backends().find("reference:f32"),
+                                   "PropertyTable/Bare", false, false, 1);
+  EXPECT_FALSE(r.pass);
+  EXPECT_NE(r.message.find("planted: a bare failure"), std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("[entry reference:f32 (family reference"),
+            std::string::npos)
+      << r.message;
+  EXPECT_TRUE(names_a_case(r.message)) << r.message;
 }
 
 // The negative control of non-saturation (entry_checks.h): the same checker

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "property_tests/support.h"
 #include "qknorm/formulation.h"
 #include "validation/oracle.h"
 
@@ -306,6 +307,7 @@ bool fits(Precision prec,
 
 validation::AttentionCase build_case(const AttentionSpec& s, Precision prec,
                                      bool require_fit, bool* fits_out) {
+  note_case(s.describe());
   validation::AttentionCase c =
       validation::make_attention_case(s.problem, s.dist, s.seed, prec);
   validation::apply_structure(&c, s.structure, s.seed, prec);
@@ -326,6 +328,7 @@ validation::AttentionCase build_case(const AttentionSpec& s, Precision prec,
 }
 
 validation::ScaleNormCase build_case(const ScaleNormSpec& s, Precision prec) {
+  note_case(s.describe());
   validation::ScaleNormCase c =
       validation::make_scalenorm_case(s.problem, s.dist, s.seed, prec);
   validation::apply_structure(&c, s.structure, s.seed, prec);

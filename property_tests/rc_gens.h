@@ -133,7 +133,8 @@ double draw_eps();
 // The case, inputs rounded to `prec` (round_inputs), so every transform a
 // property applies afterwards acts on exact storage values. Discards
 // (RC_PRE) a case whose oracle outputs the storage format cannot hold
-// ("limited to what the precision can represent").
+// ("limited to what the precision can represent"). Notes the case for the
+// property's failure messages (note_case, support.h).
 // require_fit = false keeps such a case and reports through *fits whether
 // its backward outputs fit (its forward outputs always do: |O| <= max|V|).
 validation::AttentionCase build_case(const AttentionSpec& s, Precision prec,

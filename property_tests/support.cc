@@ -170,6 +170,33 @@ RunResult run_body(const std::string& name, const std::function<void()>& body,
   return r;
 }
 
+std::string entry_and_case(const Backend& b, const std::string& desc) {
+  return "entry " + b.name() + " (family " + b.family() + ", target " +
+         b.target() + ", precision " + std::string(name(b.precision())) +
+         ") on " + desc;
+}
+
+namespace {
+
+thread_local std::string noted_case;
+
+// `message`, followed by the entry and the noted case where it does not
+// name them already.
+std::string with_entry_and_case(const Backend& b, const std::string& message) {
+  const bool names_entry = message.find(b.name()) != std::string::npos;
+  const bool names_case =
+      noted_case.empty() || message.find(noted_case) != std::string::npos;
+  if (names_entry && names_case) return message;
+  return message + "\n  [" +
+         entry_and_case(
+             b, noted_case.empty() ? "(no case built yet)" : noted_case) +
+         "]";
+}
+
+}  // namespace
+
+void note_case(const std::string& describe) { noted_case = describe; }
+
 RunResult run_property(const Property& prop, const Backend& b,
                        const std::string& id, bool shrink,
                        bool honour_reproduce, int cases_override) {
@@ -178,17 +205,31 @@ RunResult run_property(const Property& prop, const Backend& b,
       [&b, &prop] {
         const EntryLimitsScope limits(
             b.family() == "plugin" ? entry_limits_of(b) : EntryLimits{});
+        note_case("");
         // A plug-in entry declares the features it implements
         // (include/qknorm/plugin.h): a drawn problem it refuses is
         // discarded, not failed (rapidcheck gives up, and fails, if it must
         // discard too many). Our own entries implement every problem the
-        // properties draw, so a refusal stays a failure there.
+        // properties draw, so a refusal stays a failure there. Every other
+        // failure, an exception included, names the entry and the case.
+        using rc::detail::CaseResult;
         try {
           prop.fn(b);
+        } catch (const CaseResult& r) {
+          if (r.type != CaseResult::Type::Failure) throw;
+          throw CaseResult(r.type, with_entry_and_case(b, r.description));
+        } catch (const rc::GenerationFailure&) {
+          throw;  // rapidcheck discards the case
         } catch (const Error& e) {
           if (b.family() == "plugin" && e.tensor() == "formulation")
             RC_DISCARD(e.what());
-          throw;
+          throw CaseResult(
+              CaseResult::Type::Failure,
+              entry_and_case(b, noted_case) + ": threw: " + e.what());
+        } catch (const std::exception& e) {
+          throw CaseResult(
+              CaseResult::Type::Failure,
+              entry_and_case(b, noted_case) + ": threw: " + e.what());
         }
       },
       cases_override > 0 ? cases_override : prop.cases, id, shrink,

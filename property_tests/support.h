@@ -107,12 +107,25 @@ bool implements_formulations(const Backend& b);
 // both; RC_PARAMS="reproduce=..." replays a failure.
 int soak_multiplier();
 
+// How every property failure names its entry and its case: "entry <name>
+// (family F, target T, precision P) on <case>".
+std::string entry_and_case(const Backend& b, const std::string& desc);
+// The case the running property is on (its describe(): shape, formulation,
+// distribution, seed), for the failures that do not name it themselves: an
+// exception escaping the property (an entry that throws), an RC_FAIL that
+// names no case. build_case (rc_gens.h) notes every case it builds; a
+// property that makes its case otherwise notes it. run_property clears it
+// before each case and adds entry_and_case to any failure message that
+// lacks the entry's name or the noted case.
+void note_case(const std::string& describe);
+
 struct RunResult {
   bool pass = true;
   std::string message;  // rapidcheck's report + seed + how to reproduce
   int cases_run = 0;
 };
-// Runs `prop` on `b` under rapidcheck. `id` is the reproduce key (the GTest
+// Runs `prop` on `b` under rapidcheck; every failure message names the
+// entry and the case (note_case). `id` is the reproduce key (the GTest
 // "Suite/Name"); shrink = false for the mutation test (speed);
 // honour_reproduce = false ignores RC_PARAMS="reproduce=..." (mutants).
 RunResult run_property(const Property& prop, const Backend& b,

@@ -2,18 +2,33 @@
 
 namespace qknorm::validation {
 
+const OracleAttention& LazyOracle::get() {
+  if (!orc_) orc_ = oracle_attention(c_);
+  return *orc_;
+}
+
+OracleSource LazyOracle::source() {
+  return [this] {
+    const OracleAttention& o = get();
+    return ExactForward{o.o, o.lse};
+  };
+}
+
 AgreementReport check_attention(const Backend& entry, const AttentionCase& c0,
                                 const ExecConfig& cfg, bool forward_only,
                                 bool with_naive) {
   const Precision s = entry.precision();
   const AttentionCase c = round_inputs(c0, s);
   const Backend& nb = naive_for(s);
-  const AttentionResult er = forward_only ? run_attention_forward(entry, c, cfg)
-                                          : run_attention(entry, c, cfg);
+  LazyOracle oracle(c);
+  const AttentionResult er =
+      forward_only ? run_attention_forward(entry, c, cfg)
+                   : run_attention_fed(entry, c, oracle.source(), cfg);
   AttentionResult nr;
   if (with_naive)
-    nr = forward_only ? run_attention_forward(nb, c) : run_attention(nb, c);
-  const OracleAttention orc = oracle_attention(c);
+    nr = forward_only ? run_attention_forward(nb, c)
+                      : run_attention_fed(nb, c, oracle.source());
+  const OracleAttention& orc = oracle.get();
   AgreementReport rep =
       judge_attention(c, s, orc, er, with_naive ? &nr : nullptr, forward_only,
                       entry.name(), nb.name(), nullptr, entry.contract());

@@ -4,6 +4,8 @@
 #ifndef QKNORM_VALIDATION_CHECK_H_
 #define QKNORM_VALIDATION_CHECK_H_
 
+#include <optional>
+
 #include "qknorm/backend.h"
 #include "validation/case.h"
 #include "validation/judge.h"
@@ -11,6 +13,20 @@
 #include "validation/run.h"
 
 namespace qknorm::validation {
+
+// The oracle of one case, made once, when first asked for: by the judge, or
+// by run_attention_fed's backward (source()) when the entry's forward output
+// is no valid backward input. `c` must outlive it.
+class LazyOracle {
+ public:
+  explicit LazyOracle(const AttentionCase& c) : c_(c) {}
+  const OracleAttention& get();
+  OracleSource source();
+
+ private:
+  const AttentionCase& c_;
+  std::optional<OracleAttention> orc_;
+};
 
 // Runs `entry` on round_inputs(c, entry precision) and judges it
 // (judge_attention) against the oracle; with_naive also runs and judges the

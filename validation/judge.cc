@@ -26,6 +26,18 @@ bool passes(ElementClass c) {
          c == ElementClass::kNotRepresentable;
 }
 
+long double overflow_threshold(Precision fmt) {
+  const double mf = max_finite(fmt);
+  return static_cast<LD>(mf) + static_cast<LD>(ulp(fmt, mf)) / 2;
+}
+
+InfinityReach infinity_reach(const ToleranceTable& t, size_t i) {
+  const LD x = t.expected[i];
+  const LD delta = t.delta[i];
+  const LD thr = overflow_threshold(t.fmt);
+  return {x + delta >= thr, x - delta <= -thr};
+}
+
 ElementJudgement judge_element(const ToleranceTable& t, size_t i,
                                double actual) {
   ElementJudgement j;
@@ -41,17 +53,20 @@ ElementJudgement judge_element(const ToleranceTable& t, size_t i,
     }
     return j;
   }
-  // The largest value a correct kernel may hold before its final rounding;
-  // if that rounds to inf in the field's format, inf is the correct answer.
-  const double reach = d(std::fabs(x)) + delta;
-  const bool overflows = std::isinf(round_to(t.fmt, reach));
+  // A correct kernel holds a value in [x - delta, x + delta] before its
+  // final rounding (validation/rule.h); where that interval reaches the
+  // format's overflow threshold on one side, the value may round to that
+  // side's infinity, whatever the sign of x (an ill-conditioned element
+  // whose bound dwarfs |x|: the soak finding of issue 31).
+  const InfinityReach reach = infinity_reach(t, i);
   LD target = x;
-  if (overflows) {
-    const double mf = max_finite(t.fmt);
-    if (std::isinf(actual) && std::signbit(actual) == std::signbit(d(x))) {
+  if (reach.positive || reach.negative) {
+    if (std::isinf(actual) &&
+        (std::signbit(actual) ? reach.negative : reach.positive)) {
       j.cls = ElementClass::kNotRepresentable;
       return j;
     }
+    const double mf = max_finite(t.fmt);
     target = std::clamp<LD>(x, -mf, mf);
   }
   j.bound = delta + half_spacing(t.fmt, d(target), delta);
@@ -85,6 +100,7 @@ std::string diagnose(const ToleranceTable& t, size_t i, double actual,
       std::string(name(t.field)) + t.index_text(static_cast<int64_t>(i));
   const double x = d(t.expected[i]);
   const bool masked = !t.masked_row.empty() && t.masked_row[i];
+  const std::string fmt(name(t.fmt));
   if (j.cls == ElementClass::kWrongNonFinite) {
     if (std::isnan(actual))
       std::snprintf(buf, sizeof buf, "%s is NaN where %.17g is defined%s",
@@ -96,9 +112,15 @@ std::string diagnose(const ToleranceTable& t, size_t i, double actual,
                     masked ? " (fully masked row)" : "");
     else
       std::snprintf(buf, sizeof buf,
-                    "%s is %g where the finite %.17g is defined (it is "
-                    "representable in %s)%s",
-                    where.c_str(), actual, x, std::string(name(t.fmt)).c_str(),
+                    "%s is %g where the finite %.17g is defined (%s in %s; "
+                    "its bound interval [%.6g, %.6g] does not reach the "
+                    "overflow threshold %s%g)%s",
+                    where.c_str(), actual, x,
+                    !std::isinf(round_to(t.fmt, x)) ? "it is representable"
+                    : x < 0                         ? "it rounds to -inf"
+                                                    : "it rounds to +inf",
+                    fmt.c_str(), x - t.delta[i], x + t.delta[i],
+                    actual < 0 ? "-" : "+", d(overflow_threshold(t.fmt)),
                     masked ? " (fully masked row: O = 0)" : "");
   } else {
     std::snprintf(buf, sizeof buf,
@@ -152,6 +174,36 @@ FieldVerdict judge_field(const ToleranceTable& t,
   return v;
 }
 
+void apply_backward_input(const AttentionResult& er, AgreementReport* rep) {
+  if (er.backward_input == BackwardInput::kEntry) return;
+  const bool ran = er.backward_input == BackwardInput::kOracle;
+  std::string fields;
+  for (FieldVerdict& f : rep->fields) {
+    // The forward's fields and the sampled verdict's O(n D) properties keep
+    // their verdicts.
+    if (f.property != nullptr || f.id == Field::kO || f.id == Field::kLse)
+      continue;
+    fields += (fields.empty() ? "" : ", ") + label(f);
+    if (ran) {
+      f.note = "judged on the oracle's O and lse";
+      continue;
+    }
+    FieldVerdict not_judged;
+    not_judged.id = f.id;
+    not_judged.amplitude = f.amplitude;
+    not_judged.count = f.count;
+    not_judged.judged = false;
+    not_judged.note = "not judged: " + er.backward_note;
+    f = std::move(not_judged);
+  }
+  if (fields.empty()) return;
+  rep->note = (ran ? "backward fields " + fields +
+                         " judged on the oracle's O (rounded to storage) and "
+                         "lse: "
+                   : "backward fields " + fields + " not judged: ") +
+              er.backward_note;
+}
+
 namespace {
 void finish(AgreementReport* rep) {
   rep->pass = true;
@@ -197,6 +249,7 @@ AgreementReport judge_attention(
         judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
     rep.fields.back().amplitude = A;
   }
+  apply_backward_input(er, &rep);
   finish(&rep);
   if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, tables, er);
   return rep;
@@ -267,6 +320,7 @@ std::string AgreementReport::failure_message() const {
                   f.worst_actual, f.worst_bound, f.margin, f.amplitude,
                   f.diagnosis.c_str());
     m += buf;
+    if (!f.note.empty()) m += "    " + f.note + "\n";
     m += "    entry: " + describe(f.entry) + "\n";
     if (f.has_naive) {
       std::snprintf(buf, sizeof buf, "    naive margin %.3g: ", f.naive_margin);
@@ -291,7 +345,8 @@ std::string AgreementReport::failure_message() const {
     m += "  likely cause: " + d.message + "\n";
   return "entry " + entry_name + " vs oracle" +
          (naive_name.empty() ? "" : " (naive " + naive_name + ")") + " on " +
-         case_desc + "\n" + under + m;
+         case_desc + "\n" + under + m +
+         (note.empty() ? "" : "  " + note + "\n");
 }
 
 }  // namespace qknorm::validation

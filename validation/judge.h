@@ -23,7 +23,7 @@ namespace qknorm::validation {
 enum class ElementClass {
   kWithin,            // finite and within its bound
   kEqualInfinity,     // the oracle is +-inf and so is the value
-  kNotRepresentable,  // the oracle rounds to +-inf in fmt; the value is that
+  kNotRepresentable,  // an infinity on a side the bound's interval reaches
   kOver,              // finite, beyond its bound
   kWrongNonFinite,    // NaN or inf where another value is defined
 };
@@ -37,6 +37,15 @@ struct ElementJudgement {
 };
 ElementJudgement judge_element(const ToleranceTable& t, size_t i,
                                double actual);
+// Where round to nearest gives inf in fmt: max_finite + ulp(max_finite) / 2
+// (65520 in f16; the tie rounds to inf, max_finite's last bit being odd).
+long double overflow_threshold(Precision fmt);
+// Which infinities element i of a finite x_i may correctly round to: those
+// on the sides where [x_i - delta_i, x_i + delta_i] reaches the threshold.
+struct InfinityReach {
+  bool positive = false, negative = false;
+};
+InfinityReach infinity_reach(const ToleranceTable& t, size_t i);
 // The bound element i of a finite answer is held to (delta_i + the half
 // spacing at x_i, x_i clamped to the format's range); 0 where x_i = +-inf.
 double element_bound(const ToleranceTable& t, size_t i);
@@ -53,7 +62,7 @@ struct FieldVerdict {
   bool has_naive = false;
   int64_t count = 0;
   int64_t failures = 0;           // elements that fail
-  int64_t not_representable = 0;  // accepted infinities (oracle overflows)
+  int64_t not_representable = 0;  // accepted infinities (interval overflows)
   int64_t ill_conditioned = 0;    // elements with kappa_e > kIllConditioned
   // The element of largest margin err_e / bound_e (> 1 fails).
   double margin = 0;
@@ -63,6 +72,13 @@ struct FieldVerdict {
   double naive_margin = 0;  // the naive's own largest margin
   std::string diagnosis;    // the first failing element's diagnosis
   bool pass = true;
+  // False where the field could not be judged (the backward did not run:
+  // BackwardInput::kNotRun, validation/run.h); it then neither passes nor
+  // fails the case (pass stays true, failures 0) and `note` says why.
+  bool judged = true;
+  // "judged on the oracle's O and lse", "not judged: <reason>"; "" when
+  // judged on the entry's own outputs.
+  std::string note;
 };
 
 // The field's name, with the property where there is one: "o", "o[all
@@ -91,11 +107,20 @@ struct AgreementReport {
   // 1 for f32-accumulate, 0 where not computed: the sampled verdict).
   std::string contract = "f32-accumulate";
   double looseness = 1;
+  // What the backward read where it was not the entry's own O and lse
+  // (apply_backward_input); "" otherwise.
+  std::string note;
   // Every failing field: entry, case (shape, seed), the element of largest
   // margin (index, expected, actual, bound), the first failure's diagnosis;
   // then "likely cause: ..." for each of `diagnoses`.
   std::string failure_message() const;
 };
+
+// Marks an attention report's backward fields by what the backward read
+// (entry.backward_input): kOracle notes that they were judged on the
+// oracle's O and lse, kNotRun replaces each by "not judged: <reason>".
+// judge_attention and judge_sampled call it before they sum up the case.
+void apply_backward_input(const AttentionResult& entry, AgreementReport* rep);
 
 // The verdict on results already computed (check_* = run + judge_*): `c` is
 // the case as the entries saw it (round_inputs(case, s)), `oracle` its

@@ -72,10 +72,15 @@
 // finite value of those passes (lse keeps its bound).
 // Non-finite values, per element:
 //   - x_e = +-inf (lse of a fully masked row): the same infinity passes;
-//   - x_e finite but rounds to +-inf in the field's format (|x_e| + delta_e
-//     beyond its overflow threshold): the same-signed infinity passes and is
-//     counted "not representable in <fmt>"; a finite value is judged as
-//     above against x_e clamped to the largest finite;
+//   - x_e finite: an infinity of sign s passes, counted "not representable
+//     in <fmt>", exactly where the interval [x_e - delta_e, x_e + delta_e]
+//     of pre-rounding values reaches the format's overflow threshold on that
+//     side (x_e + delta_e >= T for +inf, x_e - delta_e <= -T for -inf; T =
+//     max_finite + ulp(max_finite) / 2, where round to nearest gives inf),
+//     whatever the sign of x_e: an ill-conditioned element's value may
+//     round to the infinity opposite to x_e's sign. Where the interval
+//     reaches either threshold a finite value is judged as above against
+//     x_e clamped to the largest finite (judge_element, validation/judge.h);
 //   - anything else non-finite (NaN, an inf where a finite value is defined,
 //     e.g. NaN on a fully masked row whose O is defined as 0) FAILs, and the
 //     verdict says which.

@@ -1,5 +1,7 @@
 #include "validation/run.h"
 
+#include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <string>
@@ -26,8 +28,51 @@ void check_case_length(const char* name, const std::vector<double>& x,
                   ")");
 }
 
+// What a validator's Error says, without what()'s "qknorm: " prefix:
+// "o[1,0,0,0]: element is NaN (finite input required)".
+std::string without_prefix(const Error& e) {
+  const std::string w = e.what(), prefix = "qknorm: ";
+  return w.rfind(prefix, 0) == 0 ? w.substr(prefix.size()) : w;
+}
+
+// Why the o and lse a forward left in `bufs` are no valid backward input;
+// "" if they are one. O must be finite (the validator's rule, and its
+// message); lse finite, or -inf on a fully masked row, where the validator
+// accepts -inf on any row: an entry's -inf on a row that sees keys is its
+// forward's failure, which the backward would only repeat.
+std::string invalid_backward_input(const AttentionCase& c,
+                                   const AttentionBuffers& bufs) {
+  const AttentionProblem& p = c.problem;
+  try {
+    validate_finite("o", bufs.o.data(), bufs.o.layout(), p.batch, p.heads,
+                    p.q_len, p.head_dim, bufs.o.precision());
+  } catch (const Error& e) {
+    return without_prefix(e);
+  }
+  const double* lse = bufs.lse.doubles();
+  const int64_t rows = p.batch * p.heads * p.q_len;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double x = lse[r];
+    if (std::isfinite(x)) continue;
+    const int64_t b = r / (p.heads * p.q_len), h = r / p.q_len % p.heads,
+                  i = r % p.q_len;
+    // The visible keys are a prefix: the row sees keys iff it sees key 0.
+    const bool sees_keys =
+        p.kv_len > 0 && visible(p.mask, b, i, 0, p.q_len, p.kv_len);
+    if (x == -std::numeric_limits<double>::infinity() && !sees_keys) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "lse[%lld,%lld,%lld]: element is %g (finite required: the "
+                  "row sees keys)",
+                  (long long)b, (long long)h, (long long)i, x);
+    return buf;
+  }
+  return "";
+}
+
 AttentionResult run_impl(const Backend& b, const AttentionCase& c,
-                         const ExecConfig& cfg, Workspace* ws, bool backward) {
+                         const ExecConfig& cfg, Workspace* ws, bool backward,
+                         const OracleSource& oracle) {
   const AttentionProblem& p = c.problem;
   validate_problem(p);
   {
@@ -47,22 +92,69 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   }
   // The entry's storage, rows padded as the case says, every output
   // prefilled with NaN (an element left unwritten is caught); the backward
-  // reads the entry's own O and lse.
+  // reads the entry's own O and lse where they are a valid backward input.
   AttentionBuffers bufs(c, b.precision());
   checked_attention_forward(b, p, bufs.forward_args(), ws, cfg);
-  if (backward) checked_attention_backward(b, p, bufs.backward_args(), ws, cfg);
-  return bufs.result(backward);
+  if (!backward) return bufs.result(false);
+  BackwardFeed feed = feed_backward(c, oracle, &bufs);
+  if (feed.input != BackwardInput::kNotRun)
+    checked_attention_backward(b, p, bufs.backward_args(), ws, cfg);
+  return fed_result(bufs, std::move(feed));
 }
 }  // namespace
 
+BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
+                           AttentionBuffers* bufs) {
+  BackwardFeed f;
+  f.forward = bufs->result(false);
+  const std::string why = invalid_backward_input(c, *bufs);
+  if (why.empty()) return f;
+  f.note =
+      "the entry's forward output is no valid backward input (" + why + ")";
+  f.input = BackwardInput::kNotRun;
+  const ExactForward x = oracle ? oracle() : ExactForward{};
+  if (x.o.empty()) return f;
+  const Precision s = bufs->o.precision();
+  std::vector<double> o(x.o.size()), lse(x.lse.size());
+  for (size_t e = 0; e < o.size(); ++e) {
+    o[e] = round_to(s, static_cast<double>(x.o[e]));
+    if (!std::isfinite(o[e])) {
+      f.note += "; the oracle's O overflows " + std::string(name(s));
+      return f;
+    }
+  }
+  // lse as the entry keeps it, in its compute format (-inf stays).
+  for (size_t e = 0; e < lse.size(); ++e)
+    lse[e] = round_to(compute_format(s), static_cast<double>(x.lse[e]));
+  bufs->o.store(o);
+  bufs->lse.store(lse);
+  f.input = BackwardInput::kOracle;
+  return f;
+}
+
+AttentionResult fed_result(const AttentionBuffers& bufs, BackwardFeed feed) {
+  AttentionResult r = bufs.result(true);
+  r.o = std::move(feed.forward.o);
+  r.lse = std::move(feed.forward.lse);
+  r.backward_input = feed.input;
+  r.backward_note = std::move(feed.note);
+  return r;
+}
+
 AttentionResult run_attention(const Backend& b, const AttentionCase& c,
                               const ExecConfig& cfg, Workspace* ws) {
-  return run_impl(b, c, cfg, ws, true);
+  return run_impl(b, c, cfg, ws, true, nullptr);
+}
+
+AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
+                                  const OracleSource& oracle,
+                                  const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, true, oracle);
 }
 
 AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
                                       const ExecConfig& cfg, Workspace* ws) {
-  return run_impl(b, c, cfg, ws, false);
+  return run_impl(b, c, cfg, ws, false, nullptr);
 }
 
 ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,

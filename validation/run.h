@@ -5,7 +5,9 @@
 #ifndef QKNORM_VALIDATION_RUN_H_
 #define QKNORM_VALIDATION_RUN_H_
 
+#include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "qknorm/backend.h"
@@ -14,12 +16,33 @@
 
 namespace qknorm::validation {
 
+class AttentionBuffers;  // validation/buffers.h
+
+// The o and lse an entry's backward read (issue 31: a failure is reported
+// where it happens). A NaN or inf in the entry's forward O, or a NaN, +inf
+// or -inf lse where a finite one is defined, is no valid backward input:
+// the forward fields are judged as computed (they FAIL with their counts)
+// and the backward reads the oracle's instead, or does not run.
+enum class BackwardInput {
+  kEntry,   // the entry's own forward outputs (always, when valid)
+  kOracle,  // the oracle's O rounded to the entry's storage and lse to its
+            // compute format: the backward fields are judged on them
+  kNotRun,  // no oracle at hand (or its O overflows storage): the backward
+            // did not run and its fields are "not judged"
+};
+
 // Outputs decoded to double, dense.
 struct AttentionResult {
   std::vector<double> o, lse, dq, dk, dv;
   double dg = 0;
   // The formulation's parameter gradients (empty when it has none).
   std::vector<double> dq_weight, dk_weight, dq_bias, dk_bias;
+  // What the backward read; o and lse above are the entry's own whatever it
+  // read.
+  BackwardInput backward_input = BackwardInput::kEntry;
+  // Why the entry's own o and lse were not fed to the backward ("o[1,0,0,0]:
+  // element is NaN (finite input required)"); "" for kEntry.
+  std::string backward_note;
 };
 struct ScaleNormResult {
   std::vector<double> y, dx;
@@ -31,12 +54,47 @@ std::span<const double> field_values(const AttentionResult& r, Field f);
 std::span<double> field_values(AttentionResult& r, Field f);
 
 // Encodes the (already rounded) inputs to the entry's storage, runs forward
-// then backward (fed the entry's own o and lse) through the checked_* front
-// doors, decodes. Output buffers are prefilled with NaN so that an element a
-// kernel forgets to write is caught. Throws qknorm::Error on invalid input.
+// then backward (fed the entry's own o and lse: see BackwardInput) through
+// the checked_* front doors, decodes. Output buffers are prefilled with NaN
+// so that an element a kernel forgets to write is caught. Throws
+// qknorm::Error on invalid input. run_attention has no oracle: where the
+// entry's forward output is no valid backward input, the backward does not
+// run (kNotRun); run_attention_fed feeds it `oracle`'s O and lse then
+// (kOracle), as every caller that judges the result does.
 AttentionResult run_attention(const Backend& b, const AttentionCase& c,
                               const ExecConfig& cfg = {},
                               Workspace* ws = nullptr);
+// The exact forward outputs a backward reads where the entry's own are no
+// valid backward input: an oracle's o and lse, dense, as OracleAttention
+// holds them (validation/check.h, LazyOracle). Empty o: none at hand.
+struct ExactForward {
+  std::span<const long double> o, lse;
+};
+// Asked for only then, after the entry's forward validated the case: an
+// oracle is made when first needed.
+using OracleSource = std::function<ExactForward()>;
+AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
+                                  const OracleSource& oracle,
+                                  const ExecConfig& cfg = {},
+                                  Workspace* ws = nullptr);
+
+// Between a forward and a backward on `bufs` (run_attention, the tester's
+// run_guarded): leaves the entry's o and lse where they are a valid
+// backward input (kEntry); otherwise stores the oracle's there (kOracle),
+// or returns kNotRun (the caller must not run the backward) with no oracle
+// (null, or an empty o) or an oracle O that overflows the storage format.
+// `forward` holds the entry's own o and lse, to judge. `oracle` is called
+// only when needed.
+struct BackwardFeed {
+  BackwardInput input = BackwardInput::kEntry;
+  std::string note;
+  AttentionResult forward;
+};
+BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
+                           AttentionBuffers* bufs);
+// The decoded outputs after the backward (or, kNotRun, instead of it): the
+// entry's own o and lse, the backward's outputs, the feed.
+AttentionResult fed_result(const AttentionBuffers& bufs, BackwardFeed feed);
 ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
                               const ExecConfig& cfg = {},
                               Workspace* ws = nullptr);

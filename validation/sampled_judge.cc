@@ -102,6 +102,9 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
   auto grad_overflow = [&](double x) {
     return s == Precision::kF16 && std::isinf(x);
   };
+  // A backward that did not run (validation/run.h) is not judged here
+  // either (apply_backward_input below).
+  const bool grads = er.backward_input != BackwardInput::kNotRun;
   // Finite everywhere; fully masked rows exactly O = 0, lse = -inf, dQ = 0.
   {
     FieldVerdict v = property(Field::kO, "finite, masked rows defined");
@@ -121,7 +124,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
             });
           for (int64_t d = 0; d < D; ++d) {
             const auto e = static_cast<size_t>(row * D + d);
-            for (int f = 0; f < 2; ++f) {
+            for (int f = 0; f < (grads ? 2 : 1); ++f) {
               const double x = f == 0 ? er.o[e] : er.dq[e];
               const char* nm = name(f == 0 ? Field::kO : Field::kDq);
               if (f == 1 && !masked && grad_overflow(x)) {
@@ -139,7 +142,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
             }
           }
         }
-    for (size_t e = 0; e < er.dk.size(); ++e)
+    for (size_t e = 0; grads && e < er.dk.size(); ++e)
       for (int f = 0; f < 2; ++f) {
         const double x = f == 0 ? er.dk[e] : er.dv[e];
         if (grad_overflow(x)) {
@@ -158,7 +161,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
     for (Field f : {Field::kDg, Field::kDqWeight, Field::kDkWeight,
                     Field::kDqBias, Field::kDkBias}) {
       const std::span<const double> x = field_values(er, f);
-      for (size_t e = 0; e < x.size(); ++e)
+      for (size_t e = 0; grads && e < x.size(); ++e)
         if (!std::isfinite(x[e]))
           note(&v, inf, 0, x[e], 0, [&] {
             const std::string w =
@@ -252,6 +255,7 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
     v.pass = v.failures == 0;
     rep.fields.push_back(std::move(v));
   }
+  apply_backward_input(er, &rep);
   rep.pass = true;
   rep.margin = 0;
   for (const FieldVerdict& f : rep.fields) {

@@ -46,18 +46,23 @@ bool guards_hold(const Buffers& bufs, const char* call, Report* r) {
 
 AttentionTestReport run_guarded(const Backend& entry, const AttentionCase& c,
                                 bool forward_only, const ExecConfig& cfg,
-                                Workspace* ws) {
+                                Workspace* ws, const OracleSource& oracle) {
   auto r = new_report<AttentionTestReport>(entry, c);
   std::unique_ptr<Workspace> own;
   ws = workspace(entry, ws, &own);
   AttentionBuffers bufs(c, entry.precision());
   checked_attention_forward(entry, c.problem, bufs.forward_args(), ws, cfg);
   if (!guards_hold(bufs, "forward", &r)) return r;
-  if (!forward_only) {
+  if (forward_only) {
+    r.result = bufs.result(false);
+    return r;
+  }
+  BackwardFeed feed = feed_backward(c, oracle, &bufs);
+  if (feed.input != BackwardInput::kNotRun) {
     checked_attention_backward(entry, c.problem, bufs.backward_args(), ws, cfg);
     if (!guards_hold(bufs, "backward", &r)) return r;
   }
-  r.result = bufs.result(!forward_only);
+  r.result = fed_result(bufs, std::move(feed));
   return r;
 }
 
@@ -83,19 +88,21 @@ AttentionTestReport AttentionTester::Run(const Backend& entry,
 
 AttentionTestReport AttentionTester::Test(const Backend& entry,
                                           Workspace* ws) const {
-  AttentionTestReport r = Run(entry, ws);
-  if (!r.guards.empty()) return r;
   const Precision s = entry.precision();
+  const AttentionCase c = round_inputs(make_case(s), s);
+  LazyOracle oracle(c);
+  AttentionTestReport r =
+      run_guarded(entry, c, forward_only_, cfg_, ws, oracle.source());
+  if (!r.guards.empty()) return r;
   const Backend& nb = naive_for(s);
   AttentionTestReport naive;
   if (with_naive_) {
-    naive = run_guarded(nb, r.test_case, forward_only_);
+    naive = run_guarded(nb, c, forward_only_, {}, nullptr, oracle.source());
     if (!naive.guards.empty()) return naive;  // the baseline itself is wrong
   }
-  r.verdict =
-      judge_attention(r.test_case, s, oracle_attention(r.test_case), r.result,
-                      with_naive_ ? &naive.result : nullptr, forward_only_,
-                      entry.name(), nb.name(), nullptr, entry.contract());
+  r.verdict = judge_attention(
+      c, s, oracle.get(), r.result, with_naive_ ? &naive.result : nullptr,
+      forward_only_, entry.name(), nb.name(), nullptr, entry.contract());
   r.judged = true;
   return r;
 }

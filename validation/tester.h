@@ -17,10 +17,11 @@
 //   entry's storage (round_inputs), as every entry of that precision and the
 //   oracle see them.
 // - Forward, then (unless forward_only()) backward fed the entry's own o and
-//   lse, each through checked_attention_*; after each call every buffer's
-//   guards are checked. A written guard fails the test and stops it (the
-//   outputs are not judged: an entry that writes out of bounds is wrong
-//   whatever it computed).
+//   lse (the oracle's where the entry's are no valid backward input: a NaN
+//   or inf in O; validation/run.h, BackwardInput), each through
+//   checked_attention_*; after each call every buffer's guards are checked. A
+//   written guard fails the test and stops it (the outputs are not judged: an
+//   entry that writes out of bounds is wrong whatever it computed).
 // - The decoded outputs are judged against the oracle by judge_attention
 //   (with_naive(): the naive baseline is run and judged too, for its margin;
 //   never for the entry's verdict).
@@ -201,9 +202,13 @@ class AttentionTester
 // Runs `entry` on the (already rounded) case in fresh guarded buffers:
 // forward, then backward unless forward_only, checking the guards after each
 // call. The AttentionTester's engine, for callers that hold a case.
+// Where the entry's forward output is no valid backward input, the
+// backward reads `oracle`'s O and lse (or does not run without one:
+// BackwardInput, validation/run.h).
 AttentionTestReport run_guarded(const Backend& entry, const AttentionCase& c,
                                 bool forward_only, const ExecConfig& cfg = {},
-                                Workspace* ws = nullptr);
+                                Workspace* ws = nullptr,
+                                const OracleSource& oracle = nullptr);
 
 // The same for ScaleNorm (forward then backward, judged by
 // judge_scalenorm against oracle_scalenorm).
