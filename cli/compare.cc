@@ -167,6 +167,28 @@ void add_compare_options(CLI::App& app, CompareOptions& o) {
           },
           "")
       ->type_name("SPEC");
+  // The rounding points one by one, the same as KEY=FORMAT items of
+  // --contract (qknorm/contract.h).
+  for (int r = 0; r < 6; ++r) {
+    const std::string k(key(static_cast<RoundingPoint>(r)));
+    std::string flag = "--round-" + k;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    app.add_option(flag, o.round_points[static_cast<size_t>(r)],
+                   "Rounding point " + k +
+                       " of the compute contract: the format FORMAT (f64, "
+                       "f32, bf16, f16, storage, compute) the framework "
+                       "rounds it to; overrides --contract's " +
+                       k)
+        ->check(
+            [k](const std::string& f) {
+              ComputeContract c;
+              std::string why;
+              return parse_contract(k + "=" + f, &c, &why) ? std::string()
+                                                           : why;
+            },
+            "")
+        ->type_name("FORMAT");
+  }
   app.add_option("--kind", o.kind,
                  "What the files hold: attention, scalenorm, or auto (x, y, "
                  "dy or dx present and no attention tensor: scalenorm)")
@@ -610,15 +632,23 @@ ComputeContract CompareOptions::resolved_contract() const {
   const ComputeContract by_compute = compute == "storage"
                                          ? ComputeContract::storage()
                                          : ComputeContract::f32_accumulate();
-  if (contract.empty()) return by_compute;
-  ComputeContract c;
+  ComputeContract c = by_compute;
   std::string why;
-  if (!parse_contract(contract, &c, &why)) throw Error("--contract", {}, why);
-  if (compute == "storage" && c != by_compute)
-    throw Error("--contract", {},
-                contract +
-                    " conflicts with --compute storage (its alias "
-                    "for --contract storage); give one of them");
+  if (!contract.empty()) {
+    if (!parse_contract(contract, &c, &why)) throw Error("--contract", {}, why);
+    if (compute == "storage" && c != by_compute)
+      throw Error("--contract", {},
+                  contract +
+                      " conflicts with --compute storage (its alias "
+                      "for --contract storage); give one of them");
+  }
+  // The --round-* flags, each a KEY=FORMAT item on top of the preset.
+  std::string spec = c.describe();
+  for (size_t r = 0; r < round_points.size(); ++r)
+    if (!round_points[r].empty())
+      spec += "," + std::string(key(static_cast<RoundingPoint>(r))) + "=" +
+              round_points[r];
+  if (!parse_contract(spec, &c, &why)) throw Error("--round-*", {}, why);
   return c;
 }
 

@@ -38,6 +38,7 @@
 #ifndef QKNORM_CLI_COMPARE_H_
 #define QKNORM_CLI_COMPARE_H_
 
+#include <array>
 #include <map>
 #include <ostream>
 #include <string>
@@ -68,6 +69,10 @@ struct CompareOptions {
   // --compute's. resolved_contract() resolves both (throws qknorm::Error on
   // a bad spec or a conflict; run_compare exits kExitUsage).
   std::string contract;
+  // One flag per rounding point (--round-q f16, --round-pv-acc f16, ...),
+  // in RoundingPoint order q, kv, logits, p, pv_acc, out: each sets that
+  // point on top of --contract / --compute (empty: unset).
+  std::array<std::string, 6> round_points;
   ComputeContract resolved_contract() const;
   // "attention", "scalenorm" or "auto" (dump_kind()).
   std::string kind = "auto";

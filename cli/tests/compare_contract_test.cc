@@ -88,5 +88,28 @@ TEST(CompareContract, BadSpecOrConflictIsABadOption) {
       << both.err;
 }
 
+// The per-point flags are the spec's items: --round-p f16 --round-pv-acc
+// f16 gives --contract pv_acc=f16,p=f16's report byte for byte (a contract
+// looser than f32-accumulate's, so the dump's verdict can differ from the
+// default's), and a bad format is a bad option naming the point.
+TEST(CompareContract, RoundFlagsAreTheSpecsItems) {
+  testing::TempDir dir;
+  write_eager_dump(dir.path());
+  const testing::CliRun spec = testing::run(
+      args(dir.path(), {"--contract", "pv_acc=f16,p=f16", "--no-timing"}));
+  const testing::CliRun flags =
+      testing::run(args(dir.path(), {"--round-p", "f16", "--round-pv-acc",
+                                     "f16", "--no-timing"}));
+  EXPECT_EQ(flags.code, spec.code) << flags.out << flags.err;
+  EXPECT_EQ(flags.out, spec.out);
+  EXPECT_NE(flags.out.find("under p=f16,pv_acc=f16"), std::string::npos)
+      << flags.out;
+  const testing::CliRun bad =
+      testing::run(args(dir.path(), {"--round-logits", "f8"}));
+  EXPECT_EQ(bad.code, kExitUsage) << bad.out << bad.err;
+  EXPECT_NE((bad.out + bad.err).find("logits=f8"), std::string::npos)
+      << bad.out << bad.err;
+}
+
 }  // namespace
 }  // namespace qknorm::cli
