@@ -46,30 +46,28 @@ double logit_error_units(const Backend& entry, const AttentionCase& c0) {
   if (!entry.attention_probabilities(p, bufs.forward_args(), probs.data(),
                                      nullptr))
     return -1;
-  auto unit = [&](const std::vector<double>& x, int64_t r) {
-    std::vector<LD> y(static_cast<size_t>(D));
-    LD s = 0;
-    for (int64_t d = 0; d < D; ++d) {
-      const LD v = x[static_cast<size_t>(r * D + d)];
-      s += v * v;
+  // Every row scaled to unit length once (q_hat, k_hat in long double).
+  auto units = [&](const std::vector<double>& x) {
+    std::vector<LD> y(x.begin(), x.end());
+    for (size_t r = 0; r < y.size(); r += static_cast<size_t>(D)) {
+      LD s = 0;
+      for (int64_t d = 0; d < D; ++d) s += y[r + d] * y[r + d];
+      for (int64_t d = 0; d < D; ++d) y[r + d] /= std::sqrt(s);
     }
-    for (int64_t d = 0; d < D; ++d)
-      y[static_cast<size_t>(d)] =
-          x[static_cast<size_t>(r * D + d)] / std::sqrt(s);
     return y;
   };
+  const std::vector<LD> qh = units(c.q), kh = units(c.k);
   double worst = 0;
   const double u = compute_roundoff(entry.precision());
   for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
     for (int64_t i = 0; i < Nq; ++i) {
-      const std::vector<LD> qh = unit(c.q, bh * Nq + i);
+      const LD* qr = qh.data() + (bh * Nq + i) * D;
       std::vector<LD> S(static_cast<size_t>(Nk));
       LD m = -INFINITY;
       for (int64_t j = 0; j < Nk; ++j) {
-        const std::vector<LD> kh = unit(c.k, bh * Nk + j);
+        const LD* kr = kh.data() + (bh * Nk + j) * D;
         LD dot = 0;
-        for (int64_t d = 0; d < D; ++d)
-          dot += qh[static_cast<size_t>(d)] * kh[static_cast<size_t>(d)];
+        for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
         S[static_cast<size_t>(j)] = p.g * dot;
         m = std::max(m, S[static_cast<size_t>(j)]);
       }
