@@ -90,6 +90,9 @@ struct OracleAttention {
   // logit amplitude are then the whole case's, not the sub-case's (0: the
   // case's own): the tables of a sampled row equal the full verdict's.
   double amplitude = 0;
+  // cosine_units (rule_terms.h) of the case, set by oracle_attention (a
+  // sampled sub-case's: the whole case's; 0: the rule computes it).
+  double cosine_units = 0;
   int64_t count_q_len = 0, count_kv_len = 0;
   // Sampled key rows read every query row's lse and delta from a pass in
   // double (GivenRows); its error per f64 unit roundoff, times the

@@ -490,6 +490,9 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     r.dq_uf_sens = dq_out[kSub];
     r.dk_uf_sens = dk_out[kSub];
   }
+  // Once per case (every entry's tables read it): O(B H Nq Nk D) where rows
+  // have dominant channels, as the logits above.
+  if (whole) r.cosine_units = cosine_units(c);
   return r;
 }
 

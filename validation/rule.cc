@@ -104,6 +104,7 @@ struct RuleScalars {
   int64_t B = 1, H = 1, Hk = 1, group = 1, D = 1, Lq = 1, Lk = 1;
   int64_t Nq = 1, Nk = 1;  // the counts the rule uses (the whole case's)
   double us = 0, uc = 0, A = 0, div = 0, soft = 0;
+  double dot = kDotUnits;  // the case's cosine_units
   double o_res = 0, c_res = 0, p_res = 0;
   // A pass in double whose error joins the bounds (OracleAttention::
   // given_units): the f64 unit roundoff.
@@ -193,6 +194,7 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.Nk = orc.count_kv_len > 0 ? orc.count_kv_len : p.kv_len;
   r.us = unit_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
+  r.dot = orc.cosine_units > 0 ? orc.cosine_units : cosine_units(c);
   r.wf = compute_format(s);
   contract_units(contract, s, std::fabs(r.A), &r);
   {
@@ -220,7 +222,7 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   // (div_q + div_k) u_c A and every gradient term that reads x_hat (found by
   // the fuzzer, issue 16: layer across 4 heads, L = 52, f64, one q element
   // 8.4e298: reference:f64's lse 280 u off, margin 2.8). The paper's l2 norm
-  // keeps the probabilistic sum_units inside kDotUnits.
+  // keeps its sum inside the cosine units (rule.h, dot).
   auto div_units = [&](int side) {
     if (p.variant != Variant::kQKNorm ||
         (p.norm.kind != NormKind::kRms && p.norm.kind != NormKind::kLayer))
@@ -228,7 +230,7 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
     return static_cast<double>(norm_rows(p, side).len() - 1) / 2 + kOpUnits;
   };
   r.div = div_units(0) + div_units(1);
-  r.soft = softmax_units(r.A) + 2 * std::fabs(r.A) * r.div +
+  r.soft = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
            2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
   r.Hk = kv_heads_of(p);
   r.group = p.heads / r.Hk;
@@ -298,7 +300,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   if (!orc.o_mag.empty()) {
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
     // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
-    // dS_ij (v_jd - O_id): at most A kDotUnits u_c o_dev_mag.
+    // dS_ij (v_jd - O_id): at most A dot u_c o_dev_mag.
     const double units = sum_units(nk);
     t.masked_row.assign(orc.o.size(), 0);
     for (size_t e = 0; e < orc.o.size(); ++e) {
@@ -317,7 +319,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     out.push_back(std::move(t));
   }
   // lse_i = m_i + log(l_i), kept in the compute format: absolute in S. S
-  // moves by A kDotUnits u_c, log(l) by l's relative error (an Nk-term sum
+  // moves by A dot u_c, log(l) by l's relative error (an Nk-term sum
   // of positive terms), and |lse| costs its own rounding and the addition.
   {
     ToleranceTable t = table(Field::kLse, wf, B, H, Nq, 1, orc.lse);
@@ -327,7 +329,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] = uc * ((kDotUnits + div) * std::fabs(A) + sum_units(nk) +
+      t.delta[e] = uc * ((rs.dot + div) * std::fabs(A) + sum_units(nk) +
                          2 * d(std::fabs(x)) + orc.logit_shift) +
                    orc.logit_flip + rs.logit_abs;
       t.cond[e] = condition(mag, x);
@@ -346,9 +348,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // The rounding of dP, delta, dS and the sums scales with the terms before
   // cancellation (mag: P_ij (|dO_i|.|v_j| + Del_i)). The softmax's
   // conditioning perturbs P_ij by P_ij (dS_ij - sum_k P_ik dS_ik), at most
-  // 2 A kDotUnits u_c P_ij, so dS_ij = P_ij (dP_ij - delta_i) by that times
+  // 2 A dot u_c P_ij, so dS_ij = P_ij (dP_ij - delta_i) by that times
   // |dP_ij - delta_i|, and by P_ij times delta_i's own perturbation, at most
-  // A kDotUnits u_c sum_k P_ik |dP_ik - delta_i| (ds_mag carries both, as
+  // A dot u_c sum_k P_ik |dP_ik - delta_i| (ds_mag carries both, as
   // P_ij (|dP_ij - delta_i| + that sum / 2), through the same sums).
   auto grad = [&](Field f, const std::vector<LD>& x, int64_t heads,
                   int64_t rows, double n, int64_t L, const std::vector<LD>& mag,

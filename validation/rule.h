@@ -33,11 +33,62 @@
 //                lambda sqrt(n) u holds with probability >= 1 - 2
 //                exp(-lambda^2 / 2) per sum; lambda = 8: 2.5e-14) plus the few
 //                roundings around it (division by the row sum, the scale);
-//   softmax_units(A) = 2 * kDotUnits * A: a correct kernel computes the
-//                cosine C = q_hat . k_hat to kDotUnits u_c; S = A C moves by
-//                A kDotUnits u_c, each P_ij by 2 A kDotUnits u_c P_ij, and the
+//   softmax_units(A) = 2 * dot * A: a correct kernel computes the
+//                cosine C = q_hat . k_hat to dot u_c; S = A C moves by
+//                A dot u_c, each P_ij by 2 A dot u_c P_ij, and the
 //                element by that times M_e. A = |g| (qknorm) or max||q||
 //                max||k|| / sqrt(D) (sdpa);
+//   dot          the case's cosine units (cosine_units, rule_terms.h):
+//                  dot = kDotUnits + lambda_D max_ij (|C_ij| (s_i + s_j) / 2
+//                        + T_ij),  lambda_D = min(kSumLambda sqrt(D), D - 1).
+//                kDotUnits covers rows whose partial sums (of ||x||^2 and
+//                of q_hat . k_hat) grow gradually: a spread row's norm error
+//                reaches C through |C| ~ 1/sqrt(D), and its products' random
+//                signs keep the dot's partial sums small. A row concentrated
+//                on a few dominant channels (issue 31: trained models'
+//                outlier channels, the `channels` distribution) puts each
+//                partial sum at full size after its dominant terms, and each
+//                of the remaining additions rounds at that size. Split every
+//                partial sum into its dominant part (fixed once added) and
+//                the rest (growing gradually, as on a spread row: kDotUnits).
+//                The dominant part's roundings cost at most lambda_D times
+//                its size (the probabilistic bound of sum_units over D
+//                additions, or the deterministic D - 1 of Higham 4.2 where
+//                smaller): the norm's ||x||^2 by lambda_D s u_c relatively
+//                (s the row's dominant share of ||x||^2), ||x|| by half,
+//                each logit of the row by |C_ij| lambda_D s / 2 u_c per side;
+//                the dot's dominant part is at most T_ij = sum over the two
+//                rows' dominant channels of |q_hat_d k_hat_d|, costing
+//                lambda_D T_ij u_c. A row's dominant channels: sorted
+//                descending by square, the top m <= D / 2 for the largest m
+//                whose m-th square is at least kDominantRatio = 64 times the
+//                mean of the rest (order-free). A Gaussian row has none but
+//                rarely (its largest square over the rest's mean is an
+//                F(1, D - 1) = t_{D-1}^2 variable: per row 7e-4 at D = 8,
+//                1.4e-5 at D = 16, 2e-9 at D = 64; 32 made the default run's
+//                2304-row `wide` case trigger), so Gaussian, uniform, sink and
+//                outlier-row cases keep dot = kDotUnits; Student-t rows
+//                (heavy: 8% of rows at D = 64) often have one. Rows below
+//                the ratio (a channel holding up to 64 / (63 + D) of the
+//                row: 0.5 at D = 64, 0.2 at D = 256) are taken as spread,
+//                as kDotUnits is measured to cover on Gaussian rows (whose
+//                extremes in a large case pass 32 times the rest's mean):
+//                an assumption of the rule, not a derivation. The maximum
+//                runs over every (q row, k row) pair of a head, masked or
+//                not (over more pairs it bounds the visible ones'), of the
+//                logit operand rows (the
+//                paper's q and k, the formulations' magnitudes x_a, sdpa's
+//                q and k); above 2^27 multiply-adds (the sampled verdict's
+//                long cases) |C| <= 1 and T <= (s_i + s_j) / 2 (Cauchy-
+//                Schwarz) bound it from the rows alone. Measured (the f32
+//                entries' logit errors through their probabilities hook,
+//                tests/cosine_test.cc, B=1 H=2 N=64 g=20, 3 seeds, in
+//                |g| u_c, D = 16 64 128 256): gaussian 3.1 2.2 2.5 2.2 (dot
+//                4), heavy 3.2 3.1 2.6 2.7 (dot 32 72 81 77), sink
+//                3.1 2.2 2.5 2.2, outliers 2.5 2.3 2.1 2.3 (dot 4), channels
+//                4.7 7.8 10.7 23.7 (dot 34 130 185 258); reference:f32
+//                FAILed two channels cases under dot = kDotUnits (lse 1.10
+//                at D = 64; o 1.07 and lse 1.56 at D = 128; 0.08 now);
 //   R_e          the gradient's sensitivity to a relative error u_s in the
 //                stored O that the backward reads (delta_i = dO_i . O_i):
 //                the terms P_ij |dO_i|.|O_i| carried like M_e;
@@ -63,7 +114,8 @@
 // The sampled verdict (issue 19, validation/sampled.h) judges a sampled row
 // of a long problem on a sub-case of the oracle with the whole case's counts
 // and amplitude (OracleAttention::count_*, amplitude), so by these same
-// tables; its key rows and dg read every query row's lse and delta from a
+// tables (and the whole case's cosine units, OracleAttention::cosine_units);
+// its key rows and dg read every query row's lse and delta from a
 // pass in double, whose own error joins dk, dv and dg as u_f64 times
 // given_units (the magnitudes M_e) and given_soft_units (the softmax terms),
 // derived in rule_terms.cc (pass_units).
@@ -104,7 +156,7 @@
 //   field   delta_e
 //   o       u_c (sum_units(Nk) M + soft/2 T) + ulp_c(0) (Nk + 2)
 //           + tiny_c Sp
-//   lse     u_c ((kDotUnits + div) |A| + sum_units(Nk) + 2 |x| + shift)
+//   lse     u_c ((dot + div) |A| + sum_units(Nk) + 2 |x| + shift)
 //           + logit_flip
 //   dq, dk  u_c ((sum_units(n + L) + div) M + soft T + Sh) + u_s R
 //           + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M

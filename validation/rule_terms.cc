@@ -12,8 +12,120 @@ namespace qknorm::validation {
 
 double sum_units(double n) { return kSumLambda * std::sqrt(n) + kOpUnits; }
 
-double softmax_units(double amplitude) {
-  return 2 * kDotUnits * std::fabs(amplitude);
+double softmax_units(double amplitude, double dot_units) {
+  return 2 * dot_units * std::fabs(amplitude);
+}
+
+namespace {
+
+// Above this many multiply-adds (B H Nq Nk D) cosine_units bounds every
+// pair by the rows' shares alone instead of forming each pair's cosine (the
+// sampled verdict's long cases): |C| <= 1 and T <= (s_q + s_k) / 2. A cost
+// cap, not a tolerance: the fallback is looser, never tighter.
+constexpr double kCosinePairWork = 1 << 27;
+
+// One logit operand row x of length D (rule.h, the cosine units): its
+// dominant channels, sorted descending by square the top m for the largest
+// m <= D / 2 whose m-th square is at least kDominantRatio times the mean of
+// the rest (order-free), into *dom; returns their share of the row's sum of
+// squares (0: none). Then scales x to unit length.
+LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
+  std::vector<int64_t> idx(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) idx[static_cast<size_t>(d)] = d;
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    return x[a] * x[a] > x[b] * x[b];
+  });
+  LD total = 0;  // smallest first
+  for (int64_t d = D - 1; d >= 0; --d) {
+    const LD v = x[idx[static_cast<size_t>(d)]];
+    total += v * v;
+  }
+  dom->clear();
+  if (!(total > 0) || !std::isfinite(total)) return 0;
+  LD rest = total, head = 0, share = 0;
+  int64_t count = 0;
+  for (int64_t m = 1; 2 * m <= D; ++m) {
+    const LD v = x[idx[static_cast<size_t>(m - 1)]];
+    head += v * v;
+    rest -= v * v;
+    if (v * v >=
+        kDominantRatio * std::max<LD>(rest, 0) / static_cast<LD>(D - m))
+      share = head, count = m;
+  }
+  dom->assign(idx.begin(), idx.begin() + count);
+  const LD norm = std::sqrt(total);
+  for (int64_t d = 0; d < D; ++d) x[d] /= norm;
+  return std::min<LD>(share / total, 1);
+}
+
+}  // namespace
+
+// The derivation is rule.h's (the cosine units dot): the logit operand rows
+// are the paper's q and k (q_hat has q's shares and cosines), the
+// formulations' x_a = |x_hat| |w| + |beta| (their cosine of magnitudes
+// bounds |C|) and sdpa's q and k, per head row of D; every pair of a q row
+// and a k row of the same head (masked pairs too: a maximum over more pairs
+// bounds the visible ones').
+double cosine_units(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const int64_t D = p.head_dim;
+  if (D <= 1) return kDotUnits;
+  std::vector<LD> x[2];
+  if (p.variant == Variant::kQKNorm && !is_paper_formulation(p)) {
+    x[0] = operand_mags(c, 0).xa;
+    x[1] = operand_mags(c, 1).xa;
+  } else {
+    x[0].assign(c.q.begin(), c.q.end());
+    x[1].assign(c.k.begin(), c.k.end());
+  }
+  std::vector<LD> share[2];
+  std::vector<std::vector<int64_t>> dom[2];
+  LD smax[2] = {0, 0};
+  for (int side = 0; side < 2; ++side) {
+    const size_t n = x[side].size() / static_cast<size_t>(D);
+    share[side].assign(n, 0);
+    dom[side].assign(n, {});
+    for (size_t r = 0; r < n; ++r) {
+      share[side][r] = dominant_channels(
+          x[side].data() + r * static_cast<size_t>(D), D, &dom[side][r]);
+      smax[side] = std::max(smax[side], share[side][r]);
+    }
+  }
+  if (smax[0] == 0 && smax[1] == 0) return kDotUnits;
+  const auto dd = static_cast<double>(D);
+  const double lambda_d = std::min(kSumLambda * std::sqrt(dd), dd - 1);
+  const int64_t B = p.batch, H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len,
+                Nk = p.kv_len;
+  LD worst = 0;
+  if (static_cast<double>(B * H) * static_cast<double>(Nq) *
+          static_cast<double>(Nk) * dd >
+      kCosinePairWork) {
+    worst = smax[0] + smax[1];
+  } else {
+    std::vector<unsigned char> in_q(static_cast<size_t>(D));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Nq; ++i) {
+          const auto rq = static_cast<size_t>((b * H + h) * Nq + i);
+          const LD* qr = x[0].data() + rq * static_cast<size_t>(D);
+          std::fill(in_q.begin(), in_q.end(), 0);
+          for (int64_t d : dom[0][rq]) in_q[static_cast<size_t>(d)] = 1;
+          for (int64_t j = 0; j < Nk; ++j) {
+            const auto rk =
+                static_cast<size_t>((b * Hk + h / (H / Hk)) * Nk + j);
+            const LD s = share[0][rq] + share[1][rk];
+            if (s == 0) continue;
+            const LD* kr = x[1].data() + rk * static_cast<size_t>(D);
+            LD cos = 0, t = 0;
+            for (int64_t d = 0; d < D; ++d) cos += qr[d] * kr[d];
+            for (int64_t d : dom[0][rq]) t += std::fabs(qr[d] * kr[d]);
+            for (int64_t d : dom[1][rk])
+              if (!in_q[static_cast<size_t>(d)]) t += std::fabs(qr[d] * kr[d]);
+            worst = std::max(worst, std::fabs(cos) * s / 2 + t);
+          }
+        }
+  }
+  return kDotUnits + lambda_d * static_cast<double>(worst);
 }
 
 // x_hat's absolute resolution per ulp_c(0) in one normalization row of
@@ -181,13 +293,13 @@ double logit_amplitude(const AttentionCase& c) {
 
 // The pass's error, per f64 unit roundoff u (the derivation the header
 // promises). The pass computes each logit as a correct f64 kernel does, to
-// dS_ik = kDotUnits u A in the rule's model (it reads x_tilde rounded once
-// from long double, so no divisor term), and l_i in chunked sums: lse_i is
-// off by at most e = kDotUnits A + sum_units(kChunk) + 2 kOpUnits units
-// (exp, log). A sampled key row's oracle forms S_ij exactly and P_ij =
-// exp(S_ij - lse_i): every P_ij of row i scales by the same (1 - d lse_i),
-// so dV_jd = sum_i P_ij dO_id moves by e u dv_mag. delta_i = sum_k P_ik dP_ik
-// moves by sum_k P_ik (dS_ik - d lse_i) dP_ik = sum_k P_ik dS_ik (dP_ik -
+// dS_ik = dot u A in the rule's model (dot: the case's cosine_units; it reads
+// x_tilde rounded once from long double, so no divisor term), and l_i in
+// chunked sums: lse_i is off by at most e = dot A + sum_units(kChunk) +
+// 2 kOpUnits units (exp, log). A sampled key row's oracle forms S_ij exactly
+// and P_ij = exp(S_ij - lse_i): every P_ij of row i scales by the same (1 - d
+// lse_i), so dV_jd = sum_i P_ij dO_id moves by e u dv_mag. delta_i = sum_k P_ik
+// dP_ik moves by sum_k P_ik (dS_ik - d lse_i) dP_ik = sum_k P_ik dS_ik (dP_ik -
 // delta_i) - d lse_i delta_i, plus its own dots and chunked sums, u
 // (sum_units(D) + sum_units(kChunk)) Del_i. So dS_ij = P_ij (dP_ij -
 // delta_i) moves by at most
@@ -196,9 +308,10 @@ double logit_amplitude(const AttentionCase& c) {
 //  + u (sum_units(D) + sum_units(kChunk)) (the magnitudes P_ij Del_i).
 // soft_units = 2 e (also bounding dV's e), units = sum_units(D) +
 // sum_units(kChunk); dg sums both over dg_scale.
-void pass_units(double A, int64_t D, double* units, double* soft_units) {
+void pass_units(double A, double dot_units, int64_t D, double* units,
+                double* soft_units) {
   const double e =
-      kDotUnits * std::fabs(A) + sum_units(kPassChunk) + 2 * kOpUnits;
+      dot_units * std::fabs(A) + sum_units(kPassChunk) + 2 * kOpUnits;
   *soft_units = 2 * e;
   *units = sum_units(static_cast<double>(D)) + sum_units(kPassChunk);
 }

@@ -21,12 +21,24 @@ inline constexpr double kSumLambda = 8.0;
 inline constexpr double kOpUnits = 4.0;
 inline constexpr double kDotUnits = 4.0;
 inline constexpr double kIllConditioned = 100.0;
+// A channel of a logit operand row is dominant where its square is at least
+// kDominantRatio times the mean square of the row's smaller channels
+// (cosine_units; rule.h).
+inline constexpr double kDominantRatio = 64.0;
 
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
 // error of an n-term sum plus the few roundings around it (rule.h).
 double sum_units(double n);
-// softmax_units(A) = 2 kDotUnits |A|: the logits' conditioning (rule.h).
-double softmax_units(double amplitude);
+// softmax_units(A, dot) = 2 dot |A|: the logits' conditioning (rule.h), dot
+// the case's cosine_units.
+double softmax_units(double amplitude, double dot_units);
+
+// The cosine's units of the case (rule.h, dot): kDotUnits plus, for logit
+// operand rows concentrated on a few dominant channels, min(kSumLambda
+// sqrt(D), D - 1) times the largest over the case's (q row, k row) pairs of
+// |C| (s_q + s_k) / 2 + T (s: the rows' dominant shares, T: the dominant
+// channels' products).
+double cosine_units(const AttentionCase& c);
 
 // The logit amplitude A of the rule for the (rounded) case: |g| (the
 // paper's qknorm), |scale| max ||q_a|| max ||k_a|| over the logit operands'
@@ -54,7 +66,8 @@ long double logit_flip(const AttentionCase& c, const OperandMags& qm,
 // dK, dV and dg as units (times the magnitudes) and soft_units (times the
 // softmax terms): GivenRows::units, soft_units.
 inline constexpr int64_t kPassChunk = 16;
-void pass_units(double A, int64_t D, double* units, double* soft_units);
+void pass_units(double A, double dot_units, int64_t D, double* units,
+                double* soft_units);
 
 }  // namespace qknorm::validation
 

@@ -159,6 +159,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   // pass) LayerNorm's mean-shift logit change: every sampled row's tables
   // use them, as the full verdict does.
   so.amplitude = logit_amplitude(c);
+  const double dot = cosine_units(c);
   double flip = 0;
   if (p.variant == Variant::kQKNorm && p.norm.round_before_weight &&
       (s == Precision::kBF16 || s == Precision::kF16)) {
@@ -168,12 +169,13 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   }
   const auto t0 = Clock::now();
   const std::vector<LD> p_del = row_p_del(c);
-  Pass pass = run_pass(c, so.amplitude, p_del, opt.threads);
+  Pass pass = run_pass(c, so.amplitude, dot, p_del, opt.threads);
   so.pass_seconds = seconds_since(t0);
   so.pass_flops = pass.flops;
   so.given_units = pass.rows.units + pass.rows.soft_units;
   auto scope = [&](OracleAttention* o) {
     o->amplitude = so.amplitude;
+    o->cosine_units = dot;
     o->count_q_len = Nq;
     o->count_kv_len = Nk;
     o->logit_flip = flip;
@@ -294,7 +296,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         (p.norm.kind == NormKind::kRms || p.norm.kind == NormKind::kLayer))
       div = static_cast<double>(norm_rows(p, 0).len() - 1) / 2 +
             static_cast<double>(norm_rows(p, 1).len() - 1) / 2 + 2 * kOpUnits;
-    so.lse_units = (kDotUnits + div) * std::fabs(A) +
+    so.lse_units = (dot + div) * std::fabs(A) +
                    sum_units(static_cast<double>(Nk)) + pass.logit_shift;
     so.lse_abs = flip + kOpUnits * ulp(wf, 0);
     (void)uc;

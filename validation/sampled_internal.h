@@ -35,7 +35,8 @@ struct Pass {
 // [B, H, Nq] (sampled_pass.cc).
 std::vector<long double> row_p_del(const AttentionCase& c);
 // The pass over case c with the logit amplitude A, on `threads` threads.
-Pass run_pass(const AttentionCase& c, double A,
+// dot_units: the case's cosine_units (rule_terms.h).
+Pass run_pass(const AttentionCase& c, double A, double dot_units,
               const std::vector<long double>& p_del, int threads);
 
 }  // namespace qknorm::validation

@@ -295,8 +295,8 @@ std::vector<LD> row_p_del(const AttentionCase& c) {
   return out;
 }
 
-Pass run_pass(const AttentionCase& c, double A, const std::vector<LD>& p_del,
-              int threads) {
+Pass run_pass(const AttentionCase& c, double A, double dot_units,
+              const std::vector<LD>& p_del, int threads) {
   const AttentionProblem& p = c.problem;
   const int64_t B = p.batch, H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len,
                 Nk = p.kv_len, D = p.head_dim, group = H / Hk;
@@ -390,7 +390,7 @@ Pass run_pass(const AttentionCase& c, double A, const std::vector<LD>& p_del,
   out.rows.del.assign(nrows, 0);
   out.rows.ds_l1.assign(nrows, 0);
   out.rows.o_abs.assign(nrows, 0);
-  pass_units(A, D, &out.rows.units, &out.rows.soft_units);
+  pass_units(A, dot_units, D, &out.rows.units, &out.rows.soft_units);
   // Work items: blocks of kRows query rows of one (b, h).
   // Larger blocks read K and V from memory fewer times: 64 rows ran the
   // whole pass at n = 8192 about 15% faster than 16 (their S, dP and P
