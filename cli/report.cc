@@ -370,15 +370,16 @@ void print_table(std::ostream& out, const Report& rep) {
   }
   out << fmt::format(
       "rule (validation/rule.h), per element: |x - oracle| <= "
-      "u_c (sum_units(n) + {:g} |A|) M + ulp_fmt(|oracle|)/2 (+ stored-O and "
-      "subnormal terms), M = the element's magnitude before cancellation, "
+      "u_c (sum_units(n) + 2 dot |A|) M + ulp_fmt(|oracle|)/2 (+ stored-O and "
+      "subnormal terms), dot = {:g} (+ the cosine units of rows with dominant "
+      "channels), M = the element's magnitude before cancellation, "
       "sum_units(n) = {:g} sqrt(n) + {:g};\n"
       "      margin = the worst element's |error| / its bound (> 1 fails), "
       "over every field and case; the element is shown as field "
       "c<case>[b,h,n,d].\n"
       "      \"x naive\" = max err / naive max err (statistics only). "
       "ULP figures and everything else: --json.\n\n",
-      2 * validation::kDotUnits, validation::kSumLambda, validation::kOpUnits);
+      validation::kDotUnits, validation::kSumLambda, validation::kOpUnits);
   print_kind(out, rep, "attention", {}, true);
   out << "\n";
   print_kind(out, rep, "scalenorm", {}, false);
@@ -492,12 +493,15 @@ std::string to_json(const Report& rep) {
       {"sum_lambda", validation::kSumLambda},
       {"op_units", validation::kOpUnits},
       {"dot_units", validation::kDotUnits},
+      {"dominant_ratio", validation::kDominantRatio},
       {"ill_conditioned", validation::kIllConditioned},
       {"text",
        "componentwise (validation/rule.h): |x_e - oracle_e| <= delta_e "
        "+ ulp_fmt(|oracle_e| + delta_e) / 2, delta_e = u_c (sum_lambda "
-       "sqrt(n_e) + op_units + 2 dot_units |A|) M_e + u_s R_e + ulp_s(0) "
-       "So_e + ulp_c(0) Sc_e"}};
+       "sqrt(n_e) + op_units + 2 dot |A|) M_e + u_s R_e + ulp_s(0) "
+       "So_e + ulp_c(0) Sc_e; dot = dot_units, plus the cosine units of "
+       "rows with dominant channels (a share >= dominant_ratio x the rest's "
+       "mean square)"}};
   j["cases"] = rep.cases;
   {
     nlohmann::json cc = nlohmann::json::array();
