@@ -42,6 +42,14 @@ std::string first_message(const AgreementReport& r, DiagnosisKind k) {
   return "";
 }
 
+// Records the first diagnosis's message in the gtest output
+// (--gtest_output=json:FILE, property "diagnosis"): the messages a release
+// note quotes come from this test's own cases.
+void record(const AgreementReport& r) {
+  if (!r.diagnoses.empty())
+    testing::Test::RecordProperty("diagnosis", r.diagnoses[0].message);
+}
+
 std::string all(const AgreementReport& r) {
   std::string s = r.failure_message();
   if (r.diagnoses.empty()) s += "(no diagnosis)";
@@ -68,6 +76,7 @@ TEST(Diagnose, NormRangeOnFarRows) {
   ASSERT_FALSE(r.pass);
   ASSERT_FALSE(r.diagnoses.empty()) << all(r);
   EXPECT_EQ(r.diagnoses[0].kind, DiagnosisKind::kNormRange) << all(r);
+  record(r);
   EXPECT_NE(r.diagnoses[0].message.find("failing rows (dq, dk) are exactly "
                                         "q/k rows with ||x|| > 1.8e+19, "
                                         "where the f32 sum of squares "
@@ -90,6 +99,7 @@ TEST(Diagnose, NonFiniteOnFullyMaskedRows) {
   ASSERT_FALSE(r.pass);
   ASSERT_FALSE(r.diagnoses.empty()) << all(r);
   EXPECT_EQ(r.diagnoses[0].kind, DiagnosisKind::kMaskedRowNonFinite);
+  record(r);
   EXPECT_NE(r.diagnoses[0].message.find(
                 "non-finite o/lse/dq failures sit on 14 fully masked query "
                 "rows"),
@@ -107,6 +117,7 @@ TEST(Diagnose, SixteenBitAccumulators) {
     ASSERT_FALSE(r.pass) << name;
     ASSERT_FALSE(r.diagnoses.empty()) << all(r);
     EXPECT_EQ(r.diagnoses[0].kind, DiagnosisKind::kSixteenBit) << all(r);
+    record(r);
     EXPECT_NE(r.diagnoses[0].message.find(
                   std::string(name).find("pv") != std::string::npos
                       ? "the softmax or P.V computed in 16 bits"
@@ -123,6 +134,7 @@ TEST(Diagnose, GqaGroupSumMissing) {
   ASSERT_FALSE(r.pass);
   ASSERT_FALSE(r.diagnoses.empty()) << all(r);
   EXPECT_EQ(r.diagnoses[0].kind, DiagnosisKind::kGqaGroupSum) << all(r);
+  record(r);
   EXPECT_NE(r.diagnoses[0].message.find(
                 "with 4 query heads per kv head, dk, dv fail while o, lse, "
                 "dq pass"),
@@ -143,6 +155,7 @@ TEST(Diagnose, RowsAfterTheLastFullBlock) {
   ASSERT_FALSE(r.pass);
   ASSERT_FALSE(r.diagnoses.empty()) << all(r);
   EXPECT_EQ(r.diagnoses[0].kind, DiagnosisKind::kTailBlock) << all(r);
+  record(r);
   EXPECT_NE(r.diagnoses[0].message.find("without query rows >= 32 of q_len "
                                         "40"),
             std::string::npos)
@@ -168,6 +181,7 @@ TEST(Diagnose, ParameterGradientAlone) {
   ASSERT_FALSE(r.pass);
   ASSERT_EQ(r.diagnoses.size(), 1u) << all(r);
   EXPECT_EQ(r.diagnoses[0].kind, DiagnosisKind::kParameterGradient);
+  record(r);
   EXPECT_NE(r.diagnoses[0].message.find("dg fail(s)"), std::string::npos)
       << all(r);
   EXPECT_NE(r.diagnoses[0].message.find("while o, lse, dq, dk, dv pass"),
