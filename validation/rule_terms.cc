@@ -32,8 +32,12 @@ constexpr double kCosinePairWork = 1 << 27;
 LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
   std::vector<int64_t> idx(static_cast<size_t>(D));
   for (int64_t d = 0; d < D; ++d) idx[static_cast<size_t>(d)] = d;
-  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
-    return x[a] * x[a] > x[b] * x[b];
+  // Ties by index: the order of a stable sort, without its temporary
+  // buffer (operator new(nothrow), which the allocation-counting tests of
+  // blas_path/ do not replace: ASan's alloc-dealloc mismatch).
+  std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    const LD sa = x[a] * x[a], sb = x[b] * x[b];
+    return sa != sb ? sa > sb : a < b;
   });
   LD total = 0;  // smallest first
   for (int64_t d = D - 1; d >= 0; --d) {
