@@ -97,8 +97,20 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   checked_attention_forward(b, p, bufs.forward_args(), ws, cfg);
   if (!backward) return bufs.result(false);
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
-  if (feed.input != BackwardInput::kNotRun)
+  if (feed.input != BackwardInput::kNotRun) {
     checked_attention_backward(b, p, bufs.backward_args(), ws, cfg);
+  } else {
+    // The backward does not run, but the caller's own backward input is
+    // still validated: a non-finite dO is the caller's error
+    // (qknorm::Error), as the backward's front door would say (found by the
+    // CI's attention fuzzer: dO = inf on a case whose forward lse overflows
+    // was accepted).
+    const BackwardArgs a = bufs.backward_args();
+    validate_tensor("d_o", a.d_o.data, a.d_o.size, a.d_o.layout, p.batch,
+                    p.heads, p.q_len, p.head_dim);
+    validate_finite("d_o", a.d_o.data, a.d_o.layout, p.batch, p.heads, p.q_len,
+                    p.head_dim, b.precision());
+  }
   return fed_result(bufs, std::move(feed));
 }
 }  // namespace
