@@ -61,6 +61,7 @@ void emit(const std::string& path, const std::string& text, std::ostream& out) {
 struct Common {
   SuiteOptions suite;
   int threads = 0;
+  int jobs = 0;  // --jobs (0: jobs_for(threads))
   std::string json, csv;
   bool no_timing = false;
   std::vector<std::string> plugins;
@@ -160,6 +161,14 @@ void add_common(CLI::App& app, Common& c) {
                  "Threads per entry call (0: all cores)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--jobs", c.jobs,
+                 "Steps judged at once (oracles, naive baselines, (case, "
+                 "entry) checks), one worker each (0: one per core, or cores "
+                 "/ --threads if --threads > 1); entries then run with one "
+                 "thread each. Verdicts, margins and the exit status are "
+                 "the same at any job count; 1: the serial order")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--json", c.json,
                  "Also write the full report as JSON to FILE ('-': stdout, "
                  "replacing the table)")
@@ -198,6 +207,15 @@ void add_common(CLI::App& app, Common& c) {
   app.add_flag("--isolate", c.isolate,
                "Run every plug-in call in a child process: a crash is that "
                "entry's FAIL, not the end of the run");
+}
+
+// The workers of a run: --jobs if given, else one per core, or as many as
+// --threads leaves whole cores for (each entry call then owns its threads).
+int jobs_for(const Common& c) {
+  if (c.jobs > 0) return c.jobs;
+  const int cores =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return c.threads > 1 ? std::max(1, cores / c.threads) : cores;
 }
 
 // Loads --plugin libraries before anything reads the registry.
@@ -397,6 +415,7 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   rep.machine = machine_info(all_backends());
   rep.seed = c.suite.seed;
   rep.threads = c.threads;
+  rep.jobs = jobs_for(c);
   rep.classes = parse_classes(c.suite.classes);  // build_suite checked them
   for (const AttentionSpec& s : suite.attention) {
     rep.cases.push_back(describe_case(s));
@@ -409,6 +428,7 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   }
   RunOptions opt;
   opt.exec.threads = c.threads;
+  opt.jobs = jobs_for(c);
   opt.time_forward = !c.no_timing;
   opt.sample_rows = c.sample;
   opt.sample_seed = sample_seed;
@@ -512,6 +532,13 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
            "their reports name each case's class)\n";
     return kExitUsage;
   }
+  if (common.jobs > 1 && common.threads > 1) {
+    // OpenBLAS's thread count is global to the process: entries that set
+    // their own on several workers at once would race on it.
+    err << "qknorm-check: --jobs > 1 with --threads > 1: give one of them "
+           "(--threads T alone runs cores / T jobs)\n";
+    return kExitUsage;
+  }
   if (!load_plugins(common, err)) return kExitInput;
   if (*sweep) {
     sweep_opt.max_seconds = common.max_seconds;
@@ -523,7 +550,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
                      progress);
   if (*compare)
     return run_compare(cmp_opt, common.suite, common.json, out, err);
-  if (*mutants) return run_mutants(mut_opt, common.suite, out, err, progress);
+  if (*mutants) {
+    if (mut_opt.jobs == 0) mut_opt.jobs = common.jobs;  // --jobs before it
+    return run_mutants(mut_opt, common.suite, out, err, progress);
+  }
   return run_default(common, out, err, progress);
 }
 

@@ -337,14 +337,16 @@ void print_table(std::ostream& out, const Report& rep) {
                         classes_text(rep.classes)));
   out << fmt::format(
       "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {} ({}), "
-      "{} threads; entry threads: {}\n",
+      "{} threads; entry threads: {}; jobs: {}\n",
       m.cpu, m.cores, targets, m.openblas_core,
       m.openblas_coretype.empty()
           ? std::string("picked for this CPU")
           : "forced: OPENBLAS_CORETYPE=" + m.openblas_coretype,
       m.openblas_threads,
-      rep.threads == 0 ? std::string("all cores")
-                       : std::to_string(rep.threads));
+      rep.threads == 0
+          ? std::string(rep.jobs > 1 ? "1 (jobs > 1)" : "all cores")
+          : std::to_string(rep.threads),
+      rep.jobs);
   out << "cases:\n";
   for (size_t i = 0; i < rep.cases.size(); ++i) {
     out << fmt::format("  [{}] {:<13} {}\n", i,
@@ -409,6 +411,7 @@ std::string to_json(const Report& rep) {
   j["tool"] = rep.title;
   j["seed"] = rep.seed;
   j["threads"] = rep.threads;
+  j["jobs"] = rep.jobs;
   j["seconds"] = rep.seconds;
   if (!rep.estimate.empty()) {
     j["estimate_seconds"] = rep.estimate_s;

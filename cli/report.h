@@ -19,6 +19,7 @@ struct Report {
   uint64_t seed = 0;
   bool seeded = true;  // false: the cases came from files (compare)
   int threads = 0;
+  int jobs = 1;                    // RunOptions::jobs of the run
   std::vector<std::string> cases;  // case descriptions, in suite order
   // Each case's input class (validation/case.h), parallel to `cases`.
   std::vector<validation::InputClass> case_classes;

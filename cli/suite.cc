@@ -4,14 +4,18 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
+#include "cli/pool.h"
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/name_table.h"
@@ -574,10 +578,33 @@ double forward_gflops(const Backend& b, const AttentionProblem& p,
   return best > 0 ? flops / best * 1e-9 : 0;
 }
 
+namespace {
+
+// One step of run_suite: an oracle or naive baseline of a (case, precision),
+// an (entry, case) judgement, or an (entry, ScaleNorm case) judgement. The
+// plan lists them in the serial order (--jobs 1 runs them in that order).
+struct Task {
+  enum Kind { kOracle, kNaive, kAttention, kScaleNorm } kind = kAttention;
+  size_t ci = 0, pi = 0, ei = 0;  // case, precision, entry
+  // Tasks this one waits for (indices into the plan): an oracle before its
+  // naive baseline, both before the entries of their precision.
+  std::vector<size_t> deps;
+  size_t sample_slot = 0;  // kOracle: its place in CaseCost::samples
+  bool started = false, done = false;
+};
+
+}  // namespace
+
 std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
                                 const Suite& suite, const RunOptions& opt) {
   const int per_entry =
       static_cast<int>(suite.attention.size() + suite.scalenorm.size());
+  const int jobs = resolve_jobs(opt.jobs);
+  // Entries that thread internally run on one thread each when several
+  // run at once (unless RunOptions::exec.threads says otherwise): the pool
+  // already keeps every core busy, and OpenBLAS's thread count is global to
+  // the process. The sampled oracle's threads and the timing keep opt.exec.
+  const ExecConfig exec = pooled_exec(opt.exec, jobs);
   Progress pr;
   pr.total = per_entry * static_cast<int>(entries.size());
   pr.est_total = opt.costs ? opt.costs->total() : 0;
@@ -587,8 +614,10 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     const auto& t = opt.costs->*table;
     return i < t.size() && j < t[i].size() ? static_cast<double>(t[i][j]) : 0.0;
   };
+  std::mutex progress_mu;  // guards pr and the progress callback
   auto report = [&](const std::string& what) {
     if (!opt.progress) return;
+    std::lock_guard<std::mutex> lock(progress_mu);
     pr.what = what;
     opt.progress(pr);
   };
@@ -606,73 +635,236 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
   for (const Backend* b : entries) {
     attn.push_back(make_row(*b, "attention"));
     sn.push_back(make_row(*b, "scalenorm"));
+    // Results land in their slot by index, whatever order they finish in.
+    if (b->available()) {
+      attn.back().cases.resize(suite.attention.size());
+      sn.back().cases.resize(suite.scalenorm.size());
+    }
   }
   const bool sampled = opt.sample_rows > 0;
-  // Attention: case by case, so that every entry of a precision shares the
-  // case's oracle and naive baseline (SharedCase). A precision's shared
-  // data is dropped after its last entry (long cases hold 0.5 GB each).
-  for (size_t ci = 0; ci < suite.attention.size(); ++ci) {
+  const size_t n_cases = suite.attention.size();
+
+  // The plan, case-major in the serial order: per case, each precision's
+  // oracle (and naive baseline) before the first entry that needs it.
+  std::vector<Task> plan;
+  std::vector<size_t> case_end(n_cases);  // plan index past case ci
+  std::vector<validation::SampleOptions> sample_opt(n_cases);
+  std::vector<size_t> n_samples(n_cases, 0);
+  // [case][precision]: entry judgements left before the shared data can go.
+  std::vector<std::array<int, 4>> users(n_cases, std::array<int, 4>{});
+  for (size_t ci = 0; ci < n_cases; ++ci) {
     const AttentionSpec& s = suite.attention[ci];
-    const auto t_case = Clock::now();
-    CaseCost cost;
-    std::array<SharedCase, 4> shared;
-    std::array<size_t, 4> last{};
-    for (size_t ei = 0; ei < entries.size(); ++ei)
-      last[static_cast<size_t>(entries[ei]->precision())] = ei;
-    validation::SampleOptions sample_opt = shared[0].sample;
-    if (sampled) {
-      sample_opt = sample_options(entries, s.problem, opt.sample_rows,
-                                  opt.sample_seed, opt.exec.threads);
-      for (SharedCase& sh : shared) sh.sample = sample_opt;
-    }
+    sample_opt[ci] = SharedCase{}.sample;
+    if (sampled)
+      sample_opt[ci] = sample_options(entries, s.problem, opt.sample_rows,
+                                      opt.sample_seed, opt.exec.threads);
+    std::array<size_t, 4> oracle_at, naive_at;
+    oracle_at.fill(SIZE_MAX);
+    naive_at.fill(SIZE_MAX);
     for (size_t ei = 0; ei < entries.size(); ++ei) {
       const Backend& b = *entries[ei];
+      if (!attn[ei].available) continue;
       const auto pi = static_cast<size_t>(b.precision());
-      if (attn[ei].available) {
-        // The shared slot's lock is held while its oracle and naive
-        // baseline are made; the entry's judgement only reads them.
-        SharedCase* shp = &shared[pi];
-        std::unique_lock<std::mutex> lock;
-        if (opt.oracles) {
-          SharedOracles::Impl::Slot& slot =
-              opt.oracles->impl->slot(suite, ci, pi);
-          lock = std::unique_lock<std::mutex>(slot.mu);
-          shp = &slot.sh;
-          if (!shp->made) shp->sample = sample_opt;
+      Task t;
+      t.ci = ci;
+      t.pi = pi;
+      t.ei = ei;
+      if (b.supports(s.problem)) {
+        if (oracle_at[pi] == SIZE_MAX) {
+          oracle_at[pi] = plan.size();
+          Task o = t;
+          o.kind = Task::kOracle;
+          o.sample_slot = n_samples[ci]++;
+          plan.push_back(o);
         }
-        SharedCase& sh = *shp;
-        if (b.supports(s.problem) && !sh.made) {
-          report(std::string(sampled ? "sampled oracle " : "oracle ") +
-                 std::string(name(b.precision())));
-          make_oracle(s, b.precision(), &sh);
-          pr.est_done += step_cost(&StepCosts::oracle, ci, pi);
-          cost.oracle_seconds += sh.oracle_seconds;
-          if (sampled && sh.error.empty()) {
-            cost.samples.push_back(sh.so);
-            cost.samples.back().tables.clear();
-          }
+        if (!is_reference(b) && !sampled && naive_at[pi] == SIZE_MAX) {
+          naive_at[pi] = plan.size();
+          Task nv = t;
+          nv.kind = Task::kNaive;
+          nv.deps = {oracle_at[pi]};
+          plan.push_back(nv);
         }
-        if (b.supports(s.problem) && wants_naive(b, sh) && !sh.naive_made &&
-            sh.error.empty()) {
-          report(validation::naive_for(b.precision()).name() +
-                 " (naive baseline)");
-          make_naive(b.precision(), &sh);
-          pr.est_done += step_cost(&StepCosts::naive, ci, pi);
-          cost.naive_seconds += sh.naive_seconds;
-        }
-        if (lock.owns_lock()) lock.unlock();
-        report(b.name());
-        const auto t0 = Clock::now();
-        attn[ei].cases.push_back(judge_attention_shared(b, s, opt.exec, &sh));
-        cost.entries_seconds += seconds_since(t0);
-        pr.est_done += step_cost(&StepCosts::entry, ci, ei);
+        t.deps.push_back(oracle_at[pi]);
+        if (!is_reference(b) && !sampled) t.deps.push_back(naive_at[pi]);
       }
-      ++pr.done;
-      if (ei == last[pi]) shared[pi] = SharedCase{};
+      t.kind = Task::kAttention;
+      ++users[ci][pi];
+      plan.push_back(t);
     }
-    cost.seconds = seconds_since(t_case);
-    if (opt.case_costs) opt.case_costs->push_back(std::move(cost));
+    case_end[ci] = plan.size();
   }
+  // ScaleNorm judgements hold no shared data: any worker takes them when
+  // no attention step is ready.
+  for (size_t ei = 0; ei < entries.size(); ++ei)
+    for (size_t ci = 0; ci < suite.scalenorm.size(); ++ci)
+      if (sn[ei].available) {
+        Task t;
+        t.kind = Task::kScaleNorm;
+        t.ci = ci;
+        t.ei = ei;
+        plan.push_back(t);
+      }
+
+  // The shared data of the cases in flight, [case][precision].
+  std::vector<std::array<std::unique_ptr<SharedCase>, 4>> shared(n_cases);
+  std::vector<CaseCost> costs(n_cases);
+  std::vector<std::vector<std::optional<validation::SampledOracle>>> samples(
+      n_cases);
+  std::vector<size_t> case_left(n_cases, 0);
+  for (const Task& t : plan)
+    if (t.kind != Task::kScaleNorm) ++case_left[t.ci];
+  for (size_t ci = 0; ci < n_cases; ++ci) samples[ci].resize(n_samples[ci]);
+
+  // The shared slot of (ci, pi): the caller's SharedOracles (its mutex held
+  // while the oracle or naive baseline is made) or this call's own.
+  auto slot_of = [&](const Task& t) -> std::pair<SharedCase*, std::mutex*> {
+    if (opt.oracles) {
+      SharedOracles::Impl::Slot& slot =
+          opt.oracles->impl->slot(suite, t.ci, t.pi);
+      return {&slot.sh, &slot.mu};
+    }
+    return {shared[t.ci][t.pi].get(), nullptr};
+  };
+  std::mutex mu;  // guards the plan's flags, shared[], costs, the window
+  std::condition_variable cv;
+  size_t first_open = 0;  // first attention case not finished
+
+  // Runs task t (mu not held).
+  auto run_task = [&](Task& t) {
+    const auto t0 = Clock::now();
+    if (t.kind == Task::kScaleNorm) {
+      const Backend& b = *entries[t.ei];
+      report(b.name());
+      sn[t.ei].cases[t.ci] = judge_scalenorm(b, suite.scalenorm[t.ci], exec);
+      return;
+    }
+    const AttentionSpec& s = suite.attention[t.ci];
+    const Backend& b = *entries[t.ei];
+    auto [sh, slot_mu] = slot_of(t);
+    std::unique_lock<std::mutex> lock;
+    if (slot_mu) lock = std::unique_lock<std::mutex>(*slot_mu);
+    double oracle_s = 0, naive_s = 0, entry_s = 0;
+    std::optional<validation::SampledOracle> sample;
+    if (t.kind == Task::kOracle) {
+      if (!sh->made) {
+        sh->sample = sample_opt[t.ci];
+        report(std::string(sampled ? "sampled oracle " : "oracle ") +
+               std::string(name(b.precision())));
+        make_oracle(s, b.precision(), sh);
+        oracle_s = sh->oracle_seconds;
+        if (sampled && sh->error.empty()) {
+          sample = sh->so;
+          sample->tables.clear();
+        }
+      }
+    } else if (t.kind == Task::kNaive) {
+      if (!sh->naive_made && sh->error.empty()) {
+        report(validation::naive_for(b.precision()).name() +
+               " (naive baseline)");
+        make_naive(b.precision(), sh);
+        naive_s = sh->naive_seconds;
+      }
+    } else {
+      if (lock.owns_lock()) lock.unlock();  // the judgement only reads
+      report(b.name());
+      attn[t.ei].cases[t.ci] = judge_attention_shared(b, s, exec, sh);
+      entry_s = seconds_since(t0);
+    }
+    if (lock.owns_lock()) lock.unlock();
+    std::lock_guard<std::mutex> g(mu);
+    CaseCost& c = costs[t.ci];
+    c.oracle_seconds += oracle_s;
+    c.naive_seconds += naive_s;
+    c.entries_seconds += entry_s;
+    c.seconds += seconds_since(t0);
+    if (sample) samples[t.ci][t.sample_slot] = std::move(*sample);
+  };
+  // The step's estimate, added to Progress::est_done when it finishes.
+  auto estimate_of = [&](const Task& t) {
+    switch (t.kind) {
+      case Task::kOracle:
+        return step_cost(&StepCosts::oracle, t.ci, t.pi);
+      case Task::kNaive:
+        return step_cost(&StepCosts::naive, t.ci, t.pi);
+      case Task::kAttention:
+        return step_cost(&StepCosts::entry, t.ci, t.ei);
+      case Task::kScaleNorm:
+        return 0.0;
+    }
+    return 0.0;
+  };
+  // The next task a worker may start (mu held): the first in plan order
+  // whose dependencies are done, among the attention cases in flight (at
+  // most `jobs` at once: a long case's shared data is ~0.5 GB per
+  // precision) and the ScaleNorm judgements; plan.size() if none.
+  auto next_task = [&]() -> size_t {
+    const size_t window_end = std::min(n_cases, first_open + jobs);
+    const size_t attn_end = window_end == 0 ? 0 : case_end[window_end - 1];
+    const size_t sn_begin = n_cases == 0 ? 0 : case_end[n_cases - 1];
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (i >= attn_end && i < sn_begin) {
+        i = sn_begin - 1;
+        continue;
+      }
+      const Task& t = plan[i];
+      if (t.started) continue;
+      if (std::all_of(t.deps.begin(), t.deps.end(),
+                      [&](size_t d) { return plan[d].done; }))
+        return i;
+    }
+    return plan.size();
+  };
+  size_t finished = 0;
+  auto worker = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (finished < plan.size()) {
+      const size_t i = next_task();
+      if (i == plan.size()) {
+        cv.wait(lock);
+        continue;
+      }
+      Task& t = plan[i];
+      t.started = true;
+      if (t.kind != Task::kScaleNorm) {
+        if (!opt.oracles && !shared[t.ci][t.pi])
+          shared[t.ci][t.pi] = std::make_unique<SharedCase>();
+      }
+      lock.unlock();
+      run_task(t);
+      lock.lock();
+      t.done = true;
+      ++finished;
+      {
+        std::lock_guard<std::mutex> g(progress_mu);
+        pr.est_done += estimate_of(t);
+        if (t.kind == Task::kAttention || t.kind == Task::kScaleNorm) ++pr.done;
+      }
+      if (t.kind != Task::kScaleNorm) {
+        // A precision's shared data goes with its last entry's judgement.
+        if (t.kind == Task::kAttention && --users[t.ci][t.pi] == 0)
+          shared[t.ci][t.pi].reset();
+        --case_left[t.ci];
+        while (first_open < n_cases && case_left[first_open] == 0) ++first_open;
+      }
+      cv.notify_all();
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    const size_t n_workers =
+        std::min(static_cast<size_t>(jobs), std::max<size_t>(1, plan.size()));
+    for (size_t w = 1; w < n_workers; ++w) pool.emplace_back(worker);
+    worker();  // the calling thread is worker 0
+    for (std::thread& th : pool) th.join();
+  }
+  for (size_t ci = 0; ci < n_cases; ++ci) {
+    CaseCost& c = costs[ci];
+    for (std::optional<validation::SampledOracle>& so : samples[ci])
+      if (so) c.samples.push_back(std::move(*so));
+    if (opt.case_costs) opt.case_costs->push_back(std::move(c));
+  }
+  // The forward timing runs alone, after every judgement: nothing else
+  // shares the machine's cores while it measures.
   for (size_t ei = 0; ei < entries.size(); ++ei) {
     const Backend& b = *entries[ei];
     if (!attn[ei].available || suite.attention.empty() || !opt.time_forward)
@@ -685,16 +877,6 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     }
     if (opt.costs && ei < opt.costs->timing.size())
       pr.est_done += opt.costs->timing[ei];
-  }
-  for (size_t ei = 0; ei < entries.size(); ++ei) {
-    const Backend& b = *entries[ei];
-    for (const ScaleNormSpec& s : suite.scalenorm) {
-      if (sn[ei].available) {
-        report(b.name());
-        sn[ei].cases.push_back(judge_scalenorm(b, s, opt.exec));
-      }
-      ++pr.done;
-    }
   }
   std::vector<EntryRow> rows;
   for (size_t ei = 0; ei < entries.size(); ++ei) {

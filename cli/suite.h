@@ -191,7 +191,9 @@ struct Progress {
 // oracles (sampled mode: one per storage precision computed, `tables`
 // dropped).
 struct CaseCost {
-  double seconds = 0;          // the whole case, wall time
+  // The whole case: the wall time of its steps, summed over the workers
+  // that ran them (RunOptions::jobs; cases overlap when jobs > 1).
+  double seconds = 0;
   double oracle_seconds = 0;   // the oracles (sampled: pass + rows + setup)
   double naive_seconds = 0;    // the naive baselines (full mode)
   double entries_seconds = 0;  // the entries' runs and verdicts
@@ -218,6 +220,16 @@ class SharedOracles {
 
 struct RunOptions {
   ExecConfig exec;
+  // Workers judging at once (0: one per core; 1: the serial order). The
+  // steps (each (case, precision)'s oracle and naive baseline, each (case,
+  // entry) and (ScaleNorm case, entry) judgement) run on a pool, case-major,
+  // at most `jobs` attention cases in flight (their shared data is alive);
+  // each result lands in its slot by index, so the rows are the same at any
+  // job count. With jobs > 1 and exec.threads == 0, entries run with one
+  // thread each (the pool keeps the cores busy; OpenBLAS's thread count is
+  // global to the process). The forward timing runs after the judging,
+  // alone, with `exec` as given.
+  int jobs = 1;
   // Oracles shared with other calls on the same suite (null: this call's
   // own, dropped after each precision's last entry).
   SharedOracles* oracles = nullptr;
