@@ -540,6 +540,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
     return kExitUsage;
   }
   if (!load_plugins(common, err)) return kExitInput;
+  power_opt.jobs = sweep_opt.jobs = jobs_for(common);
   if (*sweep) {
     sweep_opt.max_seconds = common.max_seconds;
     return run_sweep(sweep_opt, common.suite, common.threads, out, err,

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cli/app.h"
+#include "cli/pool.h"
 #include "cli/sweep.h"
 #include "qknorm/error.h"
 #include "qknorm/name_table.h"
@@ -644,8 +645,8 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
     err << "qknorm-check power: " << e.what() << "\n";
     return kExitUsage;
   }
-  ExecConfig exec;
-  exec.threads = threads;
+  // Entries run on the pool (o.jobs), one thread each unless --threads.
+  const ExecConfig exec = pooled_exec(ExecConfig{threads}, o.jobs);
   TorchDump dump(o.torch_dump);
   PowerRun pr;
   for (size_t pi = 0; pi < precs.size(); ++pi) {
@@ -665,85 +666,97 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
                                  precs.size() * dists.size(), name(p),
                                  validation::name(d))
                   << std::flush;
-      std::vector<CaseData> cases;
-      validation::InputClass cls = validation::InputClass::kRealistic;
-      for (size_t ci = 0; ci < problems.size(); ++ci) {
-        CaseData cd;
+      // The cases (oracle and tables), then every (case, entry) run, each on
+      // the pool into its own slot; the messages are gathered in the
+      // serial order after.
+      std::vector<CaseData> cases(problems.size());
+      parallel_for(problems.size(), o.jobs, [&](size_t ci) {
+        CaseData& cd = cases[ci];
         cd.rc = validation::round_inputs(
             validation::make_attention_case(
                 problems[ci], d, s.seed + di * problems.size() + ci, p),
             p);
         cd.orc = validation::oracle_attention(cd.rc);
+        cd.tables = validation::attention_tolerances(cd.rc, p, cd.orc, false);
+      });
+      validation::InputClass cls = validation::InputClass::kRealistic;
+      for (const CaseData& cd : cases) {
         // Precedence (case.h): extreme-range, then degenerate.
         const validation::InputClass k = validation::input_class(cd.rc);
         if (k == validation::InputClass::kExtremeRange ||
             cls == validation::InputClass::kRealistic)
           cls = k;
-        cd.tables = validation::attention_tolerances(cd.rc, p, cd.orc, false);
-        cases.push_back(std::move(cd));
       }
-      std::vector<RunData> runs;
-      for (size_t ci = 0; ci < cases.size(); ++ci)
-        for (const Backend* b : entries) {
-          RunData run;
-          run.entry = b;
-          run.case_index = ci;
-          const CaseData& cd = cases[ci];
-          const std::string where =
-              fmt::format("{} on {} class={}", b->name(), cd.rc.describe(),
-                          validation::name(validation::input_class(cd.rc)));
-          try {
-            run.res = validation::run_attention(*b, cd.rc, exec);
-          } catch (const std::exception& e) {
-            run.error = e.what();
-          }
-          ++pr.runs;
-          if (!run.error.empty()) {
-            pr.qk_false.push_back(where + ": the entry threw: " + run.error);
-            pr.ac_false.push_back(where + ": the entry threw");
-            for (Field f : kAllFields)
-              run.qk_field[f] = run.ac_field[f] = false;
-            runs.push_back(std::move(run));
-            continue;
-          }
-          const validation::AgreementReport rep = validation::judge_attention(
-              cd.rc, p, cd.orc, run.res, nullptr, false, b->name(), "");
-          run.qk_pass = rep.pass;
-          for (const auto& fv : rep.fields) run.qk_field[fv.id] = fv.pass;
-          if (!rep.pass) pr.qk_false.push_back(rep.failure_message());
-          run.ac_pass = true;
-          std::string msgs;
-          for (Field f : kAllFields) {
-            std::string first;
-            const int64_t bad = assert_close_field(
-                cd.table(f), field_values(run.res, f), p, &first);
-            run.ac_field[f] = bad == 0;
-            if (bad) {
-              run.ac_pass = false;
-              msgs += fmt::format(
-                  "\n    {}: {} of {} elements not close; "
-                  "first: {}",
-                  tensor_name(f), bad, cd.table(f).expected.size(), first);
-            }
-          }
-          if (!run.ac_pass) pr.ac_false.push_back(where + ":" + msgs);
-          runs.push_back(std::move(run));
+      std::vector<RunData> runs(cases.size() * entries.size());
+      parallel_for(runs.size(), o.jobs, [&](size_t ri) {
+        const Backend* b = entries[ri % entries.size()];
+        RunData& run = runs[ri];
+        run.entry = b;
+        run.case_index = ri / entries.size();
+        const CaseData& cd = cases[run.case_index];
+        const std::string where =
+            fmt::format("{} on {} class={}", b->name(), cd.rc.describe(),
+                        validation::name(validation::input_class(cd.rc)));
+        try {
+          run.res = validation::run_attention(*b, cd.rc, exec);
+        } catch (const std::exception& e) {
+          run.error = e.what();
         }
+        if (!run.error.empty()) {
+          run.qk_message = where + ": the entry threw: " + run.error;
+          run.ac_message = where + ": the entry threw";
+          for (Field f : kAllFields) run.qk_field[f] = run.ac_field[f] = false;
+          return;
+        }
+        const validation::AgreementReport rep = validation::judge_attention(
+            cd.rc, p, cd.orc, run.res, nullptr, false, b->name(), "");
+        run.qk_pass = rep.pass;
+        for (const auto& fv : rep.fields) run.qk_field[fv.id] = fv.pass;
+        if (!rep.pass) run.qk_message = rep.failure_message();
+        run.ac_pass = true;
+        std::string msgs;
+        for (Field f : kAllFields) {
+          std::string first;
+          const int64_t bad = assert_close_field(
+              cd.table(f), field_values(run.res, f), p, &first);
+          run.ac_field[f] = bad == 0;
+          if (bad) {
+            run.ac_pass = false;
+            msgs += fmt::format(
+                "\n    {}: {} of {} elements not close; "
+                "first: {}",
+                tensor_name(f), bad, cd.table(f).expected.size(), first);
+          }
+        }
+        if (!run.ac_pass) run.ac_message = where + ":" + msgs;
+      });
+      for (const RunData& run : runs) {
+        ++pr.runs;
+        if (!run.qk_message.empty()) pr.qk_false.push_back(run.qk_message);
+        if (!run.ac_message.empty()) pr.ac_false.push_back(run.ac_message);
+      }
       std::vector<const RunData*> good;
       for (const RunData& r : runs)
         if (r.error.empty()) good.push_back(&r);
+      // Per field, the statistics and the torch dump (it writes files),
+      // serially; then each (field, granularity) row's trials on the pool,
+      // each with its own seed, gathered in the serial order.
+      struct FieldStats {
+        int64_t ill = 0, elements = 0;
+        int qk_false = 0, ac_false = 0;
+      };
+      std::vector<FieldStats> stats(fields.size());
       for (size_t fi = 0; fi < fields.size(); ++fi) {
         const Field f = fields[fi];
-        int64_t ill = 0, elements = 0;
+        FieldStats& st = stats[fi];
         for (const CaseData& cd : cases) {
           const ToleranceTable& t = cd.table(f);
-          elements += static_cast<int64_t>(t.cond.size());
-          for (double k : t.cond) ill += k > validation::kIllConditioned;
+          st.elements += static_cast<int64_t>(t.cond.size());
+          for (double k : t.cond) st.ill += k > validation::kIllConditioned;
         }
-        int qk_false = 0, ac_false = 0;
         for (const RunData& r : runs) {
-          qk_false += !r.qk_field.at(f);
-          ac_false += !r.ac_field.at(f);
+          st.qk_false += !r.qk_field.at(f);
+          st.ac_false += !r.ac_field.at(f);
         }
         if (dump.enabled() && !good.empty() && fi < 2 &&
             cases.front().table(f).fmt == p) {
@@ -751,44 +764,55 @@ int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,
           dump_for_torch(dump, cases[good.front()->case_index], *good.front(),
                          f, p, d, rng);
         }
-        for (size_t gi = 0; gi < grans.size(); ++gi) {
-          const Granularity g = grans[gi];
-          PowerRow row;
-          row.prec = p;
-          row.dist = d;
-          row.input_class = cls;
-          row.field = f;
-          row.gran = g;
-          row.runs = static_cast<int>(runs.size());
-          row.ill = ill;
-          row.elements = elements;
-          row.qk_false = qk_false;
-          row.ac_false = ac_false;
-          row.target = power_target(p, g, f);
-          validation::Rng rng(s.seed * 1000003 + pi * 100003 + di * 1009 +
-                              fi * 101 + gi);
-          std::vector<Trial> ts;
-          for (int k = 0; k < trials && !good.empty(); ++k) {
-            const RunData& run = *good[static_cast<size_t>(k) % good.size()];
-            Trial t = runner.run(cases[run.case_index], run, f, g, rng);
-            if (!t.valid) continue;
-            ++row.trials;
-            row.ac_trials += t.ac_valid;
-            row.injected += t.injected;
-            row.injected_ill += t.ill;
-            row.checks += t.checks;
-            if (!(t.rel_bound <= row.rel_bound)) row.rel_bound = t.rel_bound;
-            row.mismatches += static_cast<int>(t.mismatches.size());
-            for (auto& m : t.mismatches) pr.mismatches.push_back(std::move(m));
-            ts.push_back(std::move(t));
-          }
-          aggregate(ts, grid, true, &row.qk_all, &row.qk_all_eff, &row.qk_med,
-                    &row.qk_med_eff);
-          aggregate(ts, grid, false, &row.ac_all, &row.ac_all_eff, &row.ac_med,
-                    &row.ac_med_eff);
-          pr.checks += row.checks;
-          pr.rows.push_back(row);
+      }
+      const size_t n_rows = fields.size() * grans.size();
+      std::vector<PowerRow> rows(n_rows);
+      std::vector<std::vector<std::string>> row_mismatches(n_rows);
+      parallel_for(n_rows, o.jobs, [&](size_t ri) {
+        const size_t fi = ri / grans.size(), gi = ri % grans.size();
+        const Field f = fields[fi];
+        const FieldStats& st = stats[fi];
+        const Granularity g = grans[gi];
+        PowerRow& row = rows[ri];
+        row.prec = p;
+        row.dist = d;
+        row.input_class = cls;
+        row.field = f;
+        row.gran = g;
+        row.runs = static_cast<int>(runs.size());
+        row.ill = st.ill;
+        row.elements = st.elements;
+        row.qk_false = st.qk_false;
+        row.ac_false = st.ac_false;
+        row.target = power_target(p, g, f);
+        validation::Rng rng(s.seed * 1000003 + pi * 100003 + di * 1009 +
+                            fi * 101 + gi);
+        std::vector<Trial> ts;
+        for (int k = 0; k < trials && !good.empty(); ++k) {
+          const RunData& run = *good[static_cast<size_t>(k) % good.size()];
+          Trial t = runner.run(cases[run.case_index], run, f, g, rng);
+          if (!t.valid) continue;
+          ++row.trials;
+          row.ac_trials += t.ac_valid;
+          row.injected += t.injected;
+          row.injected_ill += t.ill;
+          row.checks += t.checks;
+          if (!(t.rel_bound <= row.rel_bound)) row.rel_bound = t.rel_bound;
+          row.mismatches += static_cast<int>(t.mismatches.size());
+          for (auto& m : t.mismatches)
+            row_mismatches[ri].push_back(std::move(m));
+          ts.push_back(std::move(t));
         }
+        aggregate(ts, grid, true, &row.qk_all, &row.qk_all_eff, &row.qk_med,
+                  &row.qk_med_eff);
+        aggregate(ts, grid, false, &row.ac_all, &row.ac_all_eff, &row.ac_med,
+                  &row.ac_med_eff);
+      });
+      for (size_t ri = 0; ri < n_rows; ++ri) {
+        pr.checks += rows[ri].checks;
+        pr.rows.push_back(rows[ri]);
+        for (auto& m : row_mismatches[ri])
+          pr.mismatches.push_back(std::move(m));
       }
     }
   }

@@ -75,6 +75,11 @@ struct PowerOptions {
   bool no_plot = false;
   bool quick = false;
   std::string torch_dump;  // DIR: arrays + manifest for the torch cross-check
+  // Workers (the top-level --jobs; cli/pool.h): each (precision,
+  // distribution)'s cases, (case, entry) runs and (field, granularity)
+  // rows run on the pool, each into its own slot: the table, CSV and exit
+  // status are the same at any job count.
+  int jobs = 1;
 };
 
 void add_power_options(CLI::App& app, PowerOptions& o);

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "cli/app.h"
+#include "cli/pool.h"
 #include "cli/tiles.h"
 #include "qknorm/error.h"
 #include "qknorm/name_table.h"
@@ -199,10 +201,17 @@ std::vector<SweepPoint> run_sweep_points(
       s.dists.empty() ? validation::Distribution::kGaussian
                       : parse_dist(s.dists.front());
   const std::vector<Precision> precs = precisions_of(entries);
-  ExecConfig exec;
-  exec.threads = threads;
-  std::vector<SweepPoint> pts;
-  for (size_t xi = 0; xi < xs.size(); ++xi) {
+  // Each (x, variant) is a step of the pool (cli/pool.h): its case, its
+  // oracles and its entries' points land in its own slot, concatenated in
+  // the serial order after.
+  const ExecConfig exec = pooled_exec(ExecConfig{threads}, o.jobs);
+  const size_t n_variants = o.no_sdpa ? 1 : 2;
+  std::vector<std::vector<SweepPoint>> slots(xs.size() * n_variants);
+  std::mutex progress_mu;
+  parallel_for(slots.size(), o.jobs, [&](size_t slot) {
+    const size_t xi = slot / n_variants;
+    const bool sdpa = slot % n_variants == 1;
+    std::vector<SweepPoint>& pts = slots[slot];
     const double x = xs[xi];
     AttentionProblem p = base;
     if (o.over == "seq") p.q_len = p.kv_len = static_cast<int64_t>(x);
@@ -217,8 +226,7 @@ std::vector<SweepPoint> run_sweep_points(
       for (double& v : c0.q) v *= x;
       for (double& v : c0.k) v *= x;
     }
-    for (const bool sdpa : {false, true}) {
-      if (sdpa && o.no_sdpa) continue;
+    {
       validation::AttentionCase cv = c0;
       cv.problem.variant = sdpa ? Variant::kSDPA : Variant::kQKNorm;
       const double max_prob = mean_max_prob(cv);
@@ -249,10 +257,12 @@ std::vector<SweepPoint> run_sweep_points(
           pt.max_prob = max_prob;
           pt.input_class = validation::input_class(rc);
           pt.o_err = pt.dq_err = NAN;
-          if (progress)
+          if (progress) {
+            std::lock_guard<std::mutex> lock(progress_mu);
             std::cerr << fmt::format("\r[{:>3}/{}] {}={:<10g} {:<28}", xi + 1,
                                      xs.size(), o.over, x, pt.line)
                       << std::flush;
+          }
           if (!skip.empty()) {
             pt.error = skip;
           } else if (!b->available()) {
@@ -282,7 +292,10 @@ std::vector<SweepPoint> run_sweep_points(
         }
       }
     }
-  }
+  });
+  std::vector<SweepPoint> pts;
+  for (std::vector<SweepPoint>& v : slots)
+    for (SweepPoint& pt : v) pts.push_back(std::move(pt));
   if (progress) std::cerr << "\r" << std::string(60, ' ') << "\r" << std::flush;
   return pts;
 }

@@ -29,6 +29,10 @@ struct SweepOptions {
   // tiles: the budget (the top-level --max-seconds): the sweep estimates its
   // work first and stops before starting past it.
   double max_seconds = 600;
+  // Workers (the top-level --jobs; cli/pool.h): the (x, variant) steps of
+  // seq/g/magnitude and the lengths of tiles run on the pool, each into its
+  // own slot: the CSV, plot and exit status are the same at any job count.
+  int jobs = 1;
 };
 
 void add_sweep_options(CLI::App& app, SweepOptions& o);

@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "cli/app.h"
 #include "cli/cost.h"
+#include "cli/pool.h"
 #include "qknorm/error.h"
 #include "validation/sampled.h"
 #include "validation/tensor_io.h"
@@ -213,8 +215,13 @@ std::vector<TilePoint> run_tile_points(
   const std::vector<Precision> precs = precisions_of(entries);
   std::vector<const Backend*> registry(all_backends().entries().begin(),
                                        all_backends().entries().end());
-  ExecConfig exec;
-  exec.threads = threads;
+  // The lengths run on the pool (o.jobs, cli/pool.h), each into its own
+  // slot; its log lines are written in length order as the lengths finish.
+  // With jobs > 1 entries run on one thread each unless --threads
+  // (cli/pool.h); the sampled oracle's pass keeps every core (the longest
+  // lengths dominate, often alone at the end; its bits do not depend on
+  // its thread count).
+  const ExecConfig exec = pooled_exec(ExecConfig{threads}, o.jobs);
   const int pass_threads =
       threads > 0
           ? threads
@@ -225,8 +232,10 @@ std::vector<TilePoint> run_tile_points(
     total += static_cast<double>(n) * static_cast<double>(n) *
              static_cast<double>(entries.size() + precs.size());
   const Clock::time_point t0 = Clock::now();
+  std::mutex mu;  // guards done, the progress line and the log
   auto show = [&](size_t i, int64_t n, const std::string& what) {
     if (!progress) return;
+    std::lock_guard<std::mutex> lock(mu);
     const double el = since(t0);
     const std::string eta =
         done > 0 ? fmt::format(" ETA {:.0f} s", el * (total - done) / done)
@@ -235,8 +244,17 @@ std::vector<TilePoint> run_tile_points(
                              L.n.size(), n, what, eta)
               << std::flush;
   };
-  std::vector<TilePoint> pts;
-  for (size_t i = 0; i < L.n.size(); ++i) {
+  std::vector<std::vector<TilePoint>> slots(L.n.size());
+  std::vector<std::string> logs(L.n.size());
+  std::vector<bool> finished(L.n.size(), false);
+  size_t logged = 0;  // lengths whose log lines are written
+  auto add_done = [&](double x) {
+    std::lock_guard<std::mutex> lock(mu);
+    done += x;
+  };
+  parallel_for(L.n.size(), o.jobs, [&](size_t i) {
+    std::vector<TilePoint>& pts = slots[i];
+    std::ostringstream length_log;
     const int64_t n = L.n[i];
     const double w = static_cast<double>(n) * static_cast<double>(n);
     const AttentionProblem p = problem_at(n);
@@ -271,7 +289,7 @@ std::vector<TilePoint> run_tile_points(
         oracle_error = e.what();
       }
       const double oracle_s = since(to0);
-      done += w;
+      add_done(w);
       for (const Backend* b : line) {
         TilePoint pt;
         pt.n = n;
@@ -313,14 +331,14 @@ std::vector<TilePoint> run_tile_points(
             pt.note = std::string("threw: ") + e.what();
           }
         }
-        done += w;
+        add_done(w);
         if (pt.run && !pt.pass) {
           ++fails;
           pt.command = reproducer(o, s, n, b->name());
           if (log)
-            *log << (progress ? "\r" : "")
-                 << fmt::format("FAIL n={} {}: {}\n  reproduce: {}\n", n,
-                                pt.entry, pt.note, pt.command);
+            length_log << (progress ? "\r" : "")
+                       << fmt::format("FAIL n={} {}: {}\n  reproduce: {}\n", n,
+                                      pt.entry, pt.note, pt.command);
         }
         if (pt.run && !std::isnan(pt.margin) && pt.margin > worst) {
           worst = pt.margin;
@@ -331,17 +349,25 @@ std::vector<TilePoint> run_tile_points(
       }
     }
     if (log) {
-      if (progress) *log << "\r" << std::string(70, ' ') << "\r";
-      *log << fmt::format(
-                  "n={:<6} {:<28} worst margin {:<9} {:<40} {}{:.1f} s", n,
-                  "[" + L.why.at(n) + "]",
-                  worst < 0 ? std::string("-") : fmt::format("{:.4g}", worst),
-                  worst_at, fails ? fmt::format("{} FAIL ", fails) : "",
-                  since(tn))
-           << "\n"
-           << std::flush;
+      if (progress) length_log << "\r" << std::string(70, ' ') << "\r";
+      length_log << fmt::format(
+                        "n={:<6} {:<28} worst margin {:<9} {:<40} {}{:.1f} s",
+                        n, "[" + L.why.at(n) + "]",
+                        worst < 0 ? std::string("-")
+                                  : fmt::format("{:.4g}", worst),
+                        worst_at, fails ? fmt::format("{} FAIL ", fails) : "",
+                        since(tn))
+                 << "\n";
     }
-  }
+    std::lock_guard<std::mutex> lock(mu);
+    logs[i] = length_log.str();
+    finished[i] = true;
+    for (; logged < L.n.size() && finished[logged]; ++logged)
+      if (log) *log << logs[logged] << std::flush;
+  });
+  std::vector<TilePoint> pts;
+  for (std::vector<TilePoint>& v : slots)
+    for (TilePoint& pt : v) pts.push_back(std::move(pt));
   if (progress) std::cerr << "\r" << std::string(70, ' ') << "\r" << std::flush;
   return pts;
 }
