@@ -639,6 +639,8 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     if (b->available()) {
       attn.back().cases.resize(suite.attention.size());
       sn.back().cases.resize(suite.scalenorm.size());
+    } else {
+      pr.done += per_entry;  // nothing to run: counted as done
     }
   }
   const bool sampled = opt.sample_rows > 0;
