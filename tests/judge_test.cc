@@ -9,13 +9,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
 #include "validation/case.h"
+#include "validation/metrics.h"
+#include "validation/rng.h"
 #include "validation/rule.h"
 #include "validation/run.h"
 #include "validation/sampled.h"
@@ -166,6 +170,86 @@ TEST(SoakFinding, ReferenceF16PassesTheLongSequenceCase) {
       EXPECT_GE(f.not_representable, 1);
     }
   EXPECT_TRUE(found) << "no sampled dk field";
+}
+
+// compare()'s order statistics come from a bucket count and a selection
+// within one bucket (validation/metrics.cc), judge_field's judgements from a
+// rule derived once per element for the entry and the naive: both must be
+// exactly what the definitions give. Here the definitions are recomputed
+// the plain way (every ulp error sorted; judge_element per element) on
+// random fields with ties, zeros, infinities, NaNs and masked rows, in
+// every format, at sizes from 1 to 5000.
+TEST(Statistics, SameAsTheirPlainDefinitions) {
+  Rng rng(5);
+  for (Precision fmt : kAllPrecisions)
+    for (size_t n : {1, 2, 3, 7, 100, 5000}) {
+      ToleranceTable t =
+          empty_table(Field::kO, fmt, 1, 1, 1, static_cast<int64_t>(n));
+      std::vector<double> actual(n), naive(n);
+      const double mf = max_finite(fmt);
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t kind =
+            rng.uniform_int(0, 399);  // specials rare: p99 finite
+        long double x =
+            rng.normal() *
+            std::ldexp(1.0, static_cast<int>(rng.uniform_int(-20, 4)));
+        if (kind == 0) x = 0;
+        if (kind == 1) x = -std::numeric_limits<long double>::infinity();
+        if (kind == 2) x = mf * (1 - 0x1p-12);  // its bound reaches overflow
+        t.expected.push_back(x);
+        t.delta.push_back(kind == 2 ? mf * 0x1p-8 : 0x1p-20 * rng.uniform());
+        t.cond.push_back(1);
+        // Quantized errors: many equal ulp errors (ties in a bucket).
+        const double err =
+            std::ldexp(static_cast<double>(rng.uniform_int(0, 8)),
+                       static_cast<int>(rng.uniform_int(-30, -18)));
+        actual[i] = static_cast<double>(x) + (rng.uniform() < 0.5 ? err : -err);
+        naive[i] = static_cast<double>(x) - err / 2;
+        if (kind == 3) actual[i] = kNaN;
+        if (kind == 4) actual[i] = kInf;
+        if (kind == 2 && rng.uniform() < 0.5) actual[i] = kInf;
+      }
+      const ErrorStats st = compare(actual, t.expected, fmt);
+      std::vector<double> ulps;
+      for (size_t i = 0; i < n; ++i) {
+        const long double e = t.expected[i];
+        if (!std::isfinite(e)) continue;
+        const double err = std::isfinite(actual[i])
+                               ? static_cast<double>(std::fabs(actual[i] - e))
+                               : kInf;
+        ulps.push_back(err / ulp(fmt, static_cast<double>(e)));
+      }
+      std::sort(ulps.begin(), ulps.end());
+      auto at = [&](double q) {
+        return ulps[static_cast<size_t>(
+            q * static_cast<double>(ulps.size() - 1) + 0.5)];
+      };
+      if (!ulps.empty()) {
+        EXPECT_EQ(st.ulp_p50, at(0.5)) << name(fmt) << " n=" << n;
+        EXPECT_EQ(st.ulp_p99, at(0.99)) << name(fmt) << " n=" << n;
+        EXPECT_EQ(st.ulp_max, ulps.back()) << name(fmt) << " n=" << n;
+      }
+      const FieldVerdict v = judge_field(t, actual, &naive);
+      double margin = -1, naive_margin = 0;
+      int64_t worst = -1, failures = 0, not_representable = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const ElementJudgement j = judge_element(t, i, actual[i]);
+        if (j.margin > margin) {
+          margin = j.margin;
+          worst = static_cast<int64_t>(i);
+        }
+        failures += passes(j.cls) ? 0 : 1;
+        not_representable += j.cls == ElementClass::kNotRepresentable;
+        naive_margin =
+            std::max(naive_margin, judge_element(t, i, naive[i]).margin);
+      }
+      EXPECT_EQ(v.margin, std::max(margin, 0.0)) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.worst_index, worst) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.failures, failures) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.not_representable, not_representable);
+      EXPECT_EQ(v.naive_margin, naive_margin) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.naive.ulp_p99, compare(naive, t.expected, fmt).ulp_p99);
+    }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #define QKNORM_VALIDATION_JUDGE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,9 @@ std::string label(const FieldVerdict& v);
 
 // Judges `actual` against table `t`; `naive` (may be null) is judged too,
 // for its margin only.
+FieldVerdict judge_field(const ToleranceTable& t,
+                         std::span<const double> actual,
+                         const std::vector<double>* naive);
 FieldVerdict judge_field(const ToleranceTable& t,
                          const std::vector<double>& actual,
                          const std::vector<double>* naive);
