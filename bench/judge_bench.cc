@@ -15,6 +15,9 @@
 //   JudgeField   judge_field of o (2x8x72x64 elements) with the naive beside
 //   Compare      compare() of o alone (the report's statistics)
 //   Judge        judge_attention, whole (tables, every field, diagnoses)
+//   Prepared     judge_attention on the case's PreparedAttention: an
+//                entry's own share where the suite prepares it once per
+//                case and precision (validation/judge.h)
 // Nothing is asserted: like qknorm-bench, this measures and never gates.
 #include <benchmark/benchmark.h>
 
@@ -168,6 +171,18 @@ void Judge(benchmark::State& st, const std::string& name) {
         b.name(), naive_for(b.precision()).name(), nullptr, b.contract()));
 }
 
+void Prepared(benchmark::State& st, const std::string& name) {
+  const Backend& b = entry(name);
+  const Shared& sh = shared(b.precision());
+  const AttentionResult er = run_attention_fed(b, sh.rc, sh.source());
+  const PreparedAttention prep =
+      prepare_attention(sh.rc, b.precision(), sh.orc, &sh.naive, false,
+                        naive_for(b.precision()).name(), b.contract());
+  for (auto _ : st)
+    benchmark::DoNotOptimize(
+        judge_attention(prep, sh.rc, b.precision(), sh.orc, er, b.name()));
+}
+
 // A 16-bit, a 32-bit and a 64-bit entry of each family the default run has.
 const char* const kEntries[] = {"simd:AVX2:f32", "simd:AVX2:bf16",
                                 "simd:SCALAR:f16", "blas:f64", "reference:f32"};
@@ -192,6 +207,8 @@ void Register() {
     benchmark::RegisterBenchmark(("Compare/" + n).c_str(), Compare, n)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("Judge/" + n).c_str(), Judge, n)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("Prepared/" + n).c_str(), Prepared, n)
         ->Unit(benchmark::kMillisecond);
   }
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "qknorm/precision.h"
 #include "validation/case.h"
 #include "validation/metrics.h"
+#include "validation/oracle.h"
 #include "validation/rng.h"
 #include "validation/rule.h"
 #include "validation/run.h"
@@ -250,6 +252,55 @@ TEST(Statistics, SameAsTheirPlainDefinitions) {
       EXPECT_EQ(v.naive_margin, naive_margin) << name(fmt) << " n=" << n;
       EXPECT_EQ(v.naive.ulp_p99, compare(naive, t.expected, fmt).ulp_p99);
     }
+}
+
+// judge_attention judges every entry of a case through one PreparedAttention
+// (the suite shares it across a precision's entries): each field's verdict
+// must be judge_field's on the same table, entry and naive values.
+TEST(PreparedAttention, SameAsJudgeFieldPerField) {
+  const Precision s = Precision::kF32;
+  const AttentionProblem p = attention_shape(1, 2, 24, 24, 16, 12);
+  const AttentionCase c =
+      round_inputs(make_attention_case(p, Distribution::kGaussian, 7, s), s);
+  const OracleAttention orc = oracle_attention(c);
+  const Backend* entry = all_backends().find("simd:SCALAR:f32");
+  ASSERT_NE(entry, nullptr);
+  const AttentionResult er = run_attention(*entry, c);
+  const AttentionResult nr = run_attention(naive_for(s), c);
+  const PreparedAttention prep =
+      prepare_attention(c, s, orc, &nr, false, "naive");
+  const AgreementReport rep = judge_attention(prep, c, s, orc, er, "e");
+  ASSERT_EQ(rep.fields.size(), prep.tables.size());
+  auto same = [](const ErrorStats& a, const ErrorStats& b) {
+    return a.count == b.count && a.max_abs == b.max_abs &&
+           a.max_rel == b.max_rel && a.rel_floor == b.rel_floor &&
+           a.normwise == b.normwise && a.ulp_p50 == b.ulp_p50 &&
+           a.ulp_p99 == b.ulp_p99 && a.ulp_max == b.ulp_max &&
+           a.worst_index == b.worst_index &&
+           a.worst_expected == b.worst_expected &&
+           a.worst_actual == b.worst_actual && a.scale == b.scale &&
+           a.nonfinite_mismatch == b.nonfinite_mismatch;
+  };
+  for (size_t k = 0; k < prep.tables.size(); ++k) {
+    const ToleranceTable& t = prep.tables[k];
+    auto values = [&](const AttentionResult& r) {
+      const std::span<const double> x = field_values(r, t.field);
+      return std::vector<double>(x.begin(), x.end());
+    };
+    const std::vector<double> naive = values(nr);
+    const FieldVerdict want = judge_field(t, values(er), &naive);
+    const FieldVerdict& got = rep.fields[k];
+    EXPECT_TRUE(same(got.entry, want.entry)) << name(t.field);
+    EXPECT_TRUE(same(got.naive, want.naive)) << name(t.field);
+    EXPECT_EQ(got.has_naive, want.has_naive);
+    EXPECT_EQ(got.naive_margin, want.naive_margin) << name(t.field);
+    EXPECT_EQ(got.margin, want.margin) << name(t.field);
+    EXPECT_EQ(got.worst_index, want.worst_index) << name(t.field);
+    EXPECT_EQ(got.worst_bound, want.worst_bound) << name(t.field);
+    EXPECT_EQ(got.failures, want.failures) << name(t.field);
+    EXPECT_EQ(got.ill_conditioned, want.ill_conditioned);
+    EXPECT_GT(got.naive_margin, 0) << name(t.field);  // the naive was judged
+  }
 }
 
 }  // namespace

@@ -170,20 +170,22 @@ std::string diagnose(const ToleranceTable& t, size_t i, double actual,
 
 }  // namespace
 
-FieldVerdict judge_field(const ToleranceTable& t,
-                         std::span<const double> actual,
-                         const std::vector<double>* naive) {
+namespace {
+
+// judge_field with the expected values' compare basis given; `naive` (may
+// be null) is judged for its statistics and margin only.
+FieldVerdict judge_values(const ToleranceTable& t, const CompareBasis& basis,
+                          std::span<const double> actual,
+                          const std::span<const double>* naive) {
   FieldVerdict v;
   v.id = t.field;
   v.count = static_cast<int64_t>(t.expected.size());
-  // The entry's and the naive's statistics share what they take from the
-  // expected values, and their judgements each element's rule.
-  const CompareBasis basis = compare_basis(t.expected, t.fmt);
   v.entry = compare(actual, t.expected, basis);
   if (naive != nullptr) {
     v.has_naive = true;
     v.naive = compare(*naive, t.expected, basis);
   }
+  // The entry's and the naive's judgements share each element's rule.
   const FormatLimits lim = limits(t.fmt);
   v.margin = -1;
   for (size_t i = 0; i < t.expected.size(); ++i) {
@@ -213,6 +215,18 @@ FieldVerdict judge_field(const ToleranceTable& t,
   if (v.worst_index >= 0) v.worst_where = t.index_text(v.worst_index);
   v.pass = v.failures == 0;
   return v;
+}
+
+}  // namespace
+
+FieldVerdict judge_field(const ToleranceTable& t,
+                         std::span<const double> actual,
+                         const std::vector<double>* naive) {
+  const std::span<const double> n = naive != nullptr
+                                        ? std::span<const double>(*naive)
+                                        : std::span<const double>();
+  return judge_values(t, compare_basis(t.expected, t.fmt), actual,
+                      naive != nullptr ? &n : nullptr);
 }
 
 FieldVerdict judge_field(const ToleranceTable& t,
@@ -265,41 +279,76 @@ void finish(AgreementReport* rep) {
 }
 }  // namespace
 
+PreparedAttention prepare_attention(
+    const AttentionCase& c, Precision s, const OracleAttention& orc,
+    const AttentionResult* nr, bool forward_only, const std::string& naive_name,
+    const ComputeContract& contract, const std::vector<Field>* only) {
+  PreparedAttention p;
+  p.naive_name = nr != nullptr ? naive_name : "";
+  p.case_desc = c.describe();
+  p.contract = contract.describe();
+  p.amplitude = logit_amplitude(c);
+  p.tables = attention_tolerances(c, s, orc, forward_only, contract);
+  if (!contract.is_default())
+    p.looseness = contract_looseness(
+        p.tables, attention_tolerances(c, s, orc, forward_only));
+  if (only != nullptr)
+    std::erase_if(p.tables, [&](const ToleranceTable& t) {
+      return std::find(only->begin(), only->end(), t.field) == only->end();
+    });
+  for (const ToleranceTable& t : p.tables) {
+    p.bases.push_back(compare_basis(t.expected, t.fmt));
+    FieldVerdict nv;
+    if (nr != nullptr) {
+      // The naive's statistics and margin, as judge_values gives them.
+      const std::span<const double> x = field_values(*nr, t.field);
+      nv.has_naive = true;
+      nv.naive = compare(x, t.expected, p.bases.back());
+      const FormatLimits lim = limits(t.fmt);
+      for (size_t i = 0; i < t.expected.size() && i < x.size(); ++i)
+        nv.naive_margin = std::max(
+            nv.naive_margin, judge_by(element_rule(t, i, lim), x[i]).margin);
+    }
+    p.naive.push_back(std::move(nv));
+  }
+  return p;
+}
+
+AgreementReport judge_attention(const PreparedAttention& p,
+                                const AttentionCase& c, Precision s,
+                                const OracleAttention& orc,
+                                const AttentionResult& er,
+                                const std::string& entry_name) {
+  AgreementReport rep;
+  rep.entry_name = entry_name;
+  rep.naive_name = p.naive_name;
+  rep.case_desc = p.case_desc;
+  rep.contract = p.contract;
+  rep.looseness = p.looseness;
+  for (size_t k = 0; k < p.tables.size(); ++k) {
+    const ToleranceTable& t = p.tables[k];
+    FieldVerdict v =
+        judge_values(t, p.bases[k], field_values(er, t.field), nullptr);
+    v.has_naive = p.naive[k].has_naive;
+    v.naive = p.naive[k].naive;
+    v.naive_margin = p.naive[k].naive_margin;
+    v.amplitude = p.amplitude;
+    rep.fields.push_back(std::move(v));
+  }
+  apply_backward_input(er, &rep);
+  finish(&rep);
+  if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, p.tables, er);
+  return rep;
+}
+
 AgreementReport judge_attention(
     const AttentionCase& c, Precision s, const OracleAttention& orc,
     const AttentionResult& er, const AttentionResult* nr, bool forward_only,
     const std::string& entry_name, const std::string& naive_name,
     const std::vector<Field>* only, const ComputeContract& contract) {
-  AgreementReport rep;
-  rep.entry_name = entry_name;
-  rep.naive_name = nr != nullptr ? naive_name : "";
-  rep.case_desc = c.describe();
-  rep.contract = contract.describe();
-  const double A = logit_amplitude(c);
-  std::vector<ToleranceTable> tables =
-      attention_tolerances(c, s, orc, forward_only, contract);
-  if (!contract.is_default())
-    rep.looseness = contract_looseness(
-        tables, attention_tolerances(c, s, orc, forward_only));
-  if (only != nullptr)
-    std::erase_if(tables, [&](const ToleranceTable& t) {
-      return std::find(only->begin(), only->end(), t.field) == only->end();
-    });
-  for (const ToleranceTable& t : tables) {
-    auto pick = [&](const AttentionResult& r) {
-      const std::span<const double> x = field_values(r, t.field);
-      return std::vector<double>(x.begin(), x.end());
-    };
-    const std::vector<double> naive =
-        nr != nullptr ? pick(*nr) : std::vector<double>{};
-    rep.fields.push_back(judge_field(t, field_values(er, t.field),
-                                     nr != nullptr ? &naive : nullptr));
-    rep.fields.back().amplitude = A;
-  }
-  apply_backward_input(er, &rep);
-  finish(&rep);
-  if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, tables, er);
-  return rep;
+  return judge_attention(prepare_attention(c, s, orc, nr, forward_only,
+                                           naive_name, contract, only),
+                         c, s, orc, er, entry_name);
 }
 
 double contract_looseness(const std::vector<ToleranceTable>& tables,
