@@ -188,6 +188,9 @@ struct SharedCase {
   validation::AttentionCase rc;
   validation::OracleAttention orc;
   validation::AttentionResult naive;
+  // What judging every default-contract entry against that naive shares
+  // (validation/judge.h), made with the naive.
+  validation::PreparedAttention prepared;
   // Sampled mode iff sample.rows > 0 (run_suite sets it; SampleOptions'
   // own default is 256).
   validation::SampleOptions sample = [] {
@@ -231,6 +234,9 @@ void make_naive(Precision prec, SharedCase* sh) {
         validation::naive_for(prec), sh->rc, [sh] {
           return validation::ExactForward{sh->orc.o, sh->orc.lse};
         });
+    sh->prepared =
+        validation::prepare_attention(sh->rc, prec, sh->orc, &sh->naive, false,
+                                      validation::naive_for(prec).name());
   } catch (const std::exception& e) {
     sh->naive_error = e.what();
   }
@@ -286,9 +292,13 @@ CaseResult judge_attention_unclassed(const Backend& entry,
     if (sh->sampled())
       return from_report(
           validation::judge_sampled(sh->rc, sh->so, er, entry.name()));
-    validation::AgreementReport rep = validation::judge_attention(
-        sh->rc, prec, sh->orc, er, with_naive ? &sh->naive : nullptr, false,
-        entry.name(), nb.name(), nullptr, entry.contract());
+    validation::AgreementReport rep =
+        with_naive && entry.contract().is_default()
+            ? validation::judge_attention(sh->prepared, sh->rc, prec, sh->orc,
+                                          er, entry.name())
+            : validation::judge_attention(
+                  sh->rc, prec, sh->orc, er, with_naive ? &sh->naive : nullptr,
+                  false, entry.name(), nb.name(), nullptr, entry.contract());
     validation::diagnose_with_entry_blocks(entry, sh->rc, sh->orc, er, false,
                                            &rep);
     return from_report(rep);

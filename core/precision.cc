@@ -1,11 +1,30 @@
 #include "qknorm/precision.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace qknorm {
 namespace {
+
+// 2^k as a double, exactly ldexp(1.0, k) (0 below the smallest subnormal
+// 2^-1074, inf above 2^1023), built from its bits: ldexp is a libm call
+// (glibc's __wrap_scalbn, which sets errno on overflow) and was a tenth of
+// the default run's time, called several times per judged element.
+constexpr double pow2(int k) {
+  if (k > 1023) return std::numeric_limits<double>::infinity();
+  if (k >= -1022)
+    return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52);
+  if (k >= -1074) return std::bit_cast<double>(uint64_t{1} << (k + 1074));
+  return 0;
+}
+
+// The unbiased exponent of a finite, normal double (its ilogb).
+int normal_exponent(double x) {
+  return static_cast<int>((std::bit_cast<uint64_t>(x) >> 52) & 0x7ff) - 1023;
+}
 
 // Every per-precision constant, one row a storage format.
 struct FormatInfo {
@@ -14,21 +33,38 @@ struct FormatInfo {
   int digits;    // significand bits including the implicit bit
   int min_exp;   // exponent of the smallest normal, as 2^min_exp
   int max_exp;   // largest finite is (2 - 2^(1-digits)) * 2^max_exp
+  // Derived from the above once (FormatInfo of()): unit roundoff, smallest
+  // normal, largest finite.
+  double u = 0, min_normal = 0, max_finite = 0;
 };
 
-FormatInfo info(Precision p) {
+constexpr FormatInfo of(std::string_view name, size_t bytes, int digits,
+                        int min_exp, int max_exp) {
+  return {name,          bytes,
+          digits,        min_exp,
+          max_exp,       pow2(-digits),
+          pow2(min_exp), (2.0 - pow2(1 - digits)) * pow2(max_exp)};
+}
+
+constexpr FormatInfo kF64Info = of("f64", 8, 53, -1022, 1023);
+constexpr FormatInfo kF32Info = of("f32", 4, 24, -126, 127);
+constexpr FormatInfo kBF16Info = of("bf16", 2, 8, -126, 127);
+constexpr FormatInfo kF16Info = of("f16", 2, 11, -14, 15);
+// Not a Precision: named "?", f64's arithmetic, 2 bytes (as ever).
+constexpr FormatInfo kUnknownInfo = of("?", 2, 53, -1022, 1023);
+
+const FormatInfo& info(Precision p) {
   switch (p) {
     case Precision::kF64:
-      return {"f64", 8, 53, -1022, 1023};
+      return kF64Info;
     case Precision::kF32:
-      return {"f32", 4, 24, -126, 127};
+      return kF32Info;
     case Precision::kBF16:
-      return {"bf16", 2, 8, -126, 127};
+      return kBF16Info;
     case Precision::kF16:
-      return {"f16", 2, 11, -14, 15};
+      return kF16Info;
   }
-  // Not a Precision: named "?", f64's arithmetic, 2 bytes (as ever).
-  return {"?", 2, 53, -1022, 1023};
+  return kUnknownInfo;
 }
 
 }  // namespace
@@ -47,36 +83,41 @@ bool parse_precision(std::string_view s, Precision* out) {
 
 size_t element_bytes(Precision p) { return info(p).bytes; }
 
-double unit_roundoff(Precision p) { return std::ldexp(1.0, -info(p).digits); }
+double unit_roundoff(Precision p) { return info(p).u; }
 Precision compute_format(Precision p) {
   return p == Precision::kF64 ? Precision::kF64 : Precision::kF32;
 }
 double compute_roundoff(Precision p) {
   return unit_roundoff(compute_format(p));
 }
-double max_finite(Precision p) {
-  FormatInfo f = info(p);
-  return (2.0 - std::ldexp(1.0, 1 - f.digits)) * std::ldexp(1.0, f.max_exp);
-}
-double min_normal(Precision p) { return std::ldexp(1.0, info(p).min_exp); }
+double max_finite(Precision p) { return info(p).max_finite; }
+double min_normal(Precision p) { return info(p).min_normal; }
 
 double ulp(Precision p, double x) {
-  FormatInfo f = info(p);
+  const FormatInfo& f = info(p);
   x = std::fabs(x);
   int e = f.min_exp;
-  if (x >= min_normal(p)) e = std::ilogb(x);
-  return std::ldexp(1.0, e - (f.digits - 1));
+  if (x >= f.min_normal) {
+    // ilogb(inf) is INT_MAX, whose power of two is inf.
+    if (std::isinf(x)) return std::numeric_limits<double>::infinity();
+    e = normal_exponent(x);  // x >= min_normal(p) >= 2^-1022: normal
+  }
+  return pow2(e - (f.digits - 1));
 }
 
 double round_to(Precision p, double x) {
   if (p == Precision::kF64 || !std::isfinite(x) || x == 0) return x;
-  FormatInfo f = info(p);
-  int e = std::max(std::ilogb(x), f.min_exp);
+  const FormatInfo& f = info(p);
+  // ilogb(x), except for subnormal doubles, whose exponent is below every
+  // 16- and 32-bit format's min_exp anyway.
+  const int e = std::max(normal_exponent(x), f.min_exp);
   // Scale so that the last kept bit has weight 1, round to nearest even
   // (nearbyint in the default rounding mode), scale back: exact in double.
-  double scaled = std::ldexp(x, (f.digits - 1) - e);
-  double r = std::ldexp(std::nearbyint(scaled), e - (f.digits - 1));
-  if (std::fabs(r) > max_finite(p))
+  // Both powers of two are normal doubles here (e in [min_exp, 1023]), so
+  // each product is the correctly rounded x 2^k, as ldexp's.
+  const double scaled = x * pow2((f.digits - 1) - e);
+  const double r = std::nearbyint(scaled) * pow2(e - (f.digits - 1));
+  if (std::fabs(r) > f.max_finite)
     return std::copysign(std::numeric_limits<double>::infinity(), x);
   return r;
 }
@@ -109,12 +150,13 @@ uint16_t f16_from_f32(float x) {
       round_to(Precision::kF16, static_cast<double>(std::bit_cast<float>(a)));
   if (std::isinf(r)) return static_cast<uint16_t>(sign | 0x7c00u);
   if (r == 0) return sign;
-  int e = std::ilogb(r);
+  // r is an f16 value (a normal double): the products below are exact.
+  int e = normal_exponent(r);
   if (e < -14) {  // subnormal: r = m * 2^-24
-    uint16_t m = static_cast<uint16_t>(std::ldexp(r, 24));
+    uint16_t m = static_cast<uint16_t>(r * 0x1p24);
     return static_cast<uint16_t>(sign | m);
   }
-  uint16_t m = static_cast<uint16_t>(std::ldexp(r, 10 - e) - 1024.0);
+  uint16_t m = static_cast<uint16_t>(r * pow2(10 - e) - 1024.0);
   return static_cast<uint16_t>(sign | ((e + 15) << 10) | m);
 }
 
@@ -123,9 +165,10 @@ float f32_from_f16(uint16_t h) {
   uint32_t e = (h >> 10) & 0x1fu;
   uint32_t m = h & 0x3ffu;
   if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  double v = e == 0 ? std::ldexp(static_cast<double>(m), -24)
-                    : std::ldexp(static_cast<double>(m + 1024),
-                                 static_cast<int>(e) - 25);
+  // Exact products (m < 2^11, a power of two in f16's range).
+  double v =
+      e == 0 ? static_cast<double>(m) * 0x1p-24
+             : static_cast<double>(m + 1024) * pow2(static_cast<int>(e) - 25);
   return sign ? -static_cast<float>(v) : static_cast<float>(v);
 }
 

@@ -9,13 +9,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
 #include "validation/case.h"
+#include "validation/metrics.h"
+#include "validation/oracle.h"
+#include "validation/rng.h"
 #include "validation/rule.h"
 #include "validation/run.h"
 #include "validation/sampled.h"
@@ -166,6 +172,135 @@ TEST(SoakFinding, ReferenceF16PassesTheLongSequenceCase) {
       EXPECT_GE(f.not_representable, 1);
     }
   EXPECT_TRUE(found) << "no sampled dk field";
+}
+
+// compare()'s order statistics come from a bucket count and a selection
+// within one bucket (validation/metrics.cc), judge_field's judgements from a
+// rule derived once per element for the entry and the naive: both must be
+// exactly what the definitions give. Here the definitions are recomputed
+// the plain way (every ulp error sorted; judge_element per element) on
+// random fields with ties, zeros, infinities, NaNs and masked rows, in
+// every format, at sizes from 1 to 5000.
+TEST(Statistics, SameAsTheirPlainDefinitions) {
+  Rng rng(5);
+  for (Precision fmt : kAllPrecisions)
+    for (size_t n : {1, 2, 3, 7, 100, 5000}) {
+      ToleranceTable t =
+          empty_table(Field::kO, fmt, 1, 1, 1, static_cast<int64_t>(n));
+      std::vector<double> actual(n), naive(n);
+      const double mf = max_finite(fmt);
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t kind =
+            rng.uniform_int(0, 399);  // specials rare: p99 finite
+        long double x =
+            rng.normal() *
+            std::ldexp(1.0, static_cast<int>(rng.uniform_int(-20, 4)));
+        if (kind == 0) x = 0;
+        if (kind == 1) x = -std::numeric_limits<long double>::infinity();
+        if (kind == 2) x = mf * (1 - 0x1p-12);  // its bound reaches overflow
+        t.expected.push_back(x);
+        t.delta.push_back(kind == 2 ? mf * 0x1p-8 : 0x1p-20 * rng.uniform());
+        t.cond.push_back(1);
+        // Quantized errors: many equal ulp errors (ties in a bucket).
+        const double err =
+            std::ldexp(static_cast<double>(rng.uniform_int(0, 8)),
+                       static_cast<int>(rng.uniform_int(-30, -18)));
+        actual[i] = static_cast<double>(x) + (rng.uniform() < 0.5 ? err : -err);
+        naive[i] = static_cast<double>(x) - err / 2;
+        if (kind == 3) actual[i] = kNaN;
+        if (kind == 4) actual[i] = kInf;
+        if (kind == 2 && rng.uniform() < 0.5) actual[i] = kInf;
+      }
+      const ErrorStats st = compare(actual, t.expected, fmt);
+      std::vector<double> ulps;
+      for (size_t i = 0; i < n; ++i) {
+        const long double e = t.expected[i];
+        if (!std::isfinite(e)) continue;
+        const double err = std::isfinite(actual[i])
+                               ? static_cast<double>(std::fabs(actual[i] - e))
+                               : kInf;
+        ulps.push_back(err / ulp(fmt, static_cast<double>(e)));
+      }
+      std::sort(ulps.begin(), ulps.end());
+      auto at = [&](double q) {
+        return ulps[static_cast<size_t>(
+            q * static_cast<double>(ulps.size() - 1) + 0.5)];
+      };
+      if (!ulps.empty()) {
+        EXPECT_EQ(st.ulp_p50, at(0.5)) << name(fmt) << " n=" << n;
+        EXPECT_EQ(st.ulp_p99, at(0.99)) << name(fmt) << " n=" << n;
+        EXPECT_EQ(st.ulp_max, ulps.back()) << name(fmt) << " n=" << n;
+      }
+      const FieldVerdict v = judge_field(t, actual, &naive);
+      double margin = -1, naive_margin = 0;
+      int64_t worst = -1, failures = 0, not_representable = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const ElementJudgement j = judge_element(t, i, actual[i]);
+        if (j.margin > margin) {
+          margin = j.margin;
+          worst = static_cast<int64_t>(i);
+        }
+        failures += passes(j.cls) ? 0 : 1;
+        not_representable += j.cls == ElementClass::kNotRepresentable;
+        naive_margin =
+            std::max(naive_margin, judge_element(t, i, naive[i]).margin);
+      }
+      EXPECT_EQ(v.margin, std::max(margin, 0.0)) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.worst_index, worst) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.failures, failures) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.not_representable, not_representable);
+      EXPECT_EQ(v.naive_margin, naive_margin) << name(fmt) << " n=" << n;
+      EXPECT_EQ(v.naive.ulp_p99, compare(naive, t.expected, fmt).ulp_p99);
+    }
+}
+
+// judge_attention judges every entry of a case through one PreparedAttention
+// (the suite shares it across a precision's entries): each field's verdict
+// must be judge_field's on the same table, entry and naive values.
+TEST(PreparedAttention, SameAsJudgeFieldPerField) {
+  const Precision s = Precision::kF32;
+  const AttentionProblem p = attention_shape(1, 2, 24, 24, 16, 12);
+  const AttentionCase c =
+      round_inputs(make_attention_case(p, Distribution::kGaussian, 7, s), s);
+  const OracleAttention orc = oracle_attention(c);
+  const Backend* entry = all_backends().find("simd:SCALAR:f32");
+  ASSERT_NE(entry, nullptr);
+  const AttentionResult er = run_attention(*entry, c);
+  const AttentionResult nr = run_attention(naive_for(s), c);
+  const PreparedAttention prep =
+      prepare_attention(c, s, orc, &nr, false, "naive");
+  const AgreementReport rep = judge_attention(prep, c, s, orc, er, "e");
+  ASSERT_EQ(rep.fields.size(), prep.tables.size());
+  auto same = [](const ErrorStats& a, const ErrorStats& b) {
+    return a.count == b.count && a.max_abs == b.max_abs &&
+           a.max_rel == b.max_rel && a.rel_floor == b.rel_floor &&
+           a.normwise == b.normwise && a.ulp_p50 == b.ulp_p50 &&
+           a.ulp_p99 == b.ulp_p99 && a.ulp_max == b.ulp_max &&
+           a.worst_index == b.worst_index &&
+           a.worst_expected == b.worst_expected &&
+           a.worst_actual == b.worst_actual && a.scale == b.scale &&
+           a.nonfinite_mismatch == b.nonfinite_mismatch;
+  };
+  for (size_t k = 0; k < prep.tables.size(); ++k) {
+    const ToleranceTable& t = prep.tables[k];
+    auto values = [&](const AttentionResult& r) {
+      const std::span<const double> x = field_values(r, t.field);
+      return std::vector<double>(x.begin(), x.end());
+    };
+    const std::vector<double> naive = values(nr);
+    const FieldVerdict want = judge_field(t, values(er), &naive);
+    const FieldVerdict& got = rep.fields[k];
+    EXPECT_TRUE(same(got.entry, want.entry)) << name(t.field);
+    EXPECT_TRUE(same(got.naive, want.naive)) << name(t.field);
+    EXPECT_EQ(got.has_naive, want.has_naive);
+    EXPECT_EQ(got.naive_margin, want.naive_margin) << name(t.field);
+    EXPECT_EQ(got.margin, want.margin) << name(t.field);
+    EXPECT_EQ(got.worst_index, want.worst_index) << name(t.field);
+    EXPECT_EQ(got.worst_bound, want.worst_bound) << name(t.field);
+    EXPECT_EQ(got.failures, want.failures) << name(t.field);
+    EXPECT_EQ(got.ill_conditioned, want.ill_conditioned);
+    EXPECT_GT(got.naive_margin, 0) << name(t.field);  // the naive was judged
+  }
 }
 
 }  // namespace

@@ -38,14 +38,49 @@ InfinityReach infinity_reach(const ToleranceTable& t, size_t i) {
   return {x + delta >= thr, x - delta <= -thr};
 }
 
-ElementJudgement judge_element(const ToleranceTable& t, size_t i,
-                               double actual) {
+namespace {
+
+// What judging element i of table t takes from the table alone: the same for
+// every value judged against it (the entry's and the naive baseline's), so
+// judge_field derives it once per element.
+struct ElementRule {
+  LD x = 0;
+  double delta = 0;
+  InfinityReach reach;
+  LD target = 0;     // x, clamped to the format's range where reach is set
+  double bound = 0;  // delta + the half spacing at target
+};
+
+// overflow_threshold(t.fmt) and max_finite(t.fmt), once per table.
+struct FormatLimits {
+  LD threshold = 0;
+  double max_finite = 0;
+};
+FormatLimits limits(Precision fmt) {
+  return {overflow_threshold(fmt), max_finite(fmt)};
+}
+
+ElementRule element_rule(const ToleranceTable& t, size_t i,
+                         const FormatLimits& lim) {
+  ElementRule r;
+  r.x = t.expected[i];
+  r.delta = t.delta[i];
+  if (std::isinf(r.x)) return r;
+  // As infinity_reach(t, i), with the table's threshold.
+  const LD delta = r.delta;
+  r.reach = {r.x + delta >= lim.threshold, r.x - delta <= -lim.threshold};
+  r.target = r.x;
+  if (r.reach.positive || r.reach.negative)
+    r.target = std::clamp<LD>(r.x, -lim.max_finite, lim.max_finite);
+  r.bound = r.delta + half_spacing(t.fmt, d(r.target), r.delta);
+  return r;
+}
+
+ElementJudgement judge_by(const ElementRule& r, double actual) {
   ElementJudgement j;
-  const LD x = t.expected[i];
-  const double delta = t.delta[i];
-  if (std::isinf(x)) {
+  if (std::isinf(r.x)) {
     j.bound = 0;
-    if (actual == d(x)) {
+    if (actual == d(r.x)) {
       j.cls = ElementClass::kEqualInfinity;
     } else {
       j.cls = ElementClass::kWrongNonFinite;
@@ -58,29 +93,30 @@ ElementJudgement judge_element(const ToleranceTable& t, size_t i,
   // format's overflow threshold on one side, the value may round to that
   // side's infinity, whatever the sign of x (an ill-conditioned element
   // whose bound dwarfs |x|: the soak finding of issue 31).
-  const InfinityReach reach = infinity_reach(t, i);
-  LD target = x;
-  if (reach.positive || reach.negative) {
-    if (std::isinf(actual) &&
-        (std::signbit(actual) ? reach.negative : reach.positive)) {
-      j.cls = ElementClass::kNotRepresentable;
-      return j;
-    }
-    const double mf = max_finite(t.fmt);
-    target = std::clamp<LD>(x, -mf, mf);
+  if ((r.reach.positive || r.reach.negative) && std::isinf(actual) &&
+      (std::signbit(actual) ? r.reach.negative : r.reach.positive)) {
+    j.cls = ElementClass::kNotRepresentable;
+    return j;
   }
-  j.bound = delta + half_spacing(t.fmt, d(target), delta);
+  j.bound = r.bound;
   if (!std::isfinite(actual)) {
     j.cls = ElementClass::kWrongNonFinite;
     j.err = j.margin = std::numeric_limits<double>::infinity();
     return j;
   }
-  j.err = d(std::fabs(static_cast<LD>(actual) - target));
+  j.err = d(std::fabs(static_cast<LD>(actual) - r.target));
   j.margin = j.bound > 0
                  ? j.err / j.bound
                  : (j.err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
   j.cls = j.err <= j.bound ? ElementClass::kWithin : ElementClass::kOver;
   return j;
+}
+
+}  // namespace
+
+ElementJudgement judge_element(const ToleranceTable& t, size_t i,
+                               double actual) {
+  return judge_by(element_rule(t, i, limits(t.fmt)), actual);
 }
 
 double element_bound(const ToleranceTable& t, size_t i) {
@@ -134,23 +170,30 @@ std::string diagnose(const ToleranceTable& t, size_t i, double actual,
 
 }  // namespace
 
-FieldVerdict judge_field(const ToleranceTable& t,
-                         const std::vector<double>& actual,
-                         const std::vector<double>* naive) {
+namespace {
+
+// judge_field with the expected values' compare basis given; `naive` (may
+// be null) is judged for its statistics and margin only.
+FieldVerdict judge_values(const ToleranceTable& t, const CompareBasis& basis,
+                          std::span<const double> actual,
+                          const std::span<const double>* naive) {
   FieldVerdict v;
   v.id = t.field;
   v.count = static_cast<int64_t>(t.expected.size());
-  v.entry = compare(actual, t.expected, t.fmt);
+  v.entry = compare(actual, t.expected, basis);
   if (naive != nullptr) {
     v.has_naive = true;
-    v.naive = compare(*naive, t.expected, t.fmt);
+    v.naive = compare(*naive, t.expected, basis);
   }
+  // The entry's and the naive's judgements share each element's rule.
+  const FormatLimits lim = limits(t.fmt);
   v.margin = -1;
   for (size_t i = 0; i < t.expected.size(); ++i) {
     const double a = i < actual.size()
                          ? actual[i]
                          : std::numeric_limits<double>::quiet_NaN();
-    const ElementJudgement j = judge_element(t, i, a);
+    const ElementRule rule = element_rule(t, i, lim);
+    const ElementJudgement j = judge_by(rule, a);
     if (t.cond[i] > kIllConditioned) ++v.ill_conditioned;
     if (j.cls == ElementClass::kNotRepresentable) ++v.not_representable;
     if (!passes(j.cls)) {
@@ -166,12 +209,30 @@ FieldVerdict judge_field(const ToleranceTable& t,
     }
     if (naive != nullptr && i < naive->size())
       v.naive_margin =
-          std::max(v.naive_margin, judge_element(t, i, (*naive)[i]).margin);
+          std::max(v.naive_margin, judge_by(rule, (*naive)[i]).margin);
   }
   if (v.margin < 0) v.margin = 0;
   if (v.worst_index >= 0) v.worst_where = t.index_text(v.worst_index);
   v.pass = v.failures == 0;
   return v;
+}
+
+}  // namespace
+
+FieldVerdict judge_field(const ToleranceTable& t,
+                         std::span<const double> actual,
+                         const std::vector<double>* naive) {
+  const std::span<const double> n = naive != nullptr
+                                        ? std::span<const double>(*naive)
+                                        : std::span<const double>();
+  return judge_values(t, compare_basis(t.expected, t.fmt), actual,
+                      naive != nullptr ? &n : nullptr);
+}
+
+FieldVerdict judge_field(const ToleranceTable& t,
+                         const std::vector<double>& actual,
+                         const std::vector<double>* naive) {
+  return judge_field(t, std::span<const double>(actual), naive);
 }
 
 void apply_backward_input(const AttentionResult& er, AgreementReport* rep) {
@@ -218,41 +279,76 @@ void finish(AgreementReport* rep) {
 }
 }  // namespace
 
+PreparedAttention prepare_attention(
+    const AttentionCase& c, Precision s, const OracleAttention& orc,
+    const AttentionResult* nr, bool forward_only, const std::string& naive_name,
+    const ComputeContract& contract, const std::vector<Field>* only) {
+  PreparedAttention p;
+  p.naive_name = nr != nullptr ? naive_name : "";
+  p.case_desc = c.describe();
+  p.contract = contract.describe();
+  p.amplitude = logit_amplitude(c);
+  p.tables = attention_tolerances(c, s, orc, forward_only, contract);
+  if (!contract.is_default())
+    p.looseness = contract_looseness(
+        p.tables, attention_tolerances(c, s, orc, forward_only));
+  if (only != nullptr)
+    std::erase_if(p.tables, [&](const ToleranceTable& t) {
+      return std::find(only->begin(), only->end(), t.field) == only->end();
+    });
+  for (const ToleranceTable& t : p.tables) {
+    p.bases.push_back(compare_basis(t.expected, t.fmt));
+    FieldVerdict nv;
+    if (nr != nullptr) {
+      // The naive's statistics and margin, as judge_values gives them.
+      const std::span<const double> x = field_values(*nr, t.field);
+      nv.has_naive = true;
+      nv.naive = compare(x, t.expected, p.bases.back());
+      const FormatLimits lim = limits(t.fmt);
+      for (size_t i = 0; i < t.expected.size() && i < x.size(); ++i)
+        nv.naive_margin = std::max(
+            nv.naive_margin, judge_by(element_rule(t, i, lim), x[i]).margin);
+    }
+    p.naive.push_back(std::move(nv));
+  }
+  return p;
+}
+
+AgreementReport judge_attention(const PreparedAttention& p,
+                                const AttentionCase& c, Precision s,
+                                const OracleAttention& orc,
+                                const AttentionResult& er,
+                                const std::string& entry_name) {
+  AgreementReport rep;
+  rep.entry_name = entry_name;
+  rep.naive_name = p.naive_name;
+  rep.case_desc = p.case_desc;
+  rep.contract = p.contract;
+  rep.looseness = p.looseness;
+  for (size_t k = 0; k < p.tables.size(); ++k) {
+    const ToleranceTable& t = p.tables[k];
+    FieldVerdict v =
+        judge_values(t, p.bases[k], field_values(er, t.field), nullptr);
+    v.has_naive = p.naive[k].has_naive;
+    v.naive = p.naive[k].naive;
+    v.naive_margin = p.naive[k].naive_margin;
+    v.amplitude = p.amplitude;
+    rep.fields.push_back(std::move(v));
+  }
+  apply_backward_input(er, &rep);
+  finish(&rep);
+  if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, p.tables, er);
+  return rep;
+}
+
 AgreementReport judge_attention(
     const AttentionCase& c, Precision s, const OracleAttention& orc,
     const AttentionResult& er, const AttentionResult* nr, bool forward_only,
     const std::string& entry_name, const std::string& naive_name,
     const std::vector<Field>* only, const ComputeContract& contract) {
-  AgreementReport rep;
-  rep.entry_name = entry_name;
-  rep.naive_name = nr != nullptr ? naive_name : "";
-  rep.case_desc = c.describe();
-  rep.contract = contract.describe();
-  const double A = logit_amplitude(c);
-  std::vector<ToleranceTable> tables =
-      attention_tolerances(c, s, orc, forward_only, contract);
-  if (!contract.is_default())
-    rep.looseness = contract_looseness(
-        tables, attention_tolerances(c, s, orc, forward_only));
-  if (only != nullptr)
-    std::erase_if(tables, [&](const ToleranceTable& t) {
-      return std::find(only->begin(), only->end(), t.field) == only->end();
-    });
-  for (const ToleranceTable& t : tables) {
-    auto pick = [&](const AttentionResult& r) {
-      const std::span<const double> x = field_values(r, t.field);
-      return std::vector<double>(x.begin(), x.end());
-    };
-    const std::vector<double> naive =
-        nr != nullptr ? pick(*nr) : std::vector<double>{};
-    rep.fields.push_back(
-        judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
-    rep.fields.back().amplitude = A;
-  }
-  apply_backward_input(er, &rep);
-  finish(&rep);
-  if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, tables, er);
-  return rep;
+  return judge_attention(prepare_attention(c, s, orc, nr, forward_only,
+                                           naive_name, contract, only),
+                         c, s, orc, er, entry_name);
 }
 
 double contract_looseness(const std::vector<ToleranceTable>& tables,

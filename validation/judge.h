@@ -6,6 +6,7 @@
 #define QKNORM_VALIDATION_JUDGE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,9 @@ std::string label(const FieldVerdict& v);
 // Judges `actual` against table `t`; `naive` (may be null) is judged too,
 // for its margin only.
 FieldVerdict judge_field(const ToleranceTable& t,
+                         std::span<const double> actual,
+                         const std::vector<double>* naive);
+FieldVerdict judge_field(const ToleranceTable& t,
                          const std::vector<double>& actual,
                          const std::vector<double>* naive);
 
@@ -136,6 +140,34 @@ AgreementReport judge_attention(const AttentionCase& c, Precision s,
                                 const std::string& naive_name,
                                 const std::vector<Field>* only = nullptr,
                                 const ComputeContract& contract = {});
+// What judge_attention derives from everything but the entry's result:
+// the rule's tables, the expected values' compare basis (validation/
+// metrics.h) and the naive baseline's statistics and margin per field. The
+// entries of one precision judged on one case against one oracle and naive
+// under one contract share it (the suite prepares it once per case and
+// precision): judge_attention(prepared, ...) gives exactly the report
+// judge_attention(c, s, oracle, entry, naive, ...) gives.
+struct PreparedAttention {
+  std::string case_desc, naive_name, contract;
+  double amplitude = 0, looseness = 1;
+  std::vector<ToleranceTable> tables;
+  std::vector<CompareBasis> bases;  // one per table
+  // One per table: has_naive, naive and naive_margin (has_naive false
+  // without a naive).
+  std::vector<FieldVerdict> naive;
+};
+PreparedAttention prepare_attention(const AttentionCase& c, Precision s,
+                                    const OracleAttention& oracle,
+                                    const AttentionResult* naive,
+                                    bool forward_only,
+                                    const std::string& naive_name,
+                                    const ComputeContract& contract = {},
+                                    const std::vector<Field>* only = nullptr);
+AgreementReport judge_attention(const PreparedAttention& prepared,
+                                const AttentionCase& c, Precision s,
+                                const OracleAttention& oracle,
+                                const AttentionResult& entry,
+                                const std::string& entry_name);
 // How much looser a contract's bound is than f32-accumulate's on the same
 // case: the median over o's elements of element_bound(tables) /
 // element_bound(base), 1 where o is absent or no ratio is defined (inf

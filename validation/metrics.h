@@ -3,6 +3,7 @@
 #define QKNORM_VALIDATION_METRICS_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,22 @@ inline constexpr double kRelFloorFraction = 0x1p-20;
 // non-finite actual sets nonfinite_mismatch and max_abs = +inf.
 ErrorStats compare(const std::vector<double>& actual,
                    const std::vector<long double>& expected, Precision fmt);
+
+// What compare() derives from the expected values alone: the scale max |e|
+// and the format's spacing at each finite e (0 elsewhere). A verdict that
+// compares two results with the same expected values (the entry's and the
+// naive baseline's) derives it once.
+struct CompareBasis {
+  double scale = 0;
+  std::vector<double> spacing;
+};
+CompareBasis compare_basis(const std::vector<long double>& expected,
+                           Precision fmt);
+// compare(actual, expected, fmt) with basis = compare_basis(expected, fmt):
+// the same statistics, bit for bit.
+ErrorStats compare(std::span<const double> actual,
+                   const std::vector<long double>& expected,
+                   const CompareBasis& basis);
 
 std::string describe(const ErrorStats& s);
 
