@@ -603,7 +603,7 @@ void differential(ByteReader& r, bool formulation) {
         pp.domain = in_domain(pp.rc, pp.oracle, e->precision(), d.forward_only);
       }
     }
-    const std::string ctx = entry_ctx(*e, pp.rc);
+    const Context ctx([&] { return entry_ctx(*e, pp.rc); });
     if (!pp.valid) {
       expect_outcome(true, ctx, [&] { run(*e, pp.rc, d.forward_only); });
       continue;
@@ -614,7 +614,7 @@ void differential(ByteReader& r, bool formulation) {
     }
     const Backend& nb = validation::naive_for(e->precision());
     if (!pp.naive_done) {  // the naive entry answers for its own failure
-      expect_outcome(false, entry_ctx(nb, pp.rc),
+      expect_outcome(false, Context([&] { return entry_ctx(nb, pp.rc); }),
                      [&] { pp.naive = run(nb, pp.rc, d.forward_only); });
       pp.naive_done = true;
     }
@@ -626,7 +626,8 @@ void differential(ByteReader& r, bool formulation) {
     });
     log_verdict(rep, ctx);
     if (!rep.pass)
-      fail("entry disagrees with the oracle", rep.failure_message() + ctx);
+      fail("entry disagrees with the oracle",
+           rep.failure_message() + ctx.str());
     // The a-priori bounds of baseline_bounds.h are the paper's (and
     // sdpa's) without GQA.
     if (e == &validation::naive_for(e->precision()) && is_paper_formulation(p))
@@ -732,13 +733,14 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   }
   // Values after storage rounding and aliasing decide validity too.
   const bool finite = all_finite(c.q) && all_finite(c.k) && all_finite(c.v);
-  const std::string ctx = "LAYOUT " + entry_ctx(e, c);
+  const Context ctx([&] { return "LAYOUT " + entry_ctx(e, c); });
   auto ws = e.make_workspace();
   const bool ran = expect_outcome(
       !(valid && finite && qk_range_ok(p, s)), ctx,
       [&] { checked_attention_forward(e, p, a, ws.get(), kOneThread); });
   if (!ran) return;
-  if (!o.guards_intact()) fail("entry wrote outside its output layout", ctx);
+  if (!o.guards_intact())
+    fail("entry wrote outside its output layout", ctx.str());
   // The same values, dense, through the harness: the strided result must
   // meet the bound the dense run is held to.
   const OracleAttention orc = validation::oracle_attention(c);
@@ -749,7 +751,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
       c, s, orc, run(e, c, true), &nr, true, e.name(), nb.name());
   log_verdict(rep, ctx);
   if (!rep.pass)
-    fail("entry disagrees with the oracle", rep.failure_message() + ctx);
+    fail("entry disagrees with the oracle", rep.failure_message() + ctx.str());
   // The strided result, judged by the same verdict.
   AttentionResult strided;
   strided.o = o.load();
@@ -759,7 +761,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   log_verdict(srep, ctx);
   if (!srep.pass)
     fail("strided result outside the tolerance bound",
-         srep.failure_message() + ctx);
+         srep.failure_message() + ctx.str());
 }
 
 void layout(ByteReader& r) {

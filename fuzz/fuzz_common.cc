@@ -138,13 +138,12 @@ void fail(const std::string& what, const std::string& detail) {
   std::abort();
 }
 
-void log_verdict(const validation::AgreementReport& rep,
-                 const std::string& ctx) {
+void log_verdict(const validation::AgreementReport& rep, const Context& ctx) {
   static const char* path = std::getenv("QKNORM_FUZZ_VERDICT_LOG");
   if (path == nullptr || *path == '\0') return;
   std::FILE* f = std::fopen(path, "a");
   if (f == nullptr) fail("cannot append to QKNORM_FUZZ_VERDICT_LOG", path);
-  std::string where = rep.entry_name + " |" + ctx;
+  std::string where = rep.entry_name + " |" + ctx.str();
   std::replace(where.begin(), where.end(), '\n', ' ');
   for (const auto& fv : rep.fields)
     std::fprintf(f, "%s | %s pass=%d margin=%.17g naive=%.17g worst=%lld\n",

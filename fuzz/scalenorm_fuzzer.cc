@@ -145,7 +145,7 @@ void differential(ByteReader& r) {
       pp.done = true;
     }
     const ScaleNormCase& rc = pp.rc;
-    const std::string ctx = entry_ctx(*e, rc);
+    const Context ctx([&] { return entry_ctx(*e, rc); });
     const bool valid =
         pvalid &&
         compute_range_ok(c.problem.g, c.problem.eps, e->precision()) &&
@@ -165,13 +165,13 @@ void differential(ByteReader& r) {
       } catch (const Error&) {
       } catch (const std::exception& ex) {
         fail("exception other than qknorm::Error",
-             ctx + "\n  what(): " + ex.what());
+             ctx.str() + "\n  what(): " + ex.what());
       }
       continue;
     }
     const Backend& nb = validation::naive_for(e->precision());
     if (!pp.naive_done) {  // the naive entry answers for its own failure
-      expect_outcome(false, entry_ctx(nb, rc),
+      expect_outcome(false, Context([&] { return entry_ctx(nb, rc); }),
                      [&] { pp.naive = validation::run_scalenorm(nb, rc); });
       pp.naive_done = true;
     }
@@ -184,7 +184,8 @@ void differential(ByteReader& r) {
     });
     log_verdict(rep, ctx);
     if (!rep.pass)
-      fail("entry disagrees with the oracle", rep.failure_message() + ctx);
+      fail("entry disagrees with the oracle",
+           rep.failure_message() + ctx.str());
     if (e == &validation::naive_for(e->precision()))
       check_baseline(
           rep, validation::baseline_bounds(rc, orc, e->precision()),
@@ -267,7 +268,7 @@ void layout(ByteReader& r) {
       c.dy = dy.load();
     }
     const bool finite = all_finite(c.x) && all_finite(c.dy);
-    const std::string ctx = "LAYOUT " + entry_ctx(*e, c);
+    const Context ctx([&] { return "LAYOUT " + entry_ctx(*e, c); });
     double dg = std::numeric_limits<double>::quiet_NaN();
     auto ws = e->make_workspace();
     const bool ok = valid && finite && compute_range_ok(p.g, p.eps, s);
@@ -283,13 +284,14 @@ void layout(ByteReader& r) {
     });
     if (!ran) continue;
     if (!y.guards_intact() || !dx.guards_intact())
-      fail("entry wrote outside its output layout", ctx);
+      fail("entry wrote outside its output layout", ctx.str());
     const OracleScaleNorm orc = validation::oracle_scalenorm(c);
     if (!in_domain(c, orc, s) || y.overlapping() || dx.overlapping()) continue;
     const AgreementReport rep = validation::check_scalenorm(*e, c);
     log_verdict(rep, ctx);
     if (!rep.pass)
-      fail("entry disagrees with the oracle", rep.failure_message() + ctx);
+      fail("entry disagrees with the oracle",
+           rep.failure_message() + ctx.str());
     validation::ScaleNormResult strided;
     strided.y = y.load();
     strided.dx = dx.load();
@@ -299,7 +301,7 @@ void layout(ByteReader& r) {
     log_verdict(srep, ctx);
     if (!srep.pass)
       fail("strided result outside the tolerance bound",
-           srep.failure_message() + ctx);
+           srep.failure_message() + ctx.str());
   }
 }
 

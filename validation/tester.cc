@@ -104,6 +104,7 @@ AttentionTestReport AttentionTester::Test(const Backend& entry,
       c, s, oracle.get(), r.result, with_naive_ ? &naive.result : nullptr,
       forward_only_, entry.name(), nb.name(), nullptr, entry.contract());
   r.judged = true;
+  if (oracle_out_) *oracle_out_ = oracle.get();
   return r;
 }
 

@@ -182,6 +182,13 @@ class AttentionTester
     forward_only_ = on;
     return *this;
   }
+  // Test() also copies the oracle it judged by into *out (when it judged),
+  // so that a caller with more checks on the same case (the blas tests' f64
+  // a-priori bound) does not evaluate the O(n^2 D) oracle a second time.
+  AttentionTester& keep_oracle(OracleAttention* out) {
+    oracle_out_ = out;
+    return *this;
+  }
 
   // The case Test() runs on, before rounding to `storage`.
   AttentionCase make_case(Precision storage) const;
@@ -197,6 +204,7 @@ class AttentionTester
   std::optional<Precision> range_;
   std::optional<int64_t> row_pad_;
   bool forward_only_ = false;
+  OracleAttention* oracle_out_ = nullptr;
 };
 
 // Runs `entry` on the (already rounded) case in fresh guarded buffers:
