@@ -85,6 +85,8 @@ struct OracleValues {
   std::vector<T> dq_weight, dk_weight, dq_bias, dk_bias;
   std::array<std::vector<T>, kChannels> dq_weight_ch, dk_weight_ch, dq_bias_ch,
       dk_bias_ch;
+  // LayerNorm's mean shift per u_c (OracleAttention::logit_shift): its
+  // effect on dq, dk (per element) and dg.
   std::vector<T> dq_shift_e, dk_shift_e;
   T dg_shift = 0;
 };
@@ -96,6 +98,10 @@ struct OracleAttention : OracleValues<long double> {
   // double, 2^-53 double, 2^-24 float): the rule's oracle channel
   // (validation/rule.h) scales by it.
   double unit_roundoff = 0x1p-64;
+  // Its absolute resolution (smallest subnormal) and smallest normal, as
+  // doubles (0 for long double's, below double's range): the oracle
+  // channel's ulp(0) and tiny terms.
+  double resolution = 0, tiny = 0;
   int64_t q_param_rows = 0, k_param_rows = 0;
   // Round-before-weight formulations in 16-bit storage (Qwen3): a correct
   // kernel's x_hat may round to the other neighbour where the exact x_hat
@@ -107,8 +113,8 @@ struct OracleAttention : OracleValues<long double> {
   // over the divisor; near-zero x_hat_e (x_e at the mean) have no relative
   // accuracy at all (found by the fuzzer, issue 16: a row summing exactly to
   // 0, x_e = 0, reference:f64's weight gradient 1.5e-20 against 7e-24).
-  // Per u_c (units included): the shift's effect on dq, dk (per element),
-  // dg, and the largest logit change it makes (all 0 without layer).
+  // Per u_c (units included): the largest logit change the shift makes (0
+  // without layer; its effect on dq, dk and dg: OracleValues::*_shift*).
   double logit_shift = 0;
   // Sampled verdicts (validation/sampled.h) judge one row of a long problem
   // on a sub-case holding that row and what it reads. The rule's counts and

@@ -621,6 +621,8 @@ void widen_values(const OracleValues<T>& r, OracleAttention* out) {
     });
   }
   out->unit_roundoff = std::numeric_limits<T>::epsilon() / 2;
+  out->resolution = static_cast<double>(std::numeric_limits<T>::denorm_min());
+  out->tiny = static_cast<double>(std::numeric_limits<T>::min());
 }
 
 template <class T>

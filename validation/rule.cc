@@ -109,11 +109,13 @@ struct RuleScalars {
   // A pass in double whose error joins the bounds (OracleAttention::
   // given_units): the f64 unit roundoff.
   double u_given = 0;
-  // The oracle channel (rule.h): the oracle's own unit roundoff
-  // (OracleAttention::unit_roundoff) and its softmax units, soft without
-  // the kernel's rounding flips (logit_flip: a kernel's x_hat, not the
-  // oracle's; oracle.h keeps those cases in long double).
-  double uo = 0, soft_o = 0;
+  // The oracle channel (rule.h): the oracle's own unit roundoff, absolute
+  // resolution and smallest normal (OracleAttention::unit_roundoff,
+  // resolution, tiny: u_c, ulp_c(0) and tiny_c of the rule with the
+  // oracle's arithmetic for the compute format) and its softmax units,
+  // soft without the kernel's rounding flips (logit_flip: a kernel's x_hat,
+  // not the oracle's; oracle.h keeps those cases in long double).
+  double uo = 0, soft_o = 0, co = 0, po = 0;
   Precision wf = Precision::kF64;
   // The logit scale s below the compute format's normal range: a kernel
   // holds it to ulp_c(0) only, and every gradient of q and k (and their
@@ -238,6 +240,8 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.soft = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
            2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
   r.uo = orc.unit_roundoff;
+  r.co = orc.resolution;
+  r.po = orc.tiny;
   r.soft_o = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
              2 * orc.logit_shift;
   r.Hk = kv_heads_of(p);
@@ -273,6 +277,7 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
   t.delta[0] =
       r.uc * (units + r.soft) * d(orc.dg_scale) +
       r.uo * ((units + r.soft_o) * d(orc.dg_scale) + d(orc.dg_shift)) +
+      r.co * d(orc.dg_uf_sens) + r.po * d(orc.dg_p_sens) +
       r.us * d(orc.dg_o_rel_sens) + r.o_res * d(orc.dg_o_sens) +
       r.c_res * d(orc.dg_uf_sens) + r.p_res * d(orc.dg_p_sens) +
       r.uc * d(orc.dg_shift) +
@@ -316,6 +321,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
           rs.uo *
               (units * d(orc.o_mag[e]) + rs.soft_o / 2 * d(orc.o_dev_mag[e])) +
+          rs.po * d(orc.o_p_sens_e[e]) + rs.co * (nk + 2) +
           p_res * d(orc.o_p_sens_e[e]) + rs.acc_res * (nk + 2);
       if (rs.logit_abs > 0 || rs.up > 0 || rs.uacc > 0 || rs.uv > 0)
         t.delta[e] += (units * rs.uacc + rs.uv + rs.up) * d(orc.o_mag[e]) +
@@ -348,7 +354,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     out.push_back(std::move(t));
   }
   if (forward_only) {
-    add_final_ops(&out, c_res);
+    add_final_ops(&out, c_res + rs.co);
     unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
     return out;
   }
@@ -374,8 +380,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
           rs.uo * (units * d(mag[e]) + rs.soft_o * d(ds_mag[e]) + d(shift[e])) +
-          us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
-          p_res * d(p_sens[e]) +
+          rs.co * d(uf[e]) + rs.po * d(p_sens[e]) + us * d(o_rel[e]) +
+          o_res * d(o_sens[e]) + c_res * d(uf[e]) + p_res * d(p_sens[e]) +
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
           rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
@@ -403,6 +409,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
       // 1/4: four products of 0.5 ulp(0) rounded to even).
       t.delta[e] = (uc * units + rs.uo * units_o) * d(orc.dv_mag[e]) +
+                   rs.po * d(orc.dv_p_sens_e[e]) + rs.co * (group * nq + 2) +
                    p_res * d(orc.dv_p_sens_e[e]) + c_res * (group * nq + 2) +
                    rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]) +
                    (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
@@ -434,6 +441,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
           rs.uo * (units * d(chan(Channel::kMagnitude)) +
                    rs.soft_o * d(chan(Channel::kSoftmaxTerms)) +
                    d(chan(Channel::kLayerShift))) +
+          rs.co *
+              (d(chan(Channel::kSubnormalCount)) + static_cast<double>(R + 2)) +
+          rs.po * d(chan(Channel::kPResolution)) +
           us * d(chan(Channel::kStoredORel)) +
           o_res * d(chan(Channel::kStoredOAbs)) +
           c_res *
@@ -454,7 +464,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, rs.Nk);
   param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
         group * rs.Nq);
-  add_final_ops(&out, c_res);
+  add_final_ops(&out, c_res + rs.co);
   unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
   return out;
 }
@@ -464,7 +474,7 @@ ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
                                       const ComputeContract& k) {
   const RuleScalars rs = rule_scalars(c, s, orc, k);
   std::vector<ToleranceTable> out{dg_table(rs, orc)};
-  add_final_ops(&out, rs.c_res);
+  add_final_ops(&out, rs.c_res + rs.co);
   unresolved_softmax(&out, rs.soft * rs.uc + 2 * rs.logit_abs);
   return out[0];
 }
