@@ -17,6 +17,32 @@
 namespace qknorm::validation {
 namespace {
 
+bool use_double(const AttentionCase& c);
+
+}  // namespace
+
+struct SharedOperands::Impl {
+  bool f64 = false;  // which of the two holds the operands
+  OperandMagsT<long double> ld[2];
+  OperandMagsT<double> dbl[2];
+};
+
+namespace {
+
+// The whole case's side `side` in arithmetic T, or null (none shared, or
+// shared in the other arithmetic).
+template <class T>
+const OperandMagsT<T>* shared_side(const SharedOperands* s, int side) {
+  if (s == nullptr) return nullptr;
+  if constexpr (std::is_same_v<T, double>) {
+    return s->impl->f64 ? &s->impl->dbl[side] : nullptr;
+  } else if constexpr (std::is_same_v<T, long double>) {
+    return s->impl->f64 ? nullptr : &s->impl->ld[side];
+  } else {
+    return nullptr;
+  }
+}
+
 // Below this, exp in long double returns 0 (half its smallest subnormal):
 // the P_ij > 0 of the long-double oracle, which the channels of a narrower
 // oracle reproduce from S (oracle_in, alive).
@@ -60,8 +86,8 @@ void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
 // r, the scalars that are not T's into out.
 template <class T>
 void oracle_in(const AttentionCase& c, const GivenRows* given,
-               const RowCounts& counts, OracleArrays<T>& a, OracleValues<T>& r,
-               OracleAttention& out) {
+               const RowCounts& counts, const SubCaseOf& sub,
+               OracleArrays<T>& a, OracleValues<T>& r, OracleAttention& out) {
   using LD = T;  // the oracle's arithmetic (the name the loops below use)
   const AttentionProblem& p = c.problem;
   std::vector<LD>&q = a.q, &k = a.k, &v = a.v, &d_o = a.d_o;
@@ -73,8 +99,17 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
   const reference::NormArgs<LD> w = norm_args<LD>(c, &store);
   // Both sides' logit operands, normalized once: the forward, backward,
   // probabilities and magnitudes below all read them (OperandMags::view).
-  fill_operand_mags(c, 0, q.data(), w, &a.qm);
-  fill_operand_mags(c, 1, k.data(), w, &a.km);
+  // (or sliced from the whole case's, SharedOperands).
+  const OperandMagsT<LD>* shared_q = shared_side<LD>(sub.shared, 0);
+  if (shared_q != nullptr) {
+    slice_operand_mags(*shared_q, sub.b, sub.q_head, sub.q_row, norm_rows(p, 0),
+                       &a.qm);
+    slice_operand_mags(*shared_side<LD>(sub.shared, 1), sub.b, sub.k_head,
+                       sub.k_row, norm_rows(p, 1), &a.km);
+  } else {
+    fill_operand_mags(c, 0, q.data(), w, &a.qm);
+    fill_operand_mags(c, 1, k.data(), w, &a.km);
+  }
   const OperandMagsT<LD>&qm = a.qm, &km = a.km;
   const reference::OperandView<LD> qv = qm.view(), kv = km.view();
   // RowCounts: the outputs of a side the caller does not need are not
@@ -625,17 +660,31 @@ void widen_values(const OracleValues<T>& r, OracleAttention* out) {
   out->tiny = static_cast<double>(std::numeric_limits<T>::min());
 }
 
+// The oracle in T into *out; false (a narrower T only) where a value came
+// out non-finite (use_double).
 template <class T>
-void run_oracle(const AttentionCase& c, const GivenRows* given,
-                const RowCounts& counts, OracleWorkspace::Arrays& a,
-                OracleAttention* out) {
+bool run_oracle(const AttentionCase& c, const GivenRows* given,
+                const RowCounts& counts, const SubCaseOf& sub,
+                OracleWorkspace::Arrays& a, OracleAttention* out) {
   if constexpr (std::is_same_v<T, long double>) {
-    oracle_in<T>(c, given, counts, a.in<T>(), *out, *out);
+    oracle_in<T>(c, given, counts, sub, a.in<T>(), *out, *out);
     widen_values(static_cast<const OracleValues<T>&>(*out), out);
+    return true;
   } else {
-    OracleValues<T> r;
-    oracle_in<T>(c, given, counts, a.in<T>(), r, *out);
+    // The workspace's result arrays, emptied (their memory kept).
+    OracleValues<T>& r = a.in<T>().out;
+    each_value(r, r, [](auto& x, auto&) {
+      using X = std::decay_t<decltype(x)>;
+      if constexpr (std::is_arithmetic_v<X>) {
+        x = 0;
+      } else {
+        x.clear();
+      }
+    });
+    oracle_in<T>(c, given, counts, sub, a.in<T>(), r, *out);
+    if (!all_finite(r)) return false;
     widen_values(r, out);
+    return true;
   }
 }
 
@@ -647,30 +696,52 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   OracleWorkspace own;
   OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : *own.arrays;
   OracleAttention r;
+  // Forced precisions report what they computed, finite or not (tests).
   switch (options.precision) {
     case OraclePrecision::kFloat:
-      run_oracle<float>(c, given, counts, a, &r);
+      if (!run_oracle<float>(c, given, counts, options.sub, a, &r))
+        widen_values(a.f32.out, &r);
       return r;
     case OraclePrecision::kDouble:
-      run_oracle<double>(c, given, counts, a, &r);
+      if (!run_oracle<double>(c, given, counts, options.sub, a, &r))
+        widen_values(a.f64.out, &r);
       return r;
     case OraclePrecision::kLongDouble:
-      run_oracle<long double>(c, given, counts, a, &r);
+      run_oracle<long double>(c, given, counts, options.sub, a, &r);
       return r;
     case OraclePrecision::kAuto:
       break;
   }
-  if (use_double(c)) {
-    OracleValues<double> v;
-    oracle_in<double>(c, given, counts, a.f64, v, r);
-    if (all_finite(v)) {
-      widen_values(v, &r);
-      return r;
-    }
-    r = OracleAttention{};
-  }
-  run_oracle<long double>(c, given, counts, a, &r);
+  // A sub-case runs in the arithmetic its whole case's operands were
+  // normalized in (SharedOperands).
+  const bool f64 = options.sub.shared != nullptr ? options.sub.shared->impl->f64
+                                                 : use_double(c);
+  if (f64 && run_oracle<double>(c, given, counts, options.sub, a, &r)) return r;
+  r = OracleAttention{};
+  run_oracle<long double>(c, given, counts, f64 ? SubCaseOf{} : options.sub, a,
+                          &r);
   return r;
 }
+
+SharedOperands::SharedOperands(const AttentionCase& whole)
+    : impl(std::make_unique<Impl>()) {
+  impl->f64 = use_double(whole);
+  auto fill = [&](auto* sides) {
+    using T = typename std::decay_t<decltype(sides[0].xh)>::value_type;
+    std::array<std::vector<T>, 4> store;
+    const reference::NormArgs<T> w = norm_args<T>(whole, &store);
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<double>& x = side == 0 ? whole.q : whole.k;
+      const std::vector<T> xt(x.begin(), x.end());
+      fill_operand_mags(whole, side, xt.data(), w, &sides[side]);
+    }
+  };
+  if (impl->f64) {
+    fill(impl->dbl);
+  } else {
+    fill(impl->ld);
+  }
+}
+SharedOperands::~SharedOperands() = default;
 
 }  // namespace qknorm::validation

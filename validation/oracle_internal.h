@@ -37,6 +37,9 @@ struct OracleArrays {
       adr_q, adr_k, res_q, res_k;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
+  // The result of an oracle narrower than long double before it is
+  // widened (OracleAttention): kept, so a sub-case allocates it once.
+  OracleValues<T> out;
 };
 // One set per arithmetic the oracle runs in (OraclePrecision).
 struct OracleWorkspace::Arrays {
