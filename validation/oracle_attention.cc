@@ -43,6 +43,26 @@ const OperandMagsT<T>* shared_side(const SharedOperands* s, int side) {
   }
 }
 
+// y += a x, y += x, y += a |x|, y += |x| over n contiguous elements: the
+// channel loops' updates, one array at a time (vectorized; no element's
+// order of operations changes).
+template <class T>
+void axpy(int64_t n, T a, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
+}
+template <class T>
+void add(int64_t n, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += x[d];
+}
+template <class T>
+void axpy_abs(int64_t n, T a, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += a * std::fabs(x[d]);
+}
+template <class T>
+void add_abs(int64_t n, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += std::fabs(x[d]);
+}
+
 // Below this, exp in long double returns 0 (half its smallest subnormal):
 // the P_ij > 0 of the long-double oracle, which the channels of a narrower
 // oracle reproduce from S (oracle_in, alive).
@@ -435,19 +455,20 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* adq = ads_q.data() + qi;
               const LD* rk = res_k.data() + kj;
               const LD* ksh = km.sh.data() + kj;
-              for (int64_t d = 0; d < D; ++d) {
-                const LD x = kaj[d];
-                for (int ch = 0; ch < nch; ++ch) mqi[ch][d] += sw[ch] * x;
-                // (s dS_ij) x_tilde': the scaled dS rounds once more to
-                // ulp_c(0), unscaled (above).
-                mqi[kSub][d] += x;
-                if (layer) mqi[kShift][d] += s_adsv * ksh[d];
-                duq[d] += s_dsv * ktj[d];
-                adq[d] += s_adsv * rk[d];
-                omag[d] += pij * std::fabs(vj[d]);
-                if (pos) ouf[d] += std::fabs(vj[d]);
+              // One loop per array (each element's sums in the same order
+              // as one loop over d doing them all: the same bits), so that
+              // each is a contiguous axpy the compiler vectorizes.
+              for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], kaj, mqi[ch]);
+              // (s dS_ij) x_tilde': the scaled dS rounds once more to
+              // ulp_c(0), unscaled (above).
+              add(D, kaj, mqi[kSub]);
+              if (layer) axpy(D, s_adsv, ksh, mqi[kShift]);
+              axpy(D, s_dsv, ktj, duq);
+              axpy(D, s_adsv, rk, adq);
+              axpy_abs(D, pij, vj, omag);
+              if (pos) add_abs(D, vj, ouf);
+              for (int64_t d = 0; d < D; ++d)
                 odev[d] += pij * std::fabs(vj[d] - oi[d]);
-              }
             }
             if (ks) {
               LD* mkj[kCh];
@@ -458,16 +479,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               const LD* qsh = qm.sh.data() + qi;
               LD* dvm = dv_mag + j * D;
               LD* dvu = dv_uf + j * D;
-              for (int64_t d = 0; d < D; ++d) {
-                const LD x = qai[d];
-                for (int ch = 0; ch < nch; ++ch) mkj[ch][d] += sw[ch] * x;
-                mkj[kSub][d] += x;
-                if (layer) mkj[kShift][d] += s_adsv * qsh[d];
-                duk[d] += s_dsv * qti[d];
-                adk[d] += s_adsv * rq[d];
-                dvm[d] += pij * std::fabs(doi[d]);
-                if (pos) dvu[d] += std::fabs(doi[d]);
-              }
+              for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
+              add(D, qai, mkj[kSub]);
+              if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
+              axpy(D, s_dsv, qti, duk);
+              axpy(D, s_adsv, rq, adk);
+              axpy_abs(D, pij, doi, dvm);
+              if (pos) add_abs(D, doi, dvu);
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
             adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
