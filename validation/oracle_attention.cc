@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "qknorm/error.h"
@@ -15,11 +17,38 @@
 namespace qknorm::validation {
 namespace {
 
+// y += a x, y += x, y += a |x|, y += |x| over n contiguous elements: the
+// channel loops' updates, one array at a time (vectorized; no element's
+// order of operations changes).
+template <class T>
+void axpy(int64_t n, T a, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
+}
+template <class T>
+void add(int64_t n, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += x[d];
+}
+template <class T>
+void axpy_abs(int64_t n, T a, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += a * std::fabs(x[d]);
+}
+template <class T>
+void add_abs(int64_t n, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += std::fabs(x[d]);
+}
+
+// Below this, exp in long double returns 0 (half its smallest subnormal):
+// the P_ij > 0 of the long-double oracle, which the channels of a narrower
+// oracle reproduce from S (oracle_in, alive).
+const long double kWideExpFloor =
+    std::log(std::numeric_limits<long double>::denorm_min() / 2);
+
 // P_ij = exp(S_ij - lse_i) with the given lse (0 where masked), and S_ij
 // (where S is not null) as the reference's backward forms it: the scale
 // times the D-term dot of the logit operands.
-void given_probabilities(const AttentionCase& c, const OperandMags& qm,
-                         const OperandMags& km, const std::vector<LD>& lse,
+template <class LD>
+void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
+                         const OperandMagsT<LD>& km, const std::vector<LD>& lse,
                          LD* probs, LD* S) {
   const AttentionProblem& p = c.problem;
   const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
@@ -49,24 +78,34 @@ void given_probabilities(const AttentionCase& c, const OperandMags& qm,
 
 }  // namespace
 
-OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
-                                 const RowCounts& counts, OracleWorkspace* ws) {
+// The oracle in arithmetic T (oracle_internal.h).
+template <class T>
+void oracle_in(const AttentionCase& c, const GivenRows* given,
+               const RowCounts& counts, const SubCaseOf& sub,
+               OracleArrays<T>& a, OracleValues<T>& r, OracleAttention& out) {
+  using LD = T;  // the oracle's arithmetic (the name the loops below use)
   const AttentionProblem& p = c.problem;
-  OracleAttention r;
-  OracleWorkspace::Arrays own;
-  OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : own;
   std::vector<LD>&q = a.q, &k = a.k, &v = a.v, &d_o = a.d_o;
   q.assign(c.q.begin(), c.q.end());
   k.assign(c.k.begin(), c.k.end());
   v.assign(c.v.begin(), c.v.end());
   d_o.assign(c.d_o.begin(), c.d_o.end());
   std::array<std::vector<LD>, 4> store;
-  const reference::NormArgs<LD> w = norm_args(c, &store);
+  const reference::NormArgs<LD> w = norm_args<LD>(c, &store);
   // Both sides' logit operands, normalized once: the forward, backward,
   // probabilities and magnitudes below all read them (OperandMags::view).
-  fill_operand_mags(c, 0, q.data(), w, &a.qm);
-  fill_operand_mags(c, 1, k.data(), w, &a.km);
-  const OperandMags &qm = a.qm, &km = a.km;
+  // (or sliced from the whole case's, SharedOperands).
+  const OperandMagsT<LD>* shared_q = shared_side<LD>(sub.shared, 0);
+  if (shared_q != nullptr) {
+    slice_operand_mags(*shared_q, sub.b, sub.q_head, sub.q_row, norm_rows(p, 0),
+                       &a.qm);
+    slice_operand_mags(*shared_side<LD>(sub.shared, 1), sub.b, sub.k_head,
+                       sub.k_row, norm_rows(p, 1), &a.km);
+  } else {
+    fill_operand_mags(c, 0, q.data(), w, &a.qm);
+    fill_operand_mags(c, 1, k.data(), w, &a.km);
+  }
+  const OperandMagsT<LD>&qm = a.qm, &km = a.km;
   const reference::OperandView<LD> qv = qm.view(), kv = km.view();
   // RowCounts: the outputs of a side the caller does not need are not
   // formed, nor, in a sub-case (either side off), the case-wide scalars.
@@ -75,9 +114,14 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
   // P, and in a sub-case S for the backward: there the forward (or the
   // given rows' loop) returns them, the logits formed once instead of in
-  // each of forward, probabilities and backward (the full oracle keeps no
-  // S: as large as P).
-  const bool cache = !whole;
+  // each of forward, probabilities and backward (the full long-double
+  // oracle keeps no S: as large as P). An oracle narrower than long double
+  // keeps S always: its P flushes to 0 below its range where long double's
+  // does not (exp(S - lse) < 2^-1074 in double), and the channels that ask
+  // whether P_ij > 0 (kPResolution, o_p_sens_e, dv_p_sens_e) ask it of
+  // long double's P, from S (alive below).
+  constexpr bool narrow = !std::is_same_v<T, long double>;
+  const bool cache = !whole || narrow;
   const auto pairs =
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len);
   std::vector<LD>&probs = a.probs, &logits = a.logits;
@@ -94,7 +138,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     // backward reads delta from O): O_i = delta_i dO_i / ||dO_i||^2.
     const auto D = static_cast<size_t>(p.head_dim);
     const size_t rows = static_cast<size_t>(p.batch * p.heads * p.q_len);
-    for (const std::vector<LD>* x :
+    for (const std::vector<long double>* x :
          {&given->lse, &given->delta, &given->del, &given->ds_l1, &given->o_abs,
           &given->p_del})
       if (x->size() != rows)
@@ -102,9 +146,9 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                     "GivenRows holds " + std::to_string(x->size()) +
                         " values of a statistic where the case has " +
                         std::to_string(rows) + " query rows");
-    r.lse = given->lse;
-    r.given_units = given->units;
-    r.given_soft_units = given->soft_units;
+    r.lse.assign(given->lse.begin(), given->lse.end());
+    out.given_units = given->units;
+    out.given_soft_units = given->soft_units;
     for (size_t row = 0; row < r.lse.size(); ++row) {
       const LD* doi = d_o.data() + row * D;
       LD ss = 0;
@@ -271,6 +315,16 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           const size_t qi = static_cast<size_t>((bh * Nq + i) * D);
           const LD* doi = d_o.data() + qi;
           const LD* pi = probs.data() + (bh * Nq + i) * Nk;
+          // P_ij > 0 as long double's exp would have it (cache, above): a
+          // visible pair whose S_ij - lse_i is above long double's
+          // underflow.
+          const LD* si = S != nullptr ? S + (bh * Nq + i) * Nk : nullptr;
+          const LD li = r.lse[static_cast<size_t>(bh * Nq + i)];
+          auto alive = [&](int64_t j) {
+            return pi[j] > 0 ||
+                   (narrow && visible(p.mask, b, i, j, Nq, Nk) &&
+                    static_cast<long double>(si[j]) - li > kWideExpFloor);
+          };
           const LD* qti = qm.xt.data() + qi;
           const LD* qai = qm.xa.data() + qi;
           const LD qan = norm2(qai);
@@ -298,7 +352,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           // dP_ik, or through O, dO_i . O_i), kPResolution's term P_ij p_del_i.
           LD p_del = 0;
           for (int64_t j = 0; j < Nk; ++j)
-            if (pi[j] > 0) p_del += av[static_cast<size_t>(j)];
+            if (alive(j)) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
@@ -315,15 +369,16 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               given != nullptr ? given->o_abs[row] : absdot(doi, oi);
           for (int64_t j = 0; j < Nk; ++j) {
             const LD pij = pi[j];
+            const bool pos = alive(j);
             const LD dpd = sdp[static_cast<size_t>(j)] - sdel;
             // In Channel order (validation/field.h).
             const LD wt[kCh] = {
-                pij * (av[static_cast<size_t>(j)] + del),    // kMagnitude
-                pij * do_l1,                                 // kStoredOAbs
-                pij * (2 * D + 1) + 1,                       // kSubnormalCount
-                pij * o_abs_dot,                             // kStoredORel
-                pij * (std::fabs(dpd) + ds_l1 / 2),          // kSoftmaxTerms
-                pij > 0 ? std::fabs(dpd) + pij * p_del : 0,  // kPResolution
+                pij * (av[static_cast<size_t>(j)] + del),  // kMagnitude
+                pij * do_l1,                               // kStoredOAbs
+                pij * (2 * D + 1) + 1,                     // kSubnormalCount
+                pij * o_abs_dot,                           // kStoredORel
+                pij * (std::fabs(dpd) + ds_l1 / 2),        // kSoftmaxTerms
+                pos ? std::fabs(dpd) + pij * p_del : 0,    // kPResolution
                 0};  // kLayerShift: added below, from the shifts
             const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
             const LD* ktj = km.xt.data() + kj;
@@ -375,19 +430,20 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               LD* adq = ads_q.data() + qi;
               const LD* rk = res_k.data() + kj;
               const LD* ksh = km.sh.data() + kj;
-              for (int64_t d = 0; d < D; ++d) {
-                const LD x = kaj[d];
-                for (int ch = 0; ch < nch; ++ch) mqi[ch][d] += sw[ch] * x;
-                // (s dS_ij) x_tilde': the scaled dS rounds once more to
-                // ulp_c(0), unscaled (above).
-                mqi[kSub][d] += x;
-                if (layer) mqi[kShift][d] += s_adsv * ksh[d];
-                duq[d] += s_dsv * ktj[d];
-                adq[d] += s_adsv * rk[d];
-                omag[d] += pij * std::fabs(vj[d]);
-                if (pij > 0) ouf[d] += std::fabs(vj[d]);
+              // One loop per array (each element's sums in the same order
+              // as one loop over d doing them all: the same bits), so that
+              // each is a contiguous axpy the compiler vectorizes.
+              for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], kaj, mqi[ch]);
+              // (s dS_ij) x_tilde': the scaled dS rounds once more to
+              // ulp_c(0), unscaled (above).
+              add(D, kaj, mqi[kSub]);
+              if (layer) axpy(D, s_adsv, ksh, mqi[kShift]);
+              axpy(D, s_dsv, ktj, duq);
+              axpy(D, s_adsv, rk, adq);
+              axpy_abs(D, pij, vj, omag);
+              if (pos) add_abs(D, vj, ouf);
+              for (int64_t d = 0; d < D; ++d)
                 odev[d] += pij * std::fabs(vj[d] - oi[d]);
-              }
             }
             if (ks) {
               LD* mkj[kCh];
@@ -398,16 +454,13 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               const LD* qsh = qm.sh.data() + qi;
               LD* dvm = dv_mag + j * D;
               LD* dvu = dv_uf + j * D;
-              for (int64_t d = 0; d < D; ++d) {
-                const LD x = qai[d];
-                for (int ch = 0; ch < nch; ++ch) mkj[ch][d] += sw[ch] * x;
-                mkj[kSub][d] += x;
-                if (layer) mkj[kShift][d] += s_adsv * qsh[d];
-                duk[d] += s_dsv * qti[d];
-                adk[d] += s_adsv * rq[d];
-                dvm[d] += pij * std::fabs(doi[d]);
-                if (pij > 0) dvu[d] += std::fabs(doi[d]);
-              }
+              for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
+              add(D, qai, mkj[kSub]);
+              if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
+              axpy(D, s_dsv, qti, duk);
+              axpy(D, s_adsv, rq, adk);
+              axpy_abs(D, pij, doi, dvm);
+              if (pos) add_abs(D, doi, dvu);
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
             adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
@@ -416,11 +469,12 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
       }
     // Through the weight and the normalization backward, per side row
     // (carry_side, oracle_operands.cc).
-    auto side = [&](int sd, const OperandMags& m, ChannelArrays& ch_in,
-                    const std::vector<LD>& du, const std::vector<LD>& ads,
-                    const std::vector<LD>& adr, int64_t terms,
-                    const std::array<std::vector<LD>*, kCh>& dst,
-                    ChannelArrays* dw, ChannelArrays* db, LD* out_max) {
+    auto side = [&](int sd, const OperandMagsT<LD>& m,
+                    ChannelArraysT<LD>& ch_in, const std::vector<LD>& du,
+                    const std::vector<LD>& ads, const std::vector<LD>& adr,
+                    int64_t terms, const std::array<std::vector<LD>*, kCh>& dst,
+                    ChannelArraysT<LD>* dw, ChannelArraysT<LD>* db,
+                    LD* out_max) {
       carry_side(p, s, sd, m, ch_in, du, ads, adr, terms, dst, dw, db, out_max);
     };
     LD dq_out[3] = {}, dk_out[3] = {};
@@ -473,14 +527,14 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     if (param_size(p, 0) == 0)
       for (auto& x : r.dq_weight_ch) x.clear();
     const NormRows qr = norm_rows(p, 0), kr = norm_rows(p, 1);
-    r.q_param_rows =
+    out.q_param_rows =
         qr.rows() * qr.len() / std::max<int64_t>(1, param_size(p, 0));
-    r.k_param_rows =
-        shared ? r.q_param_rows
+    out.k_param_rows =
+        shared ? out.q_param_rows
                : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
-    if (shared) r.q_param_rows *= 2;
-    if (whole) r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
-    r.logit_shift = static_cast<double>(logit_shift);
+    if (shared) out.q_param_rows *= 2;
+    if (whole) out.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    out.logit_shift = static_cast<double>(logit_shift);
     for (int64_t e = 0; ks && e < Nk * D * p.batch * Hk; ++e)
       r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
     r.dq_scale = dq_out[kMag];
@@ -492,8 +546,21 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   }
   // Once per case (every entry's tables read it): O(B H Nq Nk D) where rows
   // have dominant channels, as the logits above.
-  if (whole) r.cosine_units = cosine_units(c);
-  return r;
+  if (whole) out.cosine_units = cosine_units(c);
 }
+
+template void oracle_in<float>(const AttentionCase&, const GivenRows*,
+                               const RowCounts&, const SubCaseOf&,
+                               OracleArrays<float>&, OracleValues<float>&,
+                               OracleAttention&);
+template void oracle_in<double>(const AttentionCase&, const GivenRows*,
+                                const RowCounts&, const SubCaseOf&,
+                                OracleArrays<double>&, OracleValues<double>&,
+                                OracleAttention&);
+template void oracle_in<long double>(const AttentionCase&, const GivenRows*,
+                                     const RowCounts&, const SubCaseOf&,
+                                     OracleArrays<long double>&,
+                                     OracleValues<long double>&,
+                                     OracleAttention&);
 
 }  // namespace qknorm::validation

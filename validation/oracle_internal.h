@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "validation/field.h"
@@ -25,16 +26,73 @@ inline constexpr size_t kMag = at(Channel::kMagnitude),
                         kPRes = at(Channel::kPResolution),
                         kShift = at(Channel::kLayerShift);
 static_assert(kShift + 1 == kChannels, "the layer shift is the last channel");
-// Per-channel arrays of long doubles (indexed by at(Channel)).
-using ChannelArrays = std::array<std::vector<LD>, kChannels>;
+// Per-channel arrays in the oracle's arithmetic T (indexed by at(Channel)).
+template <class T>
+using ChannelArraysT = std::array<std::vector<T>, kChannels>;
 
-// The oracle's scratch arrays, kept from call to call (OracleWorkspace).
-struct OracleWorkspace::Arrays {
-  std::vector<LD> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q,
-      ads_k, adr_q, adr_k, res_q, res_k;
-  OperandMags qm, km;
-  ChannelArrays mq, mk;
+// The oracle's scratch arrays in its arithmetic T, kept from call to call
+// (OracleWorkspace).
+template <class T>
+struct OracleArrays {
+  std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
+      adr_q, adr_k, res_q, res_k;
+  OperandMagsT<T> qm, km;
+  ChannelArraysT<T> mq, mk;
+  // The result of an oracle narrower than long double before it is
+  // widened (OracleAttention): kept, so a sub-case allocates it once.
+  OracleValues<T> out;
 };
+// One set per arithmetic the oracle runs in (OraclePrecision).
+struct OracleWorkspace::Arrays {
+  OracleArrays<LD> ld;
+  OracleArrays<double> f64;
+  OracleArrays<float> f32;
+  template <class T>
+  OracleArrays<T>& in();
+};
+template <>
+inline OracleArrays<LD>& OracleWorkspace::Arrays::in<LD>() {
+  return ld;
+}
+template <>
+inline OracleArrays<double>& OracleWorkspace::Arrays::in<double>() {
+  return f64;
+}
+template <>
+inline OracleArrays<float>& OracleWorkspace::Arrays::in<float>() {
+  return f32;
+}
+
+// The whole case's operands of a SharedOperands (oracle.h), in the
+// arithmetic use_double picked for the whole case (oracle_dispatch.cc).
+struct SharedOperands::Impl {
+  bool f64 = false;  // which of the two holds the operands
+  OperandMagsT<long double> ld[2];
+  OperandMagsT<double> dbl[2];
+};
+
+// The whole case's side `side` in arithmetic T, or null (none shared, or
+// shared in the other arithmetic).
+template <class T>
+const OperandMagsT<T>* shared_side(const SharedOperands* s, int side) {
+  if (s == nullptr) return nullptr;
+  if constexpr (std::is_same_v<T, double>) {
+    return s->impl->f64 ? &s->impl->dbl[side] : nullptr;
+  } else if constexpr (std::is_same_v<T, long double>) {
+    return s->impl->f64 ? nullptr : &s->impl->ld[side];
+  } else {
+    return nullptr;
+  }
+}
+
+// The oracle in arithmetic T (oracle_attention.cc; float, double and long
+// double): the values and channels into r, the scalars that are not T's
+// into out; sub: the whole case's operands to slice (SubCaseOf; shared ==
+// nullptr: the case's own normalization).
+template <class T>
+void oracle_in(const AttentionCase& c, const GivenRows* given,
+               const RowCounts& counts, const SubCaseOf& sub,
+               OracleArrays<T>& a, OracleValues<T>& r, OracleAttention& out);
 
 // One side's channels (ch_in, per element of the logit operand's gradient
 // dx_tilde) through the weight and the normalization backward, per
@@ -45,12 +103,13 @@ struct OracleWorkspace::Arrays {
 // resp. per operand row; terms: the number of terms of each dx_tilde sum;
 // s: the logit scale's magnitude. The derivations are in
 // oracle_operands.cc.
-void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
-                ChannelArrays& ch_in, const std::vector<LD>& du,
-                const std::vector<LD>& ads, const std::vector<LD>& adr,
-                int64_t terms,
-                const std::array<std::vector<LD>*, kChannels>& dst,
-                ChannelArrays* dw, ChannelArrays* db, LD* out_max);
+template <class T>
+void carry_side(const AttentionProblem& p, T s, int sd,
+                const OperandMagsT<T>& m, ChannelArraysT<T>& ch_in,
+                const std::vector<T>& du, const std::vector<T>& ads,
+                const std::vector<T>& adr, int64_t terms,
+                const std::array<std::vector<T>*, kChannels>& dst,
+                ChannelArraysT<T>* dw, ChannelArraysT<T>* db, T* out_max);
 
 }  // namespace qknorm::validation
 
