@@ -27,6 +27,11 @@ namespace {
 using LD = long double;
 
 double d(LD x) { return static_cast<double>(x); }
+// k x for a unit k of the oracle channel, 0 where k is: the long double
+// oracle's resolution and smallest normal are below double's range (k = 0)
+// while a sensitivity may exceed it (d(x) = inf; found by the corpus file
+// crash-sdpa-bound-norm-overflow: 0 * inf made dq's bound NaN).
+double times(double k, LD x) { return k == 0 ? 0 : k * d(x); }
 
 // kappa = M / |x| (0 / 0 = 1: an exact zero made of zero terms).
 double condition(LD mag, LD x) {
@@ -276,8 +281,8 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
       sum_units(n) + sum_units(static_cast<double>(r.D)) + r.div;
   t.delta[0] =
       r.uc * (units + r.soft) * d(orc.dg_scale) +
-      r.uo * ((units + r.soft_o) * d(orc.dg_scale) + d(orc.dg_shift)) +
-      r.co * d(orc.dg_uf_sens) + r.po * d(orc.dg_p_sens) +
+      r.uo * (times(units + r.soft_o, orc.dg_scale) + d(orc.dg_shift)) +
+      times(r.co, orc.dg_uf_sens) + times(r.po, orc.dg_p_sens) +
       r.us * d(orc.dg_o_rel_sens) + r.o_res * d(orc.dg_o_sens) +
       r.c_res * d(orc.dg_uf_sens) + r.p_res * d(orc.dg_p_sens) +
       r.uc * d(orc.dg_shift) +
@@ -319,9 +324,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     for (size_t e = 0; e < orc.o.size(); ++e) {
       t.delta[e] =
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
-          rs.uo *
-              (units * d(orc.o_mag[e]) + rs.soft_o / 2 * d(orc.o_dev_mag[e])) +
-          rs.po * d(orc.o_p_sens_e[e]) + rs.co * (nk + 2) +
+          rs.uo * (units * d(orc.o_mag[e]) +
+                   times(rs.soft_o / 2, orc.o_dev_mag[e])) +
+          times(rs.po, orc.o_p_sens_e[e]) + rs.co * (nk + 2) +
           p_res * d(orc.o_p_sens_e[e]) + rs.acc_res * (nk + 2);
       if (rs.logit_abs > 0 || rs.up > 0 || rs.uacc > 0 || rs.uv > 0)
         t.delta[e] += (units * rs.uacc + rs.uv + rs.up) * d(orc.o_mag[e]) +
@@ -379,8 +384,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
-          rs.uo * (units * d(mag[e]) + rs.soft_o * d(ds_mag[e]) + d(shift[e])) +
-          rs.co * d(uf[e]) + rs.po * d(p_sens[e]) + us * d(o_rel[e]) +
+          rs.uo *
+              (units * d(mag[e]) + times(rs.soft_o, ds_mag[e]) + d(shift[e])) +
+          times(rs.co, uf[e]) + times(rs.po, p_sens[e]) + us * d(o_rel[e]) +
           o_res * d(o_sens[e]) + c_res * d(uf[e]) + p_res * d(p_sens[e]) +
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
@@ -409,7 +415,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
       // 1/4: four products of 0.5 ulp(0) rounded to even).
       t.delta[e] = (uc * units + rs.uo * units_o) * d(orc.dv_mag[e]) +
-                   rs.po * d(orc.dv_p_sens_e[e]) + rs.co * (group * nq + 2) +
+                   times(rs.po, orc.dv_p_sens_e[e]) + rs.co * (group * nq + 2) +
                    p_res * d(orc.dv_p_sens_e[e]) + c_res * (group * nq + 2) +
                    rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]) +
                    (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
@@ -439,11 +445,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                 soft * d(chan(Channel::kSoftmaxTerms)) +
                 d(chan(Channel::kLayerShift))) +
           rs.uo * (units * d(chan(Channel::kMagnitude)) +
-                   rs.soft_o * d(chan(Channel::kSoftmaxTerms)) +
+                   times(rs.soft_o, chan(Channel::kSoftmaxTerms)) +
                    d(chan(Channel::kLayerShift))) +
-          rs.co *
-              (d(chan(Channel::kSubnormalCount)) + static_cast<double>(R + 2)) +
-          rs.po * d(chan(Channel::kPResolution)) +
+          (rs.co == 0 ? 0
+                      : rs.co * (d(chan(Channel::kSubnormalCount)) +
+                                 static_cast<double>(R + 2))) +
+          times(rs.po, chan(Channel::kPResolution)) +
           us * d(chan(Channel::kStoredORel)) +
           o_res * d(chan(Channel::kStoredOAbs)) +
           c_res *
