@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "reference/reference.h"
 #include "validation/metrics.h"
 #include "validation/oracle.h"
 #include "validation/run.h"
@@ -294,6 +295,20 @@ double pass_pair_rate(int threads) {
                  PassBlock::kD);
 }
 
+// The three most expensive entries, costliest first.
+std::vector<std::pair<std::string, double>> top_three(
+    const std::vector<const Backend*>& entries,
+    const std::vector<double>& per_entry) {
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return per_entry[a] > per_entry[b]; });
+  std::vector<std::pair<std::string, double>> top;
+  for (size_t k = 0; k < std::min<size_t>(3, order.size()); ++k)
+    top.push_back({entries[order[k]]->name(), per_entry[order[k]]});
+  return top;
+}
+
 int resolve_threads(int threads) {
   return threads > 0
              ? threads
@@ -340,6 +355,27 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
   r->rows =
       so.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
   r->sampled = true;
+  r->seconds += seconds_since(t_start);
+}
+
+void calibrate_probabilities(CostRates* r) {
+  if (r->probs > 0) return;
+  const auto t_start = Clock::now();
+  const AttentionProblem p = calibration_problem();
+  const validation::AttentionCase c = validation::make_attention_case(
+      p, validation::Distribution::kGaussian, 1);
+  const std::vector<long double> q(c.q.begin(), c.q.end()),
+      k(c.k.begin(), c.k.end());
+  std::vector<long double> probs(
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
+  double best = 1e300;
+  for (int rep = 0; rep < 2; ++rep) {  // shared cores: the best
+    const auto t0 = Clock::now();
+    reference::attention_probabilities<long double>(p, q.data(), k.data(),
+                                                    probs.data());
+    best = std::min(best, seconds_since(t0));
+  }
+  r->probs = std::max(best, 1e-9) / work_of(p);
   r->seconds += seconds_since(t_start);
 }
 
@@ -522,12 +558,53 @@ CostEstimate estimate(const CostRates& rates,
       per_entry[ei] += t;
     }
   }
-  std::vector<size_t> order(entries.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return per_entry[a] > per_entry[b]; });
-  for (size_t k = 0; k < std::min<size_t>(3, order.size()); ++k)
-    c.top_entries.push_back({entries[order[k]]->name(), per_entry[order[k]]});
+  c.top_entries = top_three(entries, per_entry);
+  return c;
+}
+
+CostEstimate estimate_sweep(const CostRates& rates,
+                            const std::vector<const Backend*>& entries,
+                            const std::vector<AttentionProblem>& points,
+                            bool sdpa) {
+  CostEstimate c;
+  c.calibration_s = rates.seconds;
+  c.entries = static_cast<int>(entries.size());
+  std::vector<double> per_entry(entries.size(), 0);
+  // A forward call, then a forward-and-backward one: a forward is about a
+  // third of the latter (as the timing's estimate takes it).
+  constexpr double kForwardThenBoth = 4.0 / 3;
+  std::array<bool, 4> prec{};
+  for (const Backend* b : entries)
+    prec[static_cast<size_t>(b->precision())] = true;
+  const int precisions =
+      static_cast<int>(std::count(prec.begin(), prec.end(), true));
+  for (const AttentionProblem& p : points) {
+    const double work = work_of(p), vis = visible_work(p);
+    const int variants = sdpa ? 2 : 1;
+    c.attention_cases += variants;
+    c.work += variants * work;
+    c.visible += variants * vis;
+    double case_s = variants * rates.probs * work;
+    c.oracle_s += case_s;
+    const double oracle = rates.setup * elements(p) + rates.oracle * work;
+    c.oracle_s += variants * precisions * oracle;
+    case_s += variants * precisions * oracle;
+    for (size_t ei = 0; ei < entries.size(); ++ei) {
+      if (!entries[ei]->available()) continue;
+      const double e = kForwardThenBoth * (rates.entry_elem[ei] * elements(p) +
+                                           rates.entry[ei] * vis);
+      c.entries_s += e;
+      per_entry[ei] += e;
+      case_s += e;
+    }
+    if (sdpa) {
+      const double n = precisions * kForwardThenBoth * rates.naive * vis;
+      c.naive_s += n;
+      case_s += n;
+    }
+    c.case_s.push_back(case_s);
+  }
+  c.top_entries = top_three(entries, per_entry);
   return c;
 }
 
