@@ -169,13 +169,13 @@ AttentionProblem sampled_calibration_problem() {
 // does it (a copy of its loop, kept in step by hand): two D-term dots in
 // double with eight partial sums (S_ij = q_i . k_j, dP_ij = dO_i . v_j),
 // exp(S_ij - m_i) and the row sums, O_i += P_ij v_j, then the row
-// statistics and dg's channels (about 20 scalar operations per pair); the
-// dots and the update compiled for AVX2 when the CPU has it, as the pass
-// is. A small sampled_oracle cannot time the pass: at n <= 4096 its pass
-// is mostly the O(n D) long-double preparation (measured 0.3 GFLOP/s at
-// n = 256, 3.4 at n = 4096), and its sampled rows cost far more than its
-// pass below n ~ 10^5. Returns wall seconds per pair x D with `threads`
-// threads sharing the pairs.
+// statistics and dg's channels (about 20 operations per pair, summed in
+// chunks of four double partial sums); the dots compiled for AVX2 and the
+// update for AVX-512 when the CPU has them, as the pass is. A small
+// sampled_oracle cannot time the pass: at n <= 4096 its pass is mostly the O(n
+// D) long-double preparation (measured 0.3 GFLOP/s at n = 256, 3.4 at n =
+// 4096), and its sampled rows cost far more than its pass below n ~ 10^5.
+// Returns wall seconds per pair x D with `threads` threads sharing the pairs.
 struct PassBlock {
   static constexpr int64_t kD = 128, kRows = 16, kKeys = 2048;
   std::vector<double> q, dout, k, v, S, dP, O;
@@ -225,13 +225,15 @@ __attribute__((always_inline)) inline void pv_body(PassBlock& b) {
     }
 }
 __attribute__((target("avx2"))) void dots_avx2(PassBlock& b) { dots_body(b); }
+__attribute__((target("avx512f"))) void pv_avx512(PassBlock& b) { pv_body(b); }
 __attribute__((target("avx2"))) void pv_avx2(PassBlock& b) { pv_body(b); }
 void dots_base(PassBlock& b) { dots_body(b); }
 void pv_base(PassBlock& b) { pv_body(b); }
 
 double pass_block(PassBlock& b) {
   constexpr int64_t R = PassBlock::kRows, K = PassBlock::kKeys;
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = __builtin_cpu_supports("avx2"),
+                    avx512 = __builtin_cpu_supports("avx512f");
   (avx2 ? dots_avx2 : dots_base)(b);
   double stats = 0;
   for (int64_t r = 0; r < R; ++r) {  // P = exp(S - m) / l, per row
@@ -248,25 +250,42 @@ double pass_block(PassBlock& b) {
     const double inv = static_cast<double>(1 / l);
     for (int64_t j = 0; j < K; ++j) s[j] *= inv;
   }
-  (avx2 ? pv_avx2 : pv_base)(b);
-  for (int64_t r = 0; r < R; ++r) {  // delta, Del, sum |dS|, dg's channels
+  (avx512 ? pv_avx512 : avx2 ? pv_avx2 : pv_base)(b);
+  // delta, Del, sum |dS|, dg's channels: as the pass, chunks of 16 keys in
+  // four double partial sums each, then long double.
+  auto chunked = [&](int n_sums, long double* sums, auto term) {
+    for (int64_t j0 = 0; j0 < K; j0 += 16) {
+      double t[7][4] = {};
+      for (int64_t j = j0; j < j0 + 16; j += 4)
+        for (int l = 0; l < 4; ++l) term(j + l, t, l);
+      for (int k = 0; k < n_sums; ++k)
+        sums[k] += (t[k][0] + t[k][2]) + (t[k][1] + t[k][3]);
+    }
+  };
+  for (int64_t r = 0; r < R; ++r) {
     const double* p = &b.S[r * K];
     const double* dp = &b.dP[r * K];
-    long double delta = 0, ds = 0, ch[6] = {};
-    for (int64_t j = 0; j < K; ++j) delta += p[j] * dp[j];
-    const double dl = static_cast<double>(delta);
-    for (int64_t j = 0; j < K; ++j) {
+    long double dd[2] = {}, ds = 0, ch[7] = {};
+    chunked(2, dd, [&](int64_t j, double(&t)[7][4], int l) {
+      t[0][l] += p[j] * dp[j];
+      t[1][l] += p[j] * b.O[j % PassBlock::kD];
+    });
+    const double dl = static_cast<double>(dd[0]);
+    chunked(1, &ds, [&](int64_t j, double(&t)[7][4], int l) {
+      t[0][l] += p[j] * std::fabs(dp[j] - dl);
+    });
+    chunked(7, ch, [&](int64_t j, double(&t)[7][4], int l) {
       const double dpd = dp[j] - dl, cm = std::max(1.0, 0.5 + p[j]);
-      ds += p[j] * std::fabs(dpd);
-      ch[0] += static_cast<long double>(p[j] * dpd) * p[j];
-      ch[1] += p[j] * (0.3 + dl) * cm;
-      ch[2] += p[j] * 0.7 * cm;
-      ch[3] += (p[j] * 257.0 + 1) * cm + 1;
-      if (p[j] > 0) ch[4] += std::fabs(dpd) * cm;
-      ch[5] += p[j] * std::fabs(dpd) * 0.1;
-    }
-    stats +=
-        static_cast<double>(ds + ch[0] + ch[1] + ch[2] + ch[3] + ch[4] + ch[5]);
+      t[0][l] += p[j] * dpd * p[j];
+      t[1][l] += p[j] * (0.3 + dl) * cm;
+      t[2][l] += p[j] * 0.7 * cm;
+      t[3][l] += p[j] * 0.2 * cm;
+      t[4][l] += (p[j] * 257.0 + 1) * cm + 1;
+      t[5][l] += p[j] > 0 ? (std::fabs(dpd) + p[j] * 0.4) * cm : 0.0;
+      t[6][l] += p[j] * std::fabs(dpd) * 0.1;
+    });
+    stats += static_cast<double>(dd[1] + ds + ch[0] + ch[1] + ch[2] + ch[3] +
+                                 ch[4] + ch[5] + ch[6]);
   }
   return stats + b.O[0];
 }
