@@ -31,24 +31,31 @@ using LD = long double;
 // x_hat rounded to storage where the formulation rounds it before the
 // weight (else it is empty and xh serves both), stats each row's
 // statistics for the normalization backward.
-struct OperandMags {
+//
+// T: the oracle's arithmetic (oracle.h, OraclePrecision): long double for
+// the rule's terms and the f64 entries' oracle, double for the others'.
+template <class T>
+struct OperandMagsT {
   NormRows rows;
-  std::vector<LD> xh, xt, xa, wv, den, shr, sh, xr;
-  std::vector<reference::RowStats<LD>> stats;
-  LD wmax = 1;
+  std::vector<T> xh, xt, xa, wv, den, shr, sh, xr;
+  std::vector<reference::RowStats<T>> stats;
+  T wmax = 1;
   bool xa_finite = true;  // every element of xa
-  reference::OperandView<LD> view() const;
+  reference::OperandView<T> view() const;
 };
+struct OperandMags : OperandMagsT<LD> {};
 
 OperandMags operand_mags(const AttentionCase& c, int side);
-// The same into *m, from x (the side's inputs widened to long double) and
-// the case's parameters w (norm_args), reusing m's arrays.
-void fill_operand_mags(const AttentionCase& c, int side, const LD* x,
-                       const reference::NormArgs<LD>& w, OperandMags* m);
+// The same into *m, from x (the side's inputs converted to T) and the
+// case's parameters w (norm_args), reusing m's arrays.
+template <class T>
+void fill_operand_mags(const AttentionCase& c, int side, const T* x,
+                       const reference::NormArgs<T>& w, OperandMagsT<T>* m);
 
-// The case's learned parameters widened to long double (store keeps them).
-reference::NormArgs<LD> norm_args(const AttentionCase& c,
-                                  std::array<std::vector<LD>, 4>* store);
+// The case's learned parameters converted to T (store keeps them).
+template <class T>
+reference::NormArgs<T> norm_args(const AttentionCase& c,
+                                 std::array<std::vector<T>, 4>* store);
 
 inline std::vector<LD> widen(const std::vector<double>& x) {
   return {x.begin(), x.end()};

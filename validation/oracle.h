@@ -17,58 +17,91 @@
 
 namespace qknorm::validation {
 
-// The oracle: reference<long double> on the case's inputs as given.
+// The arithmetic the oracle runs in (oracle_attention; validation/README.md,
+// "The oracles"). kAuto: double for a case stored in f32, bf16 or f16 (the
+// rule's oracle channel, validation/rule.h, is then ~1e-9 of the entry's
+// bound), long double for f64 storage and wherever double's range or
+// rounding would not do (oracle_attention.cc, use_double). kFloat exists
+// for the tests only: an oracle too coarse for its claimed unit roundoff.
+enum class OraclePrecision { kAuto, kFloat, kDouble, kLongDouble };
+struct OracleOptions {
+  OraclePrecision precision = OraclePrecision::kAuto;
+  // Threads over the case's (batch, head) pairs (1: the caller's thread);
+  // the result is the same bits for any count.
+  int threads = 1;
+};
+
+// The oracle's values and channels in its arithmetic T (OracleAttention
+// holds them in long double, whatever T the oracle ran in).
 // dg_scale: sum P_ij (|dO_i|.|v_j| + Del_i) (resp. sum |dy . u| terms), the
 // magnitude of the terms dg sums before they cancel (|C_ij| <= 1; it bounds
 // sum |dS_ij|), used as dg's scale in the tolerance rule: dg is one scalar
 // that can cancel to near 0, so max|dg| would be no scale at all.
-struct OracleAttention {
-  std::vector<long double> o, lse, dq, dk, dv;
-  long double dg = 0, dg_scale = 0;
+template <class T>
+struct OracleValues {
+  std::vector<T> o, lse, dq, dk, dv;
+  T dg = 0, dg_scale = 0;
   // Pre-cancellation magnitudes of the gradient sums (max over elements);
   // see oracle_attention().
-  long double dq_scale = 0, dk_scale = 0, dv_scale = 0;
+  T dq_scale = 0, dk_scale = 0, dv_scale = 0;
   // Sensitivities of dq, dk (max over elements) and dg to an absolute error
   // of one unit in every element of the stored O the backward reads; times
   // ulp_s(0) they join the gradients' atol (oracle_attention()).
-  long double dq_o_sens = 0, dk_o_sens = 0, dg_o_sens = 0;
+  T dq_o_sens = 0, dk_o_sens = 0, dg_o_sens = 0;
   // The same for the compute format's absolute resolution below its normal
   // range (dP, delta, dS, du formed as subnormals), per ulp_c(0).
-  long double dq_uf_sens = 0, dk_uf_sens = 0, dg_uf_sens = 0;
+  T dq_uf_sens = 0, dk_uf_sens = 0, dg_uf_sens = 0;
   // sum_ij P_ij |dO_i|.|O_i| (qknorm): dg's sensitivity to a relative error
   // of one unit in every element of the stored O; times u_s it joins dg's
   // atol (issue 14).
-  long double dg_o_rel_sens = 0;
+  T dg_o_rel_sens = 0;
   // Per element (issue 15; validation/rule.h): the magnitudes before
   // cancellation (o_mag: sum_j P_ij |v_jd|; dv_mag: sum_i P_ij |dO_id|;
   // dq_mag, dk_mag: the dS terms through the normalization backward), the
   // stored-O sensitivities (absolute per ulp_s(0): *_o_sens_e; relative per
   // u_s: *_o_rel_e) and the subnormal-intermediate counts (*_uf_sens_e).
   // The scalars above are their maxima.
-  std::vector<long double> o_mag, dv_mag, dq_mag, dk_mag;
-  std::vector<long double> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e, dk_uf_sens_e,
+  std::vector<T> o_mag, dv_mag, dq_mag, dk_mag;
+  std::vector<T> dq_o_sens_e, dk_o_sens_e, dq_uf_sens_e, dk_uf_sens_e,
       dq_o_rel_e, dk_o_rel_e;
   // The terms the softmax's conditioning perturbs: o_dev_mag = sum_j P_ij
   // |v_jd - O_id| (dO = sum_j dP_ij v_jd with sum_j dP_ij = 0), and for dq,
   // dk the terms P_ij (|dP_ij - delta_i| + sum_k P_ik |dP_ik - delta_i| / 2)
   // carried through the same sums as dq_mag (rule.cc).
-  std::vector<long double> o_dev_mag, dq_ds_mag, dk_ds_mag;
+  std::vector<T> o_dev_mag, dq_ds_mag, dk_ds_mag;
   // Sensitivities to the compute format's absolute resolution of each
   // probability P_ij, per unit of its smallest normal (an exp may flush a
   // result below the normal range to 0; validation/rule.h): O, dV: sum
   // over visible j of |v_jd|, resp. over visible i of |dO_id|; dq, dk, dg:
   // the terms |dP_ij - delta_i| of the visible P_ij through the same sums as
   // dq_mag.
-  std::vector<long double> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
-  long double dg_p_sens = 0;
+  std::vector<T> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
+  T dg_p_sens = 0;
   // The formulation's parameter gradients (issue 16; empty when it has
   // none) and, per element, the same seven channels as dq's, indexed by
   // Channel (validation/field.h: at(Channel::kMagnitude) ...), and the
   // number of normalization rows each element sums over (q_param_rows,
   // k_param_rows).
-  std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
-  std::array<std::vector<long double>, kChannels> dq_weight_ch, dk_weight_ch,
-      dq_bias_ch, dk_bias_ch;
+  std::vector<T> dq_weight, dk_weight, dq_bias, dk_bias;
+  std::array<std::vector<T>, kChannels> dq_weight_ch, dk_weight_ch, dq_bias_ch,
+      dk_bias_ch;
+  // LayerNorm's mean shift per u_c (OracleAttention::logit_shift): its
+  // effect on dq, dk (per element) and dg.
+  std::vector<T> dq_shift_e, dk_shift_e;
+  T dg_shift = 0;
+};
+// The oracle: the reference evaluated in `precision` on the case's inputs
+// as given (OracleValues, widened to long double), and what the rule needs
+// beside them.
+struct OracleAttention : OracleValues<long double> {
+  // The unit roundoff of the arithmetic the oracle ran in (2^-64 long
+  // double, 2^-53 double, 2^-24 float): the rule's oracle channel
+  // (validation/rule.h) scales by it.
+  double unit_roundoff = 0x1p-64;
+  // Its absolute resolution (smallest subnormal) and smallest normal, as
+  // doubles (0 for long double's, below double's range): the oracle
+  // channel's ulp(0) and tiny terms.
+  double resolution = 0, tiny = 0;
   int64_t q_param_rows = 0, k_param_rows = 0;
   // Round-before-weight formulations in 16-bit storage (Qwen3): a correct
   // kernel's x_hat may round to the other neighbour where the exact x_hat
@@ -80,10 +113,8 @@ struct OracleAttention {
   // over the divisor; near-zero x_hat_e (x_e at the mean) have no relative
   // accuracy at all (found by the fuzzer, issue 16: a row summing exactly to
   // 0, x_e = 0, reference:f64's weight gradient 1.5e-20 against 7e-24).
-  // Per u_c (units included): the shift's effect on dq, dk (per element),
-  // dg, and the largest logit change it makes (all 0 without layer).
-  std::vector<long double> dq_shift_e, dk_shift_e;
-  long double dg_shift = 0;
+  // Per u_c (units included): the largest logit change the shift makes (0
+  // without layer; its effect on dq, dk and dg: OracleValues::*_shift*).
   double logit_shift = 0;
   // Sampled verdicts (validation/sampled.h) judge one row of a long problem
   // on a sub-case holding that row and what it reads. The rule's counts and
@@ -143,10 +174,12 @@ class OracleWorkspace {
 // given (may be null): the query rows' statistics from outside (GivenRows);
 // then only dk, dv and their channels are meaningful. ws (may be null): the
 // scratch arrays to use; the result does not depend on them.
+// options: the arithmetic and threads (OracleOptions).
 OracleAttention oracle_attention(const AttentionCase& c,
                                  const GivenRows* given = nullptr,
                                  const RowCounts& counts = {},
-                                 OracleWorkspace* ws = nullptr);
+                                 OracleWorkspace* ws = nullptr,
+                                 const OracleOptions& options = {});
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
 
 }  // namespace qknorm::validation

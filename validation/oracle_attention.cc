@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "qknorm/error.h"
@@ -15,11 +17,18 @@
 namespace qknorm::validation {
 namespace {
 
+// Below this, exp in long double returns 0 (half its smallest subnormal):
+// the P_ij > 0 of the long-double oracle, which the channels of a narrower
+// oracle reproduce from S (oracle_in, alive).
+const long double kWideExpFloor =
+    std::log(std::numeric_limits<long double>::denorm_min() / 2);
+
 // P_ij = exp(S_ij - lse_i) with the given lse (0 where masked), and S_ij
 // (where S is not null) as the reference's backward forms it: the scale
 // times the D-term dot of the logit operands.
-void given_probabilities(const AttentionCase& c, const OperandMags& qm,
-                         const OperandMags& km, const std::vector<LD>& lse,
+template <class LD>
+void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
+                         const OperandMagsT<LD>& km, const std::vector<LD>& lse,
                          LD* probs, LD* S) {
   const AttentionProblem& p = c.problem;
   const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len,
@@ -47,26 +56,26 @@ void given_probabilities(const AttentionCase& c, const OperandMags& qm,
     }
 }
 
-}  // namespace
-
-OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
-                                 const RowCounts& counts, OracleWorkspace* ws) {
+// The oracle in arithmetic T (OracleOptions): the values and channels into
+// r, the scalars that are not T's into out.
+template <class T>
+void oracle_in(const AttentionCase& c, const GivenRows* given,
+               const RowCounts& counts, OracleArrays<T>& a, OracleValues<T>& r,
+               OracleAttention& out) {
+  using LD = T;  // the oracle's arithmetic (the name the loops below use)
   const AttentionProblem& p = c.problem;
-  OracleAttention r;
-  OracleWorkspace::Arrays own;
-  OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : own;
   std::vector<LD>&q = a.q, &k = a.k, &v = a.v, &d_o = a.d_o;
   q.assign(c.q.begin(), c.q.end());
   k.assign(c.k.begin(), c.k.end());
   v.assign(c.v.begin(), c.v.end());
   d_o.assign(c.d_o.begin(), c.d_o.end());
   std::array<std::vector<LD>, 4> store;
-  const reference::NormArgs<LD> w = norm_args(c, &store);
+  const reference::NormArgs<LD> w = norm_args<LD>(c, &store);
   // Both sides' logit operands, normalized once: the forward, backward,
   // probabilities and magnitudes below all read them (OperandMags::view).
   fill_operand_mags(c, 0, q.data(), w, &a.qm);
   fill_operand_mags(c, 1, k.data(), w, &a.km);
-  const OperandMags &qm = a.qm, &km = a.km;
+  const OperandMagsT<LD>&qm = a.qm, &km = a.km;
   const reference::OperandView<LD> qv = qm.view(), kv = km.view();
   // RowCounts: the outputs of a side the caller does not need are not
   // formed, nor, in a sub-case (either side off), the case-wide scalars.
@@ -75,9 +84,14 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
   // P, and in a sub-case S for the backward: there the forward (or the
   // given rows' loop) returns them, the logits formed once instead of in
-  // each of forward, probabilities and backward (the full oracle keeps no
-  // S: as large as P).
-  const bool cache = !whole;
+  // each of forward, probabilities and backward (the full long-double
+  // oracle keeps no S: as large as P). An oracle narrower than long double
+  // keeps S always: its P flushes to 0 below its range where long double's
+  // does not (exp(S - lse) < 2^-1074 in double), and the channels that ask
+  // whether P_ij > 0 (kPResolution, o_p_sens_e, dv_p_sens_e) ask it of
+  // long double's P, from S (alive below).
+  constexpr bool narrow = !std::is_same_v<T, long double>;
+  const bool cache = !whole || narrow;
   const auto pairs =
       static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len);
   std::vector<LD>&probs = a.probs, &logits = a.logits;
@@ -94,7 +108,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     // backward reads delta from O): O_i = delta_i dO_i / ||dO_i||^2.
     const auto D = static_cast<size_t>(p.head_dim);
     const size_t rows = static_cast<size_t>(p.batch * p.heads * p.q_len);
-    for (const std::vector<LD>* x :
+    for (const std::vector<long double>* x :
          {&given->lse, &given->delta, &given->del, &given->ds_l1, &given->o_abs,
           &given->p_del})
       if (x->size() != rows)
@@ -102,9 +116,9 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                     "GivenRows holds " + std::to_string(x->size()) +
                         " values of a statistic where the case has " +
                         std::to_string(rows) + " query rows");
-    r.lse = given->lse;
-    r.given_units = given->units;
-    r.given_soft_units = given->soft_units;
+    r.lse.assign(given->lse.begin(), given->lse.end());
+    out.given_units = given->units;
+    out.given_soft_units = given->soft_units;
     for (size_t row = 0; row < r.lse.size(); ++row) {
       const LD* doi = d_o.data() + row * D;
       LD ss = 0;
@@ -271,6 +285,16 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           const size_t qi = static_cast<size_t>((bh * Nq + i) * D);
           const LD* doi = d_o.data() + qi;
           const LD* pi = probs.data() + (bh * Nq + i) * Nk;
+          // P_ij > 0 as long double's exp would have it (cache, above): a
+          // visible pair whose S_ij - lse_i is above long double's
+          // underflow.
+          const LD* si = S != nullptr ? S + (bh * Nq + i) * Nk : nullptr;
+          const LD li = r.lse[static_cast<size_t>(bh * Nq + i)];
+          auto alive = [&](int64_t j) {
+            return pi[j] > 0 ||
+                   (narrow && visible(p.mask, b, i, j, Nq, Nk) &&
+                    static_cast<long double>(si[j]) - li > kWideExpFloor);
+          };
           const LD* qti = qm.xt.data() + qi;
           const LD* qai = qm.xa.data() + qi;
           const LD qan = norm2(qai);
@@ -298,7 +322,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
           // dP_ik, or through O, dO_i . O_i), kPResolution's term P_ij p_del_i.
           LD p_del = 0;
           for (int64_t j = 0; j < Nk; ++j)
-            if (pi[j] > 0) p_del += av[static_cast<size_t>(j)];
+            if (alive(j)) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
@@ -315,15 +339,16 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
               given != nullptr ? given->o_abs[row] : absdot(doi, oi);
           for (int64_t j = 0; j < Nk; ++j) {
             const LD pij = pi[j];
+            const bool pos = alive(j);
             const LD dpd = sdp[static_cast<size_t>(j)] - sdel;
             // In Channel order (validation/field.h).
             const LD wt[kCh] = {
-                pij * (av[static_cast<size_t>(j)] + del),    // kMagnitude
-                pij * do_l1,                                 // kStoredOAbs
-                pij * (2 * D + 1) + 1,                       // kSubnormalCount
-                pij * o_abs_dot,                             // kStoredORel
-                pij * (std::fabs(dpd) + ds_l1 / 2),          // kSoftmaxTerms
-                pij > 0 ? std::fabs(dpd) + pij * p_del : 0,  // kPResolution
+                pij * (av[static_cast<size_t>(j)] + del),  // kMagnitude
+                pij * do_l1,                               // kStoredOAbs
+                pij * (2 * D + 1) + 1,                     // kSubnormalCount
+                pij * o_abs_dot,                           // kStoredORel
+                pij * (std::fabs(dpd) + ds_l1 / 2),        // kSoftmaxTerms
+                pos ? std::fabs(dpd) + pij * p_del : 0,    // kPResolution
                 0};  // kLayerShift: added below, from the shifts
             const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
             const LD* ktj = km.xt.data() + kj;
@@ -385,7 +410,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                 duq[d] += s_dsv * ktj[d];
                 adq[d] += s_adsv * rk[d];
                 omag[d] += pij * std::fabs(vj[d]);
-                if (pij > 0) ouf[d] += std::fabs(vj[d]);
+                if (pos) ouf[d] += std::fabs(vj[d]);
                 odev[d] += pij * std::fabs(vj[d] - oi[d]);
               }
             }
@@ -406,7 +431,7 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
                 duk[d] += s_dsv * qti[d];
                 adk[d] += s_adsv * rq[d];
                 dvm[d] += pij * std::fabs(doi[d]);
-                if (pij > 0) dvu[d] += std::fabs(doi[d]);
+                if (pos) dvu[d] += std::fabs(doi[d]);
               }
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
@@ -416,11 +441,12 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
       }
     // Through the weight and the normalization backward, per side row
     // (carry_side, oracle_operands.cc).
-    auto side = [&](int sd, const OperandMags& m, ChannelArrays& ch_in,
-                    const std::vector<LD>& du, const std::vector<LD>& ads,
-                    const std::vector<LD>& adr, int64_t terms,
-                    const std::array<std::vector<LD>*, kCh>& dst,
-                    ChannelArrays* dw, ChannelArrays* db, LD* out_max) {
+    auto side = [&](int sd, const OperandMagsT<LD>& m,
+                    ChannelArraysT<LD>& ch_in, const std::vector<LD>& du,
+                    const std::vector<LD>& ads, const std::vector<LD>& adr,
+                    int64_t terms, const std::array<std::vector<LD>*, kCh>& dst,
+                    ChannelArraysT<LD>* dw, ChannelArraysT<LD>* db,
+                    LD* out_max) {
       carry_side(p, s, sd, m, ch_in, du, ads, adr, terms, dst, dw, db, out_max);
     };
     LD dq_out[3] = {}, dk_out[3] = {};
@@ -473,14 +499,14 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
     if (param_size(p, 0) == 0)
       for (auto& x : r.dq_weight_ch) x.clear();
     const NormRows qr = norm_rows(p, 0), kr = norm_rows(p, 1);
-    r.q_param_rows =
+    out.q_param_rows =
         qr.rows() * qr.len() / std::max<int64_t>(1, param_size(p, 0));
-    r.k_param_rows =
-        shared ? r.q_param_rows
+    out.k_param_rows =
+        shared ? out.q_param_rows
                : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
-    if (shared) r.q_param_rows *= 2;
-    if (whole) r.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
-    r.logit_shift = static_cast<double>(logit_shift);
+    if (shared) out.q_param_rows *= 2;
+    if (whole) out.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    out.logit_shift = static_cast<double>(logit_shift);
     for (int64_t e = 0; ks && e < Nk * D * p.batch * Hk; ++e)
       r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);
     r.dq_scale = dq_out[kMag];
@@ -492,7 +518,158 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   }
   // Once per case (every entry's tables read it): O(B H Nq Nk D) where rows
   // have dominant channels, as the logits above.
-  if (whole) r.cosine_units = cosine_units(c);
+  if (whole) out.cosine_units = cosine_units(c);
+}
+
+// f(x, y) for every value and channel of the oracle, x of a and y of b (the
+// same member): the one list of OracleValues' members.
+template <class A, class B, class F>
+void each_value(A& a, B& b, F&& f) {
+  f(a.o, b.o), f(a.lse, b.lse), f(a.dq, b.dq), f(a.dk, b.dk), f(a.dv, b.dv);
+  f(a.dg, b.dg), f(a.dg_scale, b.dg_scale), f(a.dq_scale, b.dq_scale);
+  f(a.dk_scale, b.dk_scale), f(a.dv_scale, b.dv_scale);
+  f(a.dq_o_sens, b.dq_o_sens), f(a.dk_o_sens, b.dk_o_sens);
+  f(a.dg_o_sens, b.dg_o_sens), f(a.dq_uf_sens, b.dq_uf_sens);
+  f(a.dk_uf_sens, b.dk_uf_sens), f(a.dg_uf_sens, b.dg_uf_sens);
+  f(a.dg_o_rel_sens, b.dg_o_rel_sens);
+  f(a.o_mag, b.o_mag), f(a.dv_mag, b.dv_mag), f(a.dq_mag, b.dq_mag);
+  f(a.dk_mag, b.dk_mag), f(a.dq_o_sens_e, b.dq_o_sens_e);
+  f(a.dk_o_sens_e, b.dk_o_sens_e), f(a.dq_uf_sens_e, b.dq_uf_sens_e);
+  f(a.dk_uf_sens_e, b.dk_uf_sens_e), f(a.dq_o_rel_e, b.dq_o_rel_e);
+  f(a.dk_o_rel_e, b.dk_o_rel_e), f(a.o_dev_mag, b.o_dev_mag);
+  f(a.dq_ds_mag, b.dq_ds_mag), f(a.dk_ds_mag, b.dk_ds_mag);
+  f(a.o_p_sens_e, b.o_p_sens_e), f(a.dv_p_sens_e, b.dv_p_sens_e);
+  f(a.dq_p_sens_e, b.dq_p_sens_e), f(a.dk_p_sens_e, b.dk_p_sens_e);
+  f(a.dg_p_sens, b.dg_p_sens);
+  f(a.dq_weight, b.dq_weight), f(a.dk_weight, b.dk_weight);
+  f(a.dq_bias, b.dq_bias), f(a.dk_bias, b.dk_bias);
+  for (size_t ch = 0; ch < kChannels; ++ch) {
+    f(a.dq_weight_ch[ch], b.dq_weight_ch[ch]);
+    f(a.dk_weight_ch[ch], b.dk_weight_ch[ch]);
+    f(a.dq_bias_ch[ch], b.dq_bias_ch[ch]);
+    f(a.dk_bias_ch[ch], b.dk_bias_ch[ch]);
+  }
+  f(a.dq_shift_e, b.dq_shift_e), f(a.dk_shift_e, b.dk_shift_e);
+  f(a.dg_shift, b.dg_shift);
+}
+
+// Whether double holds this case's oracle as long double does (kAuto).
+// Storage f32, bf16 and f16 put every input in [2^-149, 2^128) (or 0),
+// and the case's scale and eps are checked to be there too. Every channel
+// term (oracle_in) is a product of at most two input magnitudes (dO, v),
+// two operand magnitudes (|x_hat| |w| + |beta| < 2^136: |x_hat| <= sqrt(L)
+// < 2^8), the scale, 1 / den < 2^149 and counts below 2^64: below 2^950,
+// no overflow in double (2^1024), which the result's finiteness check
+// guards as well (a non-finite value that is not a masked row's lse: the
+// case runs again in long double). Underflow: P is in (0, 1] and a term
+// P x (x such a product) may flush below 2^-1074 in double where long
+// double keeps it; where P_ij > 0 is a channel's switch, alive (oracle_in)
+// asks it of long double's P from S, and a flushed term is otherwise a
+// value below 2^-1074 beside every bound's absolute part (ulp_c(0) >=
+// 2^-149 per element, rule.h): no bound moves by more than double's own
+// rounding. Round-before-weight formulations in 16-bit storage (Qwen3)
+// stay in long double: their x_hat rounds to storage, and an oracle whose
+// x_hat lies within u_f64 of a rounding midpoint would round it as the
+// exact one may not, a logit change the rule's oracle channel has no term
+// for (logit_flip is the kernel's).
+bool use_double(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  if (c.storage == Precision::kF64 || reference::rounds_x_hat(p, c.storage))
+    return false;
+  auto in_range = [](double x) {
+    const double a = std::fabs(x);
+    return a == 0 || (a >= 0x1p-149 && a < 0x1p128);
+  };
+  for (const std::vector<double>* x : {&c.q, &c.k, &c.v, &c.d_o, &c.q_weight,
+                                       &c.k_weight, &c.q_bias, &c.k_bias})
+    for (double e : *x)
+      if (!in_range(e)) return false;
+  if (p.variant != Variant::kQKNorm) return true;
+  return in_range(p.fixed_scale ? p.scale : p.g) && in_range(p.eps);
+}
+
+// Every value finite but a fully masked row's lse (-inf): the check that
+// double held what long double would have (use_double).
+template <class T>
+bool all_finite(const OracleValues<T>& r) {
+  bool ok = true;
+  auto check = [&](const auto& x, const auto&) {
+    using X = std::decay_t<decltype(x)>;
+    if constexpr (std::is_arithmetic_v<X>) {
+      ok = ok && std::isfinite(x);
+    } else if (&x != &r.lse) {
+      for (const auto& e : x) ok = ok && std::isfinite(e);
+    } else {
+      for (const auto& e : x) ok = ok && (std::isfinite(e) || e < 0);
+    }
+  };
+  each_value(r, r, check);
+  return ok;
+}
+
+// r's values into out (long double) and the unit roundoff T ran at.
+template <class T>
+void widen_values(const OracleValues<T>& r, OracleAttention* out) {
+  if constexpr (!std::is_same_v<T, long double>) {
+    each_value(r, *out, [](const auto& x, auto& y) {
+      using X = std::decay_t<decltype(x)>;
+      if constexpr (std::is_arithmetic_v<X>) {
+        y = x;
+      } else {
+        y.assign(x.begin(), x.end());
+      }
+    });
+  }
+  out->unit_roundoff = std::numeric_limits<T>::epsilon() / 2;
+  out->resolution = static_cast<double>(std::numeric_limits<T>::denorm_min());
+  out->tiny = static_cast<double>(std::numeric_limits<T>::min());
+}
+
+template <class T>
+void run_oracle(const AttentionCase& c, const GivenRows* given,
+                const RowCounts& counts, OracleWorkspace::Arrays& a,
+                OracleAttention* out) {
+  if constexpr (std::is_same_v<T, long double>) {
+    oracle_in<T>(c, given, counts, a.in<T>(), *out, *out);
+    widen_values(static_cast<const OracleValues<T>&>(*out), out);
+  } else {
+    OracleValues<T> r;
+    oracle_in<T>(c, given, counts, a.in<T>(), r, *out);
+    widen_values(r, out);
+  }
+}
+
+}  // namespace
+
+OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
+                                 const RowCounts& counts, OracleWorkspace* ws,
+                                 const OracleOptions& options) {
+  OracleWorkspace own;
+  OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : *own.arrays;
+  OracleAttention r;
+  switch (options.precision) {
+    case OraclePrecision::kFloat:
+      run_oracle<float>(c, given, counts, a, &r);
+      return r;
+    case OraclePrecision::kDouble:
+      run_oracle<double>(c, given, counts, a, &r);
+      return r;
+    case OraclePrecision::kLongDouble:
+      run_oracle<long double>(c, given, counts, a, &r);
+      return r;
+    case OraclePrecision::kAuto:
+      break;
+  }
+  if (use_double(c)) {
+    OracleValues<double> v;
+    oracle_in<double>(c, given, counts, a.f64, v, r);
+    if (all_finite(v)) {
+      widen_values(v, &r);
+      return r;
+    }
+    r = OracleAttention{};
+  }
+  run_oracle<long double>(c, given, counts, a, &r);
   return r;
 }
 

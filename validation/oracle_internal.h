@@ -25,16 +25,39 @@ inline constexpr size_t kMag = at(Channel::kMagnitude),
                         kPRes = at(Channel::kPResolution),
                         kShift = at(Channel::kLayerShift);
 static_assert(kShift + 1 == kChannels, "the layer shift is the last channel");
-// Per-channel arrays of long doubles (indexed by at(Channel)).
-using ChannelArrays = std::array<std::vector<LD>, kChannels>;
+// Per-channel arrays in the oracle's arithmetic T (indexed by at(Channel)).
+template <class T>
+using ChannelArraysT = std::array<std::vector<T>, kChannels>;
 
-// The oracle's scratch arrays, kept from call to call (OracleWorkspace).
-struct OracleWorkspace::Arrays {
-  std::vector<LD> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q,
-      ads_k, adr_q, adr_k, res_q, res_k;
-  OperandMags qm, km;
-  ChannelArrays mq, mk;
+// The oracle's scratch arrays in its arithmetic T, kept from call to call
+// (OracleWorkspace).
+template <class T>
+struct OracleArrays {
+  std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
+      adr_q, adr_k, res_q, res_k;
+  OperandMagsT<T> qm, km;
+  ChannelArraysT<T> mq, mk;
 };
+// One set per arithmetic the oracle runs in (OraclePrecision).
+struct OracleWorkspace::Arrays {
+  OracleArrays<LD> ld;
+  OracleArrays<double> f64;
+  OracleArrays<float> f32;
+  template <class T>
+  OracleArrays<T>& in();
+};
+template <>
+inline OracleArrays<LD>& OracleWorkspace::Arrays::in<LD>() {
+  return ld;
+}
+template <>
+inline OracleArrays<double>& OracleWorkspace::Arrays::in<double>() {
+  return f64;
+}
+template <>
+inline OracleArrays<float>& OracleWorkspace::Arrays::in<float>() {
+  return f32;
+}
 
 // One side's channels (ch_in, per element of the logit operand's gradient
 // dx_tilde) through the weight and the normalization backward, per
@@ -45,12 +68,13 @@ struct OracleWorkspace::Arrays {
 // resp. per operand row; terms: the number of terms of each dx_tilde sum;
 // s: the logit scale's magnitude. The derivations are in
 // oracle_operands.cc.
-void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
-                ChannelArrays& ch_in, const std::vector<LD>& du,
-                const std::vector<LD>& ads, const std::vector<LD>& adr,
-                int64_t terms,
-                const std::array<std::vector<LD>*, kChannels>& dst,
-                ChannelArrays* dw, ChannelArrays* db, LD* out_max);
+template <class T>
+void carry_side(const AttentionProblem& p, T s, int sd,
+                const OperandMagsT<T>& m, ChannelArraysT<T>& ch_in,
+                const std::vector<T>& du, const std::vector<T>& ads,
+                const std::vector<T>& adr, int64_t terms,
+                const std::array<std::vector<T>*, kChannels>& dst,
+                ChannelArraysT<T>* dw, ChannelArraysT<T>* db, T* out_max);
 
 }  // namespace qknorm::validation
 

@@ -10,16 +10,17 @@
 
 namespace qknorm::validation {
 
-reference::NormArgs<LD> norm_args(const AttentionCase& c,
-                                  std::array<std::vector<LD>, 4>* store) {
-  (*store)[0] = widen(c.q_weight);
-  (*store)[1] = widen(c.k_weight);
-  (*store)[2] = widen(c.q_bias);
-  (*store)[3] = widen(c.k_bias);
-  auto ptr = [](const std::vector<LD>& x) {
+template <class T>
+reference::NormArgs<T> norm_args(const AttentionCase& c,
+                                 std::array<std::vector<T>, 4>* store) {
+  const std::vector<double>* src[4] = {&c.q_weight, &c.k_weight, &c.q_bias,
+                                       &c.k_bias};
+  for (int i = 0; i < 4; ++i)
+    (*store)[i].assign(src[i]->begin(), src[i]->end());
+  auto ptr = [](const std::vector<T>& x) {
     return x.empty() ? nullptr : x.data();
   };
-  reference::NormArgs<LD> w;
+  reference::NormArgs<T> w;
   w.q_weight = ptr((*store)[0]);
   w.k_weight = ptr((*store)[1]);
   w.q_bias = ptr((*store)[2]);
@@ -36,11 +37,13 @@ size_t row_of(const NormRows& nr, size_t o) {
   return o / (H * N * D) * N + (o / D) % N;
 }
 
-void fill_operand_mags(const AttentionCase& c, int side, const LD* x,
-                       const reference::NormArgs<LD>& w, OperandMags* mp) {
+template <class T>
+void fill_operand_mags(const AttentionCase& c, int side, const T* x,
+                       const reference::NormArgs<T>& w, OperandMagsT<T>* mp) {
+  using LD = T;  // the oracle's arithmetic (the name the loops below use)
   const AttentionProblem& p = c.problem;
   const bool qk = p.variant == Variant::kQKNorm;
-  OperandMags& m = *mp;
+  OperandMagsT<T>& m = *mp;
   m.rows = norm_rows(p, side);
   const NormRows& nr = m.rows;
   const int64_t L = nr.len();
@@ -53,7 +56,7 @@ void fill_operand_mags(const AttentionCase& c, int side, const LD* x,
   m.xt.resize(size);
   m.xr.resize(round ? size : 0);
   m.stats.resize(static_cast<size_t>(nr.rows()));
-  reference::prepare_operand<LD>(
+  reference::prepare_operand<T>(
       p, side, x, w, round ? m.xr.data() : m.xh.data(),
       round ? m.xh.data() : nullptr, m.xt.data(), m.stats.data());
   // The loop below writes every element of wv, xa and sh.
@@ -138,7 +141,8 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
   return m;
 }
 
-reference::OperandView<LD> OperandMags::view() const {
+template <class T>
+reference::OperandView<T> OperandMagsT<T>::view() const {
   return {rows, xr.empty() ? xh.data() : xr.data(), xh.data(), xt.data(),
           stats.data()};
 }
@@ -153,6 +157,7 @@ namespace {
 //   l2:    (|du| + |u| (|u|.|du|)) / den
 //   rms:   (|du| + |x_hat| (|x_hat|.|du|) / L) / den
 //   layer: (|du| + mean|du| + |x_hat| (|x_hat|.|du|) / L) / den
+template <class LD>
 void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
                        int64_t L, std::vector<LD>* du) {
   if (p.variant != Variant::kQKNorm || p.norm.kind == NormKind::kNone) return;
@@ -177,12 +182,14 @@ void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
 // scale s may multiply afterwards (found by the property suite: f32,
 // keys below eps, q_hat_d = 3.7e-39: g dS q_hat_d = 4.8e-43 formed as
 // (dS q_hat_d) g carries 13 half-ulps of 2^-149).
-void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
-                ChannelArrays& ch_in, const std::vector<LD>& du,
-                const std::vector<LD>& ads, const std::vector<LD>& adr,
-                int64_t terms,
-                const std::array<std::vector<LD>*, kChannels>& dst,
-                ChannelArrays* dw, ChannelArrays* db, LD* out_max) {
+template <class T>
+void carry_side(const AttentionProblem& p, T s, int sd,
+                const OperandMagsT<T>& m, ChannelArraysT<T>& ch_in,
+                const std::vector<T>& du, const std::vector<T>& ads,
+                const std::vector<T>& adr, int64_t terms,
+                const std::array<std::vector<T>*, kChannels>& dst,
+                ChannelArraysT<T>* dw, ChannelArraysT<T>* db, T* out_max) {
+  using LD = T;  // the oracle's arithmetic (the name the loops below use)
   constexpr int kCh = kChannels;
   const bool qk = p.variant == Variant::kQKNorm;
   const NormRows& nr = m.rows;
@@ -272,7 +279,8 @@ void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
     // reference:f64 and blas:f64 alike): a_e = s sum |dS| times that
     // (ads) per row element, times |x_hat_e| for the weight. This row's
     // own x_hat is resolved to x_hat_resolution's ulp_c(0).
-    const LD own_res = x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
+    const LD own_res =
+        static_cast<LD>(x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]));
     // The per-row terms the per-element ones above were first meant to
     // replace stay beside them (found by the fuzz CI mode with
     // formulations on, once they were gone: rms with [D] weights of
@@ -309,7 +317,7 @@ void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
       const int64_t heads_in_row = nr.all_heads ? nr.H : 1;
       for (int64_t hh = 0; hh < heads_in_row; ++hh) a_row += adr_at(hh * nr.D);
       a_row *= m.wmax;
-      const LD res_row = scaled_row_resolution(p, L);
+      const LD res_row = static_cast<LD>(scaled_row_resolution(p, L));
       for (int64_t e = 0; e < L; ++e) {
         const size_t o = static_cast<size_t>(nr.at(r0, e));
         cdot += u[static_cast<size_t>(e)] * dus[static_cast<size_t>(e)];
@@ -361,5 +369,23 @@ void carry_side(const AttentionProblem& p, LD s, int sd, const OperandMags& m,
     }
   }
 }
+
+#define QKNORM_ORACLE_OPERANDS_INSTANTIATE(T)                                \
+  template reference::NormArgs<T> norm_args<T>(                              \
+      const AttentionCase&, std::array<std::vector<T>, 4>*);                 \
+  template void fill_operand_mags<T>(const AttentionCase&, int, const T*,    \
+                                     const reference::NormArgs<T>&,          \
+                                     OperandMagsT<T>*);                      \
+  template reference::OperandView<T> OperandMagsT<T>::view() const;          \
+  template void carry_side<T>(const AttentionProblem&, T, int,               \
+                              const OperandMagsT<T>&, ChannelArraysT<T>&,    \
+                              const std::vector<T>&, const std::vector<T>&,  \
+                              const std::vector<T>&, int64_t,                \
+                              const std::array<std::vector<T>*, kChannels>&, \
+                              ChannelArraysT<T>*, ChannelArraysT<T>*, T*);
+QKNORM_ORACLE_OPERANDS_INSTANTIATE(float)
+QKNORM_ORACLE_OPERANDS_INSTANTIATE(double)
+QKNORM_ORACLE_OPERANDS_INSTANTIATE(long double)
+#undef QKNORM_ORACLE_OPERANDS_INSTANTIATE
 
 }  // namespace qknorm::validation

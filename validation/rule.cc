@@ -109,6 +109,13 @@ struct RuleScalars {
   // A pass in double whose error joins the bounds (OracleAttention::
   // given_units): the f64 unit roundoff.
   double u_given = 0;
+  // The oracle channel (rule.h): the oracle's own unit roundoff, absolute
+  // resolution and smallest normal (OracleAttention::unit_roundoff,
+  // resolution, tiny: u_c, ulp_c(0) and tiny_c of the rule with the
+  // oracle's arithmetic for the compute format) and its softmax units,
+  // soft without the kernel's rounding flips (logit_flip: a kernel's x_hat,
+  // not the oracle's; oracle.h keeps those cases in long double).
+  double uo = 0, soft_o = 0, co = 0, po = 0;
   Precision wf = Precision::kF64;
   // The logit scale s below the compute format's normal range: a kernel
   // holds it to ulp_c(0) only, and every gradient of q and k (and their
@@ -232,6 +239,11 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.div = div_units(0) + div_units(1);
   r.soft = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
            2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
+  r.uo = orc.unit_roundoff;
+  r.co = orc.resolution;
+  r.po = orc.tiny;
+  r.soft_o = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
+             2 * orc.logit_shift;
   r.Hk = kv_heads_of(p);
   r.group = p.heads / r.Hk;
   r.Lq = norm_rows(p, 0).len();
@@ -260,11 +272,12 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
 ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
   ToleranceTable t = table(Field::kDg, r.wf, 1, 1, 1, 1, {orc.dg});
   const double n = static_cast<double>(r.B * r.H * r.Nq * r.Nk);
+  const double units =
+      sum_units(n) + sum_units(static_cast<double>(r.D)) + r.div;
   t.delta[0] =
-      r.uc *
-          (sum_units(n) + sum_units(static_cast<double>(r.D)) + r.div +
-           r.soft) *
-          d(orc.dg_scale) +
+      r.uc * (units + r.soft) * d(orc.dg_scale) +
+      r.uo * ((units + r.soft_o) * d(orc.dg_scale) + d(orc.dg_shift)) +
+      r.co * d(orc.dg_uf_sens) + r.po * d(orc.dg_p_sens) +
       r.us * d(orc.dg_o_rel_sens) + r.o_res * d(orc.dg_o_sens) +
       r.c_res * d(orc.dg_uf_sens) + r.p_res * d(orc.dg_p_sens) +
       r.uc * d(orc.dg_shift) +
@@ -306,6 +319,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     for (size_t e = 0; e < orc.o.size(); ++e) {
       t.delta[e] =
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
+          rs.uo *
+              (units * d(orc.o_mag[e]) + rs.soft_o / 2 * d(orc.o_dev_mag[e])) +
+          rs.po * d(orc.o_p_sens_e[e]) + rs.co * (nk + 2) +
           p_res * d(orc.o_p_sens_e[e]) + rs.acc_res * (nk + 2);
       if (rs.logit_abs > 0 || rs.up > 0 || rs.uacc > 0 || rs.uv > 0)
         t.delta[e] += (units * rs.uacc + rs.uv + rs.up) * d(orc.o_mag[e]) +
@@ -329,15 +345,16 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] = uc * ((rs.dot + div) * std::fabs(A) + sum_units(nk) +
-                         2 * d(std::fabs(x)) + orc.logit_shift) +
-                   orc.logit_flip + rs.logit_abs;
+      t.delta[e] =
+          (uc + rs.uo) * ((rs.dot + div) * std::fabs(A) + sum_units(nk) +
+                          2 * d(std::fabs(x)) + orc.logit_shift) +
+          orc.logit_flip + rs.logit_abs;
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));
   }
   if (forward_only) {
-    add_final_ops(&out, c_res);
+    add_final_ops(&out, c_res + rs.co);
     unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
     return out;
   }
@@ -362,8 +379,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     for (size_t e = 0; e < x.size(); ++e) {
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
-          us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
-          p_res * d(p_sens[e]) +
+          rs.uo * (units * d(mag[e]) + rs.soft_o * d(ds_mag[e]) + d(shift[e])) +
+          rs.co * d(uf[e]) + rs.po * d(p_sens[e]) + us * d(o_rel[e]) +
+          o_res * d(o_sens[e]) + c_res * d(uf[e]) + p_res * d(p_sens[e]) +
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
           rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
@@ -384,12 +402,14 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // conditioning.
   if (!orc.dv_mag.empty()) {
     ToleranceTable t = table(Field::kDv, s, B, Hk, Nk, D, orc.dv);
-    const double units = sum_units(group * nq) + soft;
+    const double units = sum_units(group * nq) + soft,
+                 units_o = sum_units(group * nq) + rs.soft_o;
     for (size_t e = 0; e < orc.dv.size(); ++e) {
       // Below the normal range each of the Nq products and sums rounds to
       // ulp_c(0) (found by the fuzzer, issue 15: f32, dO = 2 ulp(0), P =
       // 1/4: four products of 0.5 ulp(0) rounded to even).
-      t.delta[e] = uc * units * d(orc.dv_mag[e]) +
+      t.delta[e] = (uc * units + rs.uo * units_o) * d(orc.dv_mag[e]) +
+                   rs.po * d(orc.dv_p_sens_e[e]) + rs.co * (group * nq + 2) +
                    p_res * d(orc.dv_p_sens_e[e]) + c_res * (group * nq + 2) +
                    rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]) +
                    (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
@@ -418,6 +438,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
           uc * (units * d(chan(Channel::kMagnitude)) +
                 soft * d(chan(Channel::kSoftmaxTerms)) +
                 d(chan(Channel::kLayerShift))) +
+          rs.uo * (units * d(chan(Channel::kMagnitude)) +
+                   rs.soft_o * d(chan(Channel::kSoftmaxTerms)) +
+                   d(chan(Channel::kLayerShift))) +
+          rs.co *
+              (d(chan(Channel::kSubnormalCount)) + static_cast<double>(R + 2)) +
+          rs.po * d(chan(Channel::kPResolution)) +
           us * d(chan(Channel::kStoredORel)) +
           o_res * d(chan(Channel::kStoredOAbs)) +
           c_res *
@@ -438,7 +464,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, rs.Nk);
   param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
         group * rs.Nq);
-  add_final_ops(&out, c_res);
+  add_final_ops(&out, c_res + rs.co);
   unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
   return out;
 }
@@ -448,7 +474,7 @@ ToleranceTable attention_dg_tolerance(const AttentionCase& c, Precision s,
                                       const ComputeContract& k) {
   const RuleScalars rs = rule_scalars(c, s, orc, k);
   std::vector<ToleranceTable> out{dg_table(rs, orc)};
-  add_final_ops(&out, rs.c_res);
+  add_final_ops(&out, rs.c_res + rs.co);
   unresolved_softmax(&out, rs.soft * rs.uc + 2 * rs.logit_abs);
   return out[0];
 }

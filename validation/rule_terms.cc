@@ -192,17 +192,19 @@ LD x_hat_resolution(const AttentionProblem& p, int64_t L, LD den) {
 // times w_e = 1.5, margin 2.34).
 // Into *out (resized; a workspace array, not a fresh n x D allocation per
 // sampled sub-case).
-void operand_resolution(const AttentionProblem& p, const OperandMags& m,
-                        std::vector<LD>* out_v) {
+template <class T>
+void operand_resolution(const AttentionProblem& p, const OperandMagsT<T>& m,
+                        std::vector<T>* out_v) {
   const NormRows& nr = m.rows;
   const int64_t L = nr.len();
   const bool qk = p.variant == Variant::kQKNorm;
-  const LD ops = (qk && p.norm.weight != ParamShape::kNone ? 1 : 0) +
-                 (qk && p.norm.bias ? 1 : 0);
-  std::vector<LD>& out = *out_v;
+  const T ops = (qk && p.norm.weight != ParamShape::kNone ? 1 : 0) +
+                (qk && p.norm.bias ? 1 : 0);
+  std::vector<T>& out = *out_v;
   out.resize(m.wv.size());
   for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
-    const LD res = x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]);
+    const auto res =
+        static_cast<T>(x_hat_resolution(p, L, m.den[static_cast<size_t>(r0)]));
     for (int64_t e = 0; e < L; ++e) {
       const auto o = static_cast<size_t>(nr.at(r0, e));
       out[o] = res * std::fabs(m.wv[o]) + ops;
@@ -216,15 +218,16 @@ void operand_resolution(const AttentionProblem& p, const OperandMags& m,
 // sum of squares, its square root, the product); a flip moves x_tilde by
 // ulp_s(x_hat) |w|. The logit moves by at most s times (the row's flips)
 // times the other side's largest operand element, per side.
-LD logit_flip(const AttentionCase& c, const OperandMags& qm,
-              const OperandMags& km, LD s) {
+template <class T>
+LD logit_flip(const AttentionCase& c, const OperandMagsT<T>& qm,
+              const OperandMagsT<T>& km, T s) {
   const AttentionProblem& p = c.problem;
   const Precision st = c.storage;
   if (p.variant != Variant::kQKNorm || !p.norm.round_before_weight ||
       (st != Precision::kBF16 && st != Precision::kF16))
     return 0;
   const double uc = compute_roundoff(st);
-  auto side_flip = [&](const OperandMags& m) {
+  auto side_flip = [&](const OperandMagsT<T>& m) {
     const NormRows& nr = m.rows;
     const double rel = (sum_units(static_cast<double>(nr.len())) / 2 + 2) * uc;
     LD worst = 0;
@@ -243,13 +246,22 @@ LD logit_flip(const AttentionCase& c, const OperandMags& qm,
     }
     return worst;
   };
-  auto max_abs = [](const std::vector<LD>& x) {
+  auto max_abs = [](const std::vector<T>& x) {
     LD a = 0;
-    for (LD e : x) a = std::max(a, std::fabs(e));
+    for (T e : x) a = std::max<LD>(a, std::fabs(e));
     return a;
   };
   return s * (side_flip(qm) * max_abs(km.xa) + side_flip(km) * max_abs(qm.xa));
 }
+#define QKNORM_RULE_TERMS_INSTANTIATE(T)                                  \
+  template void operand_resolution<T>(                                    \
+      const AttentionProblem&, const OperandMagsT<T>&, std::vector<T>*);  \
+  template LD logit_flip<T>(const AttentionCase&, const OperandMagsT<T>&, \
+                            const OperandMagsT<T>&, T);
+QKNORM_RULE_TERMS_INSTANTIATE(float)
+QKNORM_RULE_TERMS_INSTANTIATE(double)
+QKNORM_RULE_TERMS_INSTANTIATE(long double)
+#undef QKNORM_RULE_TERMS_INSTANTIATE
 
 namespace {
 // In long double: a row norm (or the product of two) near DBL_MAX overflows

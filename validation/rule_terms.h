@@ -14,7 +14,8 @@
 namespace qknorm::validation {
 
 struct AttentionCase;
-struct OperandMags;  // validation/operands.h, the oracle's logit operands
+template <class T>
+struct OperandMagsT;  // validation/operands.h, the oracle's logit operands
 
 // The named constants of the rule (derivations in rule.h and below).
 inline constexpr double kSumLambda = 8.0;
@@ -53,13 +54,15 @@ long double scaled_row_resolution(const AttentionProblem& p, int64_t L);
 long double x_hat_resolution(const AttentionProblem& p, int64_t L,
                              long double den);
 // The logit operand x_tilde's resolution per ulp_c(0), per element of one
-// side (m), into *out (resized).
-void operand_resolution(const AttentionProblem& p, const OperandMags& m,
-                        std::vector<long double>* out);
+// side (m), into *out (resized); T: the oracle's arithmetic.
+template <class T>
+void operand_resolution(const AttentionProblem& p, const OperandMagsT<T>& m,
+                        std::vector<T>* out);
 // OracleAttention::logit_flip of the case (0 unless round_before_weight in
 // 16-bit storage), s the logit scale's magnitude.
-long double logit_flip(const AttentionCase& c, const OperandMags& qm,
-                       const OperandMags& km, long double s);
+template <class T>
+long double logit_flip(const AttentionCase& c, const OperandMagsT<T>& qm,
+                       const OperandMagsT<T>& km, T s);
 
 // The sampled oracle's pass in double (validation/sampled.h) sums in chunks
 // of kPassChunk terms; its error per f64 unit roundoff joins the bounds of
