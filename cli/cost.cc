@@ -314,6 +314,13 @@ double pass_pair_rate(int threads) {
                  PassBlock::kD);
 }
 
+// The full oracle's rate for storage precision s: wide for f64, in double
+// for the others (validation/oracle.h), where calibrate measured both.
+double oracle_rate(const CostRates& r, Precision s) {
+  return s == Precision::kF64 || r.oracle_narrow <= 0 ? r.oracle
+                                                      : r.oracle_narrow;
+}
+
 // The three most expensive entries, costliest first.
 std::vector<std::pair<std::string, double>> top_three(
     const std::vector<const Backend*>& entries,
@@ -348,16 +355,18 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
   if (r->sampled) return;
   const auto t_start = Clock::now();
   const AttentionProblem p = sampled_calibration_problem();
-  const validation::AttentionCase c =
-      validation::round_inputs(validation::make_attention_case(
-                                   p, validation::Distribution::kGaussian, 1),
-                               Precision::kF64);
+  const validation::AttentionCase c0 = validation::make_attention_case(
+      p, validation::Distribution::kGaussian, 1);
   validation::SampleOptions o;
   o.rows = 16;
   o.seed = 1;
   o.threads = resolve_threads(exec.threads);
-  const validation::SampledOracle so =
-      validation::sampled_oracle(c, Precision::kF64, o);
+  // The sampled rows' sub-case oracles are wide for f64 storage and in
+  // double for the others (validation/oracle.h): both timed.
+  const validation::SampledOracle so = validation::sampled_oracle(
+      validation::round_inputs(c0, Precision::kF64), Precision::kF64, o);
+  const validation::SampledOracle narrow = validation::sampled_oracle(
+      validation::round_inputs(c0, Precision::kF32), Precision::kF32, o);
   // The pass: its arithmetic per pair x D (pass_pair_rate: wall time with
   // the run's threads sharing the pairs, as the pass does), and its
   // preparation per input element, what the small pass took beyond it.
@@ -373,6 +382,8 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
         static_cast<double>(queries_seeing(p, row.b, row.n)) * key_row_heads(p);
   r->rows =
       so.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
+  r->rows_narrow =
+      narrow.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
   r->sampled = true;
   r->seconds += seconds_since(t_start);
 }
@@ -411,11 +422,17 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
                                    cp, validation::Distribution::kGaussian, 1),
                                Precision::kF64);
   r.setup = seconds_since(t0) / elements(cp);
-  // The full oracle only when it is used (it is the slow part).
+  // The full oracle only when it is used (it is the slow part): wide for
+  // f64 storage, in double for the others (validation/oracle.h).
   if (!sampled) {
     t0 = Clock::now();
     (void)validation::oracle_attention(cal);
     r.oracle = seconds_since(t0) / cw;
+    const validation::AttentionCase narrow =
+        validation::round_inputs(cal, Precision::kF32);
+    t0 = Clock::now();
+    (void)validation::oracle_attention(narrow);
+    r.oracle_narrow = seconds_since(t0) / cw;
   }
   t0 = Clock::now();
   (void)validation::run_attention(validation::naive_for(Precision::kF64), cal);
@@ -523,21 +540,26 @@ CostEstimate estimate(const CostRates& rates,
       // much as drawing the inputs.
       if (c.sampled) entry[ei] += rates.setup * elements(p);
     }
-    double pass = 0, rows = 0, flops = 0;
+    double pass = 0, rows_w = 0, flops = 0;
     if (c.sampled) {
       const validation::SampleOptions so =
           sample_options(entries, p, sample_rows, 1, threads);
       pass = rates.pass * vis + rates.pass_setup * elements(p);
       flops = 6 * vis;  // two D-term dots and O's D-term update per pair
-      rows = rates.rows *
-             rows_work(p, expected_rows(p.batch, p.heads, p.q_len, so),
-                       expected_rows(p.batch, kv_heads(p), p.kv_len, so));
+      rows_w = rows_work(p, expected_rows(p.batch, p.heads, p.q_len, so),
+                         expected_rows(p.batch, kv_heads(p), p.kv_len, so));
     }
     double case_s = 0;
     for (size_t pi = 0; pi < 4; ++pi) {
+      // f64 storage keeps the wide oracle; the others' run in double.
+      const bool wide = static_cast<Precision>(pi) == Precision::kF64;
+      const double rows =
+          rows_w *
+          (wide || rates.rows_narrow <= 0 ? rates.rows : rates.rows_narrow);
+      const double full = oracle_rate(rates, static_cast<Precision>(pi));
       if (prec[pi]) {
         const double setup = rates.setup * elements(p);
-        oracle[pi] = setup + (c.sampled ? pass + rows : rates.oracle * work);
+        oracle[pi] = setup + (c.sampled ? pass + rows : full * work);
         c.oracle_s += oracle[pi];
         if (c.sampled) {
           c.pass_s += pass;
@@ -605,9 +627,13 @@ CostEstimate estimate_sweep(const CostRates& rates,
     c.visible += variants * vis;
     double case_s = variants * rates.probs * work;
     c.oracle_s += case_s;
-    const double oracle = rates.setup * elements(p) + rates.oracle * work;
-    c.oracle_s += variants * precisions * oracle;
-    case_s += variants * precisions * oracle;
+    double oracle = 0;  // one per precision: wide for f64, else double
+    for (size_t pi = 0; pi < 4; ++pi)
+      if (prec[pi])
+        oracle += rates.setup * elements(p) +
+                  oracle_rate(rates, static_cast<Precision>(pi)) * work;
+    c.oracle_s += variants * oracle;
+    case_s += variants * oracle;
     for (size_t ei = 0; ei < entries.size(); ++ei) {
       if (!entries[ei]->available()) continue;
       const double e = kForwardThenBoth * (rates.entry_elem[ei] * elements(p) +

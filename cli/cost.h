@@ -43,9 +43,12 @@ namespace qknorm::cli {
 
 // Seconds per unit of work, measured on this machine.
 struct CostRates {
-  double oracle = 0;  // per B H Nq Nk D
-  double naive = 0;   // per B H D x visible pair (naive f64)
-  double setup = 0;   // per input element, B H (Nq + Nk) D
+  // Per B H Nq Nk D, for f64 storage (the wide oracle) and for f32, bf16
+  // and f16 (the oracle in double where validation/oracle.h evaluates it
+  // so; timed on an f32 case).
+  double oracle = 0, oracle_narrow = 0;
+  double naive = 0;  // per B H D x visible pair (naive f64)
+  double setup = 0;  // per input element, B H (Nq + Nk) D
   // Per entry: seconds per B H D x visible pair, and per input element
   // (its O(n D) part, from the two calibration sizes; 0 for slow entries).
   std::vector<double> entry, entry_elem;
@@ -54,6 +57,7 @@ struct CostRates {
   // element, the rows per sub-case pair x D.
   bool sampled = false;
   double pass = 0, pass_setup = 0, rows = 0;
+  double rows_narrow = 0;  // the rows of f32, bf16 and f16 storage
   // The long-double softmax probabilities per B H Nq Nk D (a sweep's
   // saturation curve; calibrate_probabilities, 0 until then).
   double probs = 0;
