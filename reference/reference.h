@@ -5,9 +5,12 @@
 // Instantiations:
 //   float       - the "naive same-precision" baseline of the f32/bf16/f16
 //                 entries (the entry rounds inputs/outputs to storage);
-//   double      - the f64 reference entry;
-//   long double - THE ORACLE. x87 extended: 64-bit significand (u = 2^-64),
-//                 2048x smaller roundoff than double, in hardware, with
+//   double      - the f64 reference entry, and the oracle of the f32, bf16
+//                 and f16 entries (validation/oracle.h, OraclePrecision: its
+//                 own error is a channel of the rule, validation/rule.h);
+//   long double - the oracle of the f64 entries (and wherever double's
+//                 range would not do). x87 extended: 64-bit significand (u =
+//                 2^-64), 2048x smaller roundoff than double, in hardware, with
 //                 expl/logl/sqrtl from glibc. __float128 (u = 2^-113) would be
 //                 ~50-100x slower in software; the property and fuzz suites
 //                 evaluate the oracle thousands of times, and what we measure

@@ -214,5 +214,76 @@ TEST(OraclePrecision, F64EntryAgainstDoubleOracleWidensTheChannel) {
   EXPECT_GT(checked, 100);
 }
 
+// Rows [n0, n0 + n) of heads [h0, h0 + hn) of batch b of a dense [B, Hx,
+// N, D] tensor.
+std::vector<double> rows_of(const std::vector<double>& x, int64_t Hx, int64_t N,
+                            int64_t D, int64_t b, int64_t h0, int64_t hn,
+                            int64_t n0, int64_t n) {
+  std::vector<double> out;
+  for (int64_t h = h0; h < h0 + hn; ++h) {
+    const double* src = x.data() + ((b * Hx + h) * N + n0) * D;
+    out.insert(out.end(), src, src + n * D);
+  }
+  return out;
+}
+
+// A sub-case oracle reading its operands from the whole case's
+// (SharedOperands: the sampled verdict's sub-cases) gives the same bits as
+// one that normalizes its own, per head and across heads, in double and in
+// long double.
+TEST(OraclePrecision, SharedOperandsGiveTheSubCasesOwnBits) {
+  for (const char* f : {"", "olmo2", "gemma3"})
+    for (Precision s : {Precision::kF32, Precision::kF64}) {
+      AttentionProblem p;
+      p.batch = 2, p.heads = 4, p.q_len = 13, p.kv_len = 17, p.head_dim = 8;
+      p.g = 9;
+      if (*f != '\0') apply_preset(f, &p);
+      const bool across = p.norm.axis == NormAxis::kAllHeads;
+      if (!across) p.kv_heads = 2;
+      const AttentionCase c =
+          round_inputs(make_attention_case(p, Distribution::kGaussian, 11), s);
+      const int64_t D = p.head_dim, Hk = kv_heads_of(p), b = 1;
+      const int64_t qh0 = across ? 0 : 2, qhn = across ? p.heads : 2;
+      const int64_t kh0 = across ? 0 : 1, khn = across ? Hk : 1;
+      const int64_t i0 = 5, nq = 4, j0 = 3, nk = 11;
+      AttentionCase sc = c;
+      sc.problem.batch = 1;
+      sc.problem.heads = qhn;
+      sc.problem.kv_heads = khn;
+      sc.problem.q_len = nq;
+      sc.problem.kv_len = nk;
+      sc.q = rows_of(c.q, p.heads, p.q_len, D, b, qh0, qhn, i0, nq);
+      sc.d_o = rows_of(c.d_o, p.heads, p.q_len, D, b, qh0, qhn, i0, nq);
+      sc.k = rows_of(c.k, Hk, p.kv_len, D, b, kh0, khn, j0, nk);
+      sc.v = rows_of(c.v, Hk, p.kv_len, D, b, kh0, khn, j0, nk);
+      auto heads = [&](const std::vector<double>& w, int64_t h0, int64_t hn) {
+        if (w.empty() || p.norm.weight != ParamShape::kHeadDim || across)
+          return w;
+        return std::vector<double>(w.begin() + h0 * D,
+                                   w.begin() + (h0 + hn) * D);
+      };
+      sc.q_weight = heads(c.q_weight, qh0, qhn);
+      sc.k_weight = heads(c.k_weight, kh0, khn);
+      sc.q_bias = heads(c.q_bias, qh0, qhn);
+      sc.k_bias = heads(c.k_bias, kh0, khn);
+      const SharedOperands shared(c);
+      OracleOptions opt;
+      opt.sub = {&shared, b, qh0, i0, kh0, j0};
+      OracleWorkspace ws;
+      const RowCounts counts{p.q_len, p.kv_len, true, false};
+      const OracleAttention own = oracle_attention(sc, nullptr, counts, &ws);
+      const OracleAttention from =
+          oracle_attention(sc, nullptr, counts, &ws, opt);
+      EXPECT_EQ(own.unit_roundoff, from.unit_roundoff);
+      EXPECT_EQ(own.unit_roundoff, s == Precision::kF64 ? 0x1p-64 : 0x1p-53);
+      for (auto x :
+           {&OracleAttention::o, &OracleAttention::lse, &OracleAttention::dq,
+            &OracleAttention::dq_mag, &OracleAttention::dq_uf_sens_e,
+            &OracleAttention::dq_shift_e})
+        EXPECT_TRUE(own.*x == from.*x) << f << " " << name(s);
+      EXPECT_FALSE(own.o.empty());
+    }
+}
+
 }  // namespace
 }  // namespace qknorm::validation

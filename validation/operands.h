@@ -52,6 +52,13 @@ template <class T>
 void fill_operand_mags(const AttentionCase& c, int side, const T* x,
                        const reference::NormArgs<T>& w, OperandMagsT<T>* m);
 
+// Rows [n0, n0 + rows.N) of heads [h0, h0 + rows.H) of batch b of the
+// whole case's operands into *m (rows: the sub-case's norm_rows): the same
+// values fill_operand_mags gives the sub-case (SharedOperands, oracle.h).
+template <class T>
+void slice_operand_mags(const OperandMagsT<T>& whole, int64_t b, int64_t h0,
+                        int64_t n0, const NormRows& rows, OperandMagsT<T>* m);
+
 // The case's learned parameters converted to T (store keeps them).
 template <class T>
 reference::NormArgs<T> norm_args(const AttentionCase& c,

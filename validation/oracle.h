@@ -24,11 +24,31 @@ namespace qknorm::validation {
 // rounding would not do (oracle_attention.cc, use_double). kFloat exists
 // for the tests only: an oracle too coarse for its claimed unit roundoff.
 enum class OraclePrecision { kAuto, kFloat, kDouble, kLongDouble };
+// A whole case's logit operands, normalized once in the arithmetic kAuto
+// picks for it (oracle_attention.cc): the sampled verdict's sub-cases
+// (validation/sampled.cc) read theirs from here instead of normalizing the
+// same head's q and k rows once per sub-case (issue 19 measured a third of
+// a sub-case's time there). A normalization row depends on its own inputs
+// and the parameters only, so the slice holds the same values as the
+// sub-case's own normalization.
+class SharedOperands {
+ public:
+  explicit SharedOperands(const AttentionCase& whole);
+  ~SharedOperands();
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+// Where a sub-case's rows lie in the whole case (SharedOperands): batch b,
+// its first query head and row, its first kv head and key row; the
+// sub-case holds heads [q_head, q_head + its heads) and rows [q_row,
+// q_row + its q_len) of the whole case (the same for k).
+struct SubCaseOf {
+  const SharedOperands* shared = nullptr;
+  int64_t b = 0, q_head = 0, q_row = 0, k_head = 0, k_row = 0;
+};
 struct OracleOptions {
   OraclePrecision precision = OraclePrecision::kAuto;
-  // Threads over the case's (batch, head) pairs (1: the caller's thread);
-  // the result is the same bits for any count.
-  int threads = 1;
+  SubCaseOf sub;  // shared == nullptr: the case normalizes its own operands
 };
 
 // The oracle's values and channels in its arithmetic T (OracleAttention

@@ -17,6 +17,26 @@
 namespace qknorm::validation {
 namespace {
 
+// y += a x, y += x, y += a |x|, y += |x| over n contiguous elements: the
+// channel loops' updates, one array at a time (vectorized; no element's
+// order of operations changes).
+template <class T>
+void axpy(int64_t n, T a, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
+}
+template <class T>
+void add(int64_t n, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += x[d];
+}
+template <class T>
+void axpy_abs(int64_t n, T a, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += a * std::fabs(x[d]);
+}
+template <class T>
+void add_abs(int64_t n, const T* __restrict x, T* __restrict y) {
+  for (int64_t d = 0; d < n; ++d) y[d] += std::fabs(x[d]);
+}
+
 // Below this, exp in long double returns 0 (half its smallest subnormal):
 // the P_ij > 0 of the long-double oracle, which the channels of a narrower
 // oracle reproduce from S (oracle_in, alive).
@@ -56,12 +76,13 @@ void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
     }
 }
 
-// The oracle in arithmetic T (OracleOptions): the values and channels into
-// r, the scalars that are not T's into out.
+}  // namespace
+
+// The oracle in arithmetic T (oracle_internal.h).
 template <class T>
 void oracle_in(const AttentionCase& c, const GivenRows* given,
-               const RowCounts& counts, OracleArrays<T>& a, OracleValues<T>& r,
-               OracleAttention& out) {
+               const RowCounts& counts, const SubCaseOf& sub,
+               OracleArrays<T>& a, OracleValues<T>& r, OracleAttention& out) {
   using LD = T;  // the oracle's arithmetic (the name the loops below use)
   const AttentionProblem& p = c.problem;
   std::vector<LD>&q = a.q, &k = a.k, &v = a.v, &d_o = a.d_o;
@@ -73,8 +94,17 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
   const reference::NormArgs<LD> w = norm_args<LD>(c, &store);
   // Both sides' logit operands, normalized once: the forward, backward,
   // probabilities and magnitudes below all read them (OperandMags::view).
-  fill_operand_mags(c, 0, q.data(), w, &a.qm);
-  fill_operand_mags(c, 1, k.data(), w, &a.km);
+  // (or sliced from the whole case's, SharedOperands).
+  const OperandMagsT<LD>* shared_q = shared_side<LD>(sub.shared, 0);
+  if (shared_q != nullptr) {
+    slice_operand_mags(*shared_q, sub.b, sub.q_head, sub.q_row, norm_rows(p, 0),
+                       &a.qm);
+    slice_operand_mags(*shared_side<LD>(sub.shared, 1), sub.b, sub.k_head,
+                       sub.k_row, norm_rows(p, 1), &a.km);
+  } else {
+    fill_operand_mags(c, 0, q.data(), w, &a.qm);
+    fill_operand_mags(c, 1, k.data(), w, &a.km);
+  }
   const OperandMagsT<LD>&qm = a.qm, &km = a.km;
   const reference::OperandView<LD> qv = qm.view(), kv = km.view();
   // RowCounts: the outputs of a side the caller does not need are not
@@ -400,19 +430,20 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* adq = ads_q.data() + qi;
               const LD* rk = res_k.data() + kj;
               const LD* ksh = km.sh.data() + kj;
-              for (int64_t d = 0; d < D; ++d) {
-                const LD x = kaj[d];
-                for (int ch = 0; ch < nch; ++ch) mqi[ch][d] += sw[ch] * x;
-                // (s dS_ij) x_tilde': the scaled dS rounds once more to
-                // ulp_c(0), unscaled (above).
-                mqi[kSub][d] += x;
-                if (layer) mqi[kShift][d] += s_adsv * ksh[d];
-                duq[d] += s_dsv * ktj[d];
-                adq[d] += s_adsv * rk[d];
-                omag[d] += pij * std::fabs(vj[d]);
-                if (pos) ouf[d] += std::fabs(vj[d]);
+              // One loop per array (each element's sums in the same order
+              // as one loop over d doing them all: the same bits), so that
+              // each is a contiguous axpy the compiler vectorizes.
+              for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], kaj, mqi[ch]);
+              // (s dS_ij) x_tilde': the scaled dS rounds once more to
+              // ulp_c(0), unscaled (above).
+              add(D, kaj, mqi[kSub]);
+              if (layer) axpy(D, s_adsv, ksh, mqi[kShift]);
+              axpy(D, s_dsv, ktj, duq);
+              axpy(D, s_adsv, rk, adq);
+              axpy_abs(D, pij, vj, omag);
+              if (pos) add_abs(D, vj, ouf);
+              for (int64_t d = 0; d < D; ++d)
                 odev[d] += pij * std::fabs(vj[d] - oi[d]);
-              }
             }
             if (ks) {
               LD* mkj[kCh];
@@ -423,16 +454,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               const LD* qsh = qm.sh.data() + qi;
               LD* dvm = dv_mag + j * D;
               LD* dvu = dv_uf + j * D;
-              for (int64_t d = 0; d < D; ++d) {
-                const LD x = qai[d];
-                for (int ch = 0; ch < nch; ++ch) mkj[ch][d] += sw[ch] * x;
-                mkj[kSub][d] += x;
-                if (layer) mkj[kShift][d] += s_adsv * qsh[d];
-                duk[d] += s_dsv * qti[d];
-                adk[d] += s_adsv * rq[d];
-                dvm[d] += pij * std::fabs(doi[d]);
-                if (pos) dvu[d] += std::fabs(doi[d]);
-              }
+              for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
+              add(D, qai, mkj[kSub]);
+              if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
+              axpy(D, s_dsv, qti, duk);
+              axpy(D, s_adsv, rq, adk);
+              axpy_abs(D, pij, doi, dvm);
+              if (pos) add_abs(D, doi, dvu);
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
             adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
@@ -521,156 +549,18 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
   if (whole) out.cosine_units = cosine_units(c);
 }
 
-// f(x, y) for every value and channel of the oracle, x of a and y of b (the
-// same member): the one list of OracleValues' members.
-template <class A, class B, class F>
-void each_value(A& a, B& b, F&& f) {
-  f(a.o, b.o), f(a.lse, b.lse), f(a.dq, b.dq), f(a.dk, b.dk), f(a.dv, b.dv);
-  f(a.dg, b.dg), f(a.dg_scale, b.dg_scale), f(a.dq_scale, b.dq_scale);
-  f(a.dk_scale, b.dk_scale), f(a.dv_scale, b.dv_scale);
-  f(a.dq_o_sens, b.dq_o_sens), f(a.dk_o_sens, b.dk_o_sens);
-  f(a.dg_o_sens, b.dg_o_sens), f(a.dq_uf_sens, b.dq_uf_sens);
-  f(a.dk_uf_sens, b.dk_uf_sens), f(a.dg_uf_sens, b.dg_uf_sens);
-  f(a.dg_o_rel_sens, b.dg_o_rel_sens);
-  f(a.o_mag, b.o_mag), f(a.dv_mag, b.dv_mag), f(a.dq_mag, b.dq_mag);
-  f(a.dk_mag, b.dk_mag), f(a.dq_o_sens_e, b.dq_o_sens_e);
-  f(a.dk_o_sens_e, b.dk_o_sens_e), f(a.dq_uf_sens_e, b.dq_uf_sens_e);
-  f(a.dk_uf_sens_e, b.dk_uf_sens_e), f(a.dq_o_rel_e, b.dq_o_rel_e);
-  f(a.dk_o_rel_e, b.dk_o_rel_e), f(a.o_dev_mag, b.o_dev_mag);
-  f(a.dq_ds_mag, b.dq_ds_mag), f(a.dk_ds_mag, b.dk_ds_mag);
-  f(a.o_p_sens_e, b.o_p_sens_e), f(a.dv_p_sens_e, b.dv_p_sens_e);
-  f(a.dq_p_sens_e, b.dq_p_sens_e), f(a.dk_p_sens_e, b.dk_p_sens_e);
-  f(a.dg_p_sens, b.dg_p_sens);
-  f(a.dq_weight, b.dq_weight), f(a.dk_weight, b.dk_weight);
-  f(a.dq_bias, b.dq_bias), f(a.dk_bias, b.dk_bias);
-  for (size_t ch = 0; ch < kChannels; ++ch) {
-    f(a.dq_weight_ch[ch], b.dq_weight_ch[ch]);
-    f(a.dk_weight_ch[ch], b.dk_weight_ch[ch]);
-    f(a.dq_bias_ch[ch], b.dq_bias_ch[ch]);
-    f(a.dk_bias_ch[ch], b.dk_bias_ch[ch]);
-  }
-  f(a.dq_shift_e, b.dq_shift_e), f(a.dk_shift_e, b.dk_shift_e);
-  f(a.dg_shift, b.dg_shift);
-}
-
-// Whether double holds this case's oracle as long double does (kAuto).
-// Storage f32, bf16 and f16 put every input in [2^-149, 2^128) (or 0),
-// and the case's scale and eps are checked to be there too. Every channel
-// term (oracle_in) is a product of at most two input magnitudes (dO, v),
-// two operand magnitudes (|x_hat| |w| + |beta| < 2^136: |x_hat| <= sqrt(L)
-// < 2^8), the scale, 1 / den < 2^149 and counts below 2^64: below 2^950,
-// no overflow in double (2^1024), which the result's finiteness check
-// guards as well (a non-finite value that is not a masked row's lse: the
-// case runs again in long double). Underflow: P is in (0, 1] and a term
-// P x (x such a product) may flush below 2^-1074 in double where long
-// double keeps it; where P_ij > 0 is a channel's switch, alive (oracle_in)
-// asks it of long double's P from S, and a flushed term is otherwise a
-// value below 2^-1074 beside every bound's absolute part (ulp_c(0) >=
-// 2^-149 per element, rule.h): no bound moves by more than double's own
-// rounding. Round-before-weight formulations in 16-bit storage (Qwen3)
-// stay in long double: their x_hat rounds to storage, and an oracle whose
-// x_hat lies within u_f64 of a rounding midpoint would round it as the
-// exact one may not, a logit change the rule's oracle channel has no term
-// for (logit_flip is the kernel's).
-bool use_double(const AttentionCase& c) {
-  const AttentionProblem& p = c.problem;
-  if (c.storage == Precision::kF64 || reference::rounds_x_hat(p, c.storage))
-    return false;
-  auto in_range = [](double x) {
-    const double a = std::fabs(x);
-    return a == 0 || (a >= 0x1p-149 && a < 0x1p128);
-  };
-  for (const std::vector<double>* x : {&c.q, &c.k, &c.v, &c.d_o, &c.q_weight,
-                                       &c.k_weight, &c.q_bias, &c.k_bias})
-    for (double e : *x)
-      if (!in_range(e)) return false;
-  if (p.variant != Variant::kQKNorm) return true;
-  return in_range(p.fixed_scale ? p.scale : p.g) && in_range(p.eps);
-}
-
-// Every value finite but a fully masked row's lse (-inf): the check that
-// double held what long double would have (use_double).
-template <class T>
-bool all_finite(const OracleValues<T>& r) {
-  bool ok = true;
-  auto check = [&](const auto& x, const auto&) {
-    using X = std::decay_t<decltype(x)>;
-    if constexpr (std::is_arithmetic_v<X>) {
-      ok = ok && std::isfinite(x);
-    } else if (&x != &r.lse) {
-      for (const auto& e : x) ok = ok && std::isfinite(e);
-    } else {
-      for (const auto& e : x) ok = ok && (std::isfinite(e) || e < 0);
-    }
-  };
-  each_value(r, r, check);
-  return ok;
-}
-
-// r's values into out (long double) and the unit roundoff T ran at.
-template <class T>
-void widen_values(const OracleValues<T>& r, OracleAttention* out) {
-  if constexpr (!std::is_same_v<T, long double>) {
-    each_value(r, *out, [](const auto& x, auto& y) {
-      using X = std::decay_t<decltype(x)>;
-      if constexpr (std::is_arithmetic_v<X>) {
-        y = x;
-      } else {
-        y.assign(x.begin(), x.end());
-      }
-    });
-  }
-  out->unit_roundoff = std::numeric_limits<T>::epsilon() / 2;
-  out->resolution = static_cast<double>(std::numeric_limits<T>::denorm_min());
-  out->tiny = static_cast<double>(std::numeric_limits<T>::min());
-}
-
-template <class T>
-void run_oracle(const AttentionCase& c, const GivenRows* given,
-                const RowCounts& counts, OracleWorkspace::Arrays& a,
-                OracleAttention* out) {
-  if constexpr (std::is_same_v<T, long double>) {
-    oracle_in<T>(c, given, counts, a.in<T>(), *out, *out);
-    widen_values(static_cast<const OracleValues<T>&>(*out), out);
-  } else {
-    OracleValues<T> r;
-    oracle_in<T>(c, given, counts, a.in<T>(), r, *out);
-    widen_values(r, out);
-  }
-}
-
-}  // namespace
-
-OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
-                                 const RowCounts& counts, OracleWorkspace* ws,
-                                 const OracleOptions& options) {
-  OracleWorkspace own;
-  OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : *own.arrays;
-  OracleAttention r;
-  switch (options.precision) {
-    case OraclePrecision::kFloat:
-      run_oracle<float>(c, given, counts, a, &r);
-      return r;
-    case OraclePrecision::kDouble:
-      run_oracle<double>(c, given, counts, a, &r);
-      return r;
-    case OraclePrecision::kLongDouble:
-      run_oracle<long double>(c, given, counts, a, &r);
-      return r;
-    case OraclePrecision::kAuto:
-      break;
-  }
-  if (use_double(c)) {
-    OracleValues<double> v;
-    oracle_in<double>(c, given, counts, a.f64, v, r);
-    if (all_finite(v)) {
-      widen_values(v, &r);
-      return r;
-    }
-    r = OracleAttention{};
-  }
-  run_oracle<long double>(c, given, counts, a, &r);
-  return r;
-}
+template void oracle_in<float>(const AttentionCase&, const GivenRows*,
+                               const RowCounts&, const SubCaseOf&,
+                               OracleArrays<float>&, OracleValues<float>&,
+                               OracleAttention&);
+template void oracle_in<double>(const AttentionCase&, const GivenRows*,
+                                const RowCounts&, const SubCaseOf&,
+                                OracleArrays<double>&, OracleValues<double>&,
+                                OracleAttention&);
+template void oracle_in<long double>(const AttentionCase&, const GivenRows*,
+                                     const RowCounts&, const SubCaseOf&,
+                                     OracleArrays<long double>&,
+                                     OracleValues<long double>&,
+                                     OracleAttention&);
 
 }  // namespace qknorm::validation

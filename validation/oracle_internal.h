@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "validation/field.h"
@@ -37,6 +38,9 @@ struct OracleArrays {
       adr_q, adr_k, res_q, res_k;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
+  // The result of an oracle narrower than long double before it is
+  // widened (OracleAttention): kept, so a sub-case allocates it once.
+  OracleValues<T> out;
 };
 // One set per arithmetic the oracle runs in (OraclePrecision).
 struct OracleWorkspace::Arrays {
@@ -58,6 +62,37 @@ template <>
 inline OracleArrays<float>& OracleWorkspace::Arrays::in<float>() {
   return f32;
 }
+
+// The whole case's operands of a SharedOperands (oracle.h), in the
+// arithmetic use_double picked for the whole case (oracle_dispatch.cc).
+struct SharedOperands::Impl {
+  bool f64 = false;  // which of the two holds the operands
+  OperandMagsT<long double> ld[2];
+  OperandMagsT<double> dbl[2];
+};
+
+// The whole case's side `side` in arithmetic T, or null (none shared, or
+// shared in the other arithmetic).
+template <class T>
+const OperandMagsT<T>* shared_side(const SharedOperands* s, int side) {
+  if (s == nullptr) return nullptr;
+  if constexpr (std::is_same_v<T, double>) {
+    return s->impl->f64 ? &s->impl->dbl[side] : nullptr;
+  } else if constexpr (std::is_same_v<T, long double>) {
+    return s->impl->f64 ? nullptr : &s->impl->ld[side];
+  } else {
+    return nullptr;
+  }
+}
+
+// The oracle in arithmetic T (oracle_attention.cc; float, double and long
+// double): the values and channels into r, the scalars that are not T's
+// into out; sub: the whole case's operands to slice (SubCaseOf; shared ==
+// nullptr: the case's own normalization).
+template <class T>
+void oracle_in(const AttentionCase& c, const GivenRows* given,
+               const RowCounts& counts, const SubCaseOf& sub,
+               OracleArrays<T>& a, OracleValues<T>& r, OracleAttention& out);
 
 // One side's channels (ch_in, per element of the logit operand's gradient
 // dx_tilde) through the weight and the normalization backward, per

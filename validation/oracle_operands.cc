@@ -142,6 +142,55 @@ OperandMags operand_mags(const AttentionCase& c, int side) {
 }
 
 template <class T>
+void slice_operand_mags(const OperandMagsT<T>& whole, int64_t b, int64_t h0,
+                        int64_t n0, const NormRows& rows, OperandMagsT<T>* mp) {
+  OperandMagsT<T>& m = *mp;
+  const NormRows& w = whole.rows;
+  const int64_t D = rows.D, H = rows.H, N = rows.N;
+  const auto size = static_cast<size_t>(rows.rows() * rows.len());
+  // Element arrays: head h, rows n0.. of batch b, contiguous per head.
+  auto elements = [&](const std::vector<T>& from, std::vector<T>* to) {
+    to->resize(from.empty() ? 0 : size);
+    if (from.empty()) return;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* src = from.data() + ((b * w.H + h0 + h) * w.N + n0) * D;
+      std::copy(src, src + N * D, to->data() + h * N * D);
+    }
+  };
+  // Row arrays: a head's row (b, h, n), or across heads (b, n).
+  const auto nrows = static_cast<size_t>(rows.rows());
+  auto row_of_whole = [&](int64_t r) {
+    return rows.all_heads ? b * w.N + n0 + r
+                          : (b * w.H + h0 + r / N) * w.N + n0 + r % N;
+  };
+  m.rows = rows;
+  elements(whole.xh, &m.xh);
+  elements(whole.xt, &m.xt);
+  elements(whole.xa, &m.xa);
+  elements(whole.wv, &m.wv);
+  elements(whole.sh, &m.sh);
+  elements(whole.xr, &m.xr);
+  m.den.resize(nrows);
+  m.shr.resize(nrows);
+  m.stats.resize(nrows);
+  for (size_t r = 0; r < nrows; ++r) {
+    const auto o = static_cast<size_t>(row_of_whole(static_cast<int64_t>(r)));
+    m.den[r] = whole.den[o];
+    m.shr[r] = whole.shr[o];
+    m.stats[r] = whole.stats[o];
+  }
+  // The sub-case's own maxima (fill_operand_mags).
+  T wmax = 1;
+  bool xa_finite = true;
+  for (size_t e = 0; e < size; ++e) {
+    wmax = std::max(wmax, std::fabs(m.wv[e]));
+    xa_finite = xa_finite && std::isfinite(m.xa[e]);
+  }
+  m.wmax = wmax;
+  m.xa_finite = xa_finite;
+}
+
+template <class T>
 reference::OperandView<T> OperandMagsT<T>::view() const {
   return {rows, xr.empty() ? xh.data() : xr.data(), xh.data(), xt.data(),
           stats.data()};
@@ -377,6 +426,9 @@ void carry_side(const AttentionProblem& p, T s, int sd,
                                      const reference::NormArgs<T>&,          \
                                      OperandMagsT<T>*);                      \
   template reference::OperandView<T> OperandMagsT<T>::view() const;          \
+  template void slice_operand_mags<T>(const OperandMagsT<T>&, int64_t,       \
+                                      int64_t, int64_t, const NormRows&,     \
+                                      OperandMagsT<T>*);                     \
   template void carry_side<T>(const AttentionProblem&, T, int,               \
                               const OperandMagsT<T>&, ChannelArraysT<T>&,    \
                               const std::vector<T>&, const std::vector<T>&,  \

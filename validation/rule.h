@@ -7,12 +7,13 @@
 // the tables built here.
 //
 // The rule. For every element e of a field (O, lse, dQ, dK, dV, dg; ScaleNorm
-// y, dx, dg) with oracle value x_e (reference<long double> on the rounded
-// inputs), a correct kernel's computed value before its final rounding
-// differs from x_e by at most
+// y, dx, dg) with oracle value x_e (the reference in double or long double
+// on the rounded inputs: validation/oracle.h, OraclePrecision), a correct
+// kernel's computed value before its final rounding differs from x_e by at
+// most
 //   delta_e = u_c * (sum_units(n_e) + softmax_units(A)) * M_e
 //           + [gradients] u_s * R_e + ulp_s(0) * So_e + ulp_c(0) * Sc_e
-//           + tiny_c * Sp_e
+//           + tiny_c * Sp_e + oracle_e
 // and its stored value by at most
 //   bound_e = delta_e + ulp_fmt(|x_e| + delta_e) / 2,
 // the half-spacing of the field's format (round to nearest). The entry passes
@@ -119,6 +120,21 @@
 // pass in double, whose own error joins dk, dv and dg as u_f64 times
 // given_units (the magnitudes M_e) and given_soft_units (the softmax terms),
 // derived in rule_terms.cc (pass_units).
+// The oracle channel oracle_e (issue 32): the oracle is itself a correct
+// kernel computing in its own arithmetic (double for f32, bf16 and f16
+// storage, long double for f64; OracleAttention::unit_roundoff u_o,
+// resolution ulp_o(0), tiny tiny_o), so its value is off the exact one by
+// at most the rule's own terms of the compute format with u_c, ulp_c(0)
+// and tiny_c replaced by the oracle's: u_o (units M + soft_o T + Sh) +
+// ulp_o(0) Sc + tiny_o Sp per field (rows below: the u_c terms' units and
+// counts), soft_o = soft without the kernel's rounding flips (logit_flip;
+// the oracle rounds no x_hat in double: oracle.h), and ulp_o(0) (kOpUnits
+// + the per-term counts of O and dV). Nothing of the entry's storage or
+// contract enters it. Double: u_o = 2^-53, ~1e-9 of an f32 entry's u_c
+// terms; long double: 2^-64 (2^-11 of an f64 entry's), resolution terms 0
+// (below double's range). tests/oracle_precision_test checks that the
+// double oracle stays within it of the long-double one and that a float
+// oracle claiming 2^-53 does not.
 // Where softmax_units(A) u_c > 1/8 the logits are not resolved to better
 // than a unit, the format does not determine O, dQ, dK, dV or dg, and every
 // finite value of those passes (lse keeps its bound).
@@ -169,7 +185,8 @@
 //   params  u_c ((sum_units(R_p) + sum_units(n) + kOpUnits + div) M
 //           + soft T + Sh) + u_s R + ulp_s(0) So + ulp_c(0) (Sc + R_p + 2)
 //           + tiny_c Sp + s_rel M
-// and every element adds kOpUnits ulp_c(0) (its final operations). Where
+// and every element adds kOpUnits ulp_c(0) (its final operations), and
+// oracle_e (above). Where
 // softmax_units(A) u_c > 1/8 every field but lse is unresolved (delta =
 // inf). soft = softmax_units(A) + 2 |A| div + 2 logit_flip / u_c + 2 shift,
 // shift = logit_shift, div the RMS / LayerNorm divisors' units (0

@@ -193,6 +193,14 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   // not once per sub-case.
   std::vector<OracleWorkspace> workspaces(
       static_cast<size_t>(std::max(1, opt.threads)));
+  // Every head's q and k rows normalized once for all sub-cases (each
+  // reads its rows' slice; SharedOperands).
+  const SharedOperands shared(c);
+  auto of = [&](int64_t b, Heads qh, int64_t q_row, Heads kh, int64_t k_row) {
+    OracleOptions o;
+    o.sub = {&shared, b, qh.first, q_row, kh.first, k_row};
+    return o;
+  };
   const auto items = static_cast<int64_t>(nqr + nkr);
   parallel_for(items, opt.threads, [&](int64_t w, int t) {
     OracleWorkspace* ws = &workspaces[static_cast<size_t>(t)];
@@ -204,8 +212,8 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         const Heads kh = all_heads ? Heads{0, Hk} : Heads{r.h / group, 1};
         const int64_t n = visible_keys(p, r.b, r.n);
         const AttentionCase sc = sub_case(c, r.b, qh, kh, r.n, 1, 0, n);
-        OracleAttention o =
-            oracle_attention(sc, nullptr, {Nq, Nk, true, false}, ws);
+        OracleAttention o = oracle_attention(sc, nullptr, {Nq, Nk, true, false},
+                                             ws, of(r.b, qh, r.n, kh, 0));
         scope(&o);
         sub[static_cast<size_t>(w)] =
             attention_tolerances(sc, s, o, false, opt.contract);
@@ -231,9 +239,11 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
               g.o_abs.push_back(pass.rows.o_abs[row]);
               g.p_del.push_back(p_del[row]);
             }
-          o = oracle_attention(sc, &g, {Nq, Nk, false, true}, ws);
-        } else {
-          o = oracle_attention(sc, nullptr, {Nq, Nk, false, true}, ws);
+          o = oracle_attention(sc, &g, {Nq, Nk, false, true}, ws,
+                               of(r.b, qh, i0, kh, r.n));
+        } else {  // no query sees the key: the sub-case holds every query
+          o = oracle_attention(sc, nullptr, {Nq, Nk, false, true}, ws,
+                               of(r.b, qh, 0, kh, r.n));
         }
         scope(&o);
         sub[static_cast<size_t>(w)] =
