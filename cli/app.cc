@@ -185,7 +185,7 @@ void add_common(CLI::App& app, Common& c) {
                  "are judged beside ours (also QKNORM_PLUGIN=a.so:b.so)")
       ->type_name("LIB.so");
   app.add_option("--max-seconds", c.max_seconds,
-                 "Budget of the default run and of sweep --over tiles: it "
+                 "Budget of the default run and of every sweep: it "
                  "estimates its work first (oracle, baselines, entries, "
                  "timing; calibrated on this machine) and stops before "
                  "starting if the estimate exceeds this (default 600)")
@@ -351,6 +351,8 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
     cost = estimate_cost(entries, suite, exec, !c.no_timing, c.sample);
   }
   err << "qknorm-check: " << describe(cost) << "\n" << std::flush;
+  const std::string note = long_run_note(c.suite);
+  if (!note.empty()) err << "qknorm-check: " << note << "\n" << std::flush;
   // Stops: past the budget, or (whatever the budget) when the full
   // oracle's [B, H, Nq, Nk] arrays cannot fit in memory (n = 32768, H = 4:
   // 137 GB). Both suggest --sample with that run's own estimate.
@@ -416,6 +418,7 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   rep.seed = c.suite.seed;
   rep.threads = c.threads;
   rep.jobs = jobs_for(c);
+  rep.note = note;
   rep.classes = parse_classes(c.suite.classes);  // build_suite checked them
   for (const AttentionSpec& s : suite.attention) {
     rep.cases.push_back(describe_case(s));

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "reference/reference.h"
 #include "validation/metrics.h"
 #include "validation/oracle.h"
 #include "validation/run.h"
@@ -168,13 +169,13 @@ AttentionProblem sampled_calibration_problem() {
 // does it (a copy of its loop, kept in step by hand): two D-term dots in
 // double with eight partial sums (S_ij = q_i . k_j, dP_ij = dO_i . v_j),
 // exp(S_ij - m_i) and the row sums, O_i += P_ij v_j, then the row
-// statistics and dg's channels (about 20 scalar operations per pair); the
-// dots and the update compiled for AVX2 when the CPU has it, as the pass
-// is. A small sampled_oracle cannot time the pass: at n <= 4096 its pass
-// is mostly the O(n D) long-double preparation (measured 0.3 GFLOP/s at
-// n = 256, 3.4 at n = 4096), and its sampled rows cost far more than its
-// pass below n ~ 10^5. Returns wall seconds per pair x D with `threads`
-// threads sharing the pairs.
+// statistics and dg's channels (about 20 operations per pair, summed in
+// chunks of four double partial sums); the dots compiled for AVX2 and the
+// update for AVX-512 when the CPU has them, as the pass is. A small
+// sampled_oracle cannot time the pass: at n <= 4096 its pass is mostly the O(n
+// D) long-double preparation (measured 0.3 GFLOP/s at n = 256, 3.4 at n =
+// 4096), and its sampled rows cost far more than its pass below n ~ 10^5.
+// Returns wall seconds per pair x D with `threads` threads sharing the pairs.
 struct PassBlock {
   static constexpr int64_t kD = 128, kRows = 16, kKeys = 2048;
   std::vector<double> q, dout, k, v, S, dP, O;
@@ -224,13 +225,15 @@ __attribute__((always_inline)) inline void pv_body(PassBlock& b) {
     }
 }
 __attribute__((target("avx2"))) void dots_avx2(PassBlock& b) { dots_body(b); }
+__attribute__((target("avx512f"))) void pv_avx512(PassBlock& b) { pv_body(b); }
 __attribute__((target("avx2"))) void pv_avx2(PassBlock& b) { pv_body(b); }
 void dots_base(PassBlock& b) { dots_body(b); }
 void pv_base(PassBlock& b) { pv_body(b); }
 
 double pass_block(PassBlock& b) {
   constexpr int64_t R = PassBlock::kRows, K = PassBlock::kKeys;
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = __builtin_cpu_supports("avx2"),
+                    avx512 = __builtin_cpu_supports("avx512f");
   (avx2 ? dots_avx2 : dots_base)(b);
   double stats = 0;
   for (int64_t r = 0; r < R; ++r) {  // P = exp(S - m) / l, per row
@@ -247,25 +250,42 @@ double pass_block(PassBlock& b) {
     const double inv = static_cast<double>(1 / l);
     for (int64_t j = 0; j < K; ++j) s[j] *= inv;
   }
-  (avx2 ? pv_avx2 : pv_base)(b);
-  for (int64_t r = 0; r < R; ++r) {  // delta, Del, sum |dS|, dg's channels
+  (avx512 ? pv_avx512 : avx2 ? pv_avx2 : pv_base)(b);
+  // delta, Del, sum |dS|, dg's channels: as the pass, chunks of 16 keys in
+  // four double partial sums each, then long double.
+  auto chunked = [&](int n_sums, long double* sums, auto term) {
+    for (int64_t j0 = 0; j0 < K; j0 += 16) {
+      double t[7][4] = {};
+      for (int64_t j = j0; j < j0 + 16; j += 4)
+        for (int l = 0; l < 4; ++l) term(j + l, t, l);
+      for (int k = 0; k < n_sums; ++k)
+        sums[k] += (t[k][0] + t[k][2]) + (t[k][1] + t[k][3]);
+    }
+  };
+  for (int64_t r = 0; r < R; ++r) {
     const double* p = &b.S[r * K];
     const double* dp = &b.dP[r * K];
-    long double delta = 0, ds = 0, ch[6] = {};
-    for (int64_t j = 0; j < K; ++j) delta += p[j] * dp[j];
-    const double dl = static_cast<double>(delta);
-    for (int64_t j = 0; j < K; ++j) {
+    long double dd[2] = {}, ds = 0, ch[7] = {};
+    chunked(2, dd, [&](int64_t j, double(&t)[7][4], int l) {
+      t[0][l] += p[j] * dp[j];
+      t[1][l] += p[j] * b.O[j % PassBlock::kD];
+    });
+    const double dl = static_cast<double>(dd[0]);
+    chunked(1, &ds, [&](int64_t j, double(&t)[7][4], int l) {
+      t[0][l] += p[j] * std::fabs(dp[j] - dl);
+    });
+    chunked(7, ch, [&](int64_t j, double(&t)[7][4], int l) {
       const double dpd = dp[j] - dl, cm = std::max(1.0, 0.5 + p[j]);
-      ds += p[j] * std::fabs(dpd);
-      ch[0] += static_cast<long double>(p[j] * dpd) * p[j];
-      ch[1] += p[j] * (0.3 + dl) * cm;
-      ch[2] += p[j] * 0.7 * cm;
-      ch[3] += (p[j] * 257.0 + 1) * cm + 1;
-      if (p[j] > 0) ch[4] += std::fabs(dpd) * cm;
-      ch[5] += p[j] * std::fabs(dpd) * 0.1;
-    }
-    stats +=
-        static_cast<double>(ds + ch[0] + ch[1] + ch[2] + ch[3] + ch[4] + ch[5]);
+      t[0][l] += p[j] * dpd * p[j];
+      t[1][l] += p[j] * (0.3 + dl) * cm;
+      t[2][l] += p[j] * 0.7 * cm;
+      t[3][l] += p[j] * 0.2 * cm;
+      t[4][l] += (p[j] * 257.0 + 1) * cm + 1;
+      t[5][l] += p[j] > 0 ? (std::fabs(dpd) + p[j] * 0.4) * cm : 0.0;
+      t[6][l] += p[j] * std::fabs(dpd) * 0.1;
+    });
+    stats += static_cast<double>(dd[1] + ds + ch[0] + ch[1] + ch[2] + ch[3] +
+                                 ch[4] + ch[5] + ch[6]);
   }
   return stats + b.O[0];
 }
@@ -294,6 +314,27 @@ double pass_pair_rate(int threads) {
                  PassBlock::kD);
 }
 
+// The full oracle's rate for storage precision s: wide for f64, in double
+// for the others (validation/oracle.h), where calibrate measured both.
+double oracle_rate(const CostRates& r, Precision s) {
+  return s == Precision::kF64 || r.oracle_narrow <= 0 ? r.oracle
+                                                      : r.oracle_narrow;
+}
+
+// The three most expensive entries, costliest first.
+std::vector<std::pair<std::string, double>> top_three(
+    const std::vector<const Backend*>& entries,
+    const std::vector<double>& per_entry) {
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return per_entry[a] > per_entry[b]; });
+  std::vector<std::pair<std::string, double>> top;
+  for (size_t k = 0; k < std::min<size_t>(3, order.size()); ++k)
+    top.push_back({entries[order[k]]->name(), per_entry[order[k]]});
+  return top;
+}
+
 int resolve_threads(int threads) {
   return threads > 0
              ? threads
@@ -314,16 +355,18 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
   if (r->sampled) return;
   const auto t_start = Clock::now();
   const AttentionProblem p = sampled_calibration_problem();
-  const validation::AttentionCase c =
-      validation::round_inputs(validation::make_attention_case(
-                                   p, validation::Distribution::kGaussian, 1),
-                               Precision::kF64);
+  const validation::AttentionCase c0 = validation::make_attention_case(
+      p, validation::Distribution::kGaussian, 1);
   validation::SampleOptions o;
   o.rows = 16;
   o.seed = 1;
   o.threads = resolve_threads(exec.threads);
-  const validation::SampledOracle so =
-      validation::sampled_oracle(c, Precision::kF64, o);
+  // The sampled rows' sub-case oracles are wide for f64 storage and in
+  // double for the others (validation/oracle.h): both timed.
+  const validation::SampledOracle so = validation::sampled_oracle(
+      validation::round_inputs(c0, Precision::kF64), Precision::kF64, o);
+  const validation::SampledOracle narrow = validation::sampled_oracle(
+      validation::round_inputs(c0, Precision::kF32), Precision::kF32, o);
   // The pass: its arithmetic per pair x D (pass_pair_rate: wall time with
   // the run's threads sharing the pairs, as the pass does), and its
   // preparation per input element, what the small pass took beyond it.
@@ -339,7 +382,30 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
         static_cast<double>(queries_seeing(p, row.b, row.n)) * key_row_heads(p);
   r->rows =
       so.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
+  r->rows_narrow =
+      narrow.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
   r->sampled = true;
+  r->seconds += seconds_since(t_start);
+}
+
+void calibrate_probabilities(CostRates* r) {
+  if (r->probs > 0) return;
+  const auto t_start = Clock::now();
+  const AttentionProblem p = calibration_problem();
+  const validation::AttentionCase c = validation::make_attention_case(
+      p, validation::Distribution::kGaussian, 1);
+  const std::vector<long double> q(c.q.begin(), c.q.end()),
+      k(c.k.begin(), c.k.end());
+  std::vector<long double> probs(
+      static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
+  double best = 1e300;
+  for (int rep = 0; rep < 2; ++rep) {  // shared cores: the best
+    const auto t0 = Clock::now();
+    reference::attention_probabilities<long double>(p, q.data(), k.data(),
+                                                    probs.data());
+    best = std::min(best, seconds_since(t0));
+  }
+  r->probs = std::max(best, 1e-9) / work_of(p);
   r->seconds += seconds_since(t_start);
 }
 
@@ -356,11 +422,17 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
                                    cp, validation::Distribution::kGaussian, 1),
                                Precision::kF64);
   r.setup = seconds_since(t0) / elements(cp);
-  // The full oracle only when it is used (it is the slow part).
+  // The full oracle only when it is used (it is the slow part): wide for
+  // f64 storage, in double for the others (validation/oracle.h).
   if (!sampled) {
     t0 = Clock::now();
     (void)validation::oracle_attention(cal);
     r.oracle = seconds_since(t0) / cw;
+    const validation::AttentionCase narrow =
+        validation::round_inputs(cal, Precision::kF32);
+    t0 = Clock::now();
+    (void)validation::oracle_attention(narrow);
+    r.oracle_narrow = seconds_since(t0) / cw;
   }
   t0 = Clock::now();
   (void)validation::run_attention(validation::naive_for(Precision::kF64), cal);
@@ -468,21 +540,26 @@ CostEstimate estimate(const CostRates& rates,
       // much as drawing the inputs.
       if (c.sampled) entry[ei] += rates.setup * elements(p);
     }
-    double pass = 0, rows = 0, flops = 0;
+    double pass = 0, rows_w = 0, flops = 0;
     if (c.sampled) {
       const validation::SampleOptions so =
           sample_options(entries, p, sample_rows, 1, threads);
       pass = rates.pass * vis + rates.pass_setup * elements(p);
       flops = 6 * vis;  // two D-term dots and O's D-term update per pair
-      rows = rates.rows *
-             rows_work(p, expected_rows(p.batch, p.heads, p.q_len, so),
-                       expected_rows(p.batch, kv_heads(p), p.kv_len, so));
+      rows_w = rows_work(p, expected_rows(p.batch, p.heads, p.q_len, so),
+                         expected_rows(p.batch, kv_heads(p), p.kv_len, so));
     }
     double case_s = 0;
     for (size_t pi = 0; pi < 4; ++pi) {
+      // f64 storage keeps the wide oracle; the others' run in double.
+      const bool wide = static_cast<Precision>(pi) == Precision::kF64;
+      const double rows =
+          rows_w *
+          (wide || rates.rows_narrow <= 0 ? rates.rows : rates.rows_narrow);
+      const double full = oracle_rate(rates, static_cast<Precision>(pi));
       if (prec[pi]) {
         const double setup = rates.setup * elements(p);
-        oracle[pi] = setup + (c.sampled ? pass + rows : rates.oracle * work);
+        oracle[pi] = setup + (c.sampled ? pass + rows : full * work);
         c.oracle_s += oracle[pi];
         if (c.sampled) {
           c.pass_s += pass;
@@ -522,12 +599,57 @@ CostEstimate estimate(const CostRates& rates,
       per_entry[ei] += t;
     }
   }
-  std::vector<size_t> order(entries.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return per_entry[a] > per_entry[b]; });
-  for (size_t k = 0; k < std::min<size_t>(3, order.size()); ++k)
-    c.top_entries.push_back({entries[order[k]]->name(), per_entry[order[k]]});
+  c.top_entries = top_three(entries, per_entry);
+  return c;
+}
+
+CostEstimate estimate_sweep(const CostRates& rates,
+                            const std::vector<const Backend*>& entries,
+                            const std::vector<AttentionProblem>& points,
+                            bool sdpa) {
+  CostEstimate c;
+  c.calibration_s = rates.seconds;
+  c.entries = static_cast<int>(entries.size());
+  std::vector<double> per_entry(entries.size(), 0);
+  // A forward call, then a forward-and-backward one: a forward is about a
+  // third of the latter (as the timing's estimate takes it).
+  constexpr double kForwardThenBoth = 4.0 / 3;
+  std::array<bool, 4> prec{};
+  for (const Backend* b : entries)
+    prec[static_cast<size_t>(b->precision())] = true;
+  const int precisions =
+      static_cast<int>(std::count(prec.begin(), prec.end(), true));
+  for (const AttentionProblem& p : points) {
+    const double work = work_of(p), vis = visible_work(p);
+    const int variants = sdpa ? 2 : 1;
+    c.attention_cases += variants;
+    c.work += variants * work;
+    c.visible += variants * vis;
+    double case_s = variants * rates.probs * work;
+    c.oracle_s += case_s;
+    double oracle = 0;  // one per precision: wide for f64, else double
+    for (size_t pi = 0; pi < 4; ++pi)
+      if (prec[pi])
+        oracle += rates.setup * elements(p) +
+                  oracle_rate(rates, static_cast<Precision>(pi)) * work;
+    c.oracle_s += variants * oracle;
+    case_s += variants * oracle;
+    for (size_t ei = 0; ei < entries.size(); ++ei) {
+      if (!entries[ei]->available()) continue;
+      const double e = kForwardThenBoth * (rates.entry_elem[ei] * elements(p) +
+                                           rates.entry[ei] * vis);
+      c.entries_s += e;
+      per_entry[ei] += e;
+      case_s += e;
+    }
+    if (sdpa) {
+      const double n = precisions * kForwardThenBoth * rates.naive * vis;
+      c.naive_s += n;
+      case_s += n;
+    }
+    c.case_s.push_back(case_s);
+  }
+  c.top_entries = top_three(entries, per_entry);
   return c;
 }
 

@@ -43,9 +43,12 @@ namespace qknorm::cli {
 
 // Seconds per unit of work, measured on this machine.
 struct CostRates {
-  double oracle = 0;  // per B H Nq Nk D
-  double naive = 0;   // per B H D x visible pair (naive f64)
-  double setup = 0;   // per input element, B H (Nq + Nk) D
+  // Per B H Nq Nk D, for f64 storage (the wide oracle) and for f32, bf16
+  // and f16 (the oracle in double where validation/oracle.h evaluates it
+  // so; timed on an f32 case).
+  double oracle = 0, oracle_narrow = 0;
+  double naive = 0;  // per B H D x visible pair (naive f64)
+  double setup = 0;  // per input element, B H (Nq + Nk) D
   // Per entry: seconds per B H D x visible pair, and per input element
   // (its O(n D) part, from the two calibration sizes; 0 for slow entries).
   std::vector<double> entry, entry_elem;
@@ -54,6 +57,10 @@ struct CostRates {
   // element, the rows per sub-case pair x D.
   bool sampled = false;
   double pass = 0, pass_setup = 0, rows = 0;
+  double rows_narrow = 0;  // the rows of f32, bf16 and f16 storage
+  // The long-double softmax probabilities per B H Nq Nk D (a sweep's
+  // saturation curve; calibrate_probabilities, 0 until then).
+  double probs = 0;
   double seconds = 0;  // what measuring took
 };
 
@@ -67,6 +74,9 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
 double largest_work(const Suite& suite);
 // Adds the sampled oracle's rates to r (no-op if it has them).
 void calibrate_sampled(CostRates* r, const ExecConfig& exec);
+
+// Adds the long-double probabilities' rate to r (no-op if it has it).
+void calibrate_probabilities(CostRates* r);
 
 struct CostEstimate {
   double oracle_s = 0, naive_s = 0, entries_s = 0, timing_s = 0;
@@ -94,6 +104,18 @@ CostEstimate estimate(const CostRates& rates,
                       const std::vector<const Backend*>& entries,
                       const Suite& suite, bool time_forward,
                       int64_t sample_rows, int threads);
+
+// The estimate of a sweep over `points` (cli/sweep.h, --over seq, g or
+// magnitude: one problem per swept value). Per point and variant (qknorm,
+// and sdpa if `sdpa`): the saturation curve's long-double probabilities,
+// one full oracle per precision of `entries`, and each entry of that
+// precision (the sdpa line: that precision's naive baseline) run forward,
+// then forward and backward (4/3 of a forward-and-backward call). `rates`
+// must hold the probabilities' rate.
+CostEstimate estimate_sweep(const CostRates& rates,
+                            const std::vector<const Backend*>& entries,
+                            const std::vector<AttentionProblem>& points,
+                            bool sdpa);
 
 // calibrate + estimate.
 CostEstimate estimate_cost(const std::vector<const Backend*>& entries,

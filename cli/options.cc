@@ -217,8 +217,14 @@ Suite product_suite(const SuiteOptions& o) {
   };
   const std::vector<std::string> masks =
       o.masks.empty() ? std::vector<std::string>{"causal", "pad"} : o.masks;
-  const std::vector<std::string> dists =
-      o.dists.empty() ? std::vector<std::string>{"gaussian", "wide"} : o.dists;
+  // Without --dist: gaussian and wide, or gaussian alone at production
+  // lengths (kLongSeq; long_run_note says so).
+  auto dists_for = [&](const AttentionProblem& shape) {
+    if (!o.dists.empty()) return o.dists;
+    if (std::max(shape.q_len, shape.kv_len) >= kLongSeq)
+      return std::vector<std::string>{"gaussian"};
+    return std::vector<std::string>{"gaussian", "wide"};
+  };
   const std::vector<std::string> forms =
       o.formulations.empty() ? std::vector<std::string>{""} : o.formulations;
   if (!o.formulations.empty() && o.variant == "sdpa")
@@ -229,7 +235,7 @@ Suite product_suite(const SuiteOptions& o) {
     for (const auto& f : forms)
       for (double g : gs_for(shape))
         for (const auto& m : masks)
-          for (const auto& d : dists) {
+          for (const auto& d : dists_for(shape)) {
             AttentionProblem p = shape;
             p.g = g;
             p.eps = o.eps;
@@ -265,6 +271,25 @@ Suite product_suite(const SuiteOptions& o) {
 }
 
 }  // namespace
+
+std::string long_run_note(const SuiteOptions& o) {
+  if (!o.dists.empty()) return "";
+  std::vector<std::string> long_shapes;
+  for (const std::string& sh : o.shapes) {
+    const AttentionProblem p = parse_shape(sh);
+    if (std::max(p.q_len, p.kv_len) >= kLongSeq) long_shapes.push_back(sh);
+  }
+  if (long_shapes.empty()) return "";
+  std::string names;
+  for (const std::string& sh : long_shapes)
+    names += (names.empty() ? "" : ", ") + sh;
+  return "distribution: gaussian only for shape " + names +
+         " (n >= " + std::to_string(kLongSeq) +
+         ": each distribution costs the whole problem per entry and an oracle "
+         "pass per precision, and both defaults exceed the 10-minute budget "
+         "on 2 cores); judge the others with --dist wide (or any of " +
+         validation::distribution_names() + "), one run each";
+}
 
 std::vector<const Backend*> select_entries(const Registry& r,
                                            const SuiteOptions& o) {

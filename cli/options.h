@@ -55,6 +55,16 @@ bool custom_suite(const SuiteOptions& o);
 // The suite the options describe, restricted to the --classes selected.
 Suite build_suite(const SuiteOptions& o);
 
+// From this length on (q_len or kv_len of a --shape), a run without --dist
+// judges the gaussian distribution only (issue 19's decision): each case is
+// a whole O(n^2 D) problem per entry and an oracle pass per storage
+// precision, and at 1x4x32768x128 the two default distributions took the
+// run past its 10-minute budget on 2 cores.
+inline constexpr int64_t kLongSeq = 8192;
+// The run header's line saying so ("" when no shape is that long, or --dist
+// was given): why, and how to get the other distributions.
+std::string long_run_note(const SuiteOptions& o);
+
 // "2x8x72x64" (q_len = kv_len) or "1x2x33x47x31".
 AttentionProblem parse_shape(const std::string& s);
 // Applies the formulation options (preset name, then the free flags) to p

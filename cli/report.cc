@@ -335,6 +335,7 @@ void print_table(std::ostream& out, const Report& rep) {
           : fmt::format("; input classes {} only (--classes: the other "
                         "classes' cases are not run and do not count)",
                         classes_text(rep.classes)));
+  if (!rep.note.empty()) out << rep.note << "\n";
   out << fmt::format(
       "machine: {} ({} cores); Highway targets: {}; OpenBLAS core {} ({}), "
       "{} threads; entry threads: {}; jobs: {}\n",
@@ -409,6 +410,7 @@ void print_table(std::ostream& out, const Report& rep) {
 std::string to_json(const Report& rep) {
   nlohmann::json j;
   j["tool"] = rep.title;
+  if (!rep.note.empty()) j["note"] = rep.note;
   j["seed"] = rep.seed;
   j["threads"] = rep.threads;
   j["jobs"] = rep.jobs;

@@ -20,6 +20,9 @@ struct Report {
   bool seeded = true;  // false: the cases came from files (compare)
   int threads = 0;
   int jobs = 1;                    // RunOptions::jobs of the run
+  // A line of the header about how the suite was chosen (the default run at
+  // production lengths: options.h long_run_note); empty: none.
+  std::string note;
   std::vector<std::string> cases;  // case descriptions, in suite order
   // Each case's input class (validation/case.h), parallel to `cases`.
   std::vector<validation::InputClass> case_classes;

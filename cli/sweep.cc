@@ -13,6 +13,7 @@
 
 #include "cli/app.h"
 #include "cli/pool.h"
+#include "cli/cost.h"
 #include "cli/tiles.h"
 #include "qknorm/error.h"
 #include "qknorm/name_table.h"
@@ -189,14 +190,47 @@ std::vector<double> sweep_values(const SweepOptions& o) {
   return xs;
 }
 
+namespace {
+
+// The problem of the sweep's point at swept value x (--over magnitude
+// scales the drawn q and k afterwards).
+AttentionProblem point_problem(const SweepOptions& o, const SuiteOptions& s,
+                               double x) {
+  const Defaults d = defaults_for(o.over);
+  AttentionProblem p =
+      parse_shape(s.shapes.empty() ? d.shape : s.shapes.front());
+  p.eps = s.eps;
+  if (o.over == "seq") p.q_len = p.kv_len = static_cast<int64_t>(x);
+  p.g = !s.g.empty()      ? s.g.front()
+        : o.over == "g"   ? x
+        : o.over == "seq" ? (x > 1 ? g_init(x) : 0.0)
+                          : g_init(72);
+  if (!s.masks.empty()) apply_mask(s.masks.front(), &p);
+  return p;
+}
+
+}  // namespace
+
+CostEstimate estimate_value_sweep(const SweepOptions& o, const SuiteOptions& s,
+                                  const std::vector<const Backend*>& entries,
+                                  int threads) {
+  std::vector<AttentionProblem> points;
+  Suite est;  // for largest_work only
+  for (double x : sweep_values(o)) {
+    points.push_back(point_problem(o, s, x));
+    est.attention.push_back({points.back(), {}, 0});
+  }
+  // The full oracle's and the naive baselines' rates are calibrate's.
+  CostRates r =
+      calibrate(entries, ExecConfig{threads}, false, largest_work(est));
+  calibrate_probabilities(&r);
+  return estimate_sweep(r, entries, points, !o.no_sdpa);
+}
+
 std::vector<SweepPoint> run_sweep_points(
     const SweepOptions& o, const SuiteOptions& s,
     const std::vector<const Backend*>& entries, int threads, bool progress) {
-  const Defaults d = defaults_for(o.over);
   const std::vector<double> xs = sweep_values(o);
-  AttentionProblem base =
-      parse_shape(s.shapes.empty() ? d.shape : s.shapes.front());
-  base.eps = s.eps;
   const validation::Distribution dist =
       s.dists.empty() ? validation::Distribution::kGaussian
                       : parse_dist(s.dists.front());
@@ -213,13 +247,7 @@ std::vector<SweepPoint> run_sweep_points(
     const bool sdpa = slot % n_variants == 1;
     std::vector<SweepPoint>& pts = slots[slot];
     const double x = xs[xi];
-    AttentionProblem p = base;
-    if (o.over == "seq") p.q_len = p.kv_len = static_cast<int64_t>(x);
-    p.g = !s.g.empty()      ? s.g.front()
-          : o.over == "g"   ? x
-          : o.over == "seq" ? (x > 1 ? g_init(x) : 0.0)
-                            : g_init(72);
-    if (!s.masks.empty()) apply_mask(s.masks.front(), &p);
+    const AttentionProblem p = point_problem(o, s, x);
     validation::AttentionCase c0 =
         validation::make_attention_case(p, dist, s.seed + xi);
     if (o.over == "magnitude") {
@@ -300,6 +328,19 @@ std::vector<SweepPoint> run_sweep_points(
   return pts;
 }
 
+bool within_budget(const CostEstimate& cost, double max_seconds,
+                   const std::string& cut, std::ostream& err) {
+  err << "qknorm-check sweep: " << describe(cost) << "\n" << std::flush;
+  if (cost.total() <= max_seconds) return true;
+  err << fmt::format(
+      "qknorm-check sweep: stopped before starting: the estimate ({}) "
+      "exceeds --max-seconds {:.0f}. {}, judge fewer entries (--backend, "
+      "--target, --precision; largest: {}), or raise --max-seconds (before "
+      "the subcommand).\n",
+      duration_text(cost.total()), max_seconds, cut, top_entries_text(cost));
+  return false;
+}
+
 int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
               std::ostream& out, std::ostream& err, bool progress) {
   if (o.over == "tiles")
@@ -308,6 +349,15 @@ int run_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
   try {
     const std::vector<const Backend*> entries =
         select_entries(all_backends(), s);
+    // The estimate first; past the budget the sweep stops before it starts
+    // (issue 32, as --over tiles does): --over seq --to 4096 is O(n^2 D)
+    // long-double oracles per point and precision.
+    if (!within_budget(estimate_value_sweep(o, s, entries, threads),
+                       o.max_seconds,
+                       "Sweep fewer or smaller points (--to, --points, "
+                       "--shape), leave out the sdpa lines (--no-sdpa)",
+                       err))
+      return kExitUsage;
     pts = run_sweep_points(o, s, entries, threads, progress);
   } catch (const Error& e) {
     err << "qknorm-check sweep: " << e.what() << "\n";

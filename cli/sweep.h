@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cost.h"
 #include "cli/options.h"
 
 namespace CLI {
@@ -26,7 +27,7 @@ struct SweepOptions {
   bool no_plot = false;
   bool no_sdpa = false;
   int64_t sample = 64;  // tiles: sampled query and key rows (each), at least
-  // tiles: the budget (the top-level --max-seconds): the sweep estimates its
+  // The budget (the top-level --max-seconds): every sweep estimates its
   // work first and stops before starting past it.
   double max_seconds = 600;
   // Workers (the top-level --jobs; cli/pool.h): the (x, variant) steps of
@@ -54,6 +55,19 @@ struct SweepPoint {
 
 // The swept values of `o` (validated; throws qknorm::Error).
 std::vector<double> sweep_values(const SweepOptions& o);
+
+// The estimate of a sweep over seq, g or magnitude (cli/cost.h
+// estimate_sweep), its rates measured on this machine.
+CostEstimate estimate_value_sweep(const SweepOptions& o, const SuiteOptions& s,
+                                  const std::vector<const Backend*>& entries,
+                                  int threads);
+
+// Prints the estimate ("qknorm-check sweep: estimated work: ..."); past
+// the budget, also why the sweep stops before starting and what to cut
+// (`cut`: the sweep's own ways, then entries and the budget). True: within
+// the budget.
+bool within_budget(const CostEstimate& cost, double max_seconds,
+                   const std::string& cut, std::ostream& err);
 
 // Runs the sweep for `entries` (and the sdpa line of each precision's
 // reference) and returns every point.

@@ -383,18 +383,12 @@ int run_tile_sweep(const SweepOptions& o, const SuiteOptions& s, int threads,
     const double to = std::isnan(o.to) ? kDefaultTo : o.to;
     // The estimate first; past the budget the sweep stops before it starts
     // (issue 19: the sweep to 32768 took 14 to 41 minutes here, silently).
-    const CostEstimate cost = estimate_tile_sweep(o, s, entries, threads);
-    err << "qknorm-check sweep: " << describe(cost) << "\n" << std::flush;
-    if (cost.total() > o.max_seconds) {
-      err << fmt::format(
-          "qknorm-check sweep: stopped before starting: the estimate ({}) "
-          "exceeds --max-seconds {:.0f}. Sweep to a shorter length (--to), "
-          "judge fewer entries (--backend, --target, --precision; largest: "
-          "{}), sample fewer rows (sweep --sample), or raise --max-seconds "
-          "(before the subcommand).\n",
-          duration_text(cost.total()), o.max_seconds, top_entries_text(cost));
+    if (!within_budget(estimate_tile_sweep(o, s, entries, threads),
+                       o.max_seconds,
+                       "Sweep to a shorter length (--to), sample fewer rows "
+                       "(sweep --sample)",
+                       err))
       return kExitUsage;
-    }
     out << fmt::format(
                "tile sweep: shape {} (q_len = kv_len = n), mask {}, dist {}, "
                "g {}, sample {} rows, seed {} + n, up to n = {:g}; {} "

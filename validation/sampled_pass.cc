@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -20,8 +21,11 @@ namespace qknorm::validation {
 namespace {
 
 // Partial sums over kChunk terms in double, merged into long double: each
-// chunk's error is the probabilistic sum_units(kChunk) of its terms. The
-// pass's error per f64 unit roundoff: pass_units (validation/rule_terms.cc).
+// chunk's error is the probabilistic sum_units(kChunk) of its terms,
+// whatever their order within the chunk (chunked_sums adds them in four
+// partial sums), and dg's terms are summed so too. The pass's error per f64
+// unit roundoff: pass_units (validation/rule_terms.cc), which counts one
+// D-term dot (any order) and one chunk.
 constexpr int64_t kChunk = kPassChunk;
 
 // The pass's two O(n^2 D) loops, for one block of query rows (rows r of
@@ -38,7 +42,8 @@ struct BlockArgs {
   double *S, *dP, *P, *O;
 };
 
-// GCC's vector extensions: 4 doubles (AVX2) or 2 (SSE2).
+// GCC's vector extensions: 8 doubles (AVX-512), 4 (AVX2) or 2 (SSE2).
+typedef double V8 __attribute__((vector_size(64)));
 typedef double V4 __attribute__((vector_size(32)));
 typedef double V2 __attribute__((vector_size(16)));
 
@@ -49,6 +54,20 @@ typedef double V2 __attribute__((vector_size(16)));
 // entry points inline them).
 template <class V>
 struct Simd;
+template <>
+struct Simd<V8> {
+  __attribute__((target("avx512f"))) static void madd(V8& acc, const V8& a,
+                                                      const V8& b) {
+    acc = _mm512_fmadd_pd(a, b, acc);
+  }
+  __attribute__((target("avx512f"))) static void madd(double& acc, double a,
+                                                      double b) {
+    acc = __builtin_fma(a, b, acc);
+  }
+  __attribute__((target("avx512f"))) static void splat(V8& x, const double* p) {
+    x = _mm512_set1_pd(*p);
+  }
+};
 template <>
 struct Simd<V4> {
   __attribute__((target("avx2,fma"))) static void madd(V4& acc, const V4& a,
@@ -219,6 +238,9 @@ inline void block_body(const BlockArgs& a) {
   }
 }
 
+__attribute__((target("avx512f"), flatten)) void pv_avx512(const BlockArgs& a) {
+  block_body<kPvRows, pv_rows<V8, kPvRows>, pv_rows<V8, 1>>(a);
+}
 __attribute__((target("avx2,fma"), flatten)) void dots_avx2(
     const BlockArgs& a) {
   block_body<kDotRows, dots_rows<V4, kDotRows>, dots_rows<V4, 1>>(a);
@@ -233,10 +255,62 @@ __attribute__((flatten)) void pv_base(const BlockArgs& a) {
   block_body<kPvRows, pv_rows<V2, kPvRows>, pv_rows<V2, 1>>(a);
 }
 
-bool has_avx2() {
-  static const bool yes =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+// The widest of the micro-kernels' builds this CPU runs.
+enum class Isa { kBase, kAvx2, kAvx512 };
+Isa isa() {
+  static const Isa best =
+      __builtin_cpu_supports("avx512f") ? Isa::kAvx512
+      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+          ? Isa::kAvx2
+          : Isa::kBase;
+  return best;
+}
+// The dots stay at 4 lanes on AVX-512: their 8-lane build, whose per-dot
+// lane sums cost 8 lanes' shuffles, took 1.45x the time of the 4-lane one
+// (Zen 4, n = 8192, D = 128, one thread), while P.V, which has no lane
+// sums, ran 1.3x faster on 8 lanes.
+void dots(const BlockArgs& a) {
+  (isa() == Isa::kBase ? dots_base : dots_avx2)(a);
+}
+void pv(const BlockArgs& a) {
+  switch (isa()) {
+    case Isa::kAvx512:
+      return pv_avx512(a);
+    case Isa::kAvx2:
+      return pv_avx2(a);
+    case Isa::kBase:
+      return pv_base(a);
+  }
+}
+
+// Sums over a row's visible keys j < n, as pass_units counts them: chunks
+// of kChunk terms, each summed in double by kSumLanes partial sums that are
+// added in a fixed order, then into long double. term(j) returns key j's
+// terms of the N sums; sums[k] += the k-th sum. The partial sums let the
+// compiler vectorize across keys without reassociating anything (no
+// -ffast-math), and leave the x87 unit one add per chunk instead of one per
+// key (seven long-double sums per key took a fifth of the pass).
+constexpr int kSumLanes = 4;
+template <int N, class Term>
+inline void chunked_sums(int64_t n, LD* sums, Term term) {
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = std::min(n, j0 + kChunk);
+    double t[N][kSumLanes] = {};
+    int64_t j = j0;
+    for (; j + kSumLanes <= j1; j += kSumLanes)
+#pragma GCC unroll 4
+      for (int l = 0; l < kSumLanes; ++l) {
+        const std::array<double, N> v = term(j + l);
+#pragma GCC unroll 8
+        for (int k = 0; k < N; ++k) t[k][l] += v[k];
+      }
+    for (int l = 0; j < j1; ++j, ++l) {
+      const std::array<double, N> v = term(j);
+      for (int k = 0; k < N; ++k) t[k][l] += v[k];
+    }
+    for (int k = 0; k < N; ++k)
+      sums[k] += (t[k][0] + t[k][2]) + (t[k][1] + t[k][3]);
+  }
 }
 
 // out[n] = |<w, x_n>| for the n_rows rows x_n of D elements starting at x.
@@ -436,7 +510,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
                    dP.data(),
                    P.data(),
                    O.data()};
-      (has_avx2() ? dots_avx2 : dots_base)(ba);
+      dots(ba);
       for (int64_t i = i0; i < i1; ++i)
         a.flops += 6.0 * static_cast<double>(D * nv[i - i0]);
       // Per row: lse (chunked sums of exp(S - m)), P = exp(S - m) / l.
@@ -464,7 +538,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
       // O_i = sum_j P_ij v_j (for |dO_i|.|O_i|, the stored-O relative
       // channel), over the keys once per block.
       std::fill(O.begin(), O.end(), 0.0);
-      (has_avx2() ? pv_avx2 : pv_base)(ba);
+      pv(ba);
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t n = nv[i - i0];
         const size_t r = static_cast<size_t>(bh * Nq + i);
@@ -490,65 +564,44 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
                    std::fabs(O[static_cast<size_t>((i - i0) * D + d)]);
         o_abs *= 1 + 2 * sum_units(static_cast<double>(D)) *
                          unit_roundoff(Precision::kF64);  // an upper bound
-        LD delta = 0, del = 0;
-        for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-          double t = 0, u = 0;
-          for (int64_t j = j0; j < std::min(n, j0 + kChunk); ++j) {
-            t += Pi[j] * dPi[j];
-            u += Pi[j] * vn[static_cast<size_t>(bk * Nk + j)];
-          }
-          delta += t;
-          del += u;
-        }
-        del *= don[r];  // sum_j P_ij ||dO_i|| ||v_j|| >= Del_i
+        const double* vn_j = vn.data() + bk * Nk;
+        LD dd_sums[2] = {0, 0};  // delta, Del / ||dO_i||
+        chunked_sums<2>(n, dd_sums, [&](int64_t j) {
+          return std::array<double, 2>{Pi[j] * dPi[j], Pi[j] * vn_j[j]};
+        });
+        const LD delta = dd_sums[0];
+        const LD del = dd_sums[1] * don[r];  // sum_j P_ij ||dO_i|| ||v_j||
         LD ds_l1 = 0;
         const double dl = static_cast<double>(delta);
-        for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-          double t = 0;
-          for (int64_t j = j0; j < std::min(n, j0 + kChunk); ++j)
-            t += Pi[j] * std::fabs(dPi[j] - dl);
-          ds_l1 += t;
-        }
+        chunked_sums<1>(n, &ds_l1, [&](int64_t j) {
+          return std::array<double, 1>{Pi[j] * std::fabs(dPi[j] - dl)};
+        });
         out.rows.delta[r] = delta;
         out.rows.del[r] = del;
         out.rows.ds_l1[r] = ds_l1;
         out.rows.o_abs[r] = o_abs;
         // dg and its channels, as the oracle forms them per pair
-        // (oracle_attention.cc), with |dO_i|.|v_j| bounded by ||dO_i|| ||v_j||.
+        // (oracle_attention.cc), with |dO_i|.|v_j| bounded by ||dO_i|| ||v_j||;
+        // dg's terms summed as the rows' sums are (within pass_units).
         if (!learned) continue;
-        // Three loops over the row, each running sum taking the same terms
-        // in the same order as one loop would: seven long-double sums in one
-        // loop overflowed the x87 stack, and the 80-bit spills cost more
-        // than the dots (measured at n = 8192, D = 128).
         const double* kan_j = kan.data() + bk * Nk;
-        const double* vn_j = vn.data() + bk * Nk;
-        const double dn = don[r], d1 = dol1[r], dd = static_cast<double>(del);
-        auto cm_of = [&](int64_t j) {
-          return std::max(1.0, qan[r] * kan_j[j]);
-        };
-        LD dg = a.dg, scale = a.scale, o_sens = a.o_sens;
-        for (int64_t j = 0; j < n; ++j) {
-          const double pij = Pi[j], cm = cm_of(j);
-          dg += static_cast<LD>(pij * (dPi[j] - dl)) * Si[j];
-          scale += pij * (dn * vn_j[j] + dd) * cm;
-          o_sens += pij * d1 * cm;
-        }
-        a.dg = dg, a.scale = scale, a.o_sens = o_sens;
-        LD o_rel = a.o_rel, uf = a.uf;
-        for (int64_t j = 0; j < n; ++j) {
-          const double pij = Pi[j], cm = cm_of(j);
-          o_rel += pij * o_abs * cm;
-          uf += (pij * static_cast<double>(2 * D + 1) + 1) * cm + 1;
-        }
-        a.o_rel = o_rel, a.uf = uf;
-        LD p_sens = a.p_sens, shift = a.shift;
-        const double pd = static_cast<double>(p_del[r]);
-        for (int64_t j = 0; j < n; ++j) {
-          const double pij = Pi[j], adpd = std::fabs(dPi[j] - dl);
-          if (pij > 0) p_sens += (adpd + pij * pd) * cm_of(j);
-          if (layer) shift += pij * adpd * dc_of(j);  // dc_of is 0 otherwise
-        }
-        a.p_sens = p_sens, a.shift = shift;
+        const double dn = don[r], d1 = dol1[r], dd = static_cast<double>(del),
+                     qa = qan[r], pd = static_cast<double>(p_del[r]),
+                     ud = static_cast<double>(2 * D + 1);
+        LD ch[7] = {a.dg, a.scale, a.o_sens, a.o_rel, a.uf, a.p_sens, a.shift};
+        chunked_sums<7>(n, ch, [&](int64_t j) {
+          const double pij = Pi[j], cm = std::max(1.0, qa * kan_j[j]),
+                       dpd = dPi[j] - dl, adpd = std::fabs(dpd);
+          return std::array<double, 7>{pij * dpd * Si[j],
+                                       pij * (dn * vn_j[j] + dd) * cm,
+                                       pij * d1 * cm,
+                                       pij * o_abs * cm,
+                                       (pij * ud + 1) * cm + 1,
+                                       pij > 0 ? (adpd + pij * pd) * cm : 0.0,
+                                       layer ? pij * adpd * dc_of(j) : 0.0};
+        });
+        a.dg = ch[0], a.scale = ch[1], a.o_sens = ch[2], a.o_rel = ch[3];
+        a.uf = ch[4], a.p_sens = ch[5], a.shift = ch[6];
       }
     }
   };

@@ -179,6 +179,37 @@ TEST(CliOptions, CustomShapeDefaultsToThePapersGForItsLength) {
   EXPECT_EQ(gs, (std::set<double>{g_init(72), 20}));
 }
 
+// Issue 19's decision: from kLongSeq on (q_len or kv_len), a --shape
+// without --dist judges gaussian only, and the header's note says so and
+// how to get the others; shorter shapes and any --dist keep every case.
+TEST(CliOptions, LongShapesJudgeGaussianUnlessDistGiven) {
+  SuiteOptions o;
+  o.masks = {"causal"};
+  auto dists = [&] {
+    std::vector<validation::Distribution> d;
+    for (const AttentionSpec& a : build_suite(o).attention) d.push_back(a.dist);
+    return d;
+  };
+  using validation::Distribution;
+  o.shapes = {"1x4x8191x128"};
+  EXPECT_EQ(dists(), (std::vector<Distribution>{Distribution::kGaussian,
+                                                Distribution::kWideMagnitude}));
+  EXPECT_EQ(long_run_note(o), "");
+  o.shapes = {"1x1x64x8192x64", "1x4x32768x128", "2x2x72x64"};
+  EXPECT_EQ(dists(),
+            (std::vector<Distribution>{
+                Distribution::kGaussian, Distribution::kGaussian,
+                Distribution::kGaussian, Distribution::kWideMagnitude}));
+  const std::string note = long_run_note(o);
+  EXPECT_NE(note.find("gaussian only for shape 1x1x64x8192x64, 1x4x32768x128"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find("--dist wide"), std::string::npos) << note;
+  o.dists = {"gaussian", "wide"};
+  EXPECT_EQ(dists().size(), 6u);
+  EXPECT_EQ(long_run_note(o), "");
+}
+
 TEST(CliOptions, FiltersSelectByGlob) {
   SuiteOptions o;
   o.backends = {"reference"};

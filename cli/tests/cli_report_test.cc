@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "cli/compare.h"
+#include "cli/cost.h"
+#include "cli/options.h"
 #include "cli/report.h"
 #include "cli/suite.h"
 #include "cli/tests/test_util.h"
@@ -383,6 +385,65 @@ TEST(Sweep, WritesCsvAndPng) {
   EXPECT_TRUE(sdpa);
   ASSERT_TRUE(std::filesystem::exists(prefix + ".png"));
   EXPECT_GT(std::filesystem::file_size(prefix + ".png"), 1000u);
+}
+
+// Every sweep estimates its work first and stops before starting past the
+// budget (the top-level --max-seconds), as --over tiles does
+// (TileSweep.EstimateFirstAndBudgetStop); within it, it runs.
+TEST(Sweep, EstimateFirstAndBudgetStop) {
+  testing::TempDir dir;
+  const std::string prefix = dir.file("s");
+  for (const char* over : {"seq", "g", "magnitude"}) {
+    SCOPED_TRACE(over);
+    const testing::CliRun r = testing::run(
+        {"--max-seconds", "0.001", "sweep", "--over", over, "--backend",
+         "reference", "--precision", "f32", "--out", prefix, "--no-plot"});
+    EXPECT_EQ(r.code, kExitUsage) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("qknorm-check sweep: estimated work: ", 0), 0u)
+        << r.err;
+    EXPECT_NE(r.err.find("stopped before starting: the estimate"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("exceeds --max-seconds 0."), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("largest: reference:f32 ~"), std::string::npos)
+        << r.err;
+    EXPECT_FALSE(std::filesystem::exists(prefix + ".csv"));
+  }
+  const testing::CliRun small = testing::run(
+      {"sweep", "--over", "seq", "--from", "8", "--to", "16", "--backend",
+       "reference", "--precision", "f32", "--out", prefix, "--no-plot"});
+  EXPECT_EQ(small.code, kExitPass) << small.out << small.err;
+  EXPECT_NE(small.err.find("estimated work: 4 attention cases x 1 entries"),
+            std::string::npos)  // 2 lengths x (qknorm, sdpa)
+      << small.err;
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".csv"));
+}
+
+// The sweep's estimate grows with its points' work: the lengths' n^2, the
+// sdpa lines, more entries.
+TEST(Sweep, EstimateScalesWithThePoints) {
+  SuiteOptions s;
+  s.backends = {"reference"};
+  s.precisions = {"f32"};
+  const std::vector<const Backend*> one = select_entries(all_backends(), s);
+  CostRates r;
+  r.entry = {1e-9};
+  r.entry_elem = {0};
+  r.oracle = 1e-8;
+  r.naive = 2e-9;
+  r.probs = 1e-9;
+  AttentionProblem p = parse_shape("1x2x64x64");
+  AttentionProblem q = parse_shape("1x2x128x64");
+  const CostEstimate a = estimate_sweep(r, one, {p}, false);
+  const CostEstimate b = estimate_sweep(r, one, {q}, false);
+  const CostEstimate c = estimate_sweep(r, one, {q}, true);
+  EXPECT_NEAR(b.total() / a.total(), 4.0, 0.5);  // setup is O(n D)
+  EXPECT_GT(c.total(), 1.9 * b.total());         // sdpa: another oracle
+  EXPECT_GT(c.naive_s, 0);
+  EXPECT_EQ(c.attention_cases, 2);
+  EXPECT_DOUBLE_EQ(b.oracle_s, r.probs * 1 * 2 * 128 * 128 * 64 +
+                                   r.oracle * 1 * 2 * 128 * 128 * 64);
 }
 
 }  // namespace
