@@ -19,7 +19,7 @@ struct Report {
   uint64_t seed = 0;
   bool seeded = true;  // false: the cases came from files (compare)
   int threads = 0;
-  int jobs = 1;                    // RunOptions::jobs of the run
+  int jobs = 1;  // RunOptions::jobs of the run
   // A line of the header about how the suite was chosen (the default run at
   // production lengths: options.h long_run_note); empty: none.
   std::string note;

@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "cli/app.h"
-#include "cli/pool.h"
 #include "cli/cost.h"
+#include "cli/pool.h"
 #include "cli/tiles.h"
 #include "qknorm/error.h"
 #include "qknorm/name_table.h"
