@@ -136,12 +136,25 @@ void apply_structure(ScaleNormCase* c, Structure s, uint64_t seed,
     case Structure::kParallelRows:
     case Structure::kAntiParallelRows:
     case Structure::kDuplicatedKeys: {
+      // Each new row is a multiple of a row as drawn (`origin`: src itself,
+      // or the drawn row src was made from), never of a structured one: a
+      // chain of multiples r <- src <- ... grew by up to 4x per link, past
+      // the 4x headroom the draws keep for one multiple
+      // (max_scale_exponent, case.cc), and overflowed the storage format
+      // (found by the property soak, issue 32: f16, sink rows, rows=11 dim=15,
+      // a chain of 2^7 over the sink row: x = -Inf, Orthogonality on
+      // simd:SCALAR:f16). Rows sharing an origin stay exact +-2^k
+      // multiples of it and of each other.
       const double sign = s == Structure::kAntiParallelRows ? -1.0 : 1.0;
+      std::vector<int64_t> origin(static_cast<size_t>(p.rows));
+      for (int64_t r = 0; r < p.rows; ++r) origin[static_cast<size_t>(r)] = r;
       for (int64_t r = 1; r < p.rows; ++r) {
         if (rng.uniform() >= 0.5) continue;
-        const int64_t src = rng.uniform_int(0, r - 1);
+        const int64_t src =
+            origin[static_cast<size_t>(rng.uniform_int(0, r - 1))];
         multiple_of(rng, c->x.data() + src * p.dim, c->x.data() + r * p.dim,
                     p.dim, sign);
+        origin[static_cast<size_t>(r)] = src;
       }
       return;
     }

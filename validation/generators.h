@@ -50,7 +50,8 @@ const char* name(Structure s);
 void apply_structure(AttentionCase* c, Structure s, uint64_t seed,
                      Precision range);
 // ScaleNorm: kRowsBelowEps and kSubnormalEntries act on x; the key-row
-// structures make some rows exact +-2^k multiples of others.
+// structures make some rows exact +-2^k multiples (|k| <= 2) of rows as
+// drawn, so no row exceeds 4x a drawn one (the headroom of the draws).
 void apply_structure(ScaleNormCase* c, Structure s, uint64_t seed,
                      Precision range);
 
