@@ -10,9 +10,13 @@
 #include <vector>
 
 #include "qknorm/backend.h"
+#include "qknorm/formulation.h"
 #include "qknorm/precision.h"
 #include "validation/case.h"
+#include "validation/check.h"
 #include "validation/generators.h"
+#include "validation/oracle.h"
+#include "validation/rule.h"
 #include "validation/run.h"
 
 namespace qknorm::validation {
@@ -118,6 +122,79 @@ TEST(SoakFindings, ScaleNormStructuresStayWithinTheDrawsHeadroom) {
             ++cases;
           }
   EXPECT_EQ(cases, 3 * 6 * 3 * 3 * 40);
+}
+
+// Finding 2: Registry/EntryProperty.FormulationAgreement/reference_bf16,
+// RC_PARAMS="seed=5358567972890425322 max_success=1600" QKNORM_SOAK=10: the
+// case the soak shrank to. Qwen3 rounds x_hat to bf16 before the weight;
+// q's x_hat[0,1,6,5] = 2.6021e-15 lies within f32's error of a bf16
+// midpoint, and reference:bf16 (f32 compute) rounds it down where the
+// oracle rounds it up. The flip reaches the logits (logit_flip, tiny here)
+// and, directly, dk_tilde = s sum_i dS_ij q_tilde_i at channel 5 of every
+// key the query sees: dk[0,1,16,5] was 6.2e-16 off against a bound of
+// 5.5e-16 (margin 1.12) before kRoundingFlip (rule.h).
+AttentionCase qwen3_bf16_case() {
+  AttentionProblem p = attention_shape(1, 2, 7, 17, 12, 0);
+  p.eps = 1e-6;
+  p.mask.causal = true;
+  apply_preset("qwen3", &p);
+  p.kv_heads = 2;
+  AttentionCase c = make_attention_case(p, Distribution::kWideMagnitude,
+                                        623940412928697ull, Precision::kBF16);
+  c.row_pad = 3;
+  return round_inputs(c, Precision::kBF16);
+}
+
+TEST(SoakFindings, Qwen3RoundingFlipReachesTheOtherSidesGradient) {
+  const AttentionCase c = qwen3_bf16_case();
+  const Backend* b = all_backends().find("reference:bf16");
+  ASSERT_NE(b, nullptr);
+  const AgreementReport rep = check_attention(*b, c);
+  EXPECT_TRUE(rep.pass) << rep.failure_message();
+
+  // The term at the soak's element: needed (the bound without it is below
+  // the entry's error) and no looser than the error it covers.
+  const OracleAttention orc = oracle_attention(c);
+  const AttentionResult r = run_attention_fed(*b, c, [&] {
+    return ExactForward{orc.o, orc.lse};
+  });
+  const std::vector<ToleranceTable> tables =
+      attention_tolerances(c, Precision::kBF16, orc, false);
+  const ToleranceTable* dk = nullptr;
+  for (const ToleranceTable& t : tables)
+    if (t.field == Field::kDk) dk = &t;
+  ASSERT_NE(dk, nullptr);
+  const int64_t D = 12, Nk = 17;
+  const auto e = static_cast<size_t>(((0 * 2 + 1) * Nk + 16) * D + 5);
+  ASSERT_EQ(orc.dk_flip_e.size(), r.dk.size());
+  const double x = static_cast<double>(dk->expected[e]);
+  const double err = std::fabs(r.dk[e] - x);
+  const double term = static_cast<double>(orc.dk_flip_e[e]);
+  const double bound = dk->delta[e] + half_spacing(dk->fmt, x, dk->delta[e]);
+  const double without =
+      dk->delta[e] - term + half_spacing(dk->fmt, x, dk->delta[e] - term);
+  EXPECT_GT(err, without) << "the flip term is not needed here";
+  EXPECT_LE(term, err) << "the flip term is looser than the error it covers";
+  EXPECT_LE(err, bound);
+  // It reaches only what reads the flipped q row: the keys of head 1 (row
+  // 6, causal, sees every key); head 0's keys get none, and no
+  // q element either (no k element flips in this case).
+  for (int64_t j = 0; j < Nk; ++j)
+    for (int64_t d = 0; d < D; ++d)
+      EXPECT_EQ(orc.dk_flip_e[static_cast<size_t>(j * D + d)], 0.0L)
+          << "head 0 key " << j;
+  for (long double f : orc.dq_flip_e) EXPECT_EQ(f, 0.0L);
+}
+
+// Where nothing rounds before the weight (the same case in f32) the term
+// is 0 and every bound keeps its bits.
+TEST(SoakFindings, NoRoundingFlipWithoutRoundBeforeWeight) {
+  AttentionCase c = qwen3_bf16_case();
+  c = round_inputs(c, Precision::kF32);
+  const OracleAttention orc = oracle_attention(c);
+  for (long double f : orc.dk_flip_e) EXPECT_EQ(f, 0.0L);
+  for (long double f : orc.dq_flip_e) EXPECT_EQ(f, 0.0L);
+  EXPECT_EQ(orc.operand_flip, 0.0);
 }
 
 }  // namespace

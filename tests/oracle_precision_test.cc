@@ -279,7 +279,7 @@ TEST(OraclePrecision, SharedOperandsGiveTheSubCasesOwnBits) {
       for (auto x :
            {&OracleAttention::o, &OracleAttention::lse, &OracleAttention::dq,
             &OracleAttention::dq_mag, &OracleAttention::dq_uf_sens_e,
-            &OracleAttention::dq_shift_e})
+            &OracleAttention::dq_shift_e, &OracleAttention::dq_flip_e})
         EXPECT_TRUE(own.*x == from.*x) << f << " " << name(s);
       EXPECT_FALSE(own.o.empty());
     }

@@ -29,6 +29,7 @@ constexpr NamedValue<Channel> kChannelNames[] = {
     {Channel::kSoftmaxTerms, "softmax terms"},
     {Channel::kPResolution, "P resolution"},
     {Channel::kLayerShift, "layer shift"},
+    {Channel::kRoundingFlip, "rounding flip"},
 };
 
 }  // namespace

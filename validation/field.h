@@ -40,8 +40,9 @@ enum class Channel {
   kSoftmaxTerms,    // the terms the softmax's conditioning perturbs
   kPResolution,     // Sp_e, each P_ij resolved to the smallest normal
   kLayerShift,      // LayerNorm's mean shift (per u_c)
+  kRoundingFlip,    // Qwen3's x_hat rounding flips (absolute: rule.h)
 };
-inline constexpr int kChannels = 7;
+inline constexpr int kChannels = 8;
 // The index of channel ch in a per-channel array.
 constexpr size_t at(Channel ch) { return static_cast<size_t>(ch); }
 // "magnitude", "stored-O abs", ...

@@ -30,14 +30,17 @@ using LD = long double;
 // and probabilities read too (view(); reference::prepare_operand): xr holds
 // x_hat rounded to storage where the formulation rounds it before the
 // weight (else it is empty and xh serves both), stats each row's
-// statistics for the normalization backward.
+// statistics for the normalization backward. fl: each element's rounding
+// flip, ulp_s(x_hat_e) where a correct kernel may round x_hat_e to either
+// neighbour, else 0 (rounding_flips, rule_terms.h; empty where nothing
+// rounds).
 //
 // T: the oracle's arithmetic (oracle.h, OraclePrecision): long double for
 // the rule's terms and the f64 entries' oracle, double for the others'.
 template <class T>
 struct OperandMagsT {
   NormRows rows;
-  std::vector<T> xh, xt, xa, wv, den, shr, sh, xr;
+  std::vector<T> xh, xt, xa, wv, den, shr, sh, xr, fl;
   std::vector<reference::RowStats<T>> stats;
   T wmax = 1;
   bool xa_finite = true;  // every element of xa

@@ -109,6 +109,11 @@ struct OracleValues {
   // effect on dq, dk (per element) and dg.
   std::vector<T> dq_shift_e, dk_shift_e;
   T dg_shift = 0;
+  // Round-before-weight formulations in 16-bit storage: the absolute
+  // change of dq, dk (per element) a kernel's x_hat rounding flips make
+  // where they reach the gradients directly, not through the logits
+  // (Channel::kRoundingFlip; rule.h; 0 otherwise).
+  std::vector<T> dq_flip_e, dk_flip_e;
 };
 // The oracle: the reference evaluated in `precision` on the case's inputs
 // as given (OracleValues, widened to long double), and what the rule needs
@@ -128,6 +133,9 @@ struct OracleAttention : OracleValues<long double> {
   // lies within its own error of a rounding midpoint; the largest logit
   // change those flips can make (0 otherwise).
   double logit_flip = 0;
+  // The same without the logit scale: the largest change of C_ij = q_tilde
+  // . k_tilde those flips can make (dg's direct term, rule.h).
+  double operand_flip = 0;
   // LayerNorm: the computed mean of a row is an L-term sum, off by up to
   // sum_units(L) u_c sum|x| / L, which shifts every x_hat of the row by that
   // over the divisor; near-zero x_hat_e (x_e at the mean) have no relative

@@ -290,6 +290,24 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     std::vector<LD>&adr_q = a.adr_q, &adr_k = a.adr_k;
     adr_q.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
     adr_k.assign(static_cast<size_t>(p.batch * Hk * Nk), 0);
+    // Round-before-weight in 16-bit storage: a kernel's x_hat may round to
+    // the other storage neighbour (qm.fl, km.fl), which moves x_tilde by
+    // fl |w| (flt). The logits read it (logit_flip, in the softmax terms),
+    // and so does the other side's gradient directly, dx_tilde' = s sum dS
+    // x_tilde: by s sum |dS| flt per element, kRoundingFlip, carried like
+    // the other channels (rule.h; found by the property soak, issue 32:
+    // qwen3, bf16, one q element at a midpoint, x_hat = 2.6e-15, moved dk
+    // by 6.2e-16 where the bound was 5.5e-16).
+    const bool flips = !qm.fl.empty();
+    std::vector<LD>&flt_q = a.flt_q, &flt_k = a.flt_k;
+    if (flips) {
+      flt_q.resize(qm.fl.size());
+      flt_k.resize(km.fl.size());
+      for (size_t e = 0; e < flt_q.size(); ++e)
+        flt_q[e] = qm.fl[e] * std::fabs(qm.wv[e]);
+      for (size_t e = 0; e < flt_k.size(); ++e)
+        flt_k[e] = km.fl[e] * std::fabs(km.wv[e]);
+    }
     // The other side's operand resolution, for the side that reads it.
     std::vector<LD>&res_q = a.res_q, &res_k = a.res_k;
     if (ks) operand_resolution(p, qm, &res_q);
@@ -379,7 +397,8 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
                 pij * o_abs_dot,                           // kStoredORel
                 pij * (std::fabs(dpd) + ds_l1 / 2),        // kSoftmaxTerms
                 pos ? std::fabs(dpd) + pij * p_del : 0,    // kPResolution
-                0};  // kLayerShift: added below, from the shifts
+                0,   // kLayerShift: added below, from the shifts
+                0};  // kRoundingFlip: added below, from the flips
             const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
             const LD* ktj = km.xt.data() + kj;
             const LD* kaj = km.xa.data() + kj;
@@ -420,7 +439,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             LD sw[kCh];
             for (int ch = 0; ch < kCh; ++ch) sw[ch] = s * wt[ch];
             const LD s_dsv = s * dsv, s_adsv = s * std::fabs(dsv);
-            const int nch = shift_zero ? kCh - 1 : kCh;
+            const int nch = shift_zero ? static_cast<int>(kShift) : kCh;
             // layer: dx_tilde = s sum dS x_tilde' of shifted x' (kLayerShift);
             // pij > 0: P_ij's absolute resolution (smallest normal).
             if (qs) {
@@ -438,6 +457,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               // ulp_c(0), unscaled (above).
               add(D, kaj, mqi[kSub]);
               if (layer) axpy(D, s_adsv, ksh, mqi[kShift]);
+              if (flips) axpy(D, s_adsv, flt_k.data() + kj, mqi[kFlip]);
               axpy(D, s_dsv, ktj, duq);
               axpy(D, s_adsv, rk, adq);
               axpy_abs(D, pij, vj, omag);
@@ -457,6 +477,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
               add(D, qai, mkj[kSub]);
               if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
+              if (flips) axpy(D, s_adsv, flt_q.data() + qi, mkj[kFlip]);
               axpy(D, s_dsv, qti, duk);
               axpy(D, s_adsv, rq, adk);
               axpy_abs(D, pij, doi, dvm);
@@ -480,10 +501,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     LD dq_out[3] = {}, dk_out[3] = {};
     std::array<std::vector<LD>*, kCh> dq_dst = {
         &r.dq_mag,    &r.dq_o_sens_e, &r.dq_uf_sens_e, &r.dq_o_rel_e,
-        &r.dq_ds_mag, &r.dq_p_sens_e, &r.dq_shift_e};
+        &r.dq_ds_mag, &r.dq_p_sens_e, &r.dq_shift_e,   &r.dq_flip_e};
     std::array<std::vector<LD>*, kCh> dk_dst = {
         &r.dk_mag,    &r.dk_o_sens_e, &r.dk_uf_sens_e, &r.dk_o_rel_e,
-        &r.dk_ds_mag, &r.dk_p_sens_e, &r.dk_shift_e};
+        &r.dk_ds_mag, &r.dk_p_sens_e, &r.dk_shift_e,   &r.dk_flip_e};
     const bool shared = qk && p.norm.shared_qk_weight;
     const int64_t nk_terms = counts.kv_len > 0 ? counts.kv_len : Nk,
                   nq_terms = counts.q_len > 0 ? counts.q_len : Nq;
@@ -533,7 +554,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
         shared ? out.q_param_rows
                : kr.rows() * kr.len() / std::max<int64_t>(1, param_size(p, 1));
     if (shared) out.q_param_rows *= 2;
-    if (whole) out.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+    if (whole) {
+      out.logit_flip = static_cast<double>(logit_flip(c, qm, km, s));
+      out.operand_flip = static_cast<double>(logit_flip<LD>(c, qm, km, 1));
+    }
     out.logit_shift = static_cast<double>(logit_shift);
     for (int64_t e = 0; ks && e < Nk * D * p.batch * Hk; ++e)
       r.dv_scale = std::max(r.dv_scale, r.dv_mag[static_cast<size_t>(e)]);

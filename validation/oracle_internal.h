@@ -24,8 +24,12 @@ inline constexpr size_t kMag = at(Channel::kMagnitude),
                         kORel = at(Channel::kStoredORel),
                         kSoft = at(Channel::kSoftmaxTerms),
                         kPRes = at(Channel::kPResolution),
-                        kShift = at(Channel::kLayerShift);
-static_assert(kShift + 1 == kChannels, "the layer shift is the last channel");
+                        kShift = at(Channel::kLayerShift),
+                        kFlip = at(Channel::kRoundingFlip);
+// The last two channels get no per-pair weight (oracle_in adds their terms
+// from the operands' shifts and flips).
+static_assert(kShift + 1 == kFlip && kFlip + 1 == kChannels,
+              "the layer shift and the rounding flip are the last channels");
 // Per-channel arrays in the oracle's arithmetic T (indexed by at(Channel)).
 template <class T>
 using ChannelArraysT = std::array<std::vector<T>, kChannels>;
@@ -35,7 +39,7 @@ using ChannelArraysT = std::array<std::vector<T>, kChannels>;
 template <class T>
 struct OracleArrays {
   std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
-      adr_q, adr_k, res_q, res_k;
+      adr_q, adr_k, res_q, res_k, flt_q, flt_k;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is

@@ -131,6 +131,7 @@ void fill_operand_mags(const AttentionCase& c, int side, const T* x,
   }
   m.wmax = wmax;
   m.xa_finite = xa_finite;
+  rounding_flips(c, m, &m.fl);
 }
 
 OperandMags operand_mags(const AttentionCase& c, int side) {
@@ -170,6 +171,7 @@ void slice_operand_mags(const OperandMagsT<T>& whole, int64_t b, int64_t h0,
   elements(whole.wv, &m.wv);
   elements(whole.sh, &m.sh);
   elements(whole.xr, &m.xr);
+  elements(whole.fl, &m.fl);
   m.den.resize(nrows);
   m.shr.resize(nrows);
   m.stats.resize(nrows);
@@ -305,6 +307,17 @@ void carry_side(const AttentionProblem& p, T s, int sd,
              std::fabs(u[static_cast<size_t>(e)]) * std::fabs(s0)) /
             Ld / den;
     }
+    // Round-before-weight: the weight gradient sums dx_tilde_e times the
+    // rounded x_hat_e, which a kernel may round to the other neighbour:
+    // |dx_tilde_e| fl_e more (kRoundingFlip; the other side's flips reach
+    // this row through ch_in). The normalization backward reads the
+    // unrounded x_hat: no own-row term in dst.
+    if (!m.fl.empty() && np > 0 && dw)
+      for (int64_t e = 0; e < L; ++e) {
+        const size_t o = static_cast<size_t>(nr.at(r0, e));
+        (*dw)[kFlip][static_cast<size_t>(nr.param(r0, e, p.norm.weight))] +=
+            std::fabs(du[o]) * m.fl[o];
+      }
     // The unit rows' own absolute resolution ulp_c(0): x_hat_d of a
     // row whose components span many binades is subnormal, and the
     // normalization backward dx = (du - x_hat (x_hat . du)) / n

@@ -288,7 +288,7 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
       r.uc * d(orc.dg_shift) +
       r.u_given * (orc.given_units + orc.given_soft_units) * d(orc.dg_scale) +
       (2 * r.logit_abs + r.up + r.uq + r.uk + r.uv) * d(orc.dg_scale) +
-      r.uout * d(orc.dg_o_rel_sens);
+      r.uout * d(orc.dg_o_rel_sens) + times(orc.operand_flip, orc.dg_scale);
   t.cond[0] = condition(orc.dg_scale, orc.dg);
   return t;
 }
@@ -378,7 +378,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   int64_t rows, double n, int64_t L, const std::vector<LD>& mag,
                   const std::vector<LD>& ds_mag, const std::vector<LD>& o_rel,
                   const std::vector<LD>& o_sens, const std::vector<LD>& uf,
-                  const std::vector<LD>& p_sens, const std::vector<LD>& shift) {
+                  const std::vector<LD>& p_sens, const std::vector<LD>& shift,
+                  const std::vector<LD>& flip) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
     const double units = sum_units(n + static_cast<double>(L)) + div;
     for (size_t e = 0; e < x.size(); ++e) {
@@ -391,7 +392,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
           rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
-          (2 * rs.logit_abs + rs.up) * d(ds_mag[e]) + rs.uout * d(o_rel[e]);
+          (2 * rs.logit_abs + rs.up) * d(ds_mag[e]) + rs.uout * d(o_rel[e]) +
+          (flip.empty() ? 0.0 : d(flip[e]));
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
@@ -399,11 +401,13 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   if (!orc.dq_mag.empty())
     out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
                        orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
-                       orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e));
+                       orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e,
+                       orc.dq_flip_e));
   if (!orc.dk_mag.empty())
     out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
                        orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
-                       orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e));
+                       orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e,
+                       orc.dk_flip_e));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   if (!orc.dv_mag.empty()) {
@@ -459,7 +463,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
           rs.s_rel * d(chan(Channel::kMagnitude)) +
           (rs.uq + rs.uk + rs.uv) * d(chan(Channel::kMagnitude)) +
           (2 * rs.logit_abs + rs.up) * d(chan(Channel::kSoftmaxTerms)) +
-          rs.uout * d(chan(Channel::kStoredORel));
+          rs.uout * d(chan(Channel::kStoredORel)) +
+          (ch[at(Channel::kRoundingFlip)].empty()
+               ? 0.0
+               : d(chan(Channel::kRoundingFlip)));
       t.cond[e] = condition(chan(Channel::kMagnitude), x[e]);
     }
     out.push_back(std::move(t));

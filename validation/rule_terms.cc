@@ -212,35 +212,59 @@ void operand_resolution(const AttentionProblem& p, const OperandMagsT<T>& m,
   }
 }
 
-// OracleAttention::logit_flip: an element of x_hat is ambiguous when its
-// distance to the storage format's rounding midpoint is within a correct
-// kernel's error of x_hat, (sum_units(L) / 2 + 2) u_c |x_hat| (an L-term
-// sum of squares, its square root, the product); a flip moves x_tilde by
-// ulp_s(x_hat) |w|. The logit moves by at most s times (the row's flips)
-// times the other side's largest operand element, per side.
+// An element of x_hat is ambiguous when its distance to the storage
+// format's rounding midpoint is within a correct kernel's error of x_hat,
+// (sum_units(L) / 2 + 2) u_c |x_hat| (an L-term sum of squares, its square
+// root, the product) plus ulp_c(0); a correct kernel may then round it to
+// either neighbour: a flip moves the rounded x_hat by ulp_s(x_hat), x_tilde
+// by that times |w|.
+bool flips_x_hat(const AttentionCase& c) {
+  const AttentionProblem& p = c.problem;
+  const Precision st = c.storage;
+  return p.variant == Variant::kQKNorm && p.norm.round_before_weight &&
+         (st == Precision::kBF16 || st == Precision::kF16);
+}
+
+namespace {
+// x's flip (ulp_s(x) where ambiguous, else 0) in a row of length L.
+double flip_of(Precision st, double x, int64_t L) {
+  const double rel =
+      (sum_units(static_cast<double>(L)) / 2 + 2) * compute_roundoff(st);
+  const double sp = ulp(st, std::fabs(x));
+  const double rd = round_to(st, x);
+  const double to_mid = std::fabs(sp / 2 - std::fabs(x - rd));
+  return to_mid <= rel * std::fabs(x) + ulp(Precision::kF32, 0) ? sp : 0;
+}
+}  // namespace
+
+template <class T>
+void rounding_flips(const AttentionCase& c, const OperandMagsT<T>& m,
+                    std::vector<T>* out) {
+  out->clear();
+  if (!flips_x_hat(c)) return;
+  out->resize(m.xh.size());
+  for (size_t o = 0; o < m.xh.size(); ++o)
+    (*out)[o] = static_cast<T>(
+        flip_of(c.storage, static_cast<double>(m.xh[o]), m.rows.len()));
+}
+
+// OracleAttention::logit_flip: the logit moves by at most s times (the
+// row's flips times |w|) times the other side's largest operand element,
+// per side.
 template <class T>
 LD logit_flip(const AttentionCase& c, const OperandMagsT<T>& qm,
               const OperandMagsT<T>& km, T s) {
-  const AttentionProblem& p = c.problem;
-  const Precision st = c.storage;
-  if (p.variant != Variant::kQKNorm || !p.norm.round_before_weight ||
-      (st != Precision::kBF16 && st != Precision::kF16))
-    return 0;
-  const double uc = compute_roundoff(st);
+  if (!flips_x_hat(c)) return 0;
   auto side_flip = [&](const OperandMagsT<T>& m) {
     const NormRows& nr = m.rows;
-    const double rel = (sum_units(static_cast<double>(nr.len())) / 2 + 2) * uc;
     LD worst = 0;
     for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
       LD f = 0;
       for (int64_t e = 0; e < nr.len(); ++e) {
         const size_t o = static_cast<size_t>(nr.at(r0, e));
-        const double x = static_cast<double>(m.xh[o]);
-        const double sp = ulp(st, std::fabs(x));
-        const double rd = round_to(st, x);
-        const double to_mid = std::fabs(sp / 2 - std::fabs(x - rd));
-        if (to_mid <= rel * std::fabs(x) + ulp(Precision::kF32, 0))
-          f += static_cast<LD>(sp) * std::fabs(m.wv[o]);
+        const double sp =
+            flip_of(c.storage, static_cast<double>(m.xh[o]), nr.len());
+        if (sp != 0) f += static_cast<LD>(sp) * std::fabs(m.wv[o]);
       }
       worst = std::max(worst, f);
     }
@@ -257,7 +281,9 @@ LD logit_flip(const AttentionCase& c, const OperandMagsT<T>& qm,
   template void operand_resolution<T>(                                    \
       const AttentionProblem&, const OperandMagsT<T>&, std::vector<T>*);  \
   template LD logit_flip<T>(const AttentionCase&, const OperandMagsT<T>&, \
-                            const OperandMagsT<T>&, T);
+                            const OperandMagsT<T>&, T);                   \
+  template void rounding_flips<T>(const AttentionCase&,                   \
+                                  const OperandMagsT<T>&, std::vector<T>*);
 QKNORM_RULE_TERMS_INSTANTIATE(float)
 QKNORM_RULE_TERMS_INSTANTIATE(double)
 QKNORM_RULE_TERMS_INSTANTIATE(long double)

@@ -58,8 +58,18 @@ long double x_hat_resolution(const AttentionProblem& p, int64_t L,
 template <class T>
 void operand_resolution(const AttentionProblem& p, const OperandMagsT<T>& m,
                         std::vector<T>* out);
-// OracleAttention::logit_flip of the case (0 unless round_before_weight in
-// 16-bit storage), s the logit scale's magnitude.
+// Whether a correct kernel's x_hat may round to either storage neighbour:
+// round_before_weight in 16-bit storage (rule_terms.cc).
+bool flips_x_hat(const AttentionCase& c);
+// Per element of one side (m): ulp_s(x_hat_e) where a correct kernel's
+// x_hat_e lies within its own error of a storage rounding midpoint, else 0,
+// into *out (empty unless flips_x_hat).
+template <class T>
+void rounding_flips(const AttentionCase& c, const OperandMagsT<T>& m,
+                    std::vector<T>* out);
+// OracleAttention::logit_flip of the case (0 unless flips_x_hat), s the
+// logit scale's magnitude (s = 1: the largest change of q_tilde . k_tilde,
+// OracleAttention::operand_flip).
 template <class T>
 long double logit_flip(const AttentionCase& c, const OperandMagsT<T>& qm,
                        const OperandMagsT<T>& km, T s);

@@ -160,12 +160,13 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   // use them, as the full verdict does.
   so.amplitude = logit_amplitude(c);
   const double dot = cosine_units(c);
-  double flip = 0;
+  double flip = 0, operand_flip = 0;
   if (p.variant == Variant::kQKNorm && p.norm.round_before_weight &&
       (s == Precision::kBF16 || s == Precision::kF16)) {
     const LD sc = std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g));
-    flip = static_cast<double>(
-        logit_flip(c, operand_mags(c, 0), operand_mags(c, 1), sc));
+    const OperandMags qm = operand_mags(c, 0), km = operand_mags(c, 1);
+    flip = static_cast<double>(logit_flip(c, qm, km, sc));
+    operand_flip = static_cast<double>(logit_flip<LD>(c, qm, km, 1));
   }
   const auto t0 = Clock::now();
   const std::vector<LD> p_del = row_p_del(c);
@@ -179,6 +180,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
     o->count_q_len = Nq;
     o->count_kv_len = Nk;
     o->logit_flip = flip;
+    o->operand_flip = operand_flip;
     o->logit_shift = pass.logit_shift;
   };
 
