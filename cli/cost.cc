@@ -207,157 +207,16 @@ AttentionProblem sampled_calibration_problem() {
   return p;
 }
 
-// The pass's work per visible pair, as validation/sampled_pass.cc's run_pass
-// does it (a copy of its loop, kept in step by hand): two D-term dots in
-// double with eight partial sums (S_ij = q_i . k_j, dP_ij = dO_i . v_j),
-// exp(S_ij - m_i) and the row sums, O_i += P_ij v_j, then the row
-// statistics and dg's channels (about 20 operations per pair, summed in
-// chunks of four double partial sums); the dots compiled for AVX2 and the
-// update for AVX-512 when the CPU has them, as the pass is. A small
-// sampled_oracle cannot time the pass: at n <= 4096 its pass is mostly the O(n
-// D) long-double preparation (measured 0.3 GFLOP/s at n = 256, 3.4 at n =
-// 4096), and its sampled rows cost far more than its pass below n ~ 10^5.
-// Returns CPU seconds per pair x D, `threads` threads running it at once
-// (as the pass's threads share the caches and memory).
-struct PassBlock {
-  static constexpr int64_t kD = 128, kRows = 16, kKeys = 2048;
-  std::vector<double> q, dout, k, v, S, dP, O;
-  explicit PassBlock(int seed)
-      : q(kRows * kD),
-        dout(kRows * kD),
-        k(kKeys * kD),
-        v(kKeys * kD),
-        S(kRows * kKeys),
-        dP(kRows * kKeys),
-        O(kRows * kD) {
-    for (size_t i = 0; i < k.size(); ++i) {
-      k[i] = 1e-2 * static_cast<double>((i * 7 + seed) % 13) - 0.06;
-      v[i] = 1e-2 * static_cast<double>((i * 5 + seed) % 11) - 0.05;
-    }
-    for (size_t i = 0; i < q.size(); ++i) {
-      q[i] = 1e-2 * static_cast<double>(i % 17) - 0.08;
-      dout[i] = 1e-2 * static_cast<double>(i % 19) - 0.09;
-    }
-  }
-};
-
-__attribute__((always_inline)) inline double dot8(const double* a,
-                                                  const double* b) {
-  double acc[8] = {};
-  for (int64_t d = 0; d < PassBlock::kD; d += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[d + j] * b[d + j];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-__attribute__((always_inline)) inline void dots_body(PassBlock& b) {
-  constexpr int64_t D = PassBlock::kD, R = PassBlock::kRows,
-                    K = PassBlock::kKeys;
-  for (int64_t j = 0; j < K; ++j)
-    for (int64_t r = 0; r < R; ++r) {
-      b.S[r * K + j] = dot8(&b.q[r * D], &b.k[j * D]);
-      b.dP[r * K + j] = dot8(&b.dout[r * D], &b.v[j * D]);
-    }
-}
-__attribute__((always_inline)) inline void pv_body(PassBlock& b) {
-  constexpr int64_t D = PassBlock::kD, R = PassBlock::kRows,
-                    K = PassBlock::kKeys;
-  for (int64_t j = 0; j < K; ++j)
-    for (int64_t r = 0; r < R; ++r) {
-      const double pij = b.S[r * K + j];
-      for (int64_t d = 0; d < D; ++d) b.O[r * D + d] += pij * b.v[j * D + d];
-    }
-}
-__attribute__((target("avx2"))) void dots_avx2(PassBlock& b) { dots_body(b); }
-__attribute__((target("avx512f"))) void pv_avx512(PassBlock& b) { pv_body(b); }
-__attribute__((target("avx2"))) void pv_avx2(PassBlock& b) { pv_body(b); }
-void dots_base(PassBlock& b) { dots_body(b); }
-void pv_base(PassBlock& b) { pv_body(b); }
-
-double pass_block(PassBlock& b) {
-  constexpr int64_t R = PassBlock::kRows, K = PassBlock::kKeys;
-  static const bool avx2 = __builtin_cpu_supports("avx2"),
-                    avx512 = __builtin_cpu_supports("avx512f");
-  (avx2 ? dots_avx2 : dots_base)(b);
-  double stats = 0;
-  for (int64_t r = 0; r < R; ++r) {  // P = exp(S - m) / l, per row
-    double* s = &b.S[r * K];
-    double m = -1e300;
-    for (int64_t j = 0; j < K; ++j) m = std::max(m, 12.0 * s[j]);
-    long double l = 0;
-    for (int64_t j0 = 0; j0 < K; j0 += 16) {
-      double t = 0;
-      for (int64_t j = j0; j < j0 + 16; ++j)
-        t += (s[j] = std::exp(12.0 * s[j] - m));
-      l += t;
-    }
-    const double inv = static_cast<double>(1 / l);
-    for (int64_t j = 0; j < K; ++j) s[j] *= inv;
-  }
-  (avx512 ? pv_avx512 : avx2 ? pv_avx2 : pv_base)(b);
-  // delta, Del, sum |dS|, dg's channels: as the pass, chunks of 16 keys in
-  // four double partial sums each, then long double.
-  auto chunked = [&](int n_sums, long double* sums, auto term) {
-    for (int64_t j0 = 0; j0 < K; j0 += 16) {
-      double t[7][4] = {};
-      for (int64_t j = j0; j < j0 + 16; j += 4)
-        for (int l = 0; l < 4; ++l) term(j + l, t, l);
-      for (int k = 0; k < n_sums; ++k)
-        sums[k] += (t[k][0] + t[k][2]) + (t[k][1] + t[k][3]);
-    }
-  };
-  for (int64_t r = 0; r < R; ++r) {
-    const double* p = &b.S[r * K];
-    const double* dp = &b.dP[r * K];
-    long double dd[2] = {}, ds = 0, ch[7] = {};
-    chunked(2, dd, [&](int64_t j, double(&t)[7][4], int l) {
-      t[0][l] += p[j] * dp[j];
-      t[1][l] += p[j] * b.O[j % PassBlock::kD];
-    });
-    const double dl = static_cast<double>(dd[0]);
-    chunked(1, &ds, [&](int64_t j, double(&t)[7][4], int l) {
-      t[0][l] += p[j] * std::fabs(dp[j] - dl);
-    });
-    chunked(7, ch, [&](int64_t j, double(&t)[7][4], int l) {
-      const double dpd = dp[j] - dl, cm = std::max(1.0, 0.5 + p[j]);
-      t[0][l] += p[j] * dpd * p[j];
-      t[1][l] += p[j] * (0.3 + dl) * cm;
-      t[2][l] += p[j] * 0.7 * cm;
-      t[3][l] += p[j] * 0.2 * cm;
-      t[4][l] += (p[j] * 257.0 + 1) * cm + 1;
-      t[5][l] += p[j] > 0 ? (std::fabs(dpd) + p[j] * 0.4) * cm : 0.0;
-      t[6][l] += p[j] * std::fabs(dpd) * 0.1;
-    });
-    stats += static_cast<double>(dd[1] + ds + ch[0] + ch[1] + ch[2] + ch[3] +
-                                 ch[4] + ch[5] + ch[6]);
-  }
-  return stats + b.O[0];
-}
-
-double pass_pair_rate(int threads) {
-  const int n = std::max(1, threads);
-  std::vector<PassBlock> blocks;
-  for (int t = 0; t < n; ++t) blocks.emplace_back(t);
-  std::vector<double> sinks(static_cast<size_t>(n)), cpu(sinks.size());
-  double best = 1e300;
-  for (int rep = 0; rep < 6; ++rep) {  // the best of six (shared cores)
-    auto one = [&](int t) {
-      const double c0 = thread_cpu();
-      sinks[static_cast<size_t>(t)] =
-          pass_block(blocks[static_cast<size_t>(t)]);
-      cpu[static_cast<size_t>(t)] = thread_cpu() - c0;
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n; ++t) pool.emplace_back(one, t);
-    one(0);
-    for (auto& t : pool) t.join();
-    double sum = 0;
-    for (double x : cpu) sum += x;
-    best = std::min(best, sum);
-  }
-  volatile double keep = sinks[0];  // the loops' results are used
-  (void)keep;
-  return best / (static_cast<double>(n) * PassBlock::kRows * PassBlock::kKeys *
-                 PassBlock::kD);
+// The pass's calibration problem: long enough that its O(n^2 D) blocks run
+// as at long lengths (its 64-row blocks against thousands of keys) and
+// outweigh its O(n D) preparation, a fraction of a second of CPU.
+AttentionProblem pass_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.heads = 1;
+  p.q_len = p.kv_len = 2048;
+  p.head_dim = 128;
+  p.mask.causal = true;
+  return p;
 }
 
 // The full oracle's rate for storage precision s: wide for f64, in double
@@ -464,13 +323,19 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
       validation::round_inputs(c0, Precision::kF64), Precision::kF64, o);
   const validation::SampledOracle narrow = validation::sampled_oracle(
       validation::round_inputs(c0, Precision::kF32), Precision::kF32, o);
-  // The pass: its arithmetic per pair x D (pass_pair_rate: wall time with
-  // the run's threads sharing the pairs, as the pass does), and its
-  // preparation per input element, what the small pass took beyond it.
-  r->pass = pass_pair_rate(o.threads);
-  r->pass_setup =
-      std::max(0.0, so.pass_seconds - r->pass * visible_work(p) / o.threads) /
-      elements(p);
+  // The pass, run on its own calibration case with the run's threads: the
+  // CPU seconds of its blocks per pair x D, and of its preparation per input
+  // element. (A copy of its loop, timed instead until this change, ran
+  // 1.7x slower than the pass's register-blocked kernels: 12 against 7.0
+  // CPU seconds per precision at 1x4x8192x128 causal.)
+  const AttentionProblem pp = pass_calibration_problem();
+  const validation::PassCost pc = validation::pass_cost(
+      validation::round_inputs(validation::make_attention_case(
+                                   pp, validation::Distribution::kGaussian, 1),
+                               Precision::kF32),
+      o.threads);
+  r->pass = pc.block_cpu_seconds / visible_work(pp);
+  r->pass_setup = pc.prep_cpu_seconds / elements(pp);
   double w = 0;
   for (const validation::SampledRow& row : so.query_rows)
     w += static_cast<double>(validation::visible_keys(p, row.b, row.n)) *

@@ -29,6 +29,7 @@ struct Pass {
   OracleAttention dg;  // dg and its channels only
   double logit_shift = 0;
   double flops = 0;
+  double block_cpu_seconds = 0;  // the blocks' CPU time, every thread's
 };
 
 // p_del_i = sum_j |dO_i|.|v_j| over row i's visible keys, every query row
