@@ -568,12 +568,12 @@ CostEstimate estimate(const CostRates& rates,
       per_entry[ei] += entry[ei];
       case_s += entry[ei];
     }
-    // The case's steps in run_suite's plan order: per entry, its
-    // precision's oracle (and naive baseline) first if not yet planned.
+    // The case's steps in run_suite's plan order (entry_order): per entry,
+    // its precision's oracle (and naive baseline) first if not yet planned.
     std::array<size_t, 4> oracle_at, naive_at;
     oracle_at.fill(SIZE_MAX);
     naive_at.fill(SIZE_MAX);
-    for (size_t ei = 0; ei < entries.size(); ++ei) {
+    for (const size_t ei : entry_order(&entry, entries.size(), workers)) {
       const Backend* b = entries[ei];
       if (!b->available() || !b->supports(p)) continue;
       const auto pi = static_cast<size_t>(b->precision());

@@ -473,5 +473,16 @@ TEST(CostSchedule, SharesCoresAndWaitsForDependencies) {
   EXPECT_NEAR(simulate_schedule(dep, 1, 2), 12, 1e-9);
 }
 
+// At jobs > 1 the pool plans a case's entries costliest first, so that
+// the slowest entry's chain does not start last (at 1x4x32768x128 causal it
+// left one core idle for the last ~100 s); at one job, or without an
+// estimate, in the serial order.
+TEST(CostSchedule, EntriesCostliestFirstOnSeveralJobs) {
+  const std::vector<double> costs = {1, 3, 2, 3};
+  EXPECT_EQ(entry_order(&costs, 4, 2), (std::vector<size_t>{1, 3, 2, 0}));
+  EXPECT_EQ(entry_order(&costs, 4, 1), (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(entry_order(nullptr, 4, 2), (std::vector<size_t>{0, 1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace qknorm::cli
