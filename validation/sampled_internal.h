@@ -14,6 +14,9 @@
 
 namespace qknorm::validation {
 
+// The calling thread's CPU time in seconds (sampled.cc).
+double thread_cpu_seconds();
+
 // The first query row of batch b that sees key j (q_len: none does).
 int64_t first_query(const AttentionProblem& p, int64_t b, int64_t j);
 

@@ -2,7 +2,6 @@
 // (validation/sampled.h): every query row's statistics and dg with its
 // channels.
 #include <immintrin.h>
-#include <time.h>
 
 #include <algorithm>
 #include <array>
@@ -314,12 +313,6 @@ inline void chunked_sums(int64_t n, LD* sums, Term term) {
   }
 }
 
-double thread_cpu() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 // out[n] = |<w, x_n>| for the n_rows rows x_n of D elements starting at x.
 void abs_dots(const LD* w, const LD* x, int64_t n_rows, int64_t D,
               double* out) {
@@ -490,7 +483,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
   std::vector<Acc> acc(static_cast<size_t>(items));
   std::vector<double> block_cpu(static_cast<size_t>(std::max(1, threads)), 0);
   auto work = [&](int thread) {
-    const double cpu0 = thread_cpu();
+    const double cpu0 = thread_cpu_seconds();
     std::vector<double> S(static_cast<size_t>(kRows * Nk)),
         dP(static_cast<size_t>(kRows * Nk)), P(static_cast<size_t>(kRows * Nk)),
         O(static_cast<size_t>(kRows * D));
@@ -613,7 +606,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
         a.uf = ch[4], a.p_sens = ch[5], a.shift = ch[6];
       }
     }
-    block_cpu[static_cast<size_t>(thread)] = thread_cpu() - cpu0;
+    block_cpu[static_cast<size_t>(thread)] = thread_cpu_seconds() - cpu0;
   };
   {
     std::vector<std::thread> pool;
@@ -637,17 +630,6 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
   out.dg.given_units = out.rows.units;
   out.dg.given_soft_units = out.rows.soft_units;
   return out;
-}
-
-PassCost pass_cost(const AttentionCase& c, int threads) {
-  timespec t0{}, t1{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
-  const Pass p =
-      run_pass(c, logit_amplitude(c), cosine_units(c), row_p_del(c), threads);
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
-  const double all = static_cast<double>(t1.tv_sec - t0.tv_sec) +
-                     1e-9 * static_cast<double>(t1.tv_nsec - t0.tv_nsec);
-  return {std::max(0.0, all - p.block_cpu_seconds), p.block_cpu_seconds};
 }
 
 }  // namespace qknorm::validation
