@@ -345,8 +345,10 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   CostRates rates;
   CostEstimate cost;
   if (!suite.attention.empty() && !entries.empty()) {
-    rates = calibrate(entries, exec, c.sample > 0, largest_work(suite));
-    cost = estimate(rates, entries, suite, !c.no_timing, c.sample, c.threads);
+    rates = calibrate(entries, exec, c.sample > 0, largest_work(suite),
+                      jobs_for(c));
+    cost = estimate(rates, entries, suite, !c.no_timing, c.sample, c.threads,
+                    jobs_for(c));
   } else {
     cost = estimate_cost(entries, suite, exec, !c.no_timing, c.sample);
   }
@@ -365,8 +367,8 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
     if (c.sample == 0 && !suite.attention.empty()) {
       // The sampled oracle's rates cost a fraction of a second to measure.
       calibrate_sampled(&rates, exec);
-      const CostEstimate s =
-          estimate(rates, entries, suite, !c.no_timing, kSuggested, c.threads);
+      const CostEstimate s = estimate(rates, entries, suite, !c.no_timing,
+                                      kSuggested, c.threads, jobs_for(c));
       sample_est = duration_text(s.total());
       sample_over = s.total() > c.max_seconds;
     }

@@ -1,6 +1,7 @@
 #include "cli/cost.h"
 
 #include <fmt/format.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "cli/pool.h"
 #include "reference/reference.h"
 #include "validation/metrics.h"
 #include "validation/oracle.h"
@@ -23,6 +25,46 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// CPU seconds of the process (every thread) and of the calling thread. The
+// rates are CPU seconds per unit of work, which other processes on the
+// machine do not inflate; the share of a core the run gets is measured
+// apart (core_share) and applied once to the whole estimate.
+double cpu_seconds(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+double process_cpu() { return cpu_seconds(CLOCK_PROCESS_CPUTIME_ID); }
+double thread_cpu() { return cpu_seconds(CLOCK_THREAD_CPUTIME_ID); }
+
+// The share of a core each of `cores` busy threads gets now: their CPU time
+// over `cores` x the wall time of a short arithmetic loop on each (1 on an
+// idle machine; about cores / (load + cores) under load).
+double core_share(int cores) {
+  std::vector<double> cpu(static_cast<size_t>(cores), 0);
+  std::vector<double> sink(static_cast<size_t>(cores), 0);
+  auto spin = [&](int t) {
+    const double c0 = thread_cpu();
+    double x = 1 + t;
+    for (int64_t i = 0; i < 40'000'000 && thread_cpu() - c0 < 0.03; ++i) {
+      for (int k = 0; k < 64; ++k) x = x * 0.999999 + 1e-7;
+    }
+    sink[static_cast<size_t>(t)] = x;
+    cpu[static_cast<size_t>(t)] = thread_cpu() - c0;
+  };
+  const auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 1; t < cores; ++t) pool.emplace_back(spin, t);
+  spin(0);
+  for (auto& t : pool) t.join();
+  const double wall = seconds_since(t0);
+  double sum = 0;
+  for (double x : cpu) sum += x;
+  volatile double keep = sink[0];
+  (void)keep;
+  return std::clamp(sum / (static_cast<double>(cores) * wall), 0.05, 1.0);
 }
 
 double work_of(const AttentionProblem& p) {
@@ -165,153 +207,16 @@ AttentionProblem sampled_calibration_problem() {
   return p;
 }
 
-// The pass's work per visible pair, as validation/sampled_pass.cc's run_pass
-// does it (a copy of its loop, kept in step by hand): two D-term dots in
-// double with eight partial sums (S_ij = q_i . k_j, dP_ij = dO_i . v_j),
-// exp(S_ij - m_i) and the row sums, O_i += P_ij v_j, then the row
-// statistics and dg's channels (about 20 operations per pair, summed in
-// chunks of four double partial sums); the dots compiled for AVX2 and the
-// update for AVX-512 when the CPU has them, as the pass is. A small
-// sampled_oracle cannot time the pass: at n <= 4096 its pass is mostly the O(n
-// D) long-double preparation (measured 0.3 GFLOP/s at n = 256, 3.4 at n =
-// 4096), and its sampled rows cost far more than its pass below n ~ 10^5.
-// Returns wall seconds per pair x D with `threads` threads sharing the pairs.
-struct PassBlock {
-  static constexpr int64_t kD = 128, kRows = 16, kKeys = 2048;
-  std::vector<double> q, dout, k, v, S, dP, O;
-  explicit PassBlock(int seed)
-      : q(kRows * kD),
-        dout(kRows * kD),
-        k(kKeys * kD),
-        v(kKeys * kD),
-        S(kRows * kKeys),
-        dP(kRows * kKeys),
-        O(kRows * kD) {
-    for (size_t i = 0; i < k.size(); ++i) {
-      k[i] = 1e-2 * static_cast<double>((i * 7 + seed) % 13) - 0.06;
-      v[i] = 1e-2 * static_cast<double>((i * 5 + seed) % 11) - 0.05;
-    }
-    for (size_t i = 0; i < q.size(); ++i) {
-      q[i] = 1e-2 * static_cast<double>(i % 17) - 0.08;
-      dout[i] = 1e-2 * static_cast<double>(i % 19) - 0.09;
-    }
-  }
-};
-
-__attribute__((always_inline)) inline double dot8(const double* a,
-                                                  const double* b) {
-  double acc[8] = {};
-  for (int64_t d = 0; d < PassBlock::kD; d += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[d + j] * b[d + j];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-__attribute__((always_inline)) inline void dots_body(PassBlock& b) {
-  constexpr int64_t D = PassBlock::kD, R = PassBlock::kRows,
-                    K = PassBlock::kKeys;
-  for (int64_t j = 0; j < K; ++j)
-    for (int64_t r = 0; r < R; ++r) {
-      b.S[r * K + j] = dot8(&b.q[r * D], &b.k[j * D]);
-      b.dP[r * K + j] = dot8(&b.dout[r * D], &b.v[j * D]);
-    }
-}
-__attribute__((always_inline)) inline void pv_body(PassBlock& b) {
-  constexpr int64_t D = PassBlock::kD, R = PassBlock::kRows,
-                    K = PassBlock::kKeys;
-  for (int64_t j = 0; j < K; ++j)
-    for (int64_t r = 0; r < R; ++r) {
-      const double pij = b.S[r * K + j];
-      for (int64_t d = 0; d < D; ++d) b.O[r * D + d] += pij * b.v[j * D + d];
-    }
-}
-__attribute__((target("avx2"))) void dots_avx2(PassBlock& b) { dots_body(b); }
-__attribute__((target("avx512f"))) void pv_avx512(PassBlock& b) { pv_body(b); }
-__attribute__((target("avx2"))) void pv_avx2(PassBlock& b) { pv_body(b); }
-void dots_base(PassBlock& b) { dots_body(b); }
-void pv_base(PassBlock& b) { pv_body(b); }
-
-double pass_block(PassBlock& b) {
-  constexpr int64_t R = PassBlock::kRows, K = PassBlock::kKeys;
-  static const bool avx2 = __builtin_cpu_supports("avx2"),
-                    avx512 = __builtin_cpu_supports("avx512f");
-  (avx2 ? dots_avx2 : dots_base)(b);
-  double stats = 0;
-  for (int64_t r = 0; r < R; ++r) {  // P = exp(S - m) / l, per row
-    double* s = &b.S[r * K];
-    double m = -1e300;
-    for (int64_t j = 0; j < K; ++j) m = std::max(m, 12.0 * s[j]);
-    long double l = 0;
-    for (int64_t j0 = 0; j0 < K; j0 += 16) {
-      double t = 0;
-      for (int64_t j = j0; j < j0 + 16; ++j)
-        t += (s[j] = std::exp(12.0 * s[j] - m));
-      l += t;
-    }
-    const double inv = static_cast<double>(1 / l);
-    for (int64_t j = 0; j < K; ++j) s[j] *= inv;
-  }
-  (avx512 ? pv_avx512 : avx2 ? pv_avx2 : pv_base)(b);
-  // delta, Del, sum |dS|, dg's channels: as the pass, chunks of 16 keys in
-  // four double partial sums each, then long double.
-  auto chunked = [&](int n_sums, long double* sums, auto term) {
-    for (int64_t j0 = 0; j0 < K; j0 += 16) {
-      double t[7][4] = {};
-      for (int64_t j = j0; j < j0 + 16; j += 4)
-        for (int l = 0; l < 4; ++l) term(j + l, t, l);
-      for (int k = 0; k < n_sums; ++k)
-        sums[k] += (t[k][0] + t[k][2]) + (t[k][1] + t[k][3]);
-    }
-  };
-  for (int64_t r = 0; r < R; ++r) {
-    const double* p = &b.S[r * K];
-    const double* dp = &b.dP[r * K];
-    long double dd[2] = {}, ds = 0, ch[7] = {};
-    chunked(2, dd, [&](int64_t j, double(&t)[7][4], int l) {
-      t[0][l] += p[j] * dp[j];
-      t[1][l] += p[j] * b.O[j % PassBlock::kD];
-    });
-    const double dl = static_cast<double>(dd[0]);
-    chunked(1, &ds, [&](int64_t j, double(&t)[7][4], int l) {
-      t[0][l] += p[j] * std::fabs(dp[j] - dl);
-    });
-    chunked(7, ch, [&](int64_t j, double(&t)[7][4], int l) {
-      const double dpd = dp[j] - dl, cm = std::max(1.0, 0.5 + p[j]);
-      t[0][l] += p[j] * dpd * p[j];
-      t[1][l] += p[j] * (0.3 + dl) * cm;
-      t[2][l] += p[j] * 0.7 * cm;
-      t[3][l] += p[j] * 0.2 * cm;
-      t[4][l] += (p[j] * 257.0 + 1) * cm + 1;
-      t[5][l] += p[j] > 0 ? (std::fabs(dpd) + p[j] * 0.4) * cm : 0.0;
-      t[6][l] += p[j] * std::fabs(dpd) * 0.1;
-    });
-    stats += static_cast<double>(dd[1] + ds + ch[0] + ch[1] + ch[2] + ch[3] +
-                                 ch[4] + ch[5] + ch[6]);
-  }
-  return stats + b.O[0];
-}
-
-double pass_pair_rate(int threads) {
-  const int n = std::max(1, threads);
-  std::vector<PassBlock> blocks;
-  for (int t = 0; t < n; ++t) blocks.emplace_back(t);
-  std::vector<double> sinks(static_cast<size_t>(n));
-  double best = 1e300;
-  for (int rep = 0; rep < 6; ++rep) {  // the best of six (shared cores)
-    const auto t0 = Clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n; ++t)
-      pool.emplace_back([&, t] {
-        sinks[static_cast<size_t>(t)] =
-            pass_block(blocks[static_cast<size_t>(t)]);
-      });
-    sinks[0] = pass_block(blocks[0]);
-    for (auto& t : pool) t.join();
-    best = std::min(best, seconds_since(t0));
-  }
-  volatile double keep = sinks[0];  // the loops' results are used
-  (void)keep;
-  return best / (static_cast<double>(n) * PassBlock::kRows * PassBlock::kKeys *
-                 PassBlock::kD);
+// The pass's calibration problem: long enough that its O(n^2 D) blocks run
+// as at long lengths (its 64-row blocks against thousands of keys) and
+// outweigh its O(n D) preparation, a fraction of a second of CPU.
+AttentionProblem pass_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.heads = 1;
+  p.q_len = p.kv_len = 2048;
+  p.head_dim = 128;
+  p.mask.causal = true;
+  return p;
 }
 
 // The full oracle's rate for storage precision s: wide for f64, in double
@@ -344,6 +249,57 @@ int resolve_threads(int threads) {
 
 }  // namespace
 
+double simulate_schedule(const std::vector<SimStep>& plan, int jobs,
+                         int cores) {
+  const size_t n = plan.size();
+  std::vector<char> started(n, 0), done(n, 0);
+  std::vector<size_t> phase(n, 0);
+  std::vector<double> left(n, 0);
+  std::vector<size_t> running;
+  // Skips finished (and empty) phases; true when step i has none left.
+  auto settle = [&](size_t i) {
+    while (phase[i] < plan[i].phases.size() && left[i] <= 1e-12)
+      if (++phase[i] < plan[i].phases.size())
+        left[i] = plan[i].phases[phase[i]].work;
+    return phase[i] >= plan[i].phases.size();
+  };
+  double t = 0;
+  size_t finished = 0;
+  while (finished < n) {
+    for (size_t i = 0; i < n && static_cast<int>(running.size()) < jobs; ++i) {
+      if (started[i] || !std::all_of(plan[i].deps.begin(), plan[i].deps.end(),
+                                     [&](size_t d) { return done[d] != 0; }))
+        continue;
+      started[i] = 1;
+      left[i] = plan[i].phases.empty() ? 0 : plan[i].phases[0].work;
+      if (settle(i)) {
+        done[i] = 1, ++finished;
+        i = static_cast<size_t>(-1);  // a dependency may have cleared: rescan
+        continue;
+      }
+      running.push_back(i);
+    }
+    if (running.empty()) break;  // unreachable with a valid plan
+    double demand = 0;
+    for (size_t i : running) demand += plan[i].phases[phase[i]].threads;
+    const double share = std::min(1.0, cores / demand);
+    double dt = 1e300;
+    for (size_t i : running)
+      dt = std::min(dt, left[i] / (plan[i].phases[phase[i]].threads * share));
+    t += dt;
+    std::vector<size_t> still;
+    for (size_t i : running) {
+      left[i] -= dt * plan[i].phases[phase[i]].threads * share;
+      if (settle(i))
+        done[i] = 1, ++finished;
+      else
+        still.push_back(i);
+    }
+    running.swap(still);
+  }
+  return t;
+}
+
 double largest_work(const Suite& suite) {
   double w = 0;
   for (const AttentionSpec& s : suite.attention)
@@ -367,12 +323,19 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
       validation::round_inputs(c0, Precision::kF64), Precision::kF64, o);
   const validation::SampledOracle narrow = validation::sampled_oracle(
       validation::round_inputs(c0, Precision::kF32), Precision::kF32, o);
-  // The pass: its arithmetic per pair x D (pass_pair_rate: wall time with
-  // the run's threads sharing the pairs, as the pass does), and its
-  // preparation per input element, what the small pass took beyond it.
-  r->pass = pass_pair_rate(o.threads);
-  r->pass_setup =
-      std::max(0.0, so.pass_seconds - r->pass * visible_work(p)) / elements(p);
+  // The pass, run on its own calibration case with the run's threads: the
+  // CPU seconds of its blocks per pair x D, and of its preparation per input
+  // element. (A copy of its loop, timed instead until this change, ran
+  // 1.7x slower than the pass's register-blocked kernels: 12 against 7.0
+  // CPU seconds per precision at 1x4x8192x128 causal.)
+  const AttentionProblem pp = pass_calibration_problem();
+  const validation::PassCost pc = validation::pass_cost(
+      validation::round_inputs(validation::make_attention_case(
+                                   pp, validation::Distribution::kGaussian, 1),
+                               Precision::kF32),
+      o.threads);
+  r->pass = pc.block_cpu_seconds / visible_work(pp);
+  r->pass_setup = pc.prep_cpu_seconds / elements(pp);
   double w = 0;
   for (const validation::SampledRow& row : so.query_rows)
     w += static_cast<double>(validation::visible_keys(p, row.b, row.n)) *
@@ -381,9 +344,9 @@ void calibrate_sampled(CostRates* r, const ExecConfig& exec) {
     w +=
         static_cast<double>(queries_seeing(p, row.b, row.n)) * key_row_heads(p);
   r->rows =
-      so.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
-  r->rows_narrow =
-      narrow.rows_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
+      so.rows_cpu_seconds / std::max(1.0, w * static_cast<double>(p.head_dim));
+  r->rows_narrow = narrow.rows_cpu_seconds /
+                   std::max(1.0, w * static_cast<double>(p.head_dim));
   r->sampled = true;
   r->seconds += seconds_since(t_start);
 }
@@ -410,33 +373,37 @@ void calibrate_probabilities(CostRates* r) {
 }
 
 CostRates calibrate(const std::vector<const Backend*>& entries,
-                    const ExecConfig& exec, bool sampled, double largest_work) {
+                    const ExecConfig& run_exec, bool sampled,
+                    double largest_work, int jobs) {
+  // The entries are timed on the threads the pool gives them (run_suite's
+  // pooled_exec), the sampled oracle on the run's own.
+  const ExecConfig exec = pooled_exec(run_exec, jobs);
   const auto t_start = Clock::now();
   CostRates r;
   r.entry.assign(entries.size(), 0);
   const AttentionProblem cp = calibration_problem();
   const double cw = work_of(cp);
-  auto t0 = Clock::now();
+  double t0 = process_cpu();
   const validation::AttentionCase cal =
       validation::round_inputs(validation::make_attention_case(
                                    cp, validation::Distribution::kGaussian, 1),
                                Precision::kF64);
-  r.setup = seconds_since(t0) / elements(cp);
+  r.setup = (process_cpu() - t0) / elements(cp);
   // The full oracle only when it is used (it is the slow part): wide for
   // f64 storage, in double for the others (validation/oracle.h).
   if (!sampled) {
-    t0 = Clock::now();
+    t0 = process_cpu();
     (void)validation::oracle_attention(cal);
-    r.oracle = seconds_since(t0) / cw;
+    r.oracle = (process_cpu() - t0) / cw;
     const validation::AttentionCase narrow =
         validation::round_inputs(cal, Precision::kF32);
-    t0 = Clock::now();
+    t0 = process_cpu();
     (void)validation::oracle_attention(narrow);
-    r.oracle_narrow = seconds_since(t0) / cw;
+    r.oracle_narrow = (process_cpu() - t0) / cw;
   }
-  t0 = Clock::now();
+  t0 = process_cpu();
   (void)validation::run_attention(validation::naive_for(Precision::kF64), cal);
-  r.naive = seconds_since(t0) / cw;
+  r.naive = (process_cpu() - t0) / cw;
   // Fast entries again on a problem 7.1x the work (drawn when needed).
   const AttentionProblem bp = large_calibration_problem();
   const double bw = work_of(bp), ce = elements(cp), be = elements(bp);
@@ -447,9 +414,9 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
                      const validation::AttentionCase& rc) {
     double t = 1e300;
     for (int rep = 0; rep < reps; ++rep) {  // shared cores: the best
-      t0 = Clock::now();
+      t0 = process_cpu();
       (void)validation::run_attention(b, rc, exec);
-      t = std::min(t, seconds_since(t0));
+      t = std::min(t, process_cpu() - t0);
     }
     return t;
   };
@@ -498,16 +465,29 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
     } catch (const std::exception&) {
     }
   }
+  r.share = core_share(resolve_threads(0));
   r.seconds = seconds_since(t_start);
-  if (sampled) calibrate_sampled(&r, exec);
+  if (sampled) calibrate_sampled(&r, run_exec);
   return r;
 }
 
 CostEstimate estimate(const CostRates& rates,
                       const std::vector<const Backend*>& entries,
                       const Suite& suite, bool time_forward,
-                      int64_t sample_rows, int threads) {
+                      int64_t sample_rows, int threads, int jobs) {
   CostEstimate c;
+  const int cores = resolve_threads(0), workers = resolve_jobs(jobs),
+            oracle_threads = resolve_threads(threads),
+            // run_suite's pooled_exec: one thread per entry when jobs > 1.
+      entry_threads = workers > 1 ? 1 : oracle_threads;
+  c.jobs = workers;
+  c.cores = cores;
+  // Steps are reported (and fed to the progress line) in seconds of wall
+  // time were each run alone at this core share: CPU seconds over the
+  // threads it runs on and the share.
+  const double share = rates.share > 0 ? rates.share : 1;
+  c.share = share;
+  std::vector<SimStep> plan;
   c.sampled = sample_rows > 0;
   c.sample_rows = sample_rows;
   c.calibration_s = rates.seconds;
@@ -525,7 +505,7 @@ CostEstimate estimate(const CostRates& rates,
           std::max(c.oracle_bytes, 2.0 * sizeof(long double) * work /
                                        static_cast<double>(p.head_dim));
     std::array<double, 4> oracle{}, naive{};
-    std::vector<double> entry(entries.size(), 0);
+    std::vector<double> entry(entries.size(), 0), entry_cpu(entry.size(), 0);
     // Which precisions get an oracle (some entry runs the case) and a naive
     // baseline (some entry outside the reference family, full mode).
     std::array<bool, 4> prec{}, with_naive{};
@@ -535,21 +515,25 @@ CostEstimate estimate(const CostRates& rates,
       const auto pi = static_cast<size_t>(b->precision());
       prec[pi] = true;
       if (b->family() != "reference" && !c.sampled) with_naive[pi] = true;
-      entry[ei] = rates.entry_elem[ei] * elements(p) + rates.entry[ei] * vis;
+      entry_cpu[ei] =
+          rates.entry_elem[ei] * elements(p) + rates.entry[ei] * vis;
       // Sampled: the verdict's O(n D) properties on every row, about as
       // much as drawing the inputs.
-      if (c.sampled) entry[ei] += rates.setup * elements(p);
+      if (c.sampled) entry_cpu[ei] += rates.setup * elements(p);
+      entry[ei] = entry_cpu[ei] / (entry_threads * share);
     }
-    double pass = 0, rows_w = 0, flops = 0;
+    double pass = 0, rows_w = 0, flops = 0, prep = 0;
     if (c.sampled) {
       const validation::SampleOptions so =
           sample_options(entries, p, sample_rows, 1, threads);
-      pass = rates.pass * vis + rates.pass_setup * elements(p);
+      pass = rates.pass * vis;                // CPU seconds, on oracle_threads
+      prep = rates.pass_setup * elements(p);  // on one thread
       flops = 6 * vis;  // two D-term dots and O's D-term update per pair
       rows_w = rows_work(p, expected_rows(p.batch, p.heads, p.q_len, so),
                          expected_rows(p.batch, kv_heads(p), p.kv_len, so));
     }
     double case_s = 0;
+    std::array<std::vector<SimPhase>, 4> oracle_phases;
     for (size_t pi = 0; pi < 4; ++pi) {
       // f64 storage keeps the wide oracle; the others' run in double.
       const bool wide = static_cast<Precision>(pi) == Precision::kF64;
@@ -558,17 +542,23 @@ CostEstimate estimate(const CostRates& rates,
           (wide || rates.rows_narrow <= 0 ? rates.rows : rates.rows_narrow);
       const double full = oracle_rate(rates, static_cast<Precision>(pi));
       if (prec[pi]) {
-        const double setup = rates.setup * elements(p);
-        oracle[pi] = setup + (c.sampled ? pass + rows : full * work);
+        // One thread draws and rounds the inputs and prepares the pass (or
+        // runs the full oracle); the sampled pass and rows run on
+        // oracle_threads.
+        const double serial =
+            rates.setup * elements(p) + (c.sampled ? prep : full * work);
+        const double par = c.sampled ? pass + rows : 0;
+        oracle_phases[pi] = {{serial, 1}, {par, oracle_threads}};
+        oracle[pi] = (serial + par / oracle_threads) / share;
         c.oracle_s += oracle[pi];
         if (c.sampled) {
-          c.pass_s += pass;
-          c.rows_s += rows;
+          c.pass_s += (prep + pass / oracle_threads) / share;
+          c.rows_s += rows / oracle_threads / share;
           c.pass_flops += flops;
         }
       }
       if (with_naive[pi]) {
-        naive[pi] = rates.naive * vis;
+        naive[pi] = rates.naive * vis / share;
         c.naive_s += naive[pi];
       }
       case_s += oracle[pi] + naive[pi];
@@ -577,6 +567,31 @@ CostEstimate estimate(const CostRates& rates,
       c.entries_s += entry[ei];
       per_entry[ei] += entry[ei];
       case_s += entry[ei];
+    }
+    // The case's steps in run_suite's plan order (entry_order): per entry,
+    // its precision's oracle (and naive baseline) first if not yet planned.
+    std::array<size_t, 4> oracle_at, naive_at;
+    oracle_at.fill(SIZE_MAX);
+    naive_at.fill(SIZE_MAX);
+    for (const size_t ei : entry_order(&entry, entries.size(), workers)) {
+      const Backend* b = entries[ei];
+      if (!b->available() || !b->supports(p)) continue;
+      const auto pi = static_cast<size_t>(b->precision());
+      SimStep e;
+      if (oracle_at[pi] == SIZE_MAX) {
+        oracle_at[pi] = plan.size();
+        plan.push_back({oracle_phases[pi], {}});
+      }
+      e.deps.push_back(oracle_at[pi]);
+      if (with_naive[pi]) {
+        if (naive_at[pi] == SIZE_MAX) {
+          naive_at[pi] = plan.size();
+          plan.push_back({{{naive[pi] * share, 1}}, {oracle_at[pi]}});
+        }
+        e.deps.push_back(naive_at[pi]);
+      }
+      e.phases = {{entry_cpu[ei], entry_threads}};
+      plan.push_back(std::move(e));
     }
     c.steps.oracle.push_back(oracle);
     c.steps.naive.push_back(naive);
@@ -589,8 +604,9 @@ CostEstimate estimate(const CostRates& rates,
       // forward_gflops (suite.h): a warm-up, then kTimingMinReps forward
       // calls and kTimingMinSeconds, or one call after a long warm-up; a
       // forward call is about a third of a forward-and-backward one.
-      const double call = rates.entry_elem[ei] * elements(suite.timing) +
-                          rates.entry[ei] * work_of(suite.timing);
+      const double call = (rates.entry_elem[ei] * elements(suite.timing) +
+                           rates.entry[ei] * work_of(suite.timing)) /
+                          share;
       const double fwd = call / 3;
       const int calls = 1 + (fwd >= kTimingLongCall ? 1 : kTimingMinReps);
       const double t = std::max(kTimingMinSeconds, calls * fwd) + 0.01;
@@ -600,6 +616,8 @@ CostEstimate estimate(const CostRates& rates,
     }
   }
   c.top_entries = top_three(entries, per_entry);
+  // The timing runs alone after the pool (run_suite).
+  c.wall_s = simulate_schedule(plan, workers, cores) / share + c.timing_s;
   return c;
 }
 
@@ -664,7 +682,8 @@ CostEstimate estimate_cost(const std::vector<const Backend*>& entries,
   }
   const CostRates r =
       calibrate(entries, exec, sample_rows > 0, largest_work(suite));
-  return estimate(r, entries, suite, time_forward, sample_rows, exec.threads);
+  return estimate(r, entries, suite, time_forward, sample_rows, exec.threads,
+                  1);
 }
 
 double physical_memory() {
@@ -703,9 +722,21 @@ std::string describe(const CostEstimate& c) {
                         t(c.naive_s));
   return fmt::format(
       "estimated work: {} attention cases x {} entries ({}): {}, entries ~{}, "
-      "timing ~{}; total ~{} (rates measured on this machine in {:.2f} s)",
+      "timing ~{}; total ~{}{} (rates measured on this machine in {:.2f} s)",
       c.attention_cases, c.entries, work, oracle, t(c.entries_s), t(c.timing_s),
-      t(c.total()), c.calibration_s);
+      t(c.total()),
+      c.wall_s > 0
+          ? fmt::format(
+                " on {} job{} and {} core{}{} (the steps add up to ~{})",
+                c.jobs, c.jobs == 1 ? "" : "s", c.cores,
+                c.cores == 1 ? "" : "s",
+                c.share < 0.95 ? fmt::format(", {:.2f} of each core "
+                                             "free of other load",
+                                             c.share)
+                               : "",
+                t(c.steps_total()))
+          : "",
+      c.calibration_s);
 }
 
 }  // namespace qknorm::cli

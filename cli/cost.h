@@ -29,6 +29,16 @@
 //     of their sub-cases, from a small sampled oracle;
 //   - per (case, precision): drawing and rounding the inputs, B H (Nq + Nk) D.
 // ScaleNorm is O(rows * dim) and left out.
+// Rates are CPU seconds (every thread's), so other processes do not
+// inflate them. The wall time is not the steps' sum: the --jobs pool runs
+// steps side by side, and the sampled oracle's pass and rows run on every
+// core within a step. estimate() replays run_suite's plan (steps in plan
+// order, an oracle before its entries, `jobs` workers) on the machine's
+// cores (simulate_schedule), then divides by the share of a core that other
+// processes leave (CostRates::share, measured at calibration). Measured
+// before this model (quiet Zen 4, 1x4xNx128 causal, --sample 256, 5
+// entries, 2 jobs): the steps' sum was 1.39x the wall time at n = 8192 and
+// 1.76x at n = 32768.
 #ifndef QKNORM_CLI_COST_H_
 #define QKNORM_CLI_COST_H_
 
@@ -41,7 +51,7 @@
 
 namespace qknorm::cli {
 
-// Seconds per unit of work, measured on this machine.
+// CPU seconds per unit of work (every thread's), measured on this machine.
 struct CostRates {
   // Per B H Nq Nk D, for f64 storage (the wide oracle) and for f32, bf16
   // and f16 (the oracle in double where validation/oracle.h evaluates it
@@ -62,14 +72,19 @@ struct CostRates {
   // saturation curve; calibrate_probabilities, 0 until then).
   double probs = 0;
   double seconds = 0;  // what measuring took
+  // The share of a core each of the machine's cores gives this run while
+  // other processes load it (cost.cc core_share; 1 when idle).
+  double share = 1;
 };
 
 // Measures the rates for `entries` (the sampled oracle's too if `sampled`).
 // largest_work (largest_work(suite)): a fast entry that would take more than
 // a few seconds on it is timed at n = 1024 too, for its long-row rate.
+// jobs: the run's --jobs (0: one per core), whose pool runs each entry on
+// one thread when jobs > 1 (cli/pool.h pooled_exec): they are timed so.
 CostRates calibrate(const std::vector<const Backend*>& entries,
                     const ExecConfig& exec, bool sampled,
-                    double largest_work = 0);
+                    double largest_work = 0, int jobs = 1);
 // The largest attention case's B H D x visible pairs.
 double largest_work(const Suite& suite);
 // Adds the sampled oracle's rates to r (no-op if it has them).
@@ -95,15 +110,27 @@ struct CostEstimate {
   std::vector<double> case_s;  // per attention case: oracle, naive, entries
   // The three most expensive entries (name, seconds), for the stop message.
   std::vector<std::pair<std::string, double>> top_entries;
-  double total() const { return oracle_s + naive_s + entries_s + timing_s; }
+  // The wall time: the pool's schedule simulated (estimate: its jobs on
+  // this machine's cores), or the steps' sum where none was (0).
+  double wall_s = 0;
+  int jobs = 1, cores = 1;
+  double share = 1;  // CostRates::share
+  double steps_total() const {
+    return oracle_s + naive_s + entries_s + timing_s;
+  }
+  double total() const { return wall_s > 0 ? wall_s : steps_total(); }
 };
 
 // The estimate of a run of `entries` on `suite`; sample_rows > 0: sampled
 // mode with that many rows (rates must then have the sampled rates).
+// threads, jobs: the run's --threads and --jobs (0: one per core). The wall
+// time (total()) simulates run_suite's pool: jobs workers taking the steps
+// in plan order on this machine's cores (simulate_schedule); jobs = 1 is
+// the steps' sum.
 CostEstimate estimate(const CostRates& rates,
                       const std::vector<const Backend*>& entries,
                       const Suite& suite, bool time_forward,
-                      int64_t sample_rows, int threads);
+                      int64_t sample_rows, int threads, int jobs);
 
 // The estimate of a sweep over `points` (cli/sweep.h, --over seq, g or
 // magnitude: one problem per swept value). Per point and variant (qknorm,
@@ -116,6 +143,24 @@ CostEstimate estimate_sweep(const CostRates& rates,
                             const std::vector<const Backend*>& entries,
                             const std::vector<AttentionProblem>& points,
                             bool sdpa);
+
+// The pool's schedule (cli/suite.cc run_suite), simulated to estimate the
+// wall time: `jobs` workers take the steps in plan order as their
+// dependencies finish (a precision's oracle before its entries), and the
+// running steps share the machine's cores. A step is a sequence of phases,
+// each of `work` core-seconds run on `threads` threads (the sampled
+// oracle's preparation on one, its pass and rows on SampleOptions::threads,
+// an entry on one when jobs > 1); while the running phases ask for more
+// threads than there are cores, every thread gets cores / threads of one.
+struct SimPhase {
+  double work = 0;  // core-seconds
+  int threads = 1;
+};
+struct SimStep {
+  std::vector<SimPhase> phases;
+  std::vector<size_t> deps;  // indices of earlier steps
+};
+double simulate_schedule(const std::vector<SimStep>& plan, int jobs, int cores);
 
 // calibrate + estimate.
 CostEstimate estimate_cost(const std::vector<const Backend*>& entries,

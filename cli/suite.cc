@@ -605,6 +605,17 @@ struct Task {
 
 }  // namespace
 
+std::vector<size_t> entry_order(const std::vector<double>* costs, size_t n,
+                                int jobs) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  if (resolve_jobs(jobs) > 1 && costs && costs->size() == n)
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return (*costs)[a] > (*costs)[b];
+    });
+  return order;
+}
+
 std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
                                 const Suite& suite, const RunOptions& opt) {
   const int per_entry =
@@ -656,8 +667,11 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
   const bool sampled = opt.sample_rows > 0;
   const size_t n_cases = suite.attention.size();
 
-  // The plan, case-major in the serial order: per case, each precision's
-  // oracle (and naive baseline) before the first entry that needs it.
+  // The plan, case-major: per case, each precision's oracle (and naive
+  // baseline) before the first entry that needs it; the entries in the
+  // serial order at jobs = 1, else costliest first by the estimate
+  // (entry_order), so the longest chain (an oracle and its slowest entry)
+  // does not start last and leave one worker alone at the end.
   std::vector<Task> plan;
   std::vector<size_t> case_end(n_cases);  // plan index past case ci
   std::vector<validation::SampleOptions> sample_opt(n_cases);
@@ -673,7 +687,10 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     std::array<size_t, 4> oracle_at, naive_at;
     oracle_at.fill(SIZE_MAX);
     naive_at.fill(SIZE_MAX);
-    for (size_t ei = 0; ei < entries.size(); ++ei) {
+    const std::vector<double>* costs = opt.costs && ci < opt.costs->entry.size()
+                                           ? &opt.costs->entry[ci]
+                                           : nullptr;
+    for (const size_t ei : entry_order(costs, entries.size(), jobs)) {
       const Backend& b = *entries[ei];
       if (!attn[ei].available) continue;
       const auto pi = static_cast<size_t>(b.precision());

@@ -167,6 +167,12 @@ struct EntryRow {
   bool pass = true;
 };
 
+// The order in which run_suite plans a case's entries: 0 .. n-1 at one
+// job or without their estimated costs, else costliest first (ties in
+// index order). The results land in their slots whatever the order.
+std::vector<size_t> entry_order(const std::vector<double>* costs, size_t n,
+                                int jobs);
+
 // Estimated seconds of each step of run_suite (cli/cost.h fills them), for
 // the progress line's ETA. Indexed [attention case][storage precision] for
 // the oracle (full, or the sampled oracle's pass and rows) and the naive

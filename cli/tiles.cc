@@ -201,7 +201,7 @@ CostEstimate estimate_tile_sweep(const SweepOptions& o, const SuiteOptions& s,
         {tile_problem(s, n), dist_of(s), s.seed + static_cast<uint64_t>(n)});
   const ExecConfig exec{threads};
   const CostRates r = calibrate(entries, exec, true, largest_work(est));
-  return estimate(r, entries, est, false, o.sample, threads);
+  return estimate(r, entries, est, false, o.sample, threads, 1);
 }
 
 std::vector<TilePoint> run_tile_points(

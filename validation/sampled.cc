@@ -25,13 +25,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The calling thread's CPU time in seconds.
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 // Runs f(i, t) for i = 0 .. n-1 on `threads` threads, t the thread's index
 // (0 .. threads - 1).
 void parallel_for(int64_t n, int threads,
@@ -314,6 +307,23 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
     (void)uc;
   }
   return so;
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+PassCost pass_cost(const AttentionCase& c, int threads) {
+  timespec t0{}, t1{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+  const Pass p =
+      run_pass(c, logit_amplitude(c), cosine_units(c), row_p_del(c), threads);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+  const double all = static_cast<double>(t1.tv_sec - t0.tv_sec) +
+                     1e-9 * static_cast<double>(t1.tv_nsec - t0.tv_nsec);
+  return {std::max(0.0, all - p.block_cpu_seconds), p.block_cpu_seconds};
 }
 
 }  // namespace qknorm::validation

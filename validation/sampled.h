@@ -106,6 +106,14 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
                               const AttentionResult& entry,
                               const std::string& entry_name);
 
+// What the sampled oracle's pass costs on case c with `threads` threads
+// (the cost estimate's calibration, cli/cost.h): the CPU seconds of its
+// O(n D) preparation (one thread) and of its O(n^2 D) blocks (every thread's).
+struct PassCost {
+  double prep_cpu_seconds = 0, block_cpu_seconds = 0;
+};
+PassCost pass_cost(const AttentionCase& c, int threads);
+
 // The number of visible keys of query row i of batch b (a prefix [0, n)).
 int64_t visible_keys(const AttentionProblem& p, int64_t b, int64_t i);
 

@@ -14,6 +14,9 @@
 
 namespace qknorm::validation {
 
+// The calling thread's CPU time in seconds (sampled.cc).
+double thread_cpu_seconds();
+
 // The first query row of batch b that sees key j (q_len: none does).
 int64_t first_query(const AttentionProblem& p, int64_t b, int64_t j);
 
@@ -29,6 +32,7 @@ struct Pass {
   OracleAttention dg;  // dg and its channels only
   double logit_shift = 0;
   double flops = 0;
+  double block_cpu_seconds = 0;  // the blocks' CPU time, every thread's
 };
 
 // p_del_i = sum_j |dO_i|.|v_j| over row i's visible keys, every query row

@@ -481,7 +481,9 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
   std::atomic<int64_t> next{0};
   const int64_t items = B * H * blocks_per_head;
   std::vector<Acc> acc(static_cast<size_t>(items));
-  auto work = [&](int) {
+  std::vector<double> block_cpu(static_cast<size_t>(std::max(1, threads)), 0);
+  auto work = [&](int thread) {
+    const double cpu0 = thread_cpu_seconds();
     std::vector<double> S(static_cast<size_t>(kRows * Nk)),
         dP(static_cast<size_t>(kRows * Nk)), P(static_cast<size_t>(kRows * Nk)),
         O(static_cast<size_t>(kRows * D));
@@ -604,6 +606,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
         a.uf = ch[4], a.p_sens = ch[5], a.shift = ch[6];
       }
     }
+    block_cpu[static_cast<size_t>(thread)] = thread_cpu_seconds() - cpu0;
   };
   {
     std::vector<std::thread> pool;
@@ -622,6 +625,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
     out.logit_shift = std::max(out.logit_shift, a.logit_shift);
     out.flops += a.flops;
   }
+  for (double x : block_cpu) out.block_cpu_seconds += x;
   // C_ij = S_ij / s: dg = sum dS_ij C_ij (the dot held q_tilde . k_tilde).
   out.dg.given_units = out.rows.units;
   out.dg.given_soft_units = out.rows.soft_units;

@@ -446,5 +446,43 @@ TEST(Sweep, EstimateScalesWithThePoints) {
                                    r.oracle * 1 * 2 * 128 * 128 * 64);
 }
 
+// The estimate's wall time simulates the pool (cost.h simulate_schedule):
+// steps share the cores, wait for their dependencies, and a worker takes
+// one step at a time. Each figure below is worked out by hand.
+TEST(CostSchedule, SharesCoresAndWaitsForDependencies) {
+  // Two independent one-thread steps of 10 core-seconds: 10 s on two
+  // workers and two cores, 20 s on one worker or on one core.
+  const std::vector<SimStep> two = {{{{10, 1}}, {}}, {{{10, 1}}, {}}};
+  EXPECT_NEAR(simulate_schedule(two, 2, 2), 10, 1e-9);
+  EXPECT_NEAR(simulate_schedule(two, 1, 2), 20, 1e-9);
+  EXPECT_NEAR(simulate_schedule(two, 2, 1), 20, 1e-9);
+  // A two-thread step of 20 core-seconds beside a one-thread step of 10:
+  // three threads on two cores, 2/3 of a core each, both done at 15 s.
+  const std::vector<SimStep> mixed = {{{{20, 2}}, {}}, {{{10, 1}}, {}}};
+  EXPECT_NEAR(simulate_schedule(mixed, 2, 2), 15, 1e-9);
+  // An oracle (1 s on one thread, then 8 core-seconds on two) before its
+  // entry (4 s on one thread), beside an independent step of 3 s: the
+  // oracle's serial phase and the other step share the cores (1 s), the
+  // two-thread phase then shares them with the other step's last 2 s (3
+  // threads: 2/3 each, 3 s, 4 of its 8 core-seconds), then runs alone (2 s),
+  // then the entry alone (4 s): 1 + 3 + 2 + 4 = 10 s.
+  const std::vector<SimStep> dep = {
+      {{{1, 1}, {8, 2}}, {}}, {{{4, 1}}, {0}}, {{{3, 1}}, {}}};
+  EXPECT_NEAR(simulate_schedule(dep, 2, 2), 10, 1e-9);
+  // One worker runs them in plan order, whatever the cores: 1 + 4 + 4 + 3.
+  EXPECT_NEAR(simulate_schedule(dep, 1, 2), 12, 1e-9);
+}
+
+// At jobs > 1 the pool plans a case's entries costliest first, so that
+// the slowest entry's chain does not start last (at 1x4x32768x128 causal it
+// left one core idle for the last ~100 s); at one job, or without an
+// estimate, in the serial order.
+TEST(CostSchedule, EntriesCostliestFirstOnSeveralJobs) {
+  const std::vector<double> costs = {1, 3, 2, 3};
+  EXPECT_EQ(entry_order(&costs, 4, 2), (std::vector<size_t>{1, 3, 2, 0}));
+  EXPECT_EQ(entry_order(&costs, 4, 1), (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(entry_order(nullptr, 4, 2), (std::vector<size_t>{0, 1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace qknorm::cli
