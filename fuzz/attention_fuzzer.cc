@@ -45,6 +45,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@
 #include "qknorm/formulation.h"
 #include "validation/baseline_bounds.h"
 #include "validation/check.h"
+#include "validation/judge.h"
 #include "validation/nonsaturation.h"
 
 namespace qknorm::fuzz {
@@ -62,6 +64,7 @@ using validation::AgreementReport;
 using validation::AttentionCase;
 using validation::AttentionResult;
 using validation::OracleAttention;
+using validation::PreparedAttention;
 using LD = long double;
 
 constexpr int64_t kMaxBatch = 4;  // key lengths read per input at most
@@ -462,8 +465,12 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
 // amplitude with the computed logits' error.
 // ws: the workspace of the entry's judged run, so that the hook runs on the
 // one thread that run used (simd/backend.cc) and allocates nothing new.
+// *amp: the computed logit amplitude, a function of the case, the oracle
+// and the precision only: computed for the first entry of a precision and
+// kept (its long double operand magnitudes were ~4.5% of an execution).
 void check_non_saturation(const Backend& e, const AttentionCase& c,
-                          const OracleAttention& orc, Workspace* ws) {
+                          const OracleAttention& orc, Workspace* ws,
+                          std::optional<double>* amp) {
   const AttentionProblem& p = c.problem;
   if (p.variant != Variant::kQKNorm) return;
   // The hook reads dense buffers (row_pad 0), as it always has here.
@@ -478,11 +485,11 @@ void check_non_saturation(const Backend& e, const AttentionCase& c,
   if (const auto g = buf.guard_violations(); !g.empty())
     fail("probabilities hook wrote outside its views",
          entry_ctx(e, c) + "\n  " + g.front().message());
-  const std::string v = validation::check_nonsaturation(
-      p, probs, nullptr,
-      validation::computed_logit_amplitude(c, &orc, e.precision(),
-                                           validation::logit_amplitude(c)),
-      e.precision());
+  if (!amp->has_value())
+    *amp = validation::computed_logit_amplitude(c, &orc, e.precision(),
+                                                validation::logit_amplitude(c));
+  const std::string v =
+      validation::check_nonsaturation(p, probs, nullptr, **amp, e.precision());
   if (!v.empty()) fail(v.substr(0, v.find(':')), entry_ctx(e, c) + "\n  " + v);
 }
 
@@ -586,6 +593,11 @@ void differential(ByteReader& r, bool formulation) {
     AttentionCase rc;
     OracleAttention oracle;
     AttentionResult naive;
+    // What judge_attention derives from all but the entry's result (the
+    // rule's tables, the naive's margins): the same for every entry of the
+    // precision, so prepared once (judge.h: the same report).
+    std::optional<PreparedAttention> prepared;
+    std::optional<double> amplitude;  // check_non_saturation's
   } per[4];
   for (const Backend* e : all_backends().entries()) {
     if (!e->available()) continue;
@@ -627,10 +639,14 @@ void differential(ByteReader& r, bool formulation) {
     const std::unique_ptr<Workspace> ws = e->make_workspace();
     AgreementReport rep;
     expect_outcome(false, ctx, [&] {
-      rep = validation::judge_attention(
-          pp.rc, e->precision(), pp.oracle,
-          run(*e, pp.rc, d.forward_only, kOneThread, ws.get()), &pp.naive,
-          d.forward_only, e->name(), nb.name());
+      const AttentionResult r =
+          run(*e, pp.rc, d.forward_only, kOneThread, ws.get());
+      if (!pp.prepared)
+        pp.prepared =
+            validation::prepare_attention(pp.rc, e->precision(), pp.oracle,
+                                          &pp.naive, d.forward_only, nb.name());
+      rep = validation::judge_attention(*pp.prepared, pp.rc, e->precision(),
+                                        pp.oracle, r, e->name());
     });
     log_verdict(rep, ctx);
     if (!rep.pass)
@@ -646,7 +662,7 @@ void differential(ByteReader& r, bool formulation) {
                             max_abs(pp.rc.v))},
            {validation::Field::kLse,
             underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
-    check_non_saturation(*e, pp.rc, pp.oracle, ws.get());
+    check_non_saturation(*e, pp.rc, pp.oracle, ws.get(), &pp.amplitude);
     if (d.threads) check_threads(*e, pp.rc, d.forward_only);
   }
 }
@@ -717,6 +733,7 @@ struct LayoutDense {
   bool done = false, domain = false, naive_done = false;
   OracleAttention orc;
   AttentionResult naive;
+  std::optional<PreparedAttention> prepared;  // both judges' (judge.h)
 };
 
 void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid,
@@ -774,11 +791,13 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid,
   if (!dense.naive_done) {
     dense.naive_done = true;
     dense.naive = run(nb, c, true);
+    dense.prepared = validation::prepare_attention(
+        c, s, dense.orc, &dense.naive, true, nb.name());
   }
   const OracleAttention& orc = dense.orc;
-  const AttentionResult& nr = dense.naive;
-  AgreementReport rep = validation::judge_attention(
-      c, s, orc, run(e, c, true), &nr, true, e.name(), nb.name());
+  const PreparedAttention& prep = *dense.prepared;
+  AgreementReport rep =
+      validation::judge_attention(prep, c, s, orc, run(e, c, true), e.name());
   log_verdict(rep, ctx);
   if (!rep.pass)
     fail("entry disagrees with the oracle", rep.failure_message() + ctx.str());
@@ -787,7 +806,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid,
   strided.o = o.load();
   strided.lse = lse;
   const AgreementReport srep = validation::judge_attention(
-      c, s, orc, strided, &nr, true, e.name() + " (strided)", nb.name());
+      prep, c, s, orc, strided, e.name() + " (strided)");
   log_verdict(srep, ctx);
   if (!srep.pass)
     fail("strided result outside the tolerance bound",
