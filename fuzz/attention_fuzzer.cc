@@ -45,6 +45,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@
 #include "qknorm/formulation.h"
 #include "validation/baseline_bounds.h"
 #include "validation/check.h"
+#include "validation/judge.h"
 #include "validation/nonsaturation.h"
 
 namespace qknorm::fuzz {
@@ -62,6 +64,7 @@ using validation::AgreementReport;
 using validation::AttentionCase;
 using validation::AttentionResult;
 using validation::OracleAttention;
+using validation::PreparedAttention;
 using LD = long double;
 
 constexpr int64_t kMaxBatch = 4;  // key lengths read per input at most
@@ -460,8 +463,14 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
 // Softmax non-saturation: the bound of validation/nonsaturation.h (its one
 // definition) on the entry's own probabilities, at the rule's logit
 // amplitude with the computed logits' error.
+// ws: the workspace of the entry's judged run, so that the hook runs on the
+// one thread that run used (simd/backend.cc) and allocates nothing new.
+// *amp: the computed logit amplitude, a function of the case, the oracle
+// and the precision only: computed for the first entry of a precision and
+// kept (its long double operand magnitudes were ~4.5% of an execution).
 void check_non_saturation(const Backend& e, const AttentionCase& c,
-                          const OracleAttention& orc) {
+                          const OracleAttention& orc, Workspace* ws,
+                          std::optional<double>* amp) {
   const AttentionProblem& p = c.problem;
   if (p.variant != Variant::kQKNorm) return;
   // The hook reads dense buffers (row_pad 0), as it always has here.
@@ -471,17 +480,16 @@ void check_non_saturation(const Backend& e, const AttentionCase& c,
   const int64_t Nq = p.q_len, Nk = p.kv_len;
   std::vector<double> probs(static_cast<size_t>(p.batch * p.heads * Nq * Nk),
                             std::numeric_limits<double>::quiet_NaN());
-  auto ws = e.make_workspace();
-  if (!e.attention_probabilities(p, buf.forward_args(), probs.data(), ws.get()))
+  if (!e.attention_probabilities(p, buf.forward_args(), probs.data(), ws))
     return;
   if (const auto g = buf.guard_violations(); !g.empty())
     fail("probabilities hook wrote outside its views",
          entry_ctx(e, c) + "\n  " + g.front().message());
-  const std::string v = validation::check_nonsaturation(
-      p, probs, nullptr,
-      validation::computed_logit_amplitude(c, &orc, e.precision(),
-                                           validation::logit_amplitude(c)),
-      e.precision());
+  if (!amp->has_value())
+    *amp = validation::computed_logit_amplitude(c, &orc, e.precision(),
+                                                validation::logit_amplitude(c));
+  const std::string v =
+      validation::check_nonsaturation(p, probs, nullptr, **amp, e.precision());
   if (!v.empty()) fail(v.substr(0, v.find(':')), entry_ctx(e, c) + "\n  " + v);
 }
 
@@ -501,8 +509,10 @@ bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
 constexpr ExecConfig kOneThread{1};
 
 AttentionResult run(const Backend& e, const AttentionCase& c, bool fwd_only,
-                    const ExecConfig& cfg = kOneThread) {
-  return fwd_only ? run_attention_forward(e, c, cfg) : run_attention(e, c, cfg);
+                    const ExecConfig& cfg = kOneThread,
+                    Workspace* ws = nullptr) {
+  return fwd_only ? run_attention_forward(e, c, cfg, ws)
+                  : run_attention(e, c, cfg, ws);
 }
 
 void check_threads(const Backend& e, const AttentionCase& c, bool fwd_only) {
@@ -583,6 +593,11 @@ void differential(ByteReader& r, bool formulation) {
     AttentionCase rc;
     OracleAttention oracle;
     AttentionResult naive;
+    // What judge_attention derives from all but the entry's result (the
+    // rule's tables, the naive's margins): the same for every entry of the
+    // precision, so prepared once (judge.h: the same report).
+    std::optional<PreparedAttention> prepared;
+    std::optional<double> amplitude;  // check_non_saturation's
   } per[4];
   for (const Backend* e : all_backends().entries()) {
     if (!e->available()) continue;
@@ -618,11 +633,20 @@ void differential(ByteReader& r, bool formulation) {
                      [&] { pp.naive = run(nb, pp.rc, d.forward_only); });
       pp.naive_done = true;
     }
+    // One workspace per entry and input: the judged run and the
+    // probabilities hook share it (a fresh one per input: nothing of an
+    // earlier input carries over).
+    const std::unique_ptr<Workspace> ws = e->make_workspace();
     AgreementReport rep;
     expect_outcome(false, ctx, [&] {
-      rep = validation::judge_attention(
-          pp.rc, e->precision(), pp.oracle, run(*e, pp.rc, d.forward_only),
-          &pp.naive, d.forward_only, e->name(), nb.name());
+      const AttentionResult r =
+          run(*e, pp.rc, d.forward_only, kOneThread, ws.get());
+      if (!pp.prepared)
+        pp.prepared =
+            validation::prepare_attention(pp.rc, e->precision(), pp.oracle,
+                                          &pp.naive, d.forward_only, nb.name());
+      rep = validation::judge_attention(*pp.prepared, pp.rc, e->precision(),
+                                        pp.oracle, r, e->name());
     });
     log_verdict(rep, ctx);
     if (!rep.pass)
@@ -638,7 +662,7 @@ void differential(ByteReader& r, bool formulation) {
                             max_abs(pp.rc.v))},
            {validation::Field::kLse,
             underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
-    check_non_saturation(*e, pp.rc, pp.oracle);
+    check_non_saturation(*e, pp.rc, pp.oracle, ws.get(), &pp.amplitude);
     if (d.threads) check_threads(*e, pp.rc, d.forward_only);
   }
 }
@@ -700,7 +724,20 @@ struct LayoutCase {
   std::vector<double> qv, kv, vv;  // dense values
 };
 
-void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
+// What the dense judging of one input needs per storage precision: the
+// values as stored and loaded back, the oracle and the naive baseline's
+// result. The same for every entry of a precision (the values after the
+// same storage and aliasing), so computed once per input and precision, as
+// DIFFERENTIAL mode does.
+struct LayoutDense {
+  bool done = false, domain = false, naive_done = false;
+  OracleAttention orc;
+  AttentionResult naive;
+  std::optional<PreparedAttention> prepared;  // both judges' (judge.h)
+};
+
+void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid,
+                      LayoutDense& dense) {
   const AttentionProblem& p = lc.d.p;
   const Precision s = e.precision();
   const bool small = valid;  // valid implies dims and buffers are small
@@ -725,6 +762,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
                 {}};
   AttentionCase c;
   c.problem = p;
+  c.storage = s;  // the values below are s's (load): the oracle's arithmetic
   if (small) {
     c.q = q.load();
     c.k = k.load();
@@ -743,12 +781,23 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
     fail("entry wrote outside its output layout", ctx.str());
   // The same values, dense, through the harness: the strided result must
   // meet the bound the dense run is held to.
-  const OracleAttention orc = validation::oracle_attention(c);
-  if (!in_domain(c, orc, s, true) || o.overlapping()) return;
   const Backend& nb = validation::naive_for(s);
-  const AttentionResult nr = run(nb, c, true);
-  AgreementReport rep = validation::judge_attention(
-      c, s, orc, run(e, c, true), &nr, true, e.name(), nb.name());
+  if (!dense.done) {
+    dense.done = true;
+    dense.orc = validation::oracle_attention(c);
+    dense.domain = in_domain(c, dense.orc, s, true);
+  }
+  if (!dense.domain || o.overlapping()) return;
+  if (!dense.naive_done) {
+    dense.naive_done = true;
+    dense.naive = run(nb, c, true);
+    dense.prepared = validation::prepare_attention(
+        c, s, dense.orc, &dense.naive, true, nb.name());
+  }
+  const OracleAttention& orc = dense.orc;
+  const PreparedAttention& prep = *dense.prepared;
+  AgreementReport rep =
+      validation::judge_attention(prep, c, s, orc, run(e, c, true), e.name());
   log_verdict(rep, ctx);
   if (!rep.pass)
     fail("entry disagrees with the oracle", rep.failure_message() + ctx.str());
@@ -757,7 +806,7 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid) {
   strided.o = o.load();
   strided.lse = lse;
   const AgreementReport srep = validation::judge_attention(
-      c, s, orc, strided, &nr, true, e.name() + " (strided)", nb.name());
+      prep, c, s, orc, strided, e.name() + " (strided)");
   log_verdict(srep, ctx);
   if (!srep.pass)
     fail("strided result outside the tolerance bound",
@@ -794,9 +843,10 @@ void layout(ByteReader& r) {
   }
   // A shape that is valid but too large to allocate is exercised with small
   // buffers, which validation must reject.
+  LayoutDense dense[4];
   for (const Backend* e : all_backends().entries())
     if (e->available() && (!valid || e->supports(lc.d.p)))
-      run_layout_entry(*e, lc, valid);
+      run_layout_entry(*e, lc, valid, dense[static_cast<int>(e->precision())]);
 }
 
 }  // namespace

@@ -20,6 +20,16 @@ int ResolveThreads(const ExecConfig& cfg) {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+// The Highway targets this CPU runs. Highway 1.0.3's hwy::SupportedTargets()
+// runs cpuid on every call, and cpuid traps to the hypervisor in a VM: asked
+// per available() call (every entry of every fuzz execution), it was 8.7% of
+// the attention fuzzer's replay (perf, issue 32). The CPU does not change
+// while the process runs, so it is asked once.
+int64_t SupportedTargetsOnce() {
+  static const int64_t bits = hwy::SupportedTargets();
+  return bits;
+}
+
 class SimdBackend final : public Backend {
  public:
   SimdBackend(const CompiledTarget& t, Precision p)
@@ -35,7 +45,7 @@ class SimdBackend final : public Backend {
   }
 
   bool available() const override {
-    return (hwy::SupportedTargets() & target_.bit) != 0;
+    return (SupportedTargetsOnce() & target_.bit) != 0;
   }
 
   std::unique_ptr<Workspace> make_workspace() const override {
@@ -66,11 +76,17 @@ class SimdBackend final : public Backend {
   }
   // Runs the forward (o and lse are written too) and reports the final
   // probabilities exp(S - m) / l the forward's online softmax ends with.
+  // Threads: the interface has no ExecConfig, so as with online_softmax the
+  // workspace decides: the thread count of its pool if an earlier call made
+  // one (a caller that ran the entry on one thread, as the fuzzer does, gets
+  // one thread here too, not a new pool), else one per core. Results are
+  // bitwise the same for every thread count.
   bool attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
                                double* probs, Workspace* ws) const override {
     WithWorkspace(ws, [&](SimdWorkspace& w) {
-      target_.kernels.attention_forward(p, a, precision(), w,
-                                        ResolveThreads({}), probs);
+      const int held = w.pool_threads();
+      target_.kernels.attention_forward(
+          p, a, precision(), w, held > 0 ? held : ResolveThreads({}), probs);
     });
     return true;
   }

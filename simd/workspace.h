@@ -58,6 +58,8 @@ class SimdWorkspace final : public Workspace {
       pool_ = std::make_unique<ThreadPool>(threads);
     return *pool_;
   }
+  // The thread count of the pool held, 0 before the first call.
+  int pool_threads() const { return pool_ ? pool_->threads() : 0; }
 
   // Forces the online softmax: attention_forward sets it from its
   // ExecConfig::online_softmax on every call; attention_probabilities (whose
