@@ -29,20 +29,24 @@ overall=0
 # jobs load the machine (issue 32).
 times_file=$(mktemp)
 trap 'rm -f "$times_file"' EXIT
+# Writes the CPU seconds so far to $cpu_now. `times` must run in this shell
+# (in a $(...) subshell it would report that subshell's own children).
 cpu_seconds() {
-  times >"$times_file"  # not in $(...): a subshell would report its own
-  awk 'NR == 2 { s = 0
-                 for (i = 1; i <= 2; ++i) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] }
-                 printf "%.0f", s }' "$times_file"
+  times >"$times_file"
+  cpu_now=$(awk 'NR == 2 { s = 0
+      for (i = 1; i <= 2; ++i) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] }
+      printf "%.2f", s }' "$times_file")
 }
 clock_wall=$(date +%s)
-clock_cpu=$(cpu_seconds)
+cpu_seconds
+clock_cpu=$cpu_now
 # Prints "== time <what>: <wall> s wall, <cpu> s CPU" since the last call.
 stage_time() {
   local wall cpu
   wall=$(date +%s)
-  cpu=$(cpu_seconds)
-  echo "== time $1: $((wall - clock_wall)) s wall, $((cpu - clock_cpu)) s CPU (user+sys)"
+  cpu_seconds
+  cpu=$cpu_now
+  echo "== time $1: $((wall - clock_wall)) s wall, $(awk -v a="$cpu" -v b="$clock_cpu" 'BEGIN { printf "%.0f", a - b }') s CPU (user+sys)"
   clock_wall=$wall
   clock_cpu=$cpu
 }
