@@ -23,21 +23,67 @@ stages=${QKNORM_TEST_STAGES:-ctest sanitize fuzz}
 BUILD=${QKNORM_BUILD_DIR:-build/release}
 declare -A status
 overall=0
+# Per-stage wall and CPU time (user + sys of everything the stage ran,
+# from bash's `times`, which counts waited-for descendants): the CI's time
+# budget is read from these lines, and CPU seconds stay comparable when other
+# jobs load the machine (issue 32).
+times_file=$(mktemp)
+trap 'rm -f "$times_file"' EXIT
+# Writes the CPU seconds so far to $cpu_now. `times` must run in this shell
+# (in a $(...) subshell it would report that subshell's own children).
+cpu_seconds() {
+  times >"$times_file"
+  cpu_now=$(awk 'NR == 2 { s = 0
+      for (i = 1; i <= 2; ++i) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] }
+      printf "%.2f", s }' "$times_file")
+}
+clock_wall=$(date +%s)
+cpu_seconds
+clock_cpu=$cpu_now
+# Prints "== time <what>: <wall> s wall, <cpu> s CPU" since the last call.
+stage_time() {
+  local wall cpu
+  wall=$(date +%s)
+  cpu_seconds
+  cpu=$cpu_now
+  echo "== time $1: $((wall - clock_wall)) s wall, $(awk -v a="$cpu" -v b="$clock_cpu" 'BEGIN { printf "%.0f", a - b }') s CPU (user+sys)"
+  clock_wall=$wall
+  clock_cpu=$cpu
+}
+stage_time "dependencies"
+# A fresh clone has no Testing/Temporary/CTestCostData.txt, so ctest -j would
+# start the tests in registration order and a long one could start last and
+# run alone. scripts/ctest_costs/ holds the per-test seconds of a CI run
+# (tests of 1 s or more; a test missing there counts 0 and starts late): it
+# seeds a build directory that has none, and ctest keeps its own measurements
+# from then on. Only the order depends on it, never what runs.
+seed_ctest_costs() {
+  local dest=$2/Testing/Temporary/CTestCostData.txt
+  if [[ ! -f "$dest" && -f "$1" ]]; then
+    mkdir -p "$(dirname "$dest")" && cp "$1" "$dest"
+  fi
+}
+
 
 if [[ " $stages " == *" ctest "* ]]; then
   echo "== stage ctest: configure + build $BUILD"
   if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
      cmake --build "$BUILD" -j"$(nproc)"; then
+    stage_time "ctest: configure + build"
+    seed_ctest_costs scripts/ctest_costs/gcc.txt "$BUILD"
     ctest --test-dir "$BUILD" -j"$(nproc)" --output-on-failure --timeout 1500
     status[ctest]=$?
+    stage_time "ctest: tests"
   else
     status[ctest]=1
+    stage_time "ctest: configure + build (failed)"
   fi
 fi
 if [[ " $stages " == *" sanitize "* ]]; then
   echo "== stage sanitize: Clang 14, ASan + UBSan, ctest -L quick"
   QKNORM_ASAN_WITH_FUZZ=1 scripts/sanitize.sh
   status[sanitize]=$?
+  stage_time "sanitize: build + tests"
 fi
 if [[ " $stages " == *" fuzz "* ]]; then
   if [[ -n "${FUZZ_SECONDS:-}" ]]; then
@@ -55,6 +101,7 @@ if [[ " $stages " == *" fuzz "* ]]; then
     fuzz/run_ci.sh
   fi
   status[fuzz]=$?
+  stage_time "fuzz"
 fi
 
 passed=0

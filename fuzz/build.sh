@@ -13,7 +13,9 @@
 # "-DQKNORM_ENABLE_SIMD=OFF"), JOBS (default 2), QKNORM_FUZZ_BUILD_ALL=1
 # (build every target of the tree, the test suite too, not only the fuzzers:
 # test.sh's sanitizer stage runs its tests in this same tree, so that the CI
-# compiles the project with Clang and the sanitizers once, not twice).
+# compiles the project with Clang and the sanitizers once, not twice) or
+# =quick (the fuzzers and the targets of the quick tests only, the
+# qknorm_quick_tests target: what that stage runs).
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CC=${CC:-clang}
 export CXX=${CXX:-clang++}
@@ -52,6 +54,8 @@ cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Fuzz \
   -DQKNORM_BUILD_BENCH=OFF ${QKNORM_FUZZ_CMAKE_ARGS:-}
 if [[ "${QKNORM_FUZZ_BUILD_ALL:-0}" == 1 ]]; then
   cmake --build "$build" -j "${JOBS:-2}"
+elif [[ "${QKNORM_FUZZ_BUILD_ALL:-0}" == quick ]]; then
+  cmake --build "$build" -j "${JOBS:-2}" --target qknorm_quick_tests qknorm_fuzzers
 else
   cmake --build "$build" -j "${JOBS:-2}" --target qknorm_fuzzers
 fi

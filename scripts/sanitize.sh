@@ -8,8 +8,9 @@
 # Usage: scripts/sanitize.sh [extra cmake -D options...]
 # Environment:
 #   QKNORM_ASAN_WITH_FUZZ=1 the tree of the libFuzzer targets instead
-#                          (test.sh's stage 2): fuzz/build.sh builds every
-#                          target with its flags (ASan + UBSan + libFuzzer's
+#                          (test.sh's stage 2): fuzz/build.sh builds the
+#                          fuzzers and the targets the label's tests run
+#                          (every target unless the label is quick) with its flags (ASan + UBSan + libFuzzer's
 #                          coverage instrumentation, -O1, assertions on) into
 #                          <repo>/build-fuzz/clang and the fuzzers into
 #                          build-fuzz/out, so the fuzz stage reuses them
@@ -62,12 +63,16 @@ log=$build/sanitize.log
 mkdir -p "$build"
 
 if [[ "$with_fuzz" == 1 ]]; then
-  echo "== sanitize: building $build with fuzz/build.sh (ASan+UBSan+libFuzzer coverage, every target, $CXX, -j$jobs)"
+  echo "== sanitize: building $build with fuzz/build.sh (ASan+UBSan+libFuzzer coverage, ${label:-every} targets, $CXX, -j$jobs)"
   if [[ $# -gt 0 ]]; then
     echo "== sanitize: FAILED: with QKNORM_ASAN_WITH_FUZZ=1, pass cmake options in QKNORM_FUZZ_CMAKE_ARGS"
     exit 3
   fi
-  if ! QKNORM_FUZZ_BUILD_ALL=1 QKNORM_FUZZ_BUILD_DIR="$build" JOBS="$jobs" \
+  # Label quick (the CI): the fuzzers and what the quick tests run
+  # (qknorm_quick_tests, CMakeLists.txt), not the full sweeps and tools.
+  build_what=1
+  if [[ "$label" == quick ]]; then build_what=quick; fi
+  if ! QKNORM_FUZZ_BUILD_ALL=$build_what QKNORM_FUZZ_BUILD_DIR="$build" JOBS="$jobs" \
       "$root/fuzz/build.sh" >"$log" 2>&1; then
     grep -E 'error|Error' "$log" | head -n 40 || true
     echo "== sanitize: FAILED (build); full log: $log"
@@ -90,6 +95,12 @@ else
   fi
 fi
 
+echo "== sanitize: built in $(( $(date +%s) - start ))s"
+# The tests' order in a fresh tree (test.sh's seed_ctest_costs says why).
+costs=$build/Testing/Temporary/CTestCostData.txt
+if [[ ! -f "$costs" && -f "$root/scripts/ctest_costs/asan.txt" ]]; then
+  mkdir -p "$(dirname "$costs")" && cp "$root/scripts/ctest_costs/asan.txt" "$costs"
+fi
 ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 1500)
 if [[ -n "$label" ]]; then
   ctest_args+=(-L "$label")
