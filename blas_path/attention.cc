@@ -381,9 +381,12 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
       // Zeroes P and dS in [m, t.c1): the leaf's GEMMs below read them.
       for (int64_t r = t.r0; r < t.r1; ++r)
         dg += static_cast<double>(softmax_backward_row(
-            c + r * ld, dp + r * ld, vis(i0 + r), t.c1, alpha2));
+            c + r * ld, dp + r * ld, vis(i0 + r), t.c1, alpha2, scale));
     }
-    // c now holds P, dp holds dS.
+    // c now holds P, dp holds s dS (row_kernels.h): the GEMMs below take
+    // alpha = 1, so no product dS x_tilde' the exact gradient does not need
+    // is formed (it overflowed at s = 0 with |dS| ~ 3e287 and |q_tilde| ~
+    // 1.45e38, and alpha = 0 turned the inf into NaN).
     int64_t lda_out = 0;
     T* da = sink.dst(i0, &lda_out);
     for (const Tile& t : tiles) {
@@ -399,9 +402,9 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
       const T kb = key_beta(t.c0, t.c1, written, dv, rsdv, dbacc, lddb, D);
       gemm(CblasTrans, CblasNoTrans, tc, D, tr, T(1), pt, ld,
            d_o + (i0 + t.r0) * rsdo, rsdo, kb, dv + t.c0 * rsdv, rsdv);
-      gemm(CblasNoTrans, CblasNoTrans, tr, D, tc, scale, dst, ld,
+      gemm(CblasNoTrans, CblasNoTrans, tr, D, tc, T(1), dst, ld,
            op.b + t.c0 * op.ldb, op.ldb, t.first ? T(0) : T(1), dat, lda_out);
-      gemm(CblasTrans, CblasNoTrans, tc, D, tr, scale, dst, ld, at, op.lda, kb,
+      gemm(CblasTrans, CblasNoTrans, tc, D, tr, T(1), dst, ld, at, op.lda, kb,
            dbacc + t.c0 * lddb, lddb);
     }
     sink.done(i0, rows, da, lda_out);

@@ -14,8 +14,11 @@
 //   backward: C = A_blk B^T, dP = dO_blk V^T     (GEMMs)
 //             per row (two passes, the row in L1): the forward's e_j again,
 //             P = e / sum, delta = sum_j P dP, dS = P (dP - delta) (in a
-//             cancellation-free form, row_kernels.h), dg += sum dS C
-//             dV += P^T dO_blk, dA_blk = s dS B, dB += s dS^T A_blk (GEMMs),
+//             cancellation-free form, row_kernels.h), dg += sum dS C,
+//             stored as s dS (alpha = 1 below: dS A may overflow where the
+//             exact s dS A does not, row_kernels.h)
+//             dV += P^T dO_blk, dA_blk = (s dS) B, dB += (s dS)^T A_blk
+//             (GEMMs),
 //             then the normalization backward per row. O and lse are not
 //             read (row_kernels.h says why).
 // Formulations (issue 16) and GQA: the paper's formulation and sdpa without

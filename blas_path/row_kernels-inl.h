@@ -216,7 +216,8 @@ QKNORM_BLAS_INLINE T exp_affine_row_impl(T* s, int64_t m, int64_t ncols,
 
 template <class T>
 QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
-                                               int64_t ncols, T alpha2) {
+                                               int64_t ncols, T alpha2,
+                                               T scale) {
   using V = typename Lanes<T>::V;
   constexpr int N = Lanes<T>::kN;
   if (m == 1) {  // softmax of one logit: P = 1 and dS = 0 exactly
@@ -253,6 +254,7 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
   const V de = splat(ref ? de_s : dp[r] + de_s), d0 = splat(ref ? dp[r] : T(0));
   // Pass 2 (the row is in L1 now): P, dS and the dg share. For the direct
   // form d0 = 0 and (dp_j - 0) - delta is dp_j - delta exactly.
+  const V sc = splat(scale);
   V acc = splat(T(0));
   int64_t j = 0;
   for (; j < body; j += N) {
@@ -260,16 +262,16 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
     const V p = expbv(cj * a2 - sh) * vinv;
     const V ds = p * ((load(dp + j) - d0) - de);
     store(c + j, p);
-    store(dp + j, ds);
+    store(dp + j, ds * sc);
     acc += ds * cj;
   }
   if (body < m) {
     const V cj = load_tail(c + body, m - body),
             dpj = load_tail(dp + body, m - body);
     const V p = keep ? expbv(cj * a2 - sh) * vinv : splat(T(0));
-    const V ds = p * ((dpj - d0) - de);
+    const V ds = p * ((dpj - d0) - de), sds = ds * sc;
     for (int64_t l = 0; l < m - body; ++l)
-      c[body + l] = p[l], dp[body + l] = ds[l];
+      c[body + l] = p[l], dp[body + l] = sds[l];
     acc += ds * cj;
   }
   for (j = m; j < ncols; ++j) c[j] = 0, dp[j] = 0;

@@ -75,8 +75,8 @@ QKNORM_BLAS_FLOAT_KERNEL(float, exp_affine_row, exp_affine_row_impl,
                          (s, m, ncols, alpha, shift))
 QKNORM_BLAS_FLOAT_KERNEL(float, softmax_backward_row, softmax_backward_row_impl,
                          (float* c, float* dp, int64_t m, int64_t ncols,
-                          float alpha2),
-                         (c, dp, m, ncols, alpha2))
+                          float alpha2, float scale),
+                         (c, dp, m, ncols, alpha2, scale))
 #undef QKNORM_BLAS_FLOAT_KERNEL
 bool v4_supported() { return has_v4(); }
 }  // namespace detail
@@ -93,9 +93,10 @@ float exp_affine_row(float* s, int64_t m, int64_t ncols, float alpha,
                   : detail::exp_affine_row_w32(s, m, ncols, alpha, shift);
 }
 float softmax_backward_row(float* c, float* dp, int64_t m, int64_t ncols,
-                           float alpha2) {
-  return has_v4() ? detail::softmax_backward_row_w64(c, dp, m, ncols, alpha2)
-                  : detail::softmax_backward_row_w32(c, dp, m, ncols, alpha2);
+                           float alpha2, float scale) {
+  return has_v4()
+             ? detail::softmax_backward_row_w64(c, dp, m, ncols, alpha2, scale)
+             : detail::softmax_backward_row_w32(c, dp, m, ncols, alpha2, scale);
 }
 
 // Double kernels (std::exp lane by lane dominates): 32-byte vectors, clones.
@@ -110,8 +111,9 @@ QKNORM_BLAS_CLONES double exp_affine_row(double* s, int64_t m, int64_t ncols,
   return exp_affine_row_impl(s, m, ncols, alpha, shift);
 }
 QKNORM_BLAS_CLONES double softmax_backward_row(double* c, double* dp, int64_t m,
-                                               int64_t ncols, double alpha2) {
-  return softmax_backward_row_impl(c, dp, m, ncols, alpha2);
+                                               int64_t ncols, double alpha2,
+                                               double scale) {
+  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, scale);
 }
 QKNORM_BLAS_CLONES void divide_row(float* x, int64_t n, float a) {
   divide_row_impl(x, n, a);

@@ -75,12 +75,18 @@ double exp_affine_row(double* s, int64_t m, int64_t ncols, double alpha,
 //   (dp_r + delta')) saves the extra rounding of dp_j - dp_r.
 // The row is read twice (sums, then P and dS); the second pass hits L1.
 // m = 1 gives p = 1 and ds = 0 exactly (the softmax of one logit is
-// constant), as the oracle does. c is overwritten with p, dp with ds.
-// Returns sum_{j<m} ds_j * c_j (this row's share of dg). m may be 0.
+// constant), as the oracle does. c is overwritten with p, dp with
+// scale * ds: the logit scale s, so that the dS GEMMs (alpha = 1) multiply
+// s dS, which the exact gradients bound, by the other side's operand. With
+// alpha = s instead they formed dS x_tilde' first, which may overflow when
+// s is 0 or tiny, and OpenBLAS then gave 0 * inf = NaN or inf for an exact
+// 0 or a finite value (fuzz finding crash-blas-f64-rms-scale0-huge-do-dk-nan,
+// attention.cc). Returns sum_{j<m} ds_j * c_j (this row's share of dg,
+// unscaled). m may be 0.
 float softmax_backward_row(float* c, float* dp, int64_t m, int64_t ncols,
-                           float alpha2);
+                           float alpha2, float scale);
 double softmax_backward_row(double* c, double* dp, int64_t m, int64_t ncols,
-                            double alpha2);
+                            double alpha2, double scale);
 
 // x[0..n) /= a (one correctly rounded division per element, as O = acc / sum
 // in the naive loops; the row is D wide, so the divisions cost nothing).
@@ -98,13 +104,13 @@ float row_min_w32(const float* s, int64_t m);
 float exp_affine_row_w32(float* s, int64_t m, int64_t ncols, float alpha,
                          float shift);
 float softmax_backward_row_w32(float* c, float* dp, int64_t m, int64_t ncols,
-                               float alpha2);
+                               float alpha2, float scale);
 float row_max_w64(const float* s, int64_t m);
 float row_min_w64(const float* s, int64_t m);
 float exp_affine_row_w64(float* s, int64_t m, int64_t ncols, float alpha,
                          float shift);
 float softmax_backward_row_w64(float* c, float* dp, int64_t m, int64_t ncols,
-                               float alpha2);
+                               float alpha2, float scale);
 }  // namespace detail
 
 }  // namespace qknorm::blas

@@ -230,6 +230,59 @@ TEST(BlasFormulation, ExtremeRowsStayFiniteAndPass) {
   std::printf("extreme rows: %d cases, worst margin %.3f\n", n, worst);
 }
 
+// fuzz/corpus/attention_fuzzer/crash-blas-f64-rms-scale0-huge-do-dk-nan
+// (issue 32, the CI mode with the formulation mode on, -seed=1, exec 14305):
+// rms with a [D] weight, fixed scale 0, f64, q_tilde up to 1.45e38 and
+// |dO| up to 1.96e289, so dS reached 3e287. The GEMM dk_tilde = s dS^T
+// q_tilde with alpha = s formed dS^T q_tilde first, which overflowed (4e325),
+// and OpenBLAS applied alpha = 0 to inf: NaN for a whole kv head's dk and
+// one dk_weight where the exact values are 0. The kernel now scales dS
+// before it meets the other side's operand (the s dS the fuzzer's domain
+// bounds). The same shape here: k weights 0 (logits 0, P uniform), one q
+// weight huge, dO huge on one row, at s = 0 (every q/k gradient exactly 0)
+// and at a tiny s whose unscaled dS^T q_tilde overflows while s dS^T q_tilde
+// does not; both must stay finite and pass the verdict.
+template <class T>
+void check_scaled_ds_first(Precision prec, double scale) {
+  // |dS| <= 2 D |dO| |v| ~ 2^-22 of T's largest value and q_tilde_2 ~
+  // `weight`: dS^T q_tilde overflows T; s dS^T q_tilde does not (s > 0).
+  const double big_do =
+                   0x1p-28 * static_cast<double>(std::numeric_limits<T>::max()),
+               weight = prec == Precision::kF32 ? 1e10 : 1e30;
+  AttentionProblem p;
+  p.batch = 1, p.heads = 4, p.kv_heads = 2;
+  p.q_len = p.kv_len = 4, p.head_dim = 8;
+  p.eps = 1e-6;
+  p.norm.kind = NormKind::kRms;
+  p.norm.weight = ParamShape::kDim;
+  p.fixed_scale = true, p.scale = scale;
+  AttentionCase c =
+      validation::make_attention_case(p, Distribution::kGaussian, 32, prec);
+  std::fill(c.k_weight.begin(), c.k_weight.end(), 0.0);
+  std::fill(c.q_weight.begin(), c.q_weight.end(), 1.0);
+  c.q_weight[2] = weight;
+  for (int64_t d = 0; d < p.head_dim; ++d)  // head 1, query 2 (kv head 0)
+    c.d_o[static_cast<size_t>((1 * p.q_len + 2) * p.head_dim + d)] =
+        d % 2 ? -big_do : big_do;
+  SCOPED_TRACE(c.describe());
+  const auto r =
+      validation::run_attention(entry(prec), validation::round_inputs(c, prec));
+  for (const auto* f : {&r.dq, &r.dk, &r.dv, &r.dq_weight, &r.dk_weight})
+    for (double v : *f) ASSERT_TRUE(std::isfinite(v));
+  if (scale == 0) {
+    for (const auto* f : {&r.dq, &r.dk, &r.dq_weight, &r.dk_weight})
+      for (double v : *f) EXPECT_EQ(v, 0.0);
+  }
+  check_case(prec, c);
+}
+
+TEST(BlasFormulation, CrashBlasF64RmsScale0HugeDoDkNan) {
+  for (double s : {0.0, 1e-30})
+    check_scaled_ds_first<double>(Precision::kF64, s);
+  for (double s : {0.0, 1e-10})
+    check_scaled_ds_first<float>(Precision::kF32, s);
+}
+
 // The probabilities hook honours the formulation and GQA: it matches the
 // reference's hook and its rows sum to 1.
 void check_probabilities(Precision prec) {

@@ -86,7 +86,7 @@ TEST(RowMax, EveryLength) {
 // lse = -inf the forward stores for it (never exp(+inf)).
 TEST(SoftmaxBackwardRow, FullyMaskedRowIsZero) {
   std::vector<float> c(20, 0.5f), dp(20, 3.0f);
-  const float dg = softmax_backward_row(c.data(), dp.data(), 0, 20, 1.0f);
+  const float dg = softmax_backward_row(c.data(), dp.data(), 0, 20, 1.0f, 1.0f);
   EXPECT_EQ(dg, 0.0f);
   for (int j = 0; j < 20; ++j) {
     EXPECT_EQ(c[j], 0.0f);
@@ -102,7 +102,8 @@ TEST(SoftmaxBackwardRow, MatchesFormula) {
       dp[j] = std::sin(static_cast<double>(j));
     const std::vector<double> c0 = c, dp0 = dp;
     const double a2 = 1.7, l2 = 0;  // the shift cancels in P
-    const double dg = softmax_backward_row(c.data(), dp.data(), m, m + 3, a2);
+    const double dg =
+        softmax_backward_row(c.data(), dp.data(), m, m + 3, a2, 1.0);
     // P is renormalized by its recomputed row sum (row_kernels.h).
     // double's base is e.
     long double sigma = 0, sd = 0;
@@ -138,7 +139,7 @@ TEST(SoftmaxBackwardRow, MatchesFormula) {
 // gradient is exactly 0 there, so rounding noise would fail the rule).
 TEST(SoftmaxBackwardRow, SingleKeyIsExact) {
   std::vector<float> c = {0.3f, 9.0f, 9.0f}, dp = {2.0f, 9.0f, 9.0f};
-  EXPECT_EQ(softmax_backward_row(c.data(), dp.data(), 1, 3, 17.7f), 0.0f);
+  EXPECT_EQ(softmax_backward_row(c.data(), dp.data(), 1, 3, 17.7f, 1.0f), 0.0f);
   EXPECT_EQ(c, (std::vector<float>{1.0f, 0.0f, 0.0f}));
   EXPECT_EQ(dp, (std::vector<float>{0.0f, 0.0f, 0.0f}));
 }
@@ -157,7 +158,7 @@ struct FloatWidth {
   float (*row_max)(const float*, int64_t);
   float (*row_min)(const float*, int64_t);
   float (*exp_affine_row)(float*, int64_t, int64_t, float, float);
-  float (*softmax_backward_row)(float*, float*, int64_t, int64_t, float);
+  float (*softmax_backward_row)(float*, float*, int64_t, int64_t, float, float);
 };
 std::vector<FloatWidth> float_widths() {
   std::vector<FloatWidth> w = {{"w32", detail::row_max_w32, detail::row_min_w32,
@@ -250,7 +251,7 @@ TEST(FloatWidths, SoftmaxBackwardRowMatchesFormula) {
         const double max_arg = a2 * (dominant ? 13.0 : 2.0);
         const std::vector<float> c0 = c, dp0 = dp;
         const float dg =
-            w.softmax_backward_row(c.data(), dp.data(), m, ncols, a2);
+            w.softmax_backward_row(c.data(), dp.data(), m, ncols, a2, 1.0f);
         long double cmax = c0[0];
         for (int64_t j = 0; j < m; ++j)
           cmax = std::max<long double>(cmax, c0[j]);
@@ -291,6 +292,39 @@ TEST(FloatWidths, SoftmaxBackwardRowMatchesFormula) {
       }
 }
 
+// The stored dS is scale * dS (what the GEMMs multiply by the other side's
+// operand, with alpha = 1), the returned dg share unscaled: for scale 0.5
+// (exact) every dp is half the scale-1 one and dg and P are the same bits;
+// for scale 0 every dp is 0, even where dS itself is near the largest
+// float (the fuzz finding crash-blas-f64-rms-scale0-huge-do-dk-nan).
+TEST(SoftmaxBackwardRow, StoresScaledDsReturnsUnscaledDg) {
+  for (const FloatWidth& w : float_widths())
+    for (int64_t m = 2; m <= 40; ++m) {
+      SCOPED_TRACE(std::string(w.name) + " m=" + std::to_string(m));
+      std::vector<float> c0(static_cast<size_t>(m + 3), 0), dp0(c0.size(), 0);
+      for (int64_t j = 0; j < m; ++j)
+        c0[j] = std::cos(0.3f * static_cast<float>(j)),
+        dp0[j] = 1e38f * std::sin(static_cast<float>(j));
+      std::vector<float> c1 = c0, dp1 = dp0, ch = c0, dph = dp0, cz = c0,
+                         dpz = dp0;
+      const float a2 = 1.7f;
+      const float dg1 =
+          w.softmax_backward_row(c1.data(), dp1.data(), m, m + 3, a2, 1.0f);
+      EXPECT_EQ(
+          w.softmax_backward_row(ch.data(), dph.data(), m, m + 3, a2, 0.5f),
+          dg1);
+      EXPECT_EQ(
+          w.softmax_backward_row(cz.data(), dpz.data(), m, m + 3, a2, 0.0f),
+          dg1);
+      EXPECT_EQ(ch, c1);
+      EXPECT_EQ(cz, c1);
+      for (size_t j = 0; j < c0.size(); ++j) {
+        EXPECT_EQ(dph[j], 0.5f * dp1[j]) << j;
+        EXPECT_EQ(dpz[j], 0.0f) << j;
+      }
+    }
+}
+
 // The issue-14 row (fuzz reproducer
 // crash-blas-f32-sdpa-zero-do-nan): an sdpa row of 11 keys with logits up
 // to 1.4e17 and down to -1.7e35 and dP = 0 (dO = 0). P is one-hot on the
@@ -306,7 +340,7 @@ TEST(FloatWidths, DominantHugeLogitWithZeroDpIsExact) {
       for (int64_t j = 0; j < m; ++j) c[j] = row[static_cast<size_t>(j) % 11];
       const int64_t r = m >= 11 ? 10 : -1;  // the 1.4e17 key, if present
       const float dg =
-          w.softmax_backward_row(c.data(), dp.data(), m, m + 5, a2);
+          w.softmax_backward_row(c.data(), dp.data(), m, m + 5, a2, 1.0f);
       EXPECT_EQ(dg, 0.0f) << w.name << " m=" << m;
       float psum = 0;
       for (int64_t j = 0; j < m + 5; ++j) {
