@@ -3,7 +3,9 @@
 // (kernels.h) and calls it directly: the single dispatch point.
 #include "qknorm/backend.h"
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "hwy/targets.h"
@@ -25,8 +27,26 @@ int ResolveThreads(const ExecConfig& cfg) {
 // per available() call (every entry of every fuzz execution), it was 8.7% of
 // the attention fuzzer's replay (perf, issue 32). The CPU does not change
 // while the process runs, so it is asked once.
+//
+// QKNORM_DISABLE_TARGETS (comma-separated Highway target names, e.g.
+// "AVX3_ZEN4,AVX3_DL,AVX3") makes those entries unavailable: it replays
+// what a machine without them runs. The CI's fixed-seed fuzz runs explore
+// differently on each CPU (coverage feedback follows the targets), and a
+// finding on another machine's CPU is reproduced here this way.
 int64_t SupportedTargetsOnce() {
-  static const int64_t bits = hwy::SupportedTargets();
+  static const int64_t bits = [] {
+    int64_t b = hwy::SupportedTargets();
+    const char* off = std::getenv("QKNORM_DISABLE_TARGETS");
+    if (off == nullptr) return b;
+    const std::string list = std::string(",") + off + ",";
+    for (int64_t t = b; t != 0; t &= t - 1) {
+      const int64_t bit = t & -t;
+      if (list.find(std::string(",") + hwy::TargetName(bit) + ",") !=
+          std::string::npos)
+        b &= ~bit;
+    }
+    return b;
+  }();
   return bits;
 }
 
