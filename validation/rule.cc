@@ -547,9 +547,8 @@ std::vector<ToleranceTable> scalenorm_tolerances(const ScaleNormCase& c,
     for (int64_t i = 0; i < Dm; ++i) {
       const size_t e = static_cast<size_t>(r * Dm + i);
       const LD ax = std::fabs(static_cast<LD>(xr[i]));
-      ty.delta[e] =
-          uc * units * d(std::fabs(orc.y[e])) + c_res * d(g + ax + 1 / n) +
-          g_rel * d(std::fabs(orc.y[e]));
+      ty.delta[e] = uc * units * d(std::fabs(orc.y[e])) +
+                    c_res * d(g + ax + 1 / n) + g_rel * d(std::fabs(orc.y[e]));
       const LD w = std::fabs(static_cast<LD>(dyr[i])) + ax / n * ud;
       const LD mag = g / n * w;
       tx.delta[e] = uc * (units + sum_units(static_cast<double>(Dm))) * d(mag) +
