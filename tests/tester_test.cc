@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,15 @@
 #include "validation/buffers.h"
 #include "validation/check.h"
 #include "validation/forwarding_backend.h"
+
+// ASan builds (the sanitizer stage) also check the pool's poisoning below.
+#if defined(__SANITIZE_ADDRESS__)
+#define QKNORM_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QKNORM_TEST_ASAN 1
+#endif
+#endif
 
 namespace qknorm::validation {
 namespace {
@@ -235,6 +245,39 @@ TEST(TensorBuffer, PoisonOutsideTheViewNanInside) {
         << v.message();
   }
 }
+
+// The buffers' storage comes from a pool (buffers.h, PooledBlock): a block
+// handed out again has room past the buffer's end, and a freed one stays
+// mapped. Under ASan both must still be reported like the fresh heap block
+// of exact size they replace: the fuzzers' LAYOUT buffers have no guard
+// elements (guard 0), only ASan sees an entry write past them.
+#ifdef QKNORM_TEST_ASAN
+void write_f32(unsigned char* p) {
+  const float one = 1.0f;
+  std::memcpy(p, &one, sizeof one);
+  asm volatile("" ::"r"(p) : "memory");
+}
+// A 17-element f32 buffer (68 bytes) in a block of the 128-byte class that a
+// larger buffer of the same class (30 elements, 120 bytes) left in the pool.
+TensorBuffer reused_block_buffer() {
+  { TensorBuffer big("big", Precision::kF32, {1, 1, 1, 30}, {30, 30, 30}, 30); }
+  return TensorBuffer("x", Precision::kF32, {1, 1, 1, 17}, {17, 17, 17}, 17);
+}
+TEST(TensorBufferDeathTest, WritePastAReusedPooledBlockIsReported) {
+  TensorBuffer t = reused_block_buffer();
+  auto* p = static_cast<unsigned char*>(t.data());
+  write_f32(p + 16 * 4);  // the last element: fine
+  EXPECT_DEATH(write_f32(p + 17 * 4), "use-after-poison");
+}
+TEST(TensorBufferDeathTest, WriteIntoAFreedPooledBlockIsReported) {
+  unsigned char* stale = nullptr;
+  {
+    TensorBuffer t = reused_block_buffer();
+    stale = static_cast<unsigned char*>(t.data());
+  }
+  EXPECT_DEATH(write_f32(stale), "use-after-poison");
+}
+#endif
 
 TEST(ScaleNormTester, CorrectEntryPasses) {
   for (const char* name : {"reference:f64", "reference:bf16"}) {

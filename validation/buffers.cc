@@ -11,7 +11,126 @@
 #include "qknorm/error.h"
 #include "qknorm/validate.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define QKNORM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QKNORM_ASAN 1
+#endif
+#endif
+#ifdef QKNORM_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace qknorm::validation {
+namespace {
+
+// ASan's manual poisoning (no-ops in other builds).
+void poison(const unsigned char* p, size_t n) {
+#ifdef QKNORM_ASAN
+  __asan_poison_memory_region(p, n);
+#else
+  (void)p, (void)n;
+#endif
+}
+void unpoison(const unsigned char* p, size_t n) {
+#ifdef QKNORM_ASAN
+  __asan_unpoison_memory_region(p, n);
+#else
+  (void)p, (void)n;
+#endif
+}
+
+// Free blocks by size class: class c holds blocks of 2^(c + 6) bytes. Only
+// blocks up to kMaxPooledBytes are kept, at most kMaxPooledBlocks per class:
+// the fuzzers' buffers are a few KiB, and a default run's large case must
+// not leave its gigabytes pooled after it.
+constexpr int kClasses = 15;  // 64 B .. 1 MiB
+constexpr size_t kMaxPooledBytes = size_t{64} << (kClasses - 1);
+constexpr size_t kMaxPooledBlocks = 64;
+
+struct BlockPool {
+  std::vector<unsigned char*> free[kClasses];
+  ~BlockPool();
+};
+// Set when this thread's pool is destroyed (thread exit, or program exit
+// for the main thread): a block freed later (a static buffer's) is deleted.
+thread_local bool pool_gone = false;
+BlockPool& pool() {
+  thread_local BlockPool p;
+  return p;
+}
+BlockPool::~BlockPool() {
+  for (auto& list : free)
+    for (unsigned char* b : list) {
+      unpoison(b, 1);  // the allocator reads nothing, but stay symmetric
+      delete[] b;
+    }
+  pool_gone = true;
+}
+
+int size_class(size_t n) {
+  int c = 0;
+  while ((size_t{64} << c) < n) ++c;
+  return c;
+}
+
+}  // namespace
+
+PooledBlock::PooledBlock(size_t n) : n_(n) {
+  if (n == 0) return;
+  if (n > kMaxPooledBytes) {
+    cap_ = n;
+    p_ = new unsigned char[n];
+    return;
+  }
+  const int c = size_class(n);
+  cap_ = size_t{64} << c;
+  std::vector<unsigned char*>& list = pool().free[c];
+  if (list.empty()) {
+    p_ = new unsigned char[cap_];
+  } else {
+    p_ = list.back();
+    list.pop_back();
+  }
+  unpoison(p_, n_);
+  poison(p_ + n_, cap_ - n_);
+}
+
+void PooledBlock::release() {
+  if (p_ == nullptr) return;
+  const int c = cap_ <= kMaxPooledBytes ? size_class(cap_) : kClasses;
+  if (c < kClasses && !pool_gone && pool().free[c].size() < kMaxPooledBlocks) {
+    poison(p_, cap_);
+    pool().free[c].push_back(p_);
+  } else {
+    unpoison(p_, cap_);
+    delete[] p_;
+  }
+  p_ = nullptr;
+  n_ = cap_ = 0;
+}
+
+PooledBlock::PooledBlock(const PooledBlock& o) : PooledBlock(o.n_) {
+  if (n_ > 0) std::memcpy(p_, o.p_, n_);
+}
+PooledBlock& PooledBlock::operator=(const PooledBlock& o) {
+  if (this != &o) *this = PooledBlock(o);
+  return *this;
+}
+PooledBlock::PooledBlock(PooledBlock&& o) noexcept
+    : p_(std::exchange(o.p_, nullptr)),
+      n_(std::exchange(o.n_, 0)),
+      cap_(std::exchange(o.cap_, 0)) {}
+PooledBlock& PooledBlock::operator=(PooledBlock&& o) noexcept {
+  if (this != &o) {
+    release();
+    p_ = std::exchange(o.p_, nullptr);
+    n_ = std::exchange(o.n_, 0);
+    cap_ = std::exchange(o.cap_, 0);
+  }
+  return *this;
+}
 
 uint64_t poison_bits(Precision p) {
   switch (p) {
@@ -107,18 +226,25 @@ TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
 
 void TensorBuffer::allocate() {
   const size_t eb = element_bytes(prec_);
-  bytes_.resize(static_cast<size_t>(total_) * eb);
+  bytes_ = PooledBlock(static_cast<size_t>(total_) * eb);
   fill(prec_, bytes_.data(), poison_bits(prec_), total_);
-  addressed_.assign(static_cast<size_t>(total_), 0);
+  addressed_ = PooledBlock(static_cast<size_t>(total_));
+  if (total_ > 0) std::memset(addressed_.data(), 0, addressed_.size());
   const Shape4& s = shape_;
   if (s.B < 1 || s.H < 1 || s.rows < 1 || s.D < 1) return;
+  if (dense_) {  // each row's D elements, once each, all inside [0, size_)
+    for (int64_t r = 0; r < s.B * s.H * s.rows; ++r)
+      std::memset(addressed_.data() + lead_ + r * layout_.row_stride, 1,
+                  static_cast<size_t>(s.D));
+    return;
+  }
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h)
       for (int64_t n = 0; n < s.rows; ++n)
         for (int64_t d = 0; d < s.D; ++d) {
           const int64_t o = offset(b, h, n, d);
           if (o < 0 || o >= size_) continue;
-          uint8_t& a = addressed_[static_cast<size_t>(lead_ + o)];
+          unsigned char& a = addressed_.data()[lead_ + o];
           if (a < 255) ++a;
         }
 }
@@ -166,8 +292,8 @@ const double* TensorBuffer::doubles() const {
 }
 
 bool TensorBuffer::overlapping() const {
-  for (uint8_t a : addressed_)
-    if (a > 1) return true;
+  for (size_t i = 0; i < addressed_.size(); ++i)
+    if (addressed_.data()[i] > 1) return true;
   return false;
 }
 
@@ -186,10 +312,9 @@ GuardViolation TensorBuffer::first_violation() const {
   const uint64_t poison = poison_bits(prec_);
   int64_t last = -1;  // the view's last addressed offset
   for (int64_t i = total_ - 1; i >= 0 && last < 0; --i)
-    if (addressed_[static_cast<size_t>(i)] != 0) last = i - lead_;
+    if (addressed_.data()[i] != 0) last = i - lead_;
   for (int64_t i = 0; i < total_; ++i) {
-    if (addressed_[static_cast<size_t>(i)] != 0 ||
-        bits_at(prec_, bytes_.data(), i) == poison)
+    if (addressed_.data()[i] != 0 || bits_at(prec_, bytes_.data(), i) == poison)
       continue;
     GuardViolation v;
     v.tensor = name_;

@@ -44,6 +44,37 @@ inline constexpr int64_t kGuardElements = 32;
 // 0x7e5a, bf16 0x7fda); the fuzzers' guard pattern since issue 7.
 uint64_t poison_bits(Precision p);
 
+// Bytes from a per-thread pool of blocks (buffers.cc), the storage of a
+// TensorBuffer. The fuzzers build every entry's buffers for every input:
+// fresh heap blocks cost the allocator, its stack depot and page faults
+// (~30% of an attention_fuzzer execution under ASan, issue 32). A block
+// goes back to the pool of the thread that frees it and is handed out again
+// to the next buffer of its size class; its contents are unspecified (the
+// TensorBuffer rewrites every byte). Under ASan the pool keeps what a fresh
+// block guaranteed: a free pooled block is poisoned whole (a stale pointer
+// into it is a use-after-poison report), and a block in use is poisoned
+// from size() to its capacity (an overrun past the buffer's last element is
+// reported as on a block of exactly size() bytes).
+class PooledBlock {
+ public:
+  PooledBlock() = default;
+  explicit PooledBlock(size_t n);
+  PooledBlock(const PooledBlock& o);
+  PooledBlock& operator=(const PooledBlock& o);
+  PooledBlock(PooledBlock&& o) noexcept;
+  PooledBlock& operator=(PooledBlock&& o) noexcept;
+  ~PooledBlock() { release(); }
+
+  unsigned char* data() { return p_; }
+  const unsigned char* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release();
+  unsigned char* p_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+};
+
 struct Shape4 {
   int64_t B = 1, H = 1, rows = 1, D = 1;
   int64_t count() const { return B * H * rows * D; }
@@ -134,8 +165,8 @@ class TensorBuffer {
   Layout4 layout_;
   int64_t size_ = 0, lead_ = 0, total_ = 0;  // lead_: guards before the view
   bool dense_ = false;                       // the first constructor's layout
-  std::vector<unsigned char> bytes_;
-  std::vector<uint8_t> addressed_;  // per allocation element, saturating
+  PooledBlock bytes_;
+  PooledBlock addressed_;  // per allocation element, saturating
 };
 
 // An f64 buffer of n doubles (lse, dg, the parameters and their gradients)
