@@ -54,7 +54,7 @@ Suite default_run_suite(const SuiteOptions& o,
                         const std::vector<const Backend*>& entries, int threads,
                         int* covering) {
   *covering = 0;
-  if (custom_suite(o)) return build_suite(o);
+  if (custom_suite(o) || !o.covering) return build_suite(o);
   SuiteOptions all = o;
   all.classes.clear();
   Suite s = build_suite(all);

@@ -40,7 +40,8 @@ int append_covering(Suite* s, const std::vector<const Backend*>& entries,
                     int threads, uint64_t seed);
 
 // The suite of the default run: build_suite(o), plus the covering cases if
-// o selects the default suite (then filtered by --classes as the rest).
+// o selects the default suite and o.covering (then filtered by --classes
+// as the rest).
 // *covering: how many covering cases it holds.
 Suite default_run_suite(const SuiteOptions& o,
                         const std::vector<const Backend*>& entries, int threads,

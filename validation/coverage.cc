@@ -130,28 +130,23 @@ bool judged_sampled(const AttentionProblem& p) {
 }
 
 double cost(const AttentionProblem& p) {
-  // Fitted to qknorm-check --json's case costs of the default run with the
-  // covering cases (all 21 entries with their oracles and naive baselines,
-  // shared out over the 21; 2-core Zen 4 at 0.2 of each core free, scaled
-  // to a quiet machine): a term per (query, key) pair and (D + 5) (the
-  // per-pair softmax work is worth about 5 dimensions: 1x1x768x2048xD costs
-  // 7.0 s at D = 1, 16.3 s at D = 8) and a term per row and D^2 (the
-  // judgement and the oracle spend O(D) per element: 1x1x1x2049x576 costs
-  // 42 s, 2x8x72x72x64 8 to 11 s). Sampled cases: a fifth of the pair term
-  // (no long-double oracle, no naive baseline; 1x1x768x2048x1 1.4 s), half
-  // of the row term (1x1x1x2049x576 22 s).
+  // Measured with qknorm-check --json's case costs (all 21 entries with
+  // their oracles and naive baselines, shared out over the 21; 2-core Zen
+  // 4 under load, scaled to a quiet machine): 1x1x5x5x1 ~1 ms in all;
+  // 1x1x768x2048xD 7.0 s at D = 1 and 16.3 s at D = 8 (the per-pair
+  // softmax work is worth about 5 dimensions), of which the entries 1.7 s;
+  // sampled (--sample 64) 1.4 s, of which the entries 1.0 s (no
+  // long-double oracle, no naive baseline: the double pass only).
   constexpr double kCaseSeconds = 5e-5;
-  constexpr double kPairDimSeconds = 7.5e-9, kPairDims = 5;
-  constexpr double kRowDim2Seconds = 7e-10;
-  const bool sampled = judged_sampled(p);
+  constexpr double kEntrySeconds = 1.2e-9, kFullOracleSeconds = 6e-9,
+                   kSampledOracleSeconds = 0.55e-9;  // per pair and (D + 5)
+  constexpr double kPairDims = 5;
   const double pairs =
       static_cast<double>(p.batch) * p.heads * p.q_len * p.kv_len;
-  const double rows = static_cast<double>(p.batch) *
-                      (p.heads * p.q_len + kv_heads_of(p) * p.kv_len);
-  const double d = static_cast<double>(p.head_dim);
   return kCaseSeconds +
-         kPairDimSeconds * pairs * (d + kPairDims) * (sampled ? 0.2 : 1.0) +
-         kRowDim2Seconds * rows * d * d * (sampled ? 0.5 : 1.0);
+         pairs * (p.head_dim + kPairDims) *
+             (kEntrySeconds +
+              (judged_sampled(p) ? kSampledOracleSeconds : kFullOracleSeconds));
 }
 
 unsigned needs_of(const AttentionProblem& p) {

@@ -62,7 +62,12 @@ TEST(Coverage, CoveringCasesFollowTheDefaultSuiteAndItsSeeds) {
   // Seeds continue after the ScaleNorm cases', one per covering case.
   EXPECT_EQ(s.attention[d.attention.size()].seed, d.scalenorm.back().seed + 1);
   EXPECT_EQ(s.attention.back().seed, d.scalenorm.back().seed + covering);
-  // A custom suite gets none.
+  // --no-covering, or a custom suite, gets none.
+  o.covering = false;
+  EXPECT_EQ(default_run_suite(o, entries, 2, &covering).attention.size(),
+            d.attention.size());
+  EXPECT_EQ(covering, 0);
+  o.covering = true;
   o.shapes = {"1x2x16x16"};
   default_run_suite(o, entries, 2, &covering);
   EXPECT_EQ(covering, 0);
