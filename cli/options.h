@@ -25,7 +25,10 @@ struct SuiteOptions {
   // Formulations (issue 16): presets by name (repeatable; empty: the
   // paper's, or sdpa), then the free flags override single fields of each.
   std::vector<std::string> formulations;
-  int64_t kv_heads = 0;    // 0: = heads
+  int64_t kv_heads = 0;  // 0: = heads
+  // The default run's covering cases (issue 33, cli/coverage.h); false:
+  // the default suite alone (--no-covering).
+  bool covering = true;
   std::string norm;        // l2, rms, layer, none
   std::string norm_axis;   // head, all-heads
   std::string weight;      // none, dim, head-dim
