@@ -18,7 +18,7 @@ namespace {
 using testing::run;
 
 TEST(Coverage, EveryEntryOfTheDefaultRunReachesItsWholeModel) {
-  const testing::CliRun r = run({"coverage", "--json", "-"});
+  const testing::CliRun r = run({"--covering", "coverage", "--json", "-"});
   ASSERT_EQ(r.code, kExitPass) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_GT(j["covering_cases"].get<int>(), 0);
@@ -48,6 +48,7 @@ TEST(Coverage, ACustomSuiteIsReportedIncomplete) {
 TEST(Coverage, CoveringCasesFollowTheDefaultSuiteAndItsSeeds) {
   SuiteOptions o;
   o.seed = 42;
+  o.covering = true;
   const std::vector<const Backend*> entries = select_entries(all_backends(), o);
   int covering = 0;
   const Suite s = default_run_suite(o, entries, 2, &covering);
@@ -62,7 +63,7 @@ TEST(Coverage, CoveringCasesFollowTheDefaultSuiteAndItsSeeds) {
   // Seeds continue after the ScaleNorm cases', one per covering case.
   EXPECT_EQ(s.attention[d.attention.size()].seed, d.scalenorm.back().seed + 1);
   EXPECT_EQ(s.attention.back().seed, d.scalenorm.back().seed + covering);
-  // --no-covering, or a custom suite, gets none.
+  // Without --covering, or with a custom suite, none.
   o.covering = false;
   EXPECT_EQ(default_run_suite(o, entries, 2, &covering).attention.size(),
             d.attention.size());
