@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "property_tests/rc_gens.h"
+#include "property_tests/shape_coverage.h"
 #include "property_tests/support.h"
 #include "qknorm/formulation.h"
 #include "reference/reference.h"
@@ -238,13 +239,14 @@ std::string rounding_diff(const char* field, Precision s,
 // ---------------------------------------------------------------------------
 // 1. Agreement.
 
-void attention_agreement(const Backend& b) {
+// The verdict of attention_agreement on case c of spec: every field by the
+// rule; the forward only where the storage format cannot hold the backward
+// (backward_fits false), the rows are saturated sdpa rows, or the naive
+// same-precision baseline itself overflows a gradient; a 16-bit entry's
+// O must also be the round-to-nearest-even of its f32 result.
+void judge_full(const Backend& b, const AttentionSpec& spec,
+                const AttentionCase& c, bool backward_fits) {
   const Precision s = b.precision();
-  SpecOptions o;
-  o.saturating_sdpa = true;
-  const AttentionSpec spec = draw_attention_spec(s, o);
-  bool backward_fits = true;
-  const AttentionCase c = build_case(spec, s, false, &backward_fits);
   // A case whose gradients the storage format cannot hold (f16 zero rows with
   // eps = 1e-12: du / eps ~ 1e12) still checks the forward.
   // Saturated sdpa rows (rc_gens.h): the forward only.
@@ -271,6 +273,16 @@ void attention_agreement(const Backend& b) {
   }
 }
 
+void attention_agreement(const Backend& b) {
+  const Precision s = b.precision();
+  SpecOptions o;
+  o.saturating_sdpa = true;
+  const AttentionSpec spec = draw_attention_spec(s, o);
+  bool backward_fits = true;
+  const AttentionCase c = build_case(spec, s, false, &backward_fits);
+  judge_full(b, spec, c, backward_fits);
+}
+
 void scalenorm_agreement(const Backend& b) {
   const Precision s = b.precision();
   const ScaleNormSpec spec = draw_scalenorm_spec(s);
@@ -288,44 +300,146 @@ void scalenorm_agreement(const Backend& b) {
   }
 }
 
-// Long sequences (issue 19): agreement with the sampled oracle
-// (validation/sampled.h) on a problem of 129 to 700 keys, most lengths not
-// a multiple of 64 (tile tails), head_dim up to 128, causal, padding or no
-// mask: the sampled rows (first, last, every tile boundary of the entry's
-// and the usual block sizes, masked and zero rows, random ones) by the
-// componentwise rule, every other row by the O(n D) properties. Lengths stay
+// The sampled verdict (validation/sampled.h) of entry b on case c: 12 query
+// and 12 key rows (the first, the last, the tile boundaries of the entry's
+// blocks and of 16 ... 256, masked and zero rows, random ones) by the
+// componentwise rule, every other row by the O(n D) properties.
+constexpr int64_t kSampledRows = 12;
+void judge_sampled_case(const Backend& b, const AttentionCase& c,
+                        uint64_t seed) {
+  validation::SampleOptions opt;
+  opt.rows = kSampledRows;
+  opt.seed = seed + 1;
+  opt.blocks = b.block_sizes(c.problem);
+  const validation::SampledOracle so =
+      validation::sampled_oracle(c, b.precision(), opt);
+  const AttentionResult r = validation::run_attention(b, c);
+  const auto rep = validation::judge_sampled(c, so, r, b.name());
+  if (!rep.pass) RC_FAIL(rep.failure_message());
+}
+
+// The case of problem p under the sampled verdict: inputs of `dist` rounded
+// to the entry's storage; noted and recorded for the coverage report.
+AttentionCase long_case(const AttentionProblem& p,
+                        validation::Distribution dist, uint64_t seed,
+                        Precision s) {
+  const AttentionCase c = validation::round_inputs(
+      validation::make_attention_case(p, dist, seed, s), s);
+  note_case(c.describe());
+  record_problem(p);
+  return c;
+}
+
+// A length in [lo, hi] at a residue cell of the entry's model (coverage.h):
+// k b + r for a block b the model is built around (16 ... 256 and the
+// entry's own) and r in {0, +1, -1, b/2}.
+int64_t draw_residue_len(int64_t lo, int64_t hi) {
+  std::vector<int64_t> blocks = {16, 32, 64, 128, 256};
+  if (shape_context().model != nullptr)
+    blocks = shape_context().model->blocks();
+  std::vector<int64_t> fit;
+  for (int64_t bl : blocks)
+    if (bl <= hi) fit.push_back(bl);
+  if (fit.empty()) return *rc::gen::inRange<int64_t>(lo, hi + 1);
+  const int64_t bl = *rc::gen::elementOf(fit);
+  const int64_t r = *rc::gen::element<int64_t>(0, 1, -1, bl / 2);
+  const int64_t k =
+      *rc::gen::inRange<int64_t>(std::max<int64_t>(1, lo / bl), hi / bl + 1);
+  return std::clamp(k * bl + r, lo, hi);
+}
+
+// Long sequences (issues 19, 33): agreement with the sampled oracle on a
+// problem of 129 to 700 keys, lengths at the residue cells of the entry's
+// blocks (k b + {0, +-1, b/2}) or anywhere, head_dim from the shape model
+// (16 ... 256, non-powers of two included), batch 1 or 2, heads sharing a
+// kv head where the entry supports GQA, causal, padding or no mask. The
+// problem is capped at the cost of the largest one before issue 33
+// (2 heads of 700 x 700 x 128): head_dim gives way first. Lengths stay
 // below what would make the mutation test's copies slow; qknorm-check
 // --sample and the tile sweep run the production lengths (cli/README.md).
+// The issue's long anchor (head_dim 256, batch 2, q_len 64 mod 128, kv_len
+// above 400 with padding) is in every fixed-seed run: ShapeCoverage.
+constexpr int64_t kLongMaxCost = 2 * 700 * 700 * 128;
 void long_sequence(const Backend& b) {
   const Precision s = b.precision();
   const EntryLimits lim = entry_limits_of(b);
   AttentionProblem p;
-  p.batch = 1;
+  p.batch = *rc::gen::inRange<int64_t>(1, 3);
   p.heads = *rc::gen::inRange<int64_t>(1, 3);
-  p.kv_len = *rc::gen::inRange<int64_t>(129, 701);
-  p.q_len = *rc::gen::oneOf(rc::gen::just(p.kv_len),
-                            rc::gen::inRange<int64_t>(65, p.kv_len + 1));
-  p.head_dim = *rc::gen::element<int64_t>(16, 64, 128);
+  if (p.heads == 2 && (shape_context().needs & coverage::kNeedGqa) != 0 &&
+      *rc::gen::arbitrary<bool>())
+    p.kv_heads = 1;
+  p.kv_len = *rc::gen::arbitrary<bool>() ? *rc::gen::inRange<int64_t>(129, 701)
+                                         : draw_residue_len(129, 700);
+  const int64_t kv = p.kv_len;
+  const int q_kind = *rc::gen::inRange(0, 3);
+  p.q_len = q_kind == 0   ? kv
+            : q_kind == 1 ? *rc::gen::inRange<int64_t>(65, kv + 1)
+                          : draw_residue_len(65, kv);
+  const std::vector<int64_t> dims = {16, 64, 80, 96, 128, 192, 256};
+  size_t di = *rc::gen::inRange<size_t>(0, dims.size());
+  while (di > 0 &&
+         p.batch * p.heads * p.q_len * p.kv_len * dims[di] > kLongMaxCost)
+    --di;
+  p.head_dim = dims[di];
   p.g = *rc::gen::inRange<int>(1, 30) * 1.0;
   const int mask = *rc::gen::inRange(0, 3);
   p.mask.causal = mask == 1 && lim.causal;
   if (mask == 2 && lim.padding)
-    p.mask.key_lengths = {*rc::gen::inRange<int64_t>(1, p.kv_len + 1)};
+    for (int64_t bb = 0; bb < p.batch; ++bb)
+      p.mask.key_lengths.push_back(*rc::gen::inRange<int64_t>(1, kv + 1));
   const auto dist = *rc::gen::element(validation::Distribution::kGaussian,
                                       validation::Distribution::kZeroRows,
                                       validation::Distribution::kOutlierRows);
   const uint64_t seed = *rc::gen::arbitrary<uint32_t>();
-  const AttentionCase c = validation::round_inputs(
-      validation::make_attention_case(p, dist, seed, s), s);
-  note_case(c.describe());
-  validation::SampleOptions opt;
-  opt.rows = 12;
-  opt.seed = seed + 1;
-  opt.blocks = b.block_sizes(p);
-  const validation::SampledOracle so = validation::sampled_oracle(c, s, opt);
-  const AttentionResult r = validation::run_attention(b, c);
-  const auto rep = validation::judge_sampled(c, so, r, b.name());
-  if (!rep.pass) RC_FAIL(rep.failure_message());
+  judge_sampled_case(b, long_case(p, dist, seed, s), seed);
+}
+
+// Problems above this B H Nq Nk D are judged by the sampled verdict (the
+// full long-double oracle of one costs ~0.1 s and more).
+constexpr int64_t kFullVerdictMaxCost = int64_t{1} << 20;
+
+// The shape model's walk (issue 33, shape_coverage.h) on the entry: problems
+// that reach every single cell of the entry's model (coverage.h) within the
+// features it supports, each at its cheapest, plus the issue's long anchor;
+// the values (distribution, seed, g) are drawn. Each problem is judged by
+// the full verdict (as AttentionAgreement), or by the sampled one above
+// kFullVerdictMaxCost. Every fixed-seed run thus reaches every single cell
+// by construction; the property fails if the walk misses one.
+void shape_coverage(const Backend& b) {
+  const Precision s = b.precision();
+  const ShapeContext& ctx = shape_context();
+  const coverage::Model& m = ctx.model != nullptr ? *ctx.model : model_of(b);
+  const double g = draw_g();
+  std::vector<AttentionProblem> walk = walk_problems(m, ctx.needs, g);
+  coverage::Tally tally(m, ctx.needs);
+  for (const AttentionProblem& p : walk) tally.add(p);
+  if (tally.singles_reached() < tally.singles_feasible()) {
+    std::string cells;
+    for (int i : tally.unreached_singles()) {
+      cells += ' ';  // (a + b would trip GCC 12's -Wrestrict false alarm)
+      cells += coverage::full_name(m.cells()[static_cast<size_t>(i)]);
+    }
+    RC_FAIL("entry " + b.name() + ": the walk of the shape model reaches " +
+            tally.summary() + "; cells not reached:" + cells);
+  }
+  walk.push_back(long_anchor(ctx.needs, g));
+  for (const AttentionProblem& p : walk) {
+    AttentionSpec spec;
+    spec.problem = p;
+    spec.dist = *rc::gen::element(validation::Distribution::kGaussian,
+                                  validation::Distribution::kUniform,
+                                  validation::Distribution::kHeavyTailed);
+    spec.seed = *rc::gen::arbitrary<uint32_t>();
+    if (p.batch * p.heads * p.q_len * p.kv_len * p.head_dim >
+        kFullVerdictMaxCost) {
+      judge_sampled_case(b, long_case(p, spec.dist, spec.seed, s), spec.seed);
+      continue;
+    }
+    bool backward_fits = true;
+    const AttentionCase c = build_case(spec, s, false, &backward_fits);
+    judge_full(b, spec, c, backward_fits);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1143,6 +1257,7 @@ const std::vector<Property>& entry_properties() {
       {"FormulationAgreement", formulation_agreement, 160},
       {"FormulationNonSaturation", formulation_non_saturation, 80},
       {"LongSequence", long_sequence, 2},
+      {"ShapeCoverage", shape_coverage, 1},
   };
   return table;
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "property_tests/shape_coverage.h"
 #include "property_tests/support.h"
 #include "qknorm/formulation.h"
 #include "validation/oracle.h"
@@ -324,6 +325,7 @@ validation::AttentionCase build_case(const AttentionSpec& s, Precision prec,
   }
   if (fits_out != nullptr) *fits_out = ok;
   if (require_fit) RC_PRE(ok);
+  record_problem(s.problem);
   return c;
 }
 
