@@ -612,6 +612,7 @@ void row_scale_invariance(const Backend& b) {
 void key_sign_flip(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  o.allow_gqa = false;  // indexes k and v by the query heads
   o.allow_sdpa = false;
   const AttentionSpec spec = draw_attention_spec(s, o);
   const AttentionCase c = build_case(spec, s);
@@ -778,6 +779,7 @@ void orthogonality(const Backend& b) {
 void gradient_sums(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  o.allow_gqa = false;  // indexes k and v by the query heads
   o.force_sdpa = *rc::gen::arbitrary<bool>();
   const AttentionSpec spec = draw_attention_spec(s, o);
   const AttentionCase c = build_case(spec, s);
@@ -872,6 +874,8 @@ void zero_do(const Backend& b) {
 void dg_finite_difference(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  // Small shapes: four long-double forwards of the whole problem per case.
+  o.model_shapes = false;
   o.allow_sdpa = false;
   const AttentionSpec spec = draw_attention_spec(s, o);
   const AttentionCase c = build_case(spec, s);
@@ -982,6 +986,7 @@ std::vector<size_t> lse_map(const AttentionProblem& p,
 void key_value_permutation(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  o.allow_gqa = false;  // indexes k and v by the query heads
   o.allow_causal = false;  // position-dependent
   const AttentionSpec spec = draw_attention_spec(s, o);
   const AttentionCase c = build_case(spec, s);
@@ -1063,6 +1068,7 @@ void refill_rows(
 void head_batch_independence(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  o.allow_gqa = false;  // indexes k and v by the query heads
   o.saturating_sdpa = true;  // bitwise: no budget involved
   o.min_batch_heads = 2;
   const AttentionSpec spec = draw_attention_spec(s, o);
@@ -1103,6 +1109,7 @@ void head_batch_independence(const Backend& b) {
 void causal_future(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  o.allow_gqa = false;  // indexes k and v by the query heads
   o.saturating_sdpa = true;  // bitwise: no budget involved
   o.force_causal = true;
   o.min_q_len = 2;
@@ -1146,6 +1153,7 @@ void causal_future(const Backend& b) {
 void padding_invisible(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
+  o.allow_gqa = false;  // indexes k and v by the query heads
   o.saturating_sdpa = true;  // bitwise: no budget involved
   o.force_padding = true;
   const AttentionSpec spec = draw_attention_spec(s, o);

@@ -53,6 +53,83 @@ std::vector<Distribution> realistic_activations(bool sdpa) {
   return {Distribution::kSink, Distribution::kChannels};
 }
 
+// The shape (batch, heads, kv_heads, q_len, kv_len, head_dim) of a drawn
+// case, from the shape model of the entry under test (issue 33,
+// validation/coverage.h; shape_context()): each dimension draws, one time
+// in kModelOdds, a candidate of the entry's model (head_dim 80 ... 576,
+// batch above the thread count, GQA ratios 2 ... 8 and MQA, lengths at the
+// residues 0, +-1, b/2 of every block b of the model, decode lengths, long
+// kv_len), and otherwise the small values of before (draw_len, draw_dim,
+// batch <= kMaxBatch, heads <= kMaxHeads). GQA only where the entry supports
+// it (its model's needs) and the property allows it. The case then costs at
+// most kMaxDrawCost: dimensions drawn small shrink first, so the model's
+// value survives unless two large ones meet.
+constexpr int kModelOdds = 8;
+constexpr int64_t kMaxDrawCost = kMaxBatch * kMaxHeads * kMaxLen * kMaxLen *
+                                 kMaxDim;  // the largest draw of before
+
+void draw_shape(AttentionProblem* p, const SpecOptions& o) {
+  const ShapeContext& ctx = shape_context();
+  const coverage::Model* m = o.model_shapes ? ctx.model : nullptr;
+  static const coverage::Candidates kNone;
+  const coverage::Candidates& cand = m != nullptr ? cand : kNone;
+  auto model = [](size_t candidates) {
+    return candidates > 0 && *rc::gen::inRange<int>(0, kModelOdds) == 0;
+  };
+  // big[k]: dimension k was drawn from the model (B, H, Nq, Nk, D).
+  bool big[5] = {model(cand.batches.size()), false, model(cand.q_lens.size()),
+                 model(cand.kv_lens.size()), model(cand.head_dims.size())};
+  p->batch = big[0] ? *rc::gen::elementOf(cand.batches)
+                    : *rc::gen::inRange<int64_t>(1, kMaxBatch + 1);
+  const bool gqa = o.allow_gqa && (ctx.needs & coverage::kNeedGqa) != 0;
+  if (gqa && model(cand.heads.size())) {
+    big[1] = true;
+    const auto hk = *rc::gen::elementOf(cand.heads);
+    p->heads = hk.first;
+    p->kv_heads = hk.second == hk.first ? 0 : hk.second;
+  } else {
+    p->heads = *rc::gen::inRange<int64_t>(1, kMaxHeads + 1);
+  }
+  p->q_len = big[2] ? std::max(o.min_q_len,
+                               *rc::gen::elementOf(cand.q_lens))
+                    : draw_len(o.min_q_len);
+  p->kv_len = big[3] ? std::max(o.min_kv_len,
+                                *rc::gen::elementOf(cand.kv_lens))
+                     : draw_len(o.min_kv_len);
+  p->head_dim = big[4] ? *rc::gen::elementOf(cand.head_dims)
+                       : draw_dim();
+  // The shrinks, small dimensions first; each keeps the property's minima
+  // and a GQA head count (a multiple of kv_heads).
+  const int64_t min_q = std::max<int64_t>(o.min_q_len, 1);
+  const int64_t min_kv = std::max<int64_t>(o.min_kv_len, 1);
+  auto cost = [p] {
+    return p->batch * p->heads * p->q_len * p->kv_len * p->head_dim;
+  };
+  auto shrink = [&](int k) {
+    switch (k) {
+      case 0:
+        p->batch = 1;
+        break;
+      case 1:
+        if (p->kv_heads == 0) p->heads = 1;
+        break;
+      case 2:
+        p->q_len = std::min(p->q_len, std::max<int64_t>(min_q, 4));
+        break;
+      case 3:
+        p->kv_len = std::min(p->kv_len, std::max<int64_t>(min_kv, 4));
+        break;
+      default:
+        p->head_dim = std::min<int64_t>(p->head_dim, 4);
+    }
+  };
+  for (bool pass_big : {false, true})
+    for (int k : {4, 0, 1, 3, 2})
+      if (big[k] == pass_big && cost() > kMaxDrawCost) shrink(k);
+  if (p->batch * p->heads < o.min_batch_heads)
+    p->batch = (o.min_batch_heads + p->heads - 1) / p->heads;
+}
+
 }  // namespace
 
 double draw_g() {
@@ -120,12 +197,7 @@ AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o0) {
   const bool sdpa =
       o.allow_sdpa && (o.force_sdpa || *rc::gen::inRange<int>(0, 5) == 0);
   p.variant = sdpa ? Variant::kSDPA : Variant::kQKNorm;
-  p.batch = *rc::gen::inRange<int64_t>(1, kMaxBatch + 1);
-  p.heads = *rc::gen::inRange<int64_t>(1, kMaxHeads + 1);
-  if (p.batch * p.heads < o.min_batch_heads) p.heads = o.min_batch_heads;
-  p.q_len = draw_len(o.min_q_len);
-  p.kv_len = draw_len(o.min_kv_len);
-  p.head_dim = draw_dim();
+  draw_shape(&p, o);
   p.g = draw_g();
   p.eps = draw_eps();
   p.mask.causal =
@@ -133,11 +205,14 @@ AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o0) {
   if (o.allow_padding &&
       (o.force_padding || *rc::gen::inRange<int>(0, 10) < 3)) {
     for (int64_t b = 0; b < p.batch; ++b) {
-      // 0 (fully masked rows) and kv_len (no-op padding) are the edges.
-      const int kind = *rc::gen::weightedElement<int>({{1, 0}, {1, 1}, {3, 2}});
+      // 0 (fully masked rows), kv_len (no-op padding) and kv_len - 1 (one
+      // padded key: the shape model's mask cells) are the edges.
+      const int kind =
+          *rc::gen::weightedElement<int>({{2, 0}, {2, 1}, {1, 3}, {5, 2}});
       p.mask.key_lengths.push_back(
           kind == 0   ? 0
           : kind == 1 ? p.kv_len
+          : kind == 3 ? p.kv_len - 1
                       : *rc::gen::inRange<int64_t>(0, p.kv_len + 1));
     }
   }

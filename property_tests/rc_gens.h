@@ -93,6 +93,12 @@ struct SpecOptions {
   // property that checks the backward outside the rule's budgets or falls
   // back to forward-only checks for them (AttentionSpec::saturated()).
   bool saturating_sdpa = false;
+  // Shapes from the entry's shape model (rc_gens.cc, draw_shape) where true;
+  // the small shapes of before otherwise (a property that needs them).
+  bool model_shapes = true;
+  // kv_heads < heads may be drawn (where the entry supports GQA): false for
+  // a property that indexes k and v by the query heads.
+  bool allow_gqa = true;
 };
 
 // What the entry under test implements, for entries that declare it (a
