@@ -12,6 +12,7 @@
 #define QKNORM_VALIDATION_COVERAGE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -107,28 +108,29 @@ class Model {
   std::vector<int> reached(const AttentionProblem& p) const;
   const Candidates& candidates() const { return cand_; }
 
+  // Whether some choice of candidates reaches cell c (every cell, for the
+  // candidates the model builds; kept so that a test can check it).
+  bool feasible(int c) const;
   // Pairs (a < b, cells of two different dimensions) that some choice of
   // candidates realizes (decided by construction), and the others (n/a).
-  const std::vector<std::pair<int, int>>& feasible_pairs() const {
-    return feasible_;
-  }
-  const std::vector<std::pair<int, int>>& infeasible_pairs() const {
-    return infeasible_;
-  }
+  const std::vector<std::pair<int, int>>& feasible_pairs() const;
+  const std::vector<std::pair<int, int>>& infeasible_pairs() const;
   bool feasible(int a, int b) const;
   unsigned needs(int a, int b) const {
     return cells_[a].needs | cells_[b].needs;
   }
 
- private:
-  void derive_feasibility();
+  // coverage.cc's tables (cell indices by value, the realized length and
+  // mask choices); shared by copies of the model.
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
 
+ private:
   ModelOptions opt_;
   std::vector<int64_t> blocks_;
   std::vector<Cell> cells_;
   Candidates cand_;
-  std::vector<std::pair<int, int>> feasible_, infeasible_;
-  std::vector<std::vector<char>> feasible_matrix_;
+  std::shared_ptr<const Impl> impl_;
 };
 
 // The needs entry supports: GQA if it supports a paper-formulation problem
