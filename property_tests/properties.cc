@@ -986,7 +986,7 @@ std::vector<size_t> lse_map(const AttentionProblem& p,
 void key_value_permutation(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
-  o.allow_gqa = false;  // indexes k and v by the query heads
+  o.allow_gqa = false;     // indexes k and v by the query heads
   o.allow_causal = false;  // position-dependent
   const AttentionSpec spec = draw_attention_spec(s, o);
   const AttentionCase c = build_case(spec, s);
@@ -1068,7 +1068,7 @@ void refill_rows(
 void head_batch_independence(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
-  o.allow_gqa = false;  // indexes k and v by the query heads
+  o.allow_gqa = false;       // indexes k and v by the query heads
   o.saturating_sdpa = true;  // bitwise: no budget involved
   o.min_batch_heads = 2;
   const AttentionSpec spec = draw_attention_spec(s, o);
@@ -1109,7 +1109,7 @@ void head_batch_independence(const Backend& b) {
 void causal_future(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
-  o.allow_gqa = false;  // indexes k and v by the query heads
+  o.allow_gqa = false;       // indexes k and v by the query heads
   o.saturating_sdpa = true;  // bitwise: no budget involved
   o.force_causal = true;
   o.min_q_len = 2;
@@ -1153,7 +1153,7 @@ void causal_future(const Backend& b) {
 void padding_invisible(const Backend& b) {
   const Precision s = b.precision();
   SpecOptions o;
-  o.allow_gqa = false;  // indexes k and v by the query heads
+  o.allow_gqa = false;       // indexes k and v by the query heads
   o.saturating_sdpa = true;  // bitwise: no budget involved
   o.force_padding = true;
   const AttentionSpec spec = draw_attention_spec(s, o);

@@ -90,14 +90,11 @@ void draw_shape(AttentionProblem* p, const SpecOptions& o) {
   } else {
     p->heads = *rc::gen::inRange<int64_t>(1, kMaxHeads + 1);
   }
-  p->q_len = big[2] ? std::max(o.min_q_len,
-                               *rc::gen::elementOf(cand.q_lens))
+  p->q_len = big[2] ? std::max(o.min_q_len, *rc::gen::elementOf(cand.q_lens))
                     : draw_len(o.min_q_len);
-  p->kv_len = big[3] ? std::max(o.min_kv_len,
-                                *rc::gen::elementOf(cand.kv_lens))
+  p->kv_len = big[3] ? std::max(o.min_kv_len, *rc::gen::elementOf(cand.kv_lens))
                      : draw_len(o.min_kv_len);
-  p->head_dim = big[4] ? *rc::gen::elementOf(cand.head_dims)
-                       : draw_dim();
+  p->head_dim = big[4] ? *rc::gen::elementOf(cand.head_dims) : draw_dim();
   // The shrinks, small dimensions first; each keeps the property's minima
   // and a GQA head count (a multiple of kv_heads).
   const int64_t min_q = std::max<int64_t>(o.min_q_len, 1);

@@ -123,9 +123,15 @@ int64_t base_of(const std::vector<int64_t>& v, int64_t want) {
   return std::max<int64_t>(best, 1);
 }
 
-// The walk's base sizes (see base_of).
+// The walk's base sizes (see base_of): head_dim 16 is no cell of its own
+// (the head_dim cells are walked one by one) and keeps the length and mask
+// problems 4x cheaper than the model's smallest power of two, 64.
 constexpr int64_t kWalkBaseLen = 16;
 constexpr int64_t kWalkBaseDim = 16;
+// A length problem also sets the other length to its value where the
+// problem's B H Nq Nk D stays within this (the full verdict's range in
+// ShapeCoverage): q_len L and kv_len L reach both lengths' cells at once.
+constexpr int64_t kWalkMirrorMaxWork = int64_t{1} << 20;
 
 }  // namespace
 
@@ -134,7 +140,7 @@ std::vector<AttentionProblem> walk_problems(const coverage::Model& m,
   const coverage::Candidates& cd = m.candidates();
   const std::vector<coverage::Cell>& cells = m.cells();
   coverage::Choice base;
-  base.head_dim = base_of(cd.head_dims, kWalkBaseDim);
+  base.head_dim = kWalkBaseDim;
   base.batch = base_of(cd.batches, 1);
   base.q_len = base_of(cd.q_lens, kWalkBaseLen);
   base.kv_len = base_of(cd.kv_lens, kWalkBaseLen);
@@ -188,6 +194,16 @@ std::vector<AttentionProblem> walk_problems(const coverage::Model& m,
         break;
     }
     if (!best) continue;  // the walk's own test reports the cell
+    const coverage::Dim dim = cells[i].dim;
+    if (dim == coverage::Dim::kQLen || dim == coverage::Dim::kKvLen) {
+      AttentionProblem mirror = *best;
+      mirror.q_len = mirror.kv_len =
+          dim == coverage::Dim::kQLen ? best->q_len : best->kv_len;
+      if (mirror.batch * mirror.heads * mirror.q_len * mirror.kv_len *
+              mirror.head_dim <=
+          kWalkMirrorMaxWork)
+        best = mirror;
+    }
     for (int r : m.reached(*best)) done[static_cast<size_t>(r)] = 1;
     out.push_back(*best);
   }
