@@ -71,7 +71,7 @@ std::vector<AttentionProblem> walk_problems(const coverage::Model& m,
                                             unsigned needs, double g);
 
 // The long anchor (item 3): head_dim 256, batch 2, one head, q_len
-// 192 (64 mod 128) and kv_len 449 with batch element 1 padded by 149 keys
+// 64 (64 mod 128) and kv_len 401 with batch element 1 padded by 144 keys
 // (a long masked run) where the entry implements masks. Judged by the
 // sampled verdict.
 AttentionProblem long_anchor(unsigned needs, double g);
