@@ -56,7 +56,7 @@ std::vector<Distribution> realistic_activations(bool sdpa) {
 // The shape (batch, heads, kv_heads, q_len, kv_len, head_dim) of a drawn
 // case, from the shape model of the entry under test (issue 33,
 // validation/coverage.h; shape_context()): each dimension draws, one time
-// in kModelOdds, a candidate of the entry's model (head_dim 80 ... 576,
+// in kModelOdds (12), a candidate of the entry's model (head_dim 80 ... 576,
 // batch above the thread count, GQA ratios 2 ... 8 and MQA, lengths at the
 // residues 0, +-1, b/2 of every block b of the model, decode lengths, long
 // kv_len), and otherwise the small values of before (draw_len, draw_dim,
@@ -64,7 +64,7 @@ std::vector<Distribution> realistic_activations(bool sdpa) {
 // it (its model's needs) and the property allows it. The case then costs at
 // most kMaxDrawCost: dimensions drawn small shrink first, so the model's
 // value survives unless two large ones meet.
-constexpr int kModelOdds = 8;
+constexpr int kModelOdds = 12;
 constexpr int64_t kMaxDrawCost = kMaxBatch * kMaxHeads * kMaxLen * kMaxLen *
                                  kMaxDim;  // the largest draw of before
 
