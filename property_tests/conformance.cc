@@ -12,19 +12,13 @@
 
 #include "property_tests/entry_checks.h"
 #include "property_tests/rc_gens.h"
+#include "property_tests/shape_coverage.h"
 #include "property_tests/support.h"
 #include "qknorm/error.h"
 #include "validation/nonsaturation.h"
 #include "validation/run.h"
 
 namespace qknorm::property {
-
-std::string test_name_of(const std::string& entry) {
-  std::string s = entry;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
 
 void check_entry_property(const Backend& b, const std::string& property) {
   if (!b.available()) GTEST_SKIP() << b.name() << " cannot run on this CPU";
@@ -48,6 +42,8 @@ void check_entry_property(const Backend& b, const std::string& property) {
   // The generated cases this property ran (a soak's size is their sum over
   // the gtest JSON/XML output: --gtest_output=json:FILE).
   testing::Test::RecordProperty("cases_run", r.cases_run);
+  // The shapes it judged, for the suite's coverage report (shape_coverage.h).
+  write_recorded_problems(b, property);
   EXPECT_TRUE(r.pass) << r.message;
 }
 

@@ -7,6 +7,8 @@
 #include <rapidcheck.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <iostream>
 #include <regex>
 #include <stdexcept>
 #include <string>
@@ -15,6 +17,7 @@
 #include "mutants/mutants.h"
 #include "property_tests/entry_checks.h"
 #include "property_tests/rc_gens.h"
+#include "property_tests/shape_coverage.h"
 #include "property_tests/support.h"
 #include "qknorm/backend.h"
 #include "validation/forwarding_backend.h"
@@ -78,6 +81,7 @@ TEST_P(EntryProperty, FormulationNonSaturation) {
   Check("FormulationNonSaturation");
 }
 TEST_P(EntryProperty, LongSequence) { Check("LongSequence"); }
+TEST_P(EntryProperty, ShapeCoverage) { Check("ShapeCoverage"); }
 
 // Every TEST_P above is in the table and vice versa.
 TEST(PropertyTable, EveryPropertyHasATest) {
@@ -158,6 +162,34 @@ TEST(PropertyTable, ABareFailureNamesTheEntryAndTheCase) {
 // that passes every qknorm entry reports a violation on saturating sdpa.
 TEST_P(EntryProperty, NegativeControlSdpaSaturates) {
   check_sdpa_saturates(entry());
+}
+
+// The property suite's coverage report (shape_coverage.h). ctest runs Reset
+// before every property test and Report after them all (fixture
+// property_coverage, ctest/coverage/); both need QKNORM_COVERAGE_OUT.
+const char* coverage_out() {
+  const char* d = std::getenv("QKNORM_COVERAGE_OUT");
+  return d != nullptr && *d != '\0' ? d : nullptr;
+}
+
+TEST(PropertyCoverage, Reset) {
+  if (coverage_out() == nullptr) GTEST_SKIP() << "QKNORM_COVERAGE_OUT unset";
+  std::filesystem::remove_all(coverage_out());
+}
+
+// One summary line per entry; report.json lists the cells and pairs. Fails
+// if an entry's ShapeCoverage run misses a single cell of its model.
+TEST(PropertyCoverage, Report) {
+  if (coverage_out() == nullptr) GTEST_SKIP() << "QKNORM_COVERAGE_OUT unset";
+  std::vector<const Backend*> entries;
+  for (const std::string& n : entry_names()) entries.push_back(find_entry(n));
+  std::vector<std::string> missing;
+  for (const std::string& line :
+       write_report(coverage_out(), entries, &missing))
+    std::cout << line << "\n";
+  std::cout << "report: " << coverage_out() << "/report.json\n";
+  for (const std::string& e : missing)
+    ADD_FAILURE() << "entry " << e << ": ShapeCoverage missed a single cell";
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, EntryProperty,

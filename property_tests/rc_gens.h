@@ -93,6 +93,17 @@ struct SpecOptions {
   // property that checks the backward outside the rule's budgets or falls
   // back to forward-only checks for them (AttentionSpec::saturated()).
   bool saturating_sdpa = false;
+  // Shapes from the entry's shape model (rc_gens.cc, draw_shape) where true;
+  // the small shapes of before otherwise. Off by default for now: turned
+  // on, the fixed-seed run fails (issue 33 triage, README "Shape
+  // coverage"): NonSaturation on GQA draws (computed_logit_amplitude wants
+  // the oracle for kv_heads != heads), sdpa lse at head_dim 512 / 576 with
+  // parallel rows (reference:f32 margin 1.06, simd:SSSE3:bf16 2.65) and
+  // GradientSums' dv sum at kv_len 2303 (reference:f64).
+  bool model_shapes = false;
+  // kv_heads < heads may be drawn (where the entry supports GQA): false for
+  // a property that indexes k and v by the query heads.
+  bool allow_gqa = true;
 };
 
 // What the entry under test implements, for entries that declare it (a

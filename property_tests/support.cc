@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "property_tests/rc_gens.h"
+#include "property_tests/shape_coverage.h"
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/validate.h"
@@ -200,6 +201,10 @@ void note_case(const std::string& describe) { noted_case = describe; }
 RunResult run_property(const Property& prop, const Backend& b,
                        const std::string& id, bool shrink,
                        bool honour_reproduce, int cases_override) {
+  // The entry's shape model for the generators, and a fresh record of the
+  // problems this run judges (the coverage report, shape_coverage.h).
+  const ShapeContextScope shapes(b);
+  clear_recorded_problems();
   return run_body(
       std::string(prop.name) + " on entry " + b.name(),
       [&b, &prop] {
