@@ -15,8 +15,10 @@
 // covers both. Any other passing mutant SURVIVED: a miss of the verdict.
 //
 // Exit status: 0 iff no mutant SURVIVED, every precision mutant (issue 15)
-// is caught and every control passes; 1 otherwise; 2 bad option (a filter
-// that selects nothing).
+// is caught, on the default suite every shape mutant (issue 33,
+// MutantInfo::region: the covering array reaches each region) is caught,
+// and every control passes; 1 otherwise; 2 bad option (a filter that
+// selects nothing).
 #ifndef QKNORM_CLI_MUTANTS_H_
 #define QKNORM_CLI_MUTANTS_H_
 
