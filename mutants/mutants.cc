@@ -138,6 +138,8 @@ class Kernel {
     if (!p.mask.key_lengths.empty()) {
       int64_t len = p.mask.key_lengths[static_cast<size_t>(b)];
       if (on(Bug::kPaddingDropsLastKey)) len -= 1;
+      // The mutant: a key length of 0 read as "not given" (no padding).
+      if (on(Bug::kPadZeroMeansUnpadded) && len == 0) len = p.kv_len;
       if (j >= len) return false;
     }
     return true;
@@ -289,7 +291,8 @@ class Kernel {
 
   // u = x / max(||x||, eps) (or the bug's denominator); returns ||x||.
   T normalize(const T* x, int64_t n, T e, T* u) const {
-    const T nrm = nrm2(x, n);
+    // The mutant: the one-element fast path takes the norm of x as x.
+    const T nrm = on(Bug::kHeadDim1SignedNorm) && n == 1 ? x[0] : nrm2(x, n);
     const T den = on(Bug::kEpsInSquaredNorm) ? std::sqrt(nrm * nrm + e)
                                              : std::max(nrm, e);
     for (int64_t i = 0; i < n; ++i) u[i] = x[i] / den;
@@ -1019,6 +1022,18 @@ const std::vector<MutantInfo>& mutant_list() {
        "heads' shares",
        Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
        "heads: GQA (kv_heads < heads) on a paper-formulation entry"},
+      {Bug::kHeadDim1SignedNorm, "head_dim_1_signed_norm",
+       "the normalization's one-element fast path (head_dim 1: no "
+       "reduction) returns x as ||x|| instead of |x|: rows with x < 0 fall "
+       "in the clamp region, x_hat = x / eps instead of -1",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr, "head_dim 1"},
+      {Bug::kPadZeroMeansUnpadded, "pad_zero_means_unpadded",
+       "a key length of 0 read as \"not given\" (0 as the unset sentinel, "
+       "as where a zero or None length means the whole sequence): a batch "
+       "element whose every key is padding sees all of them; O and lse of "
+       "its rows are those of no padding instead of 0 and -inf",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "mask: padding of kv_len keys (a key length of 0)"},
   };
   return list;
 }

@@ -72,10 +72,12 @@ enum class Bug {
   // Shape bugs (issue 33): each is wrong only in one region of the shape
   // model (validation/coverage.h) and bit for bit the unmutated copy
   // elsewhere; only the default run's covering array reaches them.
-  kStaleDqHeadDim256,   // D >= 256, batch b >= 1: dQ half reads batch b-1's
-  kHalfBlockTailDq,     // q_len % 128 == 64: tail block's dQ with delta 0
-  kLongMaskedRunNan,    // last 128 keys of a seeing row masked: NaN
-  kGqaPaperNoGroupSum,  // paper entry with GQA: dK, dV of the first head
+  kStaleDqHeadDim256,     // D >= 256, batch b >= 1: dQ half reads batch b-1's
+  kHalfBlockTailDq,       // q_len % 128 == 64: tail block's dQ with delta 0
+  kLongMaskedRunNan,      // last 128 keys of a seeing row masked: NaN
+  kGqaPaperNoGroupSum,    // paper entry with GQA: dK, dV of the first head
+  kHeadDim1SignedNorm,    // D == 1: ||x|| taken as x (negative rows clamped)
+  kPadZeroMeansUnpadded,  // key length 0 read as no padding
 };
 
 enum class MutantKind {

@@ -57,6 +57,12 @@ bool long_masked_run(const AttentionProblem& p) {
   return false;
 }
 bool gqa(const AttentionProblem& p) { return kv_heads_of(p) < p.heads; }
+bool head_dim_1(const AttentionProblem& p) { return p.head_dim == 1; }
+// Some batch element's every key is padding.
+bool padding_of_every_key(const AttentionProblem& p) {
+  const auto& l = p.mask.key_lengths;
+  return std::find(l.begin(), l.end(), 0) != l.end();
+}
 
 const Backend& mutant(const std::string& name) {
   const Backend* b = property::mutant_registry().find("mutant:" + name);
@@ -154,6 +160,15 @@ TEST(ShapeMutants, GqaOnPaperEntryIsCaughtByDefaultRun) {
   expect_caught_only_in_region("gqa_paper_no_group_sum:f32", gqa);
 }
 
+TEST(ShapeMutants, HeadDim1IsCaughtByDefaultRun) {
+  expect_caught_only_in_region("head_dim_1_signed_norm:f32", head_dim_1);
+}
+
+TEST(ShapeMutants, PaddingOfKvLenKeysIsCaughtByDefaultRun) {
+  expect_caught_only_in_region("pad_zero_means_unpadded:f32",
+                               padding_of_every_key);
+}
+
 // The copy the mutants are made of, with GQA declared, PASSes every case of
 // the default run, the regions' included.
 TEST(ShapeMutants, UnmutatedCopyPassesTheDefaultRun) {
@@ -249,6 +264,21 @@ TEST(ShapeMutants, GqaOnPaperEntryOnlyInItsRegion) {
                 {with({"--kv-heads", "1"}), true},
                 {with({}), false},
                 {with({"--kv-heads", "4"}), false}});
+}
+
+TEST(ShapeMutants, HeadDim1OnlyInItsRegion) {
+  expect_edges("head_dim_1_signed_norm:f32",
+               {{{"--shape", "2x2x9x1", "--mask", "causal+pad"}, true},
+                {{"--shape", "2x2x9x2", "--mask", "causal+pad"}, false},
+                {{"--shape", "1x1x5x7x3", "--mask", "none"}, false}});
+}
+
+TEST(ShapeMutants, PaddingOfKvLenKeysOnlyInItsRegion) {
+  expect_edges("pad_zero_means_unpadded:f32",
+               {{{"--shape", "2x2x9x8", "--mask", "pad:0,9"}, true},
+                {{"--shape", "2x2x9x8", "--mask", "pad:5,0"}, true},
+                {{"--shape", "2x2x9x8", "--mask", "pad:1,9"}, false},
+                {{"--shape", "2x2x9x8", "--mask", "causal"}, false}});
 }
 
 }  // namespace
