@@ -1,0 +1,187 @@
+// The shape-coverage model (issue 33): the values of each dimension an
+// attention kernel branches on (cells), which cells a problem reaches, the
+// covering array the default run appends, and the tally of what a run
+// reached per entry. validation/README.md ("Shape coverage") explains every
+// cell and why kernels branch there.
+//
+// One problem may reach several cells of one dimension: q_len 257 reaches
+// "+1 mod 16", "+1 mod 32", ... "+1 mod 256" (and "-1 mod 6" for an entry
+// declaring block 6). The model is derived per entry, because the residue
+// cells depend on the blocks the entry declares (Backend::block_sizes).
+#ifndef QKNORM_VALIDATION_COVERAGE_H_
+#define QKNORM_VALIDATION_COVERAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "qknorm/attention.h"
+#include "qknorm/backend.h"
+
+namespace qknorm::validation::coverage {
+
+enum class Dim { kHeadDim, kBatch, kHeads, kQLen, kKvLen, kMask };
+inline constexpr int kDims = 6;
+// "head_dim", "batch", "heads", "q_len", "kv_len", "mask".
+const char* name(Dim d);
+
+// The optional features a cell needs of an entry (probed with supports()).
+enum Need : unsigned { kNeedNothing = 0, kNeedGqa = 1u, kNeedMask = 2u };
+inline constexpr unsigned kAllNeeds = kNeedGqa | kNeedMask;
+
+struct Cell {
+  Dim dim;
+  std::string label;  // within its dimension: "64", "+1 mod 16", "MQA"
+  unsigned needs;     // Need bits
+};
+// "q_len:+1 mod 16": the dimension and the label.
+std::string full_name(const Cell& c);
+
+struct ModelOptions {
+  // Blocks the entry (or the union of the run's entries) declares; values
+  // < 2 are ignored, and {16, 32, 64, 128, 256} are always in the model.
+  std::vector<int64_t> block_sizes;
+  // Worker threads of the run (ExecConfig::threads resolved, >= 1): the
+  // batch cell "more than the threads" is batch >= max(threads, 2) + 1.
+  int threads = 2;
+};
+
+// The mask structures the builder realizes. Which mask cells a realized
+// problem reaches also depends on its lengths (Model::reached decides).
+enum class MaskKind {
+  kNone,     // no causal, no key_lengths
+  kCausal,   // causal; q_len vs kv_len picks the causal cell
+  kPadNone,  // key_lengths all equal to kv_len (padding of 0 keys)
+  kPadOne,   // batch element 0 pads its last key
+  kPadAll,   // batch element 0 has key_length 0 (all its rows masked)
+  kPadRun,   // batch element 0 pads its last kLongRun keys
+};
+const char* name(MaskKind k);
+// A masked run at least this long in a row that sees a key is "long".
+inline constexpr int64_t kLongRun = 128;
+// A row is "long" from this many keys ("fully masked rows in long rows").
+inline constexpr int64_t kLongRow = 256;
+// kv_len "long": into the thousands.
+inline constexpr int64_t kLongKv = 2048;
+
+// One choice of a candidate per dimension.
+struct Choice {
+  int64_t head_dim = 1, batch = 1, heads = 1, kv_heads = 1;
+  int64_t q_len = 1, kv_len = 1;
+  MaskKind mask = MaskKind::kNone;
+};
+// The paper's formulation (qknorm, l2 per head, learned g) with the choice's
+// shape and mask; nullopt if the mask cannot be realized at these lengths
+// (kPadOne needs kv_len >= 2, kPadRun kv_len > kLongRun).
+std::optional<AttentionProblem> realize(const Choice& c, double g);
+// Relative cost of judging problem p on one entry, in seconds on one core
+// of the reference machine: a per-case constant plus a term in
+// B H Nq Nk D (coverage.cc says how both were measured).
+double cost(const AttentionProblem& p);
+
+// The concrete values the builder and the generators draw from; each value
+// reaches one or more cells of its dimension.
+struct Candidates {
+  std::vector<int64_t> head_dims;
+  std::vector<int64_t> batches;
+  std::vector<std::pair<int64_t, int64_t>> heads;  // (heads, kv_heads)
+  std::vector<int64_t> q_lens;
+  std::vector<int64_t> kv_lens;
+  std::vector<MaskKind> masks;
+};
+
+class Model {
+ public:
+  explicit Model(const ModelOptions& o);
+
+  const ModelOptions& options() const { return opt_; }
+  // The sorted blocks (>= 2) the residue cells are built around.
+  const std::vector<int64_t>& blocks() const { return blocks_; }
+  const std::vector<Cell>& cells() const { return cells_; }
+  // Index of the cell (dim, label), -1 if the model has none.
+  int index(Dim d, std::string_view label) const;
+  // Indices (into cells()) of every cell problem p reaches, ascending.
+  std::vector<int> reached(const AttentionProblem& p) const;
+  const Candidates& candidates() const { return cand_; }
+
+  // Whether some choice of candidates reaches cell c (every cell, for the
+  // candidates the model builds; kept so that a test can check it).
+  bool feasible(int c) const;
+  // Pairs (a < b, cells of two different dimensions) that some choice of
+  // candidates realizes (decided by construction), and the others (n/a).
+  const std::vector<std::pair<int, int>>& feasible_pairs() const;
+  const std::vector<std::pair<int, int>>& infeasible_pairs() const;
+  bool feasible(int a, int b) const;
+  unsigned needs(int a, int b) const {
+    return cells_[a].needs | cells_[b].needs;
+  }
+
+  // coverage.cc's tables (cell indices by value, the realized length and
+  // mask choices); shared by copies of the model.
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  ModelOptions opt_;
+  std::vector<int64_t> blocks_;
+  std::vector<Cell> cells_;
+  Candidates cand_;
+  std::shared_ptr<const Impl> impl_;
+};
+
+// The needs entry supports: GQA if it supports a paper-formulation problem
+// with kv_heads < heads, mask if it supports one with a causal mask and
+// key_lengths.
+unsigned supported_needs(const Backend& entry);
+// The blocks entry declares, probed at the model's candidate shapes.
+std::vector<int64_t> declared_blocks(const Backend& entry);
+// The model of one entry: its declared blocks and the run's thread count.
+Model model_for(const Backend& entry, int threads);
+// The needs of problem p itself: GQA if kv_heads != heads, mask if causal or
+// key_lengths are given.
+unsigned needs_of(const AttentionProblem& p);
+
+// The covering array: problems such that, for every set of needs N (subsets
+// of {GQA, mask}), the problems needing at most N reach every feasible
+// single cell and pair whose needs are within N. Cost-aware (free
+// dimensions get the cheapest candidate) and deterministic.
+std::vector<AttentionProblem> covering_array(const Model& m, double g);
+
+// What a run reached for one entry: the cells and pairs within its needs.
+class Tally {
+ public:
+  Tally(const Model& m, unsigned supported_needs);
+  // A problem the entry was judged on.
+  void add(const AttentionProblem& p);
+
+  const Model& model() const { return *m_; }
+  unsigned supported_needs() const { return needs_; }
+  int singles_feasible() const;
+  int singles_reached() const;
+  int pairs_feasible() const;
+  int pairs_reached() const;
+  // Cells / pairs within the entry's needs (and feasible) not reached.
+  std::vector<int> unreached_singles() const;
+  std::vector<std::pair<int, int>> unreached_pairs() const;
+  bool complete() const {
+    return singles_reached() == singles_feasible() &&
+           pairs_reached() == pairs_feasible();
+  }
+  // "singles 84/84, pairs 2710/2710".
+  std::string summary() const;
+
+ private:
+  bool within(int c) const { return (m_->cells()[c].needs & ~needs_) == 0; }
+  const Model* m_;
+  unsigned needs_;
+  std::vector<char> single_;
+  std::vector<std::vector<char>> pair_;  // [a][b], a < b
+};
+
+}  // namespace qknorm::validation::coverage
+
+#endif  // QKNORM_VALIDATION_COVERAGE_H_
