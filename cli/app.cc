@@ -14,6 +14,7 @@
 
 #include "cli/compare.h"
 #include "cli/cost.h"
+#include "cli/coverage.h"
 #include "cli/machine.h"
 #include "cli/mutants.h"
 #include "cli/options.h"
@@ -329,9 +330,12 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   const auto t0 = std::chrono::steady_clock::now();
   Suite suite;
   std::vector<const Backend*> entries;
+  int covering = 0;
   try {
-    suite = build_suite(c.suite);
     entries = select_entries(all_backends(), c.suite);
+    // The default suite gets the covering cases of the entries' shape
+    // model (issue 33; cli/coverage.h).
+    suite = default_run_suite(c.suite, entries, c.threads, &covering);
   } catch (const Error& e) {
     err << "qknorm-check: " << e.what() << "\n";
     return kExitUsage;
@@ -345,8 +349,14 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   CostRates rates;
   CostEstimate cost;
   if (!suite.attention.empty() && !entries.empty()) {
-    rates = calibrate(entries, exec, c.sample > 0, largest_work(suite),
-                      jobs_for(c));
+    // The sampled oracle's rates too if any case is sampled (--sample, or
+    // the long covering cases).
+    const bool any_sampled =
+        c.sample > 0 ||
+        std::any_of(suite.attention.begin(), suite.attention.end(),
+                    [](const AttentionSpec& a) { return a.sample_rows > 0; });
+    rates =
+        calibrate(entries, exec, any_sampled, largest_work(suite), jobs_for(c));
     cost = estimate(rates, entries, suite, !c.no_timing, c.sample, c.threads,
                     jobs_for(c));
   } else {
@@ -422,6 +432,11 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   rep.jobs = jobs_for(c);
   rep.note = note;
   rep.classes = parse_classes(c.suite.classes);  // build_suite checked them
+  rep.covering_cases = covering;
+  if (!custom_suite(c.suite))
+    rep.coverage =
+        coverage_json(union_model(entries, c.threads),
+                      suite_coverage(entries, suite, c.threads), covering);
   for (const AttentionSpec& s : suite.attention) {
     rep.cases.push_back(describe_case(s));
     rep.case_classes.push_back(input_class(s));
@@ -506,6 +521,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
                "the oracle with the same metrics and rule",
                add_compare_options, cmp_opt);
 
+  CoverageOptions cov_opt;
+  CLI::App* coverage = add_tool(
+      app, "coverage",
+      "The shape-coverage model (validation/coverage.h) and, for the suite "
+      "the other options select, which cells and pairs of it each entry's "
+      "cases reach and which they miss, without running kernels: exit 0 iff "
+      "every entry reaches all of its model within the features it supports",
+      add_coverage_options, cov_opt);
+
   MutantsOptions mut_opt;
   CLI::App* mutants =
       add_tool(app, "mutants",
@@ -523,7 +547,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
     const int code = app.exit(e, out, err);
     return code == 0 ? kExitPass : kExitUsage;
   }
-  if ((*sweep || *power || *compare || *mutants) &&
+  if ((*sweep || *power || *compare || *mutants || *coverage) &&
       (common.sample > 0 || common.sample_seed_given)) {
     err << "qknorm-check: --sample/--sample-seed before a subcommand apply "
            "to the default run only (not to sweep, power, compare or "
@@ -556,6 +580,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
                      progress);
   if (*compare)
     return run_compare(cmp_opt, common.suite, common.json, out, err);
+  if (*coverage)
+    return run_coverage(cov_opt, common.suite, common.threads, out, err);
   if (*mutants) {
     if (mut_opt.jobs == 0) mut_opt.jobs = common.jobs;  // --jobs before it
     return run_mutants(mut_opt, common.suite, out, err, progress);

@@ -498,9 +498,14 @@ CostEstimate estimate(const CostRates& rates,
   for (size_t ci = 0; ci < suite.attention.size(); ++ci) {
     const AttentionProblem& p = suite.attention[ci].problem;
     const double work = work_of(p), vis = visible_work(p);
+    // This case's mode: the run's, or its own (AttentionSpec::sample_rows).
+    const int64_t case_rows = suite.attention[ci].sample_rows > 0
+                                  ? suite.attention[ci].sample_rows
+                                  : sample_rows;
+    const bool sampled = case_rows > 0;
     c.work += work;
     c.visible += vis;
-    if (!c.sampled)
+    if (!sampled)
       c.oracle_bytes =
           std::max(c.oracle_bytes, 2.0 * sizeof(long double) * work /
                                        static_cast<double>(p.head_dim));
@@ -514,18 +519,18 @@ CostEstimate estimate(const CostRates& rates,
       if (!b->available() || !b->supports(p)) continue;
       const auto pi = static_cast<size_t>(b->precision());
       prec[pi] = true;
-      if (b->family() != "reference" && !c.sampled) with_naive[pi] = true;
+      if (b->family() != "reference" && !sampled) with_naive[pi] = true;
       entry_cpu[ei] =
           rates.entry_elem[ei] * elements(p) + rates.entry[ei] * vis;
       // Sampled: the verdict's O(n D) properties on every row, about as
       // much as drawing the inputs.
-      if (c.sampled) entry_cpu[ei] += rates.setup * elements(p);
+      if (sampled) entry_cpu[ei] += rates.setup * elements(p);
       entry[ei] = entry_cpu[ei] / (entry_threads * share);
     }
     double pass = 0, rows_w = 0, flops = 0, prep = 0;
-    if (c.sampled) {
+    if (sampled) {
       const validation::SampleOptions so =
-          sample_options(entries, p, sample_rows, 1, threads);
+          sample_options(entries, p, case_rows, 1, threads);
       pass = rates.pass * vis;                // CPU seconds, on oracle_threads
       prep = rates.pass_setup * elements(p);  // on one thread
       flops = 6 * vis;  // two D-term dots and O's D-term update per pair
@@ -546,12 +551,12 @@ CostEstimate estimate(const CostRates& rates,
         // runs the full oracle); the sampled pass and rows run on
         // oracle_threads.
         const double serial =
-            rates.setup * elements(p) + (c.sampled ? prep : full * work);
-        const double par = c.sampled ? pass + rows : 0;
+            rates.setup * elements(p) + (sampled ? prep : full * work);
+        const double par = sampled ? pass + rows : 0;
         oracle_phases[pi] = {{serial, 1}, {par, oracle_threads}};
         oracle[pi] = (serial + par / oracle_threads) / share;
         c.oracle_s += oracle[pi];
-        if (c.sampled) {
+        if (sampled) {
           c.pass_s += (prep + pass / oracle_threads) / share;
           c.rows_s += rows / oracle_threads / share;
           c.pass_flops += flops;

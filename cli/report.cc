@@ -319,7 +319,7 @@ void print_table(std::ostream& out, const Report& rep) {
     targets += (targets.empty() ? "" : " ") + t;
   if (targets.empty()) targets = "none (no simd entries in this build)";
   out << fmt::format(
-      "{}: {} entries, {} cases, {}{}\n", rep.title,
+      "{}: {} entries, {} cases{}, {}{}\n", rep.title,
       [&] {
         std::vector<std::string> names;
         for (const auto& r : rep.rows)
@@ -328,6 +328,11 @@ void print_table(std::ostream& out, const Report& rep) {
         return names.size();
       }(),
       rep.cases.size(),
+      rep.covering_cases > 0
+          ? fmt::format(" ({} of them covering the shape model: "
+                        "qknorm-check coverage)",
+                        rep.covering_cases)
+          : std::string(),
       rep.seeded ? "seed " + std::to_string(rep.seed)
                  : std::string("inputs from files"),
       rep.classes.empty()
@@ -491,6 +496,7 @@ std::string to_json(const Report& rep) {
     j["case_costs"] = cc;
   }
   j["pass"] = rep.pass;
+  if (!rep.coverage.is_null()) j["coverage"] = rep.coverage;
   j["machine"] = {{"cpu", rep.machine.cpu},
                   {"cores", rep.machine.cores},
                   {"hwy_targets", rep.machine.hwy_targets},

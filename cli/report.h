@@ -4,6 +4,7 @@
 #define QKNORM_CLI_REPORT_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@ struct Report {
   // cost, with the sampled oracles (text: describe() once per case).
   std::vector<double> case_estimates;
   std::vector<CaseCost> case_costs;
+  // The default run's covering cases (issue 33; cli/coverage.h) and its
+  // "coverage" section (coverage_json; null: not the default suite).
+  int covering_cases = 0;
+  nlohmann::json coverage;
   bool pass = true;  // every available row passes
 };
 

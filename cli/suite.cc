@@ -664,8 +664,12 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
       pr.done += per_entry;  // nothing to run: counted as done
     }
   }
-  const bool sampled = opt.sample_rows > 0;
   const size_t n_cases = suite.attention.size();
+  // A case is sampled in a sampled run, or if it asks to be
+  // (AttentionSpec::sample_rows).
+  auto sampled_case = [&](size_t ci) {
+    return opt.sample_rows > 0 || suite.attention[ci].sample_rows > 0;
+  };
 
   // The plan, case-major: per case, each precision's oracle (and naive
   // baseline) before the first entry that needs it; the entries in the
@@ -681,9 +685,12 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
   for (size_t ci = 0; ci < n_cases; ++ci) {
     const AttentionSpec& s = suite.attention[ci];
     sample_opt[ci] = SharedCase{}.sample;
+    const bool sampled = sampled_case(ci);
     if (sampled)
-      sample_opt[ci] = sample_options(entries, s.problem, opt.sample_rows,
-                                      opt.sample_seed, opt.exec.threads);
+      sample_opt[ci] =
+          sample_options(entries, s.problem,
+                         s.sample_rows > 0 ? s.sample_rows : opt.sample_rows,
+                         opt.sample_seed, opt.exec.threads);
     std::array<size_t, 4> oracle_at, naive_at;
     oracle_at.fill(SIZE_MAX);
     naive_at.fill(SIZE_MAX);
@@ -777,11 +784,11 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     if (t.kind == Task::kOracle) {
       if (!sh->made) {
         sh->sample = sample_opt[t.ci];
-        report(std::string(sampled ? "sampled oracle " : "oracle ") +
+        report(std::string(sampled_case(t.ci) ? "sampled oracle " : "oracle ") +
                std::string(name(b.precision())));
         make_oracle(s, b.precision(), sh);
         oracle_s = sh->oracle_seconds;
-        if (sampled && sh->error.empty()) {
+        if (sampled_case(t.ci) && sh->error.empty()) {
           sample = sh->so;
           sample->tables.clear();
         }

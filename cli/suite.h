@@ -35,6 +35,10 @@ struct AttentionSpec {
   AttentionProblem problem;
   validation::Distribution dist = validation::Distribution::kGaussian;
   uint64_t seed = 0;
+  // > 0: this case is judged in sampled mode with at least this many rows
+  // whatever the run's mode (the long covering cases, cli/coverage.h);
+  // 0: the run's mode (RunOptions::sample_rows).
+  int64_t sample_rows = 0;
 };
 
 struct ScaleNormSpec {

@@ -125,15 +125,28 @@ std::optional<AttentionProblem> realize(const Choice& c, double g) {
   return p;
 }
 
+bool judged_sampled(const AttentionProblem& p) {
+  return p.batch * p.heads * p.q_len * p.kv_len >= kSampledPairs;
+}
+
 double cost(const AttentionProblem& p) {
-  // Measured with the default run's covering cases (cli/README.md, "Shape
-  // coverage"): a case's fixed part (drawing, rounding, the calls, the
-  // verdict's bookkeeping) and its O(B H Nq Nk D) part (oracle, naive
-  // baseline, entry, verdict), seconds per entry on one core.
-  constexpr double kCaseSeconds = 1.5e-3, kWorkSeconds = 4e-9;
-  const double work =
-      static_cast<double>(p.batch) * p.heads * p.q_len * p.kv_len * p.head_dim;
-  return kCaseSeconds + kWorkSeconds * work;
+  // Measured with qknorm-check --json's case costs (all 21 entries with
+  // their oracles and naive baselines, shared out over the 21; 2-core Zen
+  // 4 under load, scaled to a quiet machine): 1x1x5x5x1 ~1 ms in all;
+  // 1x1x768x2048xD 7.0 s at D = 1 and 16.3 s at D = 8 (the per-pair
+  // softmax work is worth about 5 dimensions), of which the entries 1.7 s;
+  // sampled (--sample 64) 1.4 s, of which the entries 1.0 s (no
+  // long-double oracle, no naive baseline: the double pass only).
+  constexpr double kCaseSeconds = 5e-5;
+  constexpr double kEntrySeconds = 1.2e-9, kFullOracleSeconds = 6e-9,
+                   kSampledOracleSeconds = 0.55e-9;  // per pair and (D + 5)
+  constexpr double kPairDims = 5;
+  const double pairs =
+      static_cast<double>(p.batch) * p.heads * p.q_len * p.kv_len;
+  return kCaseSeconds +
+         pairs * (p.head_dim + kPairDims) *
+             (kEntrySeconds +
+              (judged_sampled(p) ? kSampledOracleSeconds : kFullOracleSeconds));
 }
 
 unsigned needs_of(const AttentionProblem& p) {

@@ -78,9 +78,20 @@ struct Choice {
 // shape and mask; nullopt if the mask cannot be realized at these lengths
 // (kPadOne needs kv_len >= 2, kPadRun kv_len > kLongRun).
 std::optional<AttentionProblem> realize(const Choice& c, double g);
+// Covering cases from this many (query, key) pairs up (B H Nq Nk: 256 x
+// 256) are judged by the sampled oracle (validation/sampled.h) on at least
+// kSampleRows query and key rows (the tile-boundary rows among them, and
+// every row of a side of at most that many): the full oracle costs about
+// 5 times the entries' run per pair, and its 2049 x 2048 case alone more
+// than the default run's budget ("kv_len into the thousands, sampled where
+// the oracle needs it").
+inline constexpr int64_t kSampledPairs = int64_t{1} << 16;
+inline constexpr int64_t kSampleRows = 64;
+bool judged_sampled(const AttentionProblem& p);
 // Relative cost of judging problem p on one entry, in seconds on one core
 // of the reference machine: a per-case constant plus a term in
-// B H Nq Nk D (coverage.cc says how both were measured).
+// B H Nq Nk (D + 5), the oracle's share of it smaller when
+// judged_sampled(p) (coverage.cc says how they were measured).
 double cost(const AttentionProblem& p);
 
 // The concrete values the builder and the generators draw from; each value

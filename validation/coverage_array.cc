@@ -210,18 +210,25 @@ class Builder {
     seeds_.clear();
     const size_t n = m_.cells().size();
     for (size_t a = 0; a < n; ++a) {
-      if (unc_single_.test(a)) seeds_.push_back({Bits().set(a), 0});
+      if (unc_single_.test(a)) seeds_.push_back({Bits().set(a), 0, false});
       for (size_t b = unc_pair_[a]._Find_next(a); b < kMaxCells;
            b = unc_pair_[a]._Find_next(b))
-        seeds_.push_back({Bits().set(a).set(b), 0});
+        seeds_.push_back({Bits().set(a).set(b), 0, false});
     }
     for (Seed& s : seeds_) {
       const std::optional<Row> r = cheapest(s.cells);
       s.cost = r ? row_cost(*r) : -1;  // -1: none within N (cannot be)
     }
-    std::stable_sort(
-        seeds_.begin(), seeds_.end(),
-        [](const Seed& a, const Seed& b) { return a.cost > b.cost; });
+    // Lengths and mask items first: their rows keep head_dim 1, batch 1
+    // and MHA (a long row with a large head_dim would cost its D), then
+    // the rest, each costliest first.
+    for (Seed& s : seeds_) s.lengths_only = (s.cells & free_).none();
+    std::stable_sort(seeds_.begin(), seeds_.end(),
+                     [](const Seed& a, const Seed& b) {
+                       if (a.lengths_only != b.lengths_only)
+                         return a.lengths_only;
+                       return a.cost > b.cost;
+                     });
     next_seed_ = 0;
   }
   bool uncovered(const Bits& item) const {
@@ -250,6 +257,7 @@ class Builder {
       Row r = best;
       for (r.t = 0; r.t < im_.triples.size(); ++r.t)
         if ((t_seed & ~im_.triples[r.t].bits2).none()) try_row(r);
+      if (seeds_[next_seed_].lengths_only) continue;
       r = best;
       for (r.d = 0; r.d < d_bits_.size(); ++r.d) try_row(r);
       r = best;
@@ -263,6 +271,7 @@ class Builder {
   struct Seed {
     Bits cells;
     double cost;
+    bool lengths_only = false;  // cells of q_len, kv_len and mask only
   };
   const Model& m_;
   const Model::Impl& im_;

@@ -1,0 +1,72 @@
+// `qknorm-check coverage` and the default run's covering cases (issue 33):
+// the exit status and the JSON, not a regular expression on the text.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/coverage.h"
+#include "cli/options.h"
+#include "cli/suite.h"
+#include "cli/tests/test_util.h"
+#include "qknorm/backend.h"
+
+namespace qknorm::cli {
+namespace {
+
+using testing::run;
+
+TEST(Coverage, EveryEntryOfTheDefaultRunReachesItsWholeModel) {
+  const testing::CliRun r = run({"coverage", "--json", "-"});
+  ASSERT_EQ(r.code, kExitPass) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_GT(j["covering_cases"].get<int>(), 0);
+  const auto& entries = j["entries"];
+  ASSERT_EQ(entries.size(), all_backends().entries().size());
+  for (const auto& e : entries) {
+    SCOPED_TRACE(e["entry"].get<std::string>());
+    EXPECT_TRUE(e["complete"].get<bool>());
+    EXPECT_EQ(e["singles"]["reached"], e["singles"]["feasible"]);
+    EXPECT_EQ(e["pairs"]["reached"], e["pairs"]["feasible"]);
+    EXPECT_GT(e["pairs"]["feasible"].get<int>(), 1000);
+    EXPECT_TRUE(e["unreached_pairs"].empty());
+  }
+  // The model: every cell with its dimension and needs.
+  EXPECT_GT(j["model"]["cells"].size(), 60u);
+}
+
+TEST(Coverage, ACustomSuiteIsReportedIncomplete) {
+  // One shape: most cells unreached, exit 1, the misses listed.
+  const testing::CliRun r =
+      run({"--shape", "1x2x16x16", "--backend", "blas:f32", "coverage"});
+  EXPECT_EQ(r.code, kExitFail) << r.err;
+  EXPECT_NE(r.out.find("does not reach"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("INCOMPLETE"), std::string::npos) << r.out;
+}
+
+TEST(Coverage, CoveringCasesFollowTheDefaultSuiteAndItsSeeds) {
+  SuiteOptions o;
+  o.seed = 42;
+  const std::vector<const Backend*> entries = select_entries(all_backends(), o);
+  int covering = 0;
+  const Suite s = default_run_suite(o, entries, 2, &covering);
+  const Suite d = default_suite(42);
+  ASSERT_EQ(s.attention.size(), d.attention.size() + covering);
+  for (size_t i = 0; i < d.attention.size(); ++i) {
+    EXPECT_EQ(s.attention[i].seed, d.attention[i].seed);
+    EXPECT_EQ(describe_case(s.attention[i]), describe_case(d.attention[i]));
+  }
+  ASSERT_EQ(s.scalenorm.size(), d.scalenorm.size());
+  EXPECT_EQ(s.scalenorm.back().seed, d.scalenorm.back().seed);
+  // Seeds continue after the ScaleNorm cases', one per covering case.
+  EXPECT_EQ(s.attention[d.attention.size()].seed, d.scalenorm.back().seed + 1);
+  EXPECT_EQ(s.attention.back().seed, d.scalenorm.back().seed + covering);
+  // A custom suite gets none.
+  o.shapes = {"1x2x16x16"};
+  default_run_suite(o, entries, 2, &covering);
+  EXPECT_EQ(covering, 0);
+}
+
+}  // namespace
+}  // namespace qknorm::cli
