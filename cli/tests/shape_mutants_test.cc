@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/coverage.h"
 #include "cli/options.h"
 #include "cli/suite.h"
 #include "cli/tests/test_util.h"
@@ -70,10 +71,17 @@ const Backend& mutant(const std::string& name) {
   return *b;
 }
 
-// The default run's suite and the oracles every test here shares (all the
-// entries are f32).
+// The default run's suite (`qknorm-check` without options: the default
+// cases and the covering cases of the registry's model, cli/coverage.h) and
+// the oracles every test here shares (all the entries are f32).
 struct DefaultRun {
-  Suite suite = build_suite(SuiteOptions{});
+  DefaultRun() {
+    int covering = 0;
+    suite = default_run_suite(SuiteOptions{}, all_backends().entries(), 0,
+                              &covering);
+    EXPECT_GT(covering, 0);
+  }
+  Suite suite;
   SharedOracles oracles;
 };
 DefaultRun& default_run() {
