@@ -1,6 +1,7 @@
 // `qknorm-check mutants`: the default suite's own mutation test (issue 15).
 // Runs the suite qknorm-check runs on the registry (cli::run_suite on
-// build_suite(), i.e. default_suite() unless suite options are given) over
+// default_run_suite(): default_suite() and the covering cases of the
+// registry's shape model, cli/coverage.h, unless suite options are given) over
 // every deliberately broken backend and every legitimate control of
 // mutants/mutants.h, and prints a kill table: each mutant must FAIL
 // (caught: the fields and cases that fail) and each control must PASS.
