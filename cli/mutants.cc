@@ -4,7 +4,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <mutex>
@@ -47,7 +46,6 @@ struct Outcome {
   // The most confident diagnosis of each failing case (validation/
   // diagnose.h), once each, with the number of cases it leads.
   std::vector<std::pair<std::string, int>> causes;
-  double seconds = 0;
 };
 
 bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
@@ -115,21 +113,15 @@ std::string first_line(const std::string& msg, size_t max_len = 110) {
   return line;
 }
 
-Outcome judge_entry(const Backend& b, const Suite& suite,
-                    SharedOracles* oracles) {
+// What the rows of entry b (its attention and ScaleNorm rows among `rows`)
+// say about it.
+Outcome outcome_of(const Backend& b, const std::vector<EntryRow>& rows,
+                   const Suite& suite) {
   Outcome r;
   r.entry = &b;
-  RunOptions opt;
-  opt.oracles = oracles;
-  opt.exec.threads = 1;
-  opt.time_forward = false;
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<EntryRow> rows = run_suite({&b}, suite, opt);
-  r.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
   int case_base = 0;
   for (const EntryRow& row : rows) {
+    if (row.name != b.name()) continue;
     const std::string prefix = row.kind == "scalenorm" ? "scalenorm." : "";
     r.pass = r.pass && row.pass;
     for (const FieldSummary& f : row.fields)
@@ -219,28 +211,27 @@ int run_mutants(const MutantsOptions& o, const SuiteOptions& so,
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const size_t jobs = std::min<size_t>(
       all.size(), o.jobs > 0 ? static_cast<size_t>(o.jobs) : cores);
-  // Every entry is judged against the same oracles (one per case and
-  // precision, computed once: they cost more than the entries).
-  SharedOracles oracles;
-  std::atomic<size_t> next{0};
-  std::atomic<int> done{0};
+  // One run_suite call judges every mutant and control, case-major: each
+  // (case, precision)'s oracle is computed once and dropped after its last
+  // entry, so at most `jobs` cases' oracles are alive. (Keeping every
+  // oracle of the default run's 566 cases for per-entry calls, as
+  // SharedOracles does, took 23 GB.)
+  RunOptions opt;
+  opt.exec.threads = 1;
+  opt.jobs = static_cast<int>(jobs);
+  opt.time_forward = false;
   std::mutex progress_mu;
-  auto worker = [&] {
-    for (size_t i = next++; i < all.size(); i = next++) {
-      outcomes[i] = judge_entry(*all[i], suite, &oracles);
-      const int d = ++done;
-      if (progress) {
-        std::lock_guard<std::mutex> lock(progress_mu);
-        std::cerr << fmt::format("\r[{:>3}/{}] {:<44}", d, all.size(),
-                                 all[i]->name())
-                  << std::flush;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t j = 0; j < jobs; ++j) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
-  if (progress) std::cerr << "\r" << std::string(54, ' ') << "\r" << std::flush;
+  if (progress)
+    opt.progress = [&](const Progress& p) {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      std::cerr << fmt::format("\r[{:>6}/{}] {:<44}", p.done, p.total,
+                               p.what.substr(0, 44))
+                << std::flush;
+    };
+  const std::vector<EntryRow> rows = run_suite(all, suite, opt);
+  if (progress) std::cerr << "\r" << std::string(60, ' ') << "\r" << std::flush;
+  for (size_t i = 0; i < all.size(); ++i)
+    outcomes[i] = outcome_of(*all[i], rows, suite);
 
   for (size_t i = 0; i < mutants.size(); ++i) {
     for (const property::MutantInfo& m : property::mutant_list())
