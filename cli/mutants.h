@@ -1,6 +1,7 @@
 // `qknorm-check mutants`: the default suite's own mutation test (issue 15).
 // Runs the suite qknorm-check runs on the registry (cli::run_suite on
-// build_suite(), i.e. default_suite() unless suite options are given) over
+// default_run_suite(): default_suite() and the covering cases of the
+// registry's shape model, cli/coverage.h, unless suite options are given) over
 // every deliberately broken backend and every legitimate control of
 // mutants/mutants.h, and prints a kill table: each mutant must FAIL
 // (caught: the fields and cases that fail) and each control must PASS.
@@ -15,8 +16,10 @@
 // covers both. Any other passing mutant SURVIVED: a miss of the verdict.
 //
 // Exit status: 0 iff no mutant SURVIVED, every precision mutant (issue 15)
-// is caught and every control passes; 1 otherwise; 2 bad option (a filter
-// that selects nothing).
+// is caught, on the default suite every shape mutant (issue 33,
+// MutantInfo::region: the covering array reaches each region) is caught,
+// and every control passes; 1 otherwise; 2 bad option (a filter that
+// selects nothing).
 #ifndef QKNORM_CLI_MUTANTS_H_
 #define QKNORM_CLI_MUTANTS_H_
 

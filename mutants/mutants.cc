@@ -112,6 +112,13 @@ constexpr double kExp2Cubic[4] = {0.99992523, 0.69583347, 0.22606720,
 constexpr int64_t kBlock = 16;
 // Key tile of the online softmax of the plain copy.
 constexpr int64_t kTile = 4;
+// The shape mutants' blocks (issue 33): the query block whose half-block
+// tail half_block_tail_dq mishandles, the key block long_masked_run_nan
+// starts from, and the head_dim from which stale_dq_head_dim_256 takes its
+// split-accumulator path.
+constexpr int64_t kTailQueryBlock = 128;
+constexpr int64_t kLongRunBlock = 128;
+constexpr int64_t kLargeHeadDim = 256;
 
 // Reference-style loops with one switchable bug, or one control variant.
 template <class T>
@@ -131,8 +138,28 @@ class Kernel {
     if (!p.mask.key_lengths.empty()) {
       int64_t len = p.mask.key_lengths[static_cast<size_t>(b)];
       if (on(Bug::kPaddingDropsLastKey)) len -= 1;
+      // The mutant: a key length of 0 read as "not given" (no padding).
+      if (on(Bug::kPadZeroMeansUnpadded) && len == 0) len = p.kv_len;
       if (j >= len) return false;
     }
+    return true;
+  }
+
+  // The (batch, kv head) slice query head hd of batch b reads: GQA query
+  // head hd uses kv head hd / (heads / kv_heads); without GQA, its own.
+  static int64_t kv_slice(const AttentionProblem& p, int64_t b, int64_t hd) {
+    const int64_t hk = kv_heads_of(p);
+    return b * hk + hd / (p.heads / hk);
+  }
+
+  // The long-masked-run mutant's region: row i of batch b sees some key but
+  // not one of the last kLongRunBlock keys (the kernel's first key block,
+  // last to first, is fully masked).
+  bool masked_last_block(const AttentionProblem& p, int64_t b,
+                         int64_t i) const {
+    if (p.kv_len < kLongRunBlock) return false;
+    for (int64_t j = p.kv_len - kLongRunBlock; j < p.kv_len; ++j)
+      if (visible(p, b, i, j)) return false;
     return true;
   }
 
@@ -264,7 +291,8 @@ class Kernel {
 
   // u = x / max(||x||, eps) (or the bug's denominator); returns ||x||.
   T normalize(const T* x, int64_t n, T e, T* u) const {
-    const T nrm = nrm2(x, n);
+    // The mutant: the one-element fast path takes the norm of x as x.
+    const T nrm = on(Bug::kHeadDim1SignedNorm) && n == 1 ? x[0] : nrm2(x, n);
     const T den = on(Bug::kEpsInSquaredNorm) ? std::sqrt(nrm * nrm + e)
                                              : std::max(nrm, e);
     for (int64_t i = 0; i < n; ++i) u[i] = x[i] / den;
@@ -372,8 +400,8 @@ class Kernel {
         acc(static_cast<size_t>(D));
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hd = 0; hd < p.heads; ++hd) {
-        const int64_t bh = b * p.heads + hd;
-        operands(p, q + bh * Nq * D, k + bh * Nk * D, v + bh * Nk * D, &h);
+        const int64_t bh = b * p.heads + hd, kvh = kv_slice(p, b, hd);
+        operands(p, q + bh * Nq * D, k + kvh * Nk * D, v + kvh * Nk * D, &h);
         for (int64_t i = 0; i < Nq; ++i) {
           T* oi = o + (bh * Nq + i) * D;
           const int64_t m = logits(p, h, b, i, s.data());
@@ -425,6 +453,17 @@ class Kernel {
                           Sum::kPV, t1 - t0, [et](int64_t j) { return et[j]; },
                           [vt, d, D](int64_t j) { return vt[j * D + d]; }));
           }
+          if (on(Bug::kLongMaskedRunNan) && masked_last_block(p, b, i)) {
+            // The mutant's kernel walks key blocks of 128 from the last (the
+            // masked blocks first) and has no check for a -inf running max:
+            // its first block is fully masked, so its max is -inf and each
+            // of its keys adds exp(-inf - (-inf)) = NaN to the row sum and
+            // the accumulator (later rescales multiply NaN by 0).
+            const T minf = -std::numeric_limits<T>::infinity();
+            const T e0 = std::exp(minf - minf);
+            sum += e0;
+            for (T& a : acc) a += e0;
+          }
           for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
           T l = mx + std::log(sum);
           if (on(Bug::kLseBf16)) l = round_prec(Precision::kBF16, l);
@@ -447,7 +486,8 @@ class Kernel {
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hd = 0; hd < p.heads; ++hd) {
         const int64_t bh = b * p.heads + hd;
-        operands(p, q + bh * Nq * D, k + bh * Nk * D, zeros.data(), &h);
+        operands(p, q + bh * Nq * D, k + kv_slice(p, b, hd) * Nk * D,
+                 zeros.data(), &h);
         for (int64_t i = 0; i < Nq; ++i) {
           T* pr = probs + (bh * Nq + i) * Nk;
           const int64_t m = logits(p, h, b, i, s.data());
@@ -474,16 +514,34 @@ class Kernel {
             ? Nq - Nq % kBlock
             : Nq;
     const bool transposed = on(Bug::kTransposedDk) && Nq == Nk;
+    // GQA: the query heads of a group share one kv head, whose dK_hat and dV
+    // sum theirs (first head assigns, the others add: without GQA the same
+    // operations as one head alone), normalized after the group's last head.
+    const int64_t group = p.heads / kv_heads_of(p);
+    // The stale-dQ mutant: the upper half of dQ_hat's accumulator per (head,
+    // row), never cleared between batch elements.
+    const bool stale_dq = on(Bug::kStaleDqHeadDim256) && D >= kLargeHeadDim;
+    std::vector<T> stale(stale_dq ? static_cast<size_t>(p.heads * Nq * D) : 0);
+    // The half-block mutant: the first row of the last partial query block
+    // of 128, if that block is exactly half a block.
+    const int64_t tail_row =
+        on(Bug::kHalfBlockTailDq) && Nq % kTailQueryBlock == kTailQueryBlock / 2
+            ? Nq - kTailQueryBlock / 2
+            : Nq;
+    std::vector<T> ds_tail(static_cast<size_t>(Nk));
     T dg_sum = 0;
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hd = 0; hd < p.heads; ++hd) {
-        const int64_t bh = b * p.heads + hd;
-        operands(p, q + bh * Nq * D, k + bh * Nk * D, v + bh * Nk * D, &h);
+        const int64_t bh = b * p.heads + hd, kvh = kv_slice(p, b, hd);
+        const bool first = hd % group == 0, last = hd % group == group - 1;
+        // The GQA mutant: only the group's first query head reaches dK, dV.
+        const bool adds = first || !on(Bug::kGqaPaperNoGroupSum);
+        operands(p, q + bh * Nq * D, k + kvh * Nk * D, v + kvh * Nk * D, &h);
         const T* ob = o + bh * Nq * D;
         const T* dob = d_o + bh * Nq * D;
         T* dqb = dq + bh * Nq * D;
-        T* dkb = dk + bh * Nk * D;
-        T* dvb = dv + bh * Nk * D;
+        T* dkb = dk + kvh * Nk * D;
+        T* dvb = dv + kvh * Nk * D;
         // P, dS = P (dP - delta) and C of this (batch, head).
         std::fill(pm.begin(), pm.end(), T(0));
         std::fill(ds.begin(), ds.end(), T(0));
@@ -508,20 +566,43 @@ class Kernel {
           }
         }
         // dV = P^T dO.
-        for (int64_t j = 0; j < Nk; ++j)
-          for (int64_t d = 0; d < D; ++d)
-            dvb[j * D + d] = sum_products(
+        for (int64_t j = 0; j < Nk && adds; ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            const T x = sum_products(
                 Sum::kDV, Nq, [&](int64_t i) { return pm[i * Nk + j]; },
                 [&](int64_t i) { return dob[i * D + d]; });
+            dvb[j * D + d] = first ? x : dvb[j * D + d] + x;
+          }
         // dQ_hat = g dS K_hat, then the normalization backward.
         const bool dq_off = on(Bug::kDqOneHead) && bh == p.batch * p.heads - 1;
         for (int64_t i = 0; i < Nq; ++i) {
           T* dqi = dqb + i * D;
+          const T* dsi = ds.data() + i * Nk;
+          if (i >= tail_row) {
+            // The half-block mutant: the tail block's delta_i never loaded
+            // (0), dS_ij = P_ij dP_ij.
+            const T* doi = dob + i * D;
+            for (int64_t j = 0; j < Nk; ++j)
+              ds_tail[j] = pm[i * Nk + j] == 0
+                               ? T(0)
+                               : pm[i * Nk + j] *
+                                     dot(Sum::kDP, doi, h.vh.data() + j * D, D);
+            dsi = ds_tail.data();
+          }
           for (int64_t d = 0; d < D; ++d)
-            dqi[d] = h.scale * sum_products(
-                                   Sum::kDQ, Nk,
-                                   [&](int64_t j) { return ds[i * Nk + j]; },
-                                   [&](int64_t j) { return h.kh[j * D + d]; });
+            dqi[d] =
+                h.scale * sum_products(
+                              Sum::kDQ, Nk, [&](int64_t j) { return dsi[j]; },
+                              [&](int64_t j) { return h.kh[j * D + d]; });
+          if (stale_dq) {
+            // The stale-dQ mutant (D >= 256): the upper half of the
+            // accumulator still holds the earlier batch elements' dQ_hat.
+            T* st = stale.data() + (hd * Nq + i) * D;
+            for (int64_t d = D / 2; d < D; ++d) {
+              st[d] = b == 0 ? dqi[d] : st[d] + dqi[d];
+              dqi[d] = st[d];
+            }
+          }
           if (qk)
             normalize_backward(h.qh.data() + i * D, h.qn[i], eps(p.eps), D, dqi,
                                false);
@@ -529,18 +610,22 @@ class Kernel {
           if (dq_off)
             for (int64_t d = 0; d < D; ++d) dqi[d] *= T(1) + T(0x1p-10);
         }
-        // dK_hat = g dS^T Q_hat, then the normalization backward.
+        // dK_hat = g dS^T Q_hat (summed over the group), then the
+        // normalization backward.
         for (int64_t j = 0; j < Nk; ++j) {
           T* dkj = dkb + j * D;
-          for (int64_t d = 0; d < D; ++d)
-            dkj[d] = h.scale * sum_products(
-                                   Sum::kDK, dk_rows,
-                                   [&](int64_t i) {
-                                     return transposed ? ds[j * Nk + i]
-                                                       : ds[i * Nk + j];
-                                   },
-                                   [&](int64_t i) { return h.qh[i * D + d]; });
-          if (qk)
+          for (int64_t d = 0; d < D && adds; ++d) {
+            const T x =
+                h.scale * sum_products(
+                              Sum::kDK, dk_rows,
+                              [&](int64_t i) {
+                                return transposed ? ds[j * Nk + i]
+                                                  : ds[i * Nk + j];
+                              },
+                              [&](int64_t i) { return h.qh[i * D + d]; });
+            dkj[d] = first ? x : dkj[d] + x;
+          }
+          if (qk && last)
             normalize_backward(h.kh.data() + j * D, h.kn[j], eps(p.eps), D, dkj,
                                false);
         }
@@ -589,20 +674,30 @@ template <class T>
 class MutantBackend final : public Backend {
  public:
   // A mutant (active bug) or a control (no bug, `control` arithmetic).
+  // gqa: the entry declares GQA for the paper's formulation (the default
+  // supports() does not).
   MutantBackend(const char* family, const char* name, Precision precision,
-                Bug bug, bool active, Control control)
+                Bug bug, bool active, Control control, bool gqa)
       : Backend(family, name, precision),
         bug_(bug),
         active_(active),
-        control_(control) {}
+        control_(control),
+        gqa_(gqa) {}
+
+  bool supports(const AttentionProblem& p) const override {
+    if (!gqa_) return is_paper_formulation(p);
+    AttentionProblem mha = p;
+    mha.kv_heads = 0;
+    return is_paper_formulation(mha);
+  }
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig& cfg) const override {
     const Precision s = precision();
-    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
     auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
+    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
+    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
     std::vector<T> o(q.size()), lse(static_cast<size_t>(B * H * p.q_len));
     kernel(cfg).forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());
     scatter(s, o, a.o, B, H, p.q_len, D, truncates());
@@ -613,10 +708,10 @@ class MutantBackend final : public Backend {
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                           Workspace*, const ExecConfig& cfg) const override {
     const Precision s = precision();
-    const int64_t B = p.batch, H = p.heads, D = p.head_dim;
+    const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
     auto q = gather<T>(s, a.q, B, H, p.q_len, D);
-    auto k = gather<T>(s, a.k, B, H, p.kv_len, D);
-    auto v = gather<T>(s, a.v, B, H, p.kv_len, D);
+    auto k = gather<T>(s, a.k, B, Hk, p.kv_len, D);
+    auto v = gather<T>(s, a.v, B, Hk, p.kv_len, D);
     auto o = gather<T>(s, a.o, B, H, p.q_len, D);
     auto d_o = gather<T>(s, a.d_o, B, H, p.q_len, D);
     std::vector<T> lse(a.lse, a.lse + a.lse_size);
@@ -625,8 +720,8 @@ class MutantBackend final : public Backend {
     kernel(cfg).backward(p, q.data(), k.data(), v.data(), o.data(), d_o.data(),
                          lse.data(), dq.data(), dk.data(), dv.data(), &dg);
     scatter(s, dq, a.dq, B, H, p.q_len, D, truncates());
-    scatter(s, dk, a.dk, B, H, p.kv_len, D, truncates());
-    scatter(s, dv, a.dv, B, H, p.kv_len, D, truncates());
+    scatter(s, dk, a.dk, B, Hk, p.kv_len, D, truncates());
+    scatter(s, dv, a.dv, B, Hk, p.kv_len, D, truncates());
     *a.dg = static_cast<double>(dg);
   }
 
@@ -657,7 +752,7 @@ class MutantBackend final : public Backend {
                                double* probs, Workspace*) const override {
     const Precision s = precision();
     auto q = gather<T>(s, a.q, p.batch, p.heads, p.q_len, p.head_dim);
-    auto k = gather<T>(s, a.k, p.batch, p.heads, p.kv_len, p.head_dim);
+    auto k = gather<T>(s, a.k, p.batch, kv_heads_of(p), p.kv_len, p.head_dim);
     std::vector<T> pr(
         static_cast<size_t>(p.batch * p.heads * p.q_len * p.kv_len));
     kernel({}).probabilities(p, q.data(), k.data(), pr.data());
@@ -675,11 +770,12 @@ class MutantBackend final : public Backend {
   Bug bug_;
   bool active_;
   Control control_;
+  bool gqa_;
 };
 
 std::unique_ptr<Backend> make(const char* family, const char* name,
                               Precision precision, Bug bug, bool active,
-                              Control control) {
+                              Control control, bool gqa = false) {
   const bool formulation_bug =
       active &&
       (bug == Bug::kGqaNoGroupSum || bug == Bug::kRmsEpsOutsideRsqrt ||
@@ -689,9 +785,9 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
     return make_formulation_entry(family, name, precision, bug, active);
   if (precision == Precision::kF64)
     return std::make_unique<MutantBackend<double>>(family, name, precision, bug,
-                                                   active, control);
+                                                   active, control, gqa);
   return std::make_unique<MutantBackend<float>>(family, name, precision, bug,
-                                                active, control);
+                                                active, control, gqa);
 }
 
 }  // namespace
@@ -891,6 +987,53 @@ const std::vector<MutantInfo>& mutant_list() {
        "head_dim ** -0.5): Qwen3's 1/sqrt(D) becomes sqrt(D), logits D times "
        "too large and the softmax saturated beyond the formulation's bound",
        Precision::kF32, MutantKind::kFormula, nullptr, "qwen3"},
+      // --- Shape bugs (issue 33): wrong only in one region of the shape
+      // model, the unmutated copy bit for bit elsewhere ---
+      {Bug::kStaleDqHeadDim256, "stale_dq_head_dim_256",
+       "head_dim >= 256 (the kernel splits dQ_hat's accumulator into two "
+       "halves of D/2) clears only the lower half between batch elements: "
+       "dQ of batch elements b >= 1 carries the earlier elements' dQ_hat in "
+       "its upper half (TransformerEngine #3216: a backward wrong only at "
+       "head_dim 256 with batch >= 2)",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "head_dim >= 256 with batch >= 2"},
+      {Bug::kHalfBlockTailDq, "half_block_tail_dq",
+       "query blocks of 128: when the last partial block is exactly half a "
+       "block (q_len % 128 == 64), its rows' dQ is computed with delta_i = "
+       "rowsum(dO_i * O_i) never loaded (0), dS = P dP (a cuDNN report: dQ "
+       "NaN when seq_len % 128 == 64): dQ of those 64 rows off by g sum_j "
+       "P_ij delta_i k_hat_j",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "q_len residue 64 mod 128 (half a block)"},
+      {Bug::kLongMaskedRunNan, "long_masked_run_nan",
+       "forward over key blocks of 128 from the last to the first "
+       "(FlashAttention's order: masked blocks first) without the check for "
+       "a -inf running max: a row whose last 128 keys are masked but which "
+       "sees an earlier key adds exp(-inf - (-inf)) = NaN to its sum "
+       "(pytorch #109517: NaN past a few hundred keys for some masks): O and "
+       "lse NaN on rows with a masked run of 128 keys or more",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "mask: a long masked run (>= 128 keys) in a row that sees a key"},
+      {Bug::kGqaPaperNoGroupSum, "gqa_paper_no_group_sum",
+       "an entry of the paper's formulation that declares GQA (supports() "
+       "with kv_heads < heads) whose backward takes each kv head's dK and dV "
+       "from the first query head of its group instead of the group's sum "
+       "(GQA backwards that miss the group sum): dK, dV short by the other "
+       "heads' shares",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "heads: GQA (kv_heads < heads) on a paper-formulation entry"},
+      {Bug::kHeadDim1SignedNorm, "head_dim_1_signed_norm",
+       "the normalization's one-element fast path (head_dim 1: no "
+       "reduction) returns x as ||x|| instead of |x|: rows with x < 0 fall "
+       "in the clamp region, x_hat = x / eps instead of -1",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr, "head_dim 1"},
+      {Bug::kPadZeroMeansUnpadded, "pad_zero_means_unpadded",
+       "a key length of 0 read as \"not given\" (0 as the unset sentinel, "
+       "as where a zero or None length means the whole sequence): a batch "
+       "element whose every key is padding sees all of them; O and lse of "
+       "its rows are those of no padding instead of 0 and -inf",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "mask: padding of kv_len keys (a key length of 0)"},
   };
   return list;
 }
@@ -899,8 +1042,8 @@ const Registry& mutant_registry() {
   static const Registry* r = [] {
     auto* reg = new Registry;
     for (const MutantInfo& m : mutant_list())
-      reg->add(
-          make("mutant", m.name, m.precision, m.bug, true, Control::kPlain));
+      reg->add(make("mutant", m.name, m.precision, m.bug, true, Control::kPlain,
+                    m.bug == Bug::kGqaPaperNoGroupSum));
     return reg;
   }();
   return *r;
@@ -910,8 +1053,8 @@ const Backend& unmutated(Precision p) {
   static const Registry* r = [] {
     auto* reg = new Registry;
     for (Precision q : kAllPrecisions)
-      reg->add(
-          make("mutant", "none", q, Bug::kInvSqrtD, false, Control::kPlain));
+      reg->add(make("mutant", "none", q, Bug::kInvSqrtD, false, Control::kPlain,
+                    /*gqa=*/true));
     return reg;
   }();
   return *r->find("mutant:none:" + std::string(name(p)));

@@ -69,6 +69,15 @@ enum class Bug {
   kOlmo2NormPerHead,       // OLMo2's across-heads RMSNorm done per head
   kQwen3WeightBeforeCast,  // round_s(x_hat w) instead of round_s(x_hat) w
   kFixedScaleInverted,     // fixed logit scale s applied as 1 / s
+  // Shape bugs (issue 33): each is wrong only in one region of the shape
+  // model (validation/coverage.h) and bit for bit the unmutated copy
+  // elsewhere; only the default run's covering array reaches them.
+  kStaleDqHeadDim256,     // D >= 256, batch b >= 1: dQ half reads batch b-1's
+  kHalfBlockTailDq,       // q_len % 128 == 64: tail block's dQ with delta 0
+  kLongMaskedRunNan,      // last 128 keys of a seeing row masked: NaN
+  kGqaPaperNoGroupSum,    // paper entry with GQA: dK, dV of the first head
+  kHeadDim1SignedNorm,    // D == 1: ||x|| taken as x (negative rows clamped)
+  kPadZeroMeansUnpadded,  // key length 0 read as no padding
 };
 
 enum class MutantKind {
@@ -100,6 +109,14 @@ struct MutantInfo {
   // properties cannot see their bugs, so the mutation test proves them on
   // the formulation's own cases (mutation_test.cc, FormulationMutants).
   const char* formulation = nullptr;
+  // Shape mutants (issue 33): the region of the shape model where the bug
+  // lives, named by its dimension (e.g. "head_dim >= 256 with batch >= 2"),
+  // or nullptr. Wrong only there, and bit for bit the unmutated copy on
+  // every other problem: the default run catches them on its covering
+  // array's cases (cli/tests/shape_mutants_test.cc); the property table's
+  // generators need not reach their regions (mutation_test.cc reports them
+  // without requiring a kill).
+  const char* region = nullptr;
 };
 const std::vector<MutantInfo>& mutant_list();
 
@@ -110,7 +127,10 @@ const Registry& mutant_registry();
 // The unmutated copy (Control::kPlain) at any precision, "mutant:none:<p>",
 // outside both registries: `qknorm-check mutants` compares a surviving
 // mutant's outputs with it bit for bit, which tells a bug the suite's inputs
-// never trigger (identical outputs) from one its verdict misses.
+// never trigger (identical outputs) from one its verdict misses. It declares
+// GQA for the paper's formulation, as gqa_paper_no_group_sum does (the
+// copies' GQA loops sum dK, dV over each group): the shape tests judge it on
+// the GQA cases that mutant fails.
 const Backend& unmutated(Precision p);
 
 // Legitimate arithmetic variants of the unmutated copy.

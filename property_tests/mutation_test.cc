@@ -77,7 +77,17 @@ TEST(Mutants, EveryMutantIsCaught) {
   int caught = 0, total = 0, precision_caught = 0, precision_total = 0;
   std::string table;
   std::vector<int> kills(entry_properties().size(), 0);
+  std::string shape_mutants;
   for (const Backend* m : mutant_registry().entries()) {
+    // A shape mutant (issue 33, MutantInfo::region) is the unmutated copy
+    // bit for bit outside its region, which the table's generators need not
+    // reach (head_dim >= 256, lengths past 128): the default run's covering
+    // array catches it (cli/tests/shape_mutants_test.cc), not this table.
+    const MutantInfo* info = info_of(*m);
+    if (info != nullptr && info->region != nullptr) {
+      shape_mutants += "  " + m->name() + " (" + info->region + ")\n";
+      continue;
+    }
     ++total;
     const auto t0 = std::chrono::steady_clock::now();
     std::string killers, why;
@@ -118,6 +128,10 @@ TEST(Mutants, EveryMutantIsCaught) {
   }
   std::printf("Mutation test (%d mutants x %zu properties):\n%s", total,
               entry_properties().size(), table.c_str());
+  std::printf(
+      "Shape mutants, judged by the default run's covering array "
+      "(cli/tests/shape_mutants_test.cc), not by this table:\n%s",
+      shape_mutants.c_str());
   std::printf("Mutants caught per property:\n");
   for (size_t k = 0; k < kills.size(); ++k)
     std::printf("  %-24s %d\n", entry_properties()[k].name, kills[k]);
