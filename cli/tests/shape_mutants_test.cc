@@ -80,8 +80,9 @@ const Backend& mutant(const std::string& name) {
 struct DefaultRun {
   DefaultRun() {
     int covering = 0;
-    suite = default_run_suite(SuiteOptions{}, all_backends().entries(), 0,
-                              &covering);
+    SuiteOptions so;
+    so.covering = true;  // --covering (opt-in: cli/options.h)
+    suite = default_run_suite(so, all_backends().entries(), 0, &covering);
     EXPECT_GT(covering, 0);
     std::vector<const Backend*> entries = {
         &property::unmutated(Precision::kF32)};
