@@ -922,12 +922,18 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
               const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
               vdg = hn::MulAdd(ds, c, vdg);
               hn::StoreU(pr, df, sr + j);
-              hn::StoreU(ds, df, dpr + j);
+              // s dS, not dS: the products below would otherwise form dS
+              // Q_tilde and dS K_tilde unscaled, which overflow to inf for
+              // a huge dS (huge dO, v) and become NaN times s = 0 (an f32
+              // scale below f32's range) where the answer is 0 (found by
+              // the fixed-seed fuzz run with the Zen 3 CI's entries; the
+              // blas path's row kernel was fixed the same way in issue 32).
+              hn::StoreU(hn::Mul(ds, vscale), df, dpr + j);
             }
           }
           dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
-          // dV += P^T dO, dK_tilde += dS^T Q_tilde (scale applied at the
-          // end), dQ_tilde partial += dS K_tilde.
+          // dV += P^T dO, dK_tilde += (s dS)^T Q_tilde, dQ_tilde partial
+          // += (s dS) K_tilde.
           const RowLimits by_first{nullptr, klo, nullptr};
           GemmLimited(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb),
                       dob + i0 * Dp, Dp, dV, Dp, !fresh, by_first);
@@ -940,7 +946,6 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
         }
       }
       if (fresh) std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // no query sees it
-      for (size_t jj = 0; jj < kc; ++jj) ScaleRow(dK + jj * Dp, Dp, s.scale);
       if (sd.k.mode == SideMode::kUnitL2)
         NormalizeRowsBackward(khb + j0 * Dp, Dp, sd.k_info + bk * Nk + j0,
                               s.eps, dK, Dp, kc, Dp);
@@ -959,7 +964,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     task_dg[task] = dg;
   });
 
-  // dQ: sum the G partials in g order, scale, normalization backward (or,
+  // dQ: sum the G partials in g order, normalization backward (or,
   // generic q side, dq_tilde left in slot 0 for the side backward).
   pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
     const size_t bh = static_cast<size_t>(task) / s.nqb;
@@ -979,7 +984,6 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           hn::StoreU(hn::Add(hn::LoadU(df, row + d), hn::LoadU(df, part + d)),
                      df, row + d);
       }
-      ScaleRow(row, Dp, s.scale);
       if (sd.q.mode == SideMode::kGeneric) std::copy(row, row + Dp, src);
     }
     if (sd.q.mode == SideMode::kGeneric) return;
