@@ -542,8 +542,9 @@ std::vector<Seed> scalenorm_seeds() {
   // and with x below eps and dy ~ 1e5 the rounding of g reaches dx at 3e-5
   // relatively (the CI's fixed-seed run on another CPU, stop 39).
   c.g = 2.2163599186429212e-41;
-  c.values = with(1, [](int64_t i) { return 1e5 * grid(1, i); },
-                  with(0, [](int64_t i) { return 1e-6 * grid(0, i); }));
+  c.values = with(
+      1, [](int64_t i) { return 1e5 * grid(1, i); },
+      with(0, [](int64_t i) { return 1e-6 * grid(0, i); }));
   add("subnormal_g_f32_large_dy", c.encode());
   c = Scale{};
   c = Scale{};
