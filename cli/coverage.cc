@@ -103,10 +103,6 @@ nlohmann::json needs_json(unsigned n) {
   return j;
 }
 
-std::string pair_name(const cov::Model& m, int a, int b) {
-  return cov::full_name(m.cells()[a]) + " x " + cov::full_name(m.cells()[b]);
-}
-
 }  // namespace
 
 nlohmann::json coverage_json(const cov::Model& model,
@@ -119,7 +115,7 @@ nlohmann::json coverage_json(const cov::Model& model,
                      {"needs", needs_json(c.needs)}});
   nlohmann::json na = nlohmann::json::array();
   for (const auto& [a, b] : model.infeasible_pairs())
-    na.push_back(pair_name(model, a, b));
+    na.push_back(cov::pair_name(model, a, b));
   nlohmann::json je = nlohmann::json::array();
   for (const EntryCoverage& e : entries) {
     const cov::Tally& t = *e.tally;
@@ -127,7 +123,7 @@ nlohmann::json coverage_json(const cov::Model& model,
     for (int c : t.unreached_singles())
       us.push_back(cov::full_name(e.model->cells()[c]));
     for (const auto& [a, b] : t.unreached_pairs())
-      up.push_back(pair_name(*e.model, a, b));
+      up.push_back(cov::pair_name(*e.model, a, b));
     je.push_back(
         {{"entry", e.entry},
          {"needs", needs_json(t.supported_needs())},
@@ -211,7 +207,7 @@ int run_coverage(const CoverageOptions& opt, const SuiteOptions& so,
                        line);
   }
   for (const auto& [a, b] : model.infeasible_pairs())
-    out << "  n/a: " << pair_name(model, a, b) << "\n";
+    out << "  n/a: " << cov::pair_name(model, a, b) << "\n";
   out << fmt::format(
       "suite: {} attention cases ({} covering); per entry, its own model "
       "(its blocks) within the needs it supports:\n",
@@ -240,7 +236,7 @@ int run_coverage(const CoverageOptions& opt, const SuiteOptions& so,
     const size_t shown =
         opt.pairs ? pairs.size() : std::min<size_t>(10, pairs.size());
     for (size_t i = 0; i < shown; ++i)
-      out << "  " << pair_name(*e.model, pairs[i].first, pairs[i].second)
+      out << "  " << cov::pair_name(*e.model, pairs[i].first, pairs[i].second)
           << "\n";
     if (shown < pairs.size())
       out << fmt::format("  ... {} more pairs (--pairs lists them)\n",

@@ -279,8 +279,7 @@ std::vector<std::string> write_report(
           .push_back(n);
     }
     for (const auto& [a, c] : tally.unreached_pairs())
-      pairs_unreached.push_back(coverage::full_name(m.cells()[a]) + " x " +
-                                coverage::full_name(m.cells()[c]));
+      pairs_unreached.push_back(coverage::pair_name(m, a, c));
     e["cells_reached"] = cells_reached;
     e["cells_not_reached"] = cells_unreached;
     e["pairs_not_reached"] = pairs_unreached;

@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "qknorm/name_table.h"
 #include "validation/case.h"
 #include "validation/coverage_internal.h"
 
@@ -50,44 +51,26 @@ int64_t smallest_at(int64_t from, int64_t b, int64_t r) {
 
 }  // namespace
 
-const char* name(Dim d) {
-  switch (d) {
-    case Dim::kHeadDim:
-      return "head_dim";
-    case Dim::kBatch:
-      return "batch";
-    case Dim::kHeads:
-      return "heads";
-    case Dim::kQLen:
-      return "q_len";
-    case Dim::kKvLen:
-      return "kv_len";
-    case Dim::kMask:
-      return "mask";
-  }
-  return "?";
-}
+constexpr NamedValue<Dim> kDimNames[] = {
+    {Dim::kHeadDim, "head_dim"}, {Dim::kBatch, "batch"},
+    {Dim::kHeads, "heads"},      {Dim::kQLen, "q_len"},
+    {Dim::kKvLen, "kv_len"},     {Dim::kMask, "mask"},
+};
+constexpr NamedValue<MaskKind> kMaskKindNames[] = {
+    {MaskKind::kNone, "none"},        {MaskKind::kCausal, "causal"},
+    {MaskKind::kPadNone, "pad-none"}, {MaskKind::kPadOne, "pad-one"},
+    {MaskKind::kPadAll, "pad-all"},   {MaskKind::kPadRun, "pad-run"},
+};
 
-const char* name(MaskKind k) {
-  switch (k) {
-    case MaskKind::kNone:
-      return "none";
-    case MaskKind::kCausal:
-      return "causal";
-    case MaskKind::kPadNone:
-      return "pad-none";
-    case MaskKind::kPadOne:
-      return "pad-one";
-    case MaskKind::kPadAll:
-      return "pad-all";
-    case MaskKind::kPadRun:
-      return "pad-run";
-  }
-  return "?";
-}
+const char* name(Dim d) { return name_in(kDimNames, d); }
+const char* name(MaskKind k) { return name_in(kMaskKindNames, k); }
 
 std::string full_name(const Cell& c) {
   return std::string(name(c.dim)) + ":" + c.label;
+}
+
+std::string pair_name(const Model& m, int a, int b) {
+  return full_name(m.cells()[a]) + " x " + full_name(m.cells()[b]);
 }
 
 std::optional<AttentionProblem> realize(const Choice& c, double g) {

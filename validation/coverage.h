@@ -40,6 +40,9 @@ struct Cell {
 };
 // "q_len:+1 mod 16": the dimension and the label.
 std::string full_name(const Cell& c);
+// "q_len:+1 mod 16 x mask:none": the pair (a, b) of m's cells.
+class Model;
+std::string pair_name(const Model& m, int a, int b);
 
 struct ModelOptions {
   // Blocks the entry (or the union of the run's entries) declares; values
