@@ -28,16 +28,23 @@ namespace {
 std::atomic<bool> g_count_allocs{false};
 std::atomic<long> g_allocs{0};
 }  // namespace
-void* operator new(std::size_t n) {
+[[gnu::noinline]] void* operator new(std::size_t n) {
   if (g_count_allocs.load(std::memory_order_relaxed)) ++g_allocs;
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
 void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+// noinline (new and delete): inlined into a std::allocator call site, GCC 12
+// pairs one with the other side of the library and warns
+// -Wmismatched-new-delete (a false positive: both are this file's).
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+[[gnu::noinline]] void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace qknorm::blas::testing {
 namespace {
