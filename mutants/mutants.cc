@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <thread>
 
 #include "qknorm/name_table.h"
 #include "qknorm/precision.h"
@@ -119,6 +120,15 @@ constexpr int64_t kTile = 4;
 constexpr int64_t kTailQueryBlock = 128;
 constexpr int64_t kLongRunBlock = 128;
 constexpr int64_t kLargeHeadDim = 256;
+// The decode mutant's split-KV path: taken for q_len <= kDecodeMaxQ, over
+// key chunks of kSplitKvChunk (so with two chunks or more from kv_len 257).
+constexpr int64_t kDecodeMaxQ = 16;
+constexpr int64_t kSplitKvChunk = 256;
+
+// ExecConfig::threads = 0: the number of cores.
+int64_t hardware_threads() {
+  return std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
 
 // Reference-style loops with one switchable bug, or one control variant.
 template <class T>
@@ -327,7 +337,19 @@ class Kernel {
   struct Head {
     std::vector<T> qh, kh, vh, qn, kn;
     T scale = 1;
+    // The row index the causal mask sees is row + mask_row (packed_rows).
+    int64_t mask_row = 0;
   };
+
+  // The MQA mutant: with one kv head, the kernel packs the H query heads
+  // into one sequence of H * Nq rows against it (one GEMM instead of H) and
+  // applies the causal mask to the packed row index, so query head hd's row
+  // i is masked as row hd * Nq + i. Every other problem: 0.
+  int64_t packed_rows(const AttentionProblem& p, int64_t hd) const {
+    return on(Bug::kMqaPackedRowsCausal) && kv_heads_of(p) == 1 && p.heads > 1
+               ? hd * p.q_len
+               : 0;
+  }
 
   void operands(const AttentionProblem& p, const T* q, const T* k, const T* v,
                 Head* h) const {
@@ -368,7 +390,7 @@ class Kernel {
                  T* s) const {
     int64_t m = 0;
     for (int64_t j = 0; j < p.kv_len; ++j) {
-      if (!visible(p, b, i, j)) {
+      if (!visible(p, b, i + h.mask_row, j)) {
         // -1e9 as the fill value, stored in f16 by the f16-mask bug: -inf.
         s[j] = on(Bug::kF16MaskToInf)
                    ? static_cast<T>(round_to(Precision::kF16, -1e9))
@@ -402,6 +424,7 @@ class Kernel {
       for (int64_t hd = 0; hd < p.heads; ++hd) {
         const int64_t bh = b * p.heads + hd, kvh = kv_slice(p, b, hd);
         operands(p, q + bh * Nq * D, k + kvh * Nk * D, v + kvh * Nk * D, &h);
+        h.mask_row = packed_rows(p, hd);
         for (int64_t i = 0; i < Nq; ++i) {
           T* oi = o + (bh * Nq + i) * D;
           const int64_t m = logits(p, h, b, i, s.data());
@@ -435,9 +458,10 @@ class Kernel {
               mx = tmx;
             }
             for (int64_t j = t0; j < t1; ++j)
-              e[j] = !visible(p, b, i, j) && !on(Bug::kF16MaskToInf)
-                         ? T(0)
-                         : ex(s[j] - mx);
+              e[j] =
+                  !visible(p, b, i + h.mask_row, j) && !on(Bug::kF16MaskToInf)
+                      ? T(0)
+                      : ex(s[j] - mx);
             const T* et = e.data() + t0;
             const T* vt = h.vh.data() + t0 * D;
             sum = acc_round(Sum::kRowSum,
@@ -464,12 +488,44 @@ class Kernel {
             sum += e0;
             for (T& a : acc) a += e0;
           }
+          if (on(Bug::kSplitKvNoRescale) && Nq <= kDecodeMaxQ &&
+              Nk > kSplitKvChunk)
+            split_kv_no_rescale(p, h, b, i, s.data(), &mx, &sum, &acc);
           for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] / sum;
           T l = mx + std::log(sum);
           if (on(Bug::kLseBf16)) l = round_prec(Precision::kBF16, l);
           lse[bh * Nq + i] = l;
         }
       }
+  }
+
+  // The decode mutant's split-KV path (flash-decoding: q_len <= 16 against
+  // kv_len > kSplitKvChunk): each key chunk's max m_c, sum l_c and
+  // accumulator acc_c, combined as max_c m_c, sum_c l_c and sum_c acc_c
+  // without the rescale by exp(m_c - max_c m_c): every chunk weighted as if
+  // its own max were the row's. Replaces the row's *mx, *sum and *acc (from
+  // row i's logits s, masked keys -inf).
+  void split_kv_no_rescale(const AttentionProblem& p, const Head& h, int64_t b,
+                           int64_t i, const T* s, T* mx, T* sum,
+                           std::vector<T>* acc) const {
+    const int64_t D = p.head_dim, Nk = p.kv_len;
+    *mx = -std::numeric_limits<T>::infinity();
+    *sum = 0;
+    std::fill(acc->begin(), acc->end(), T(0));
+    for (int64_t c0 = 0; c0 < Nk; c0 += kSplitKvChunk) {
+      const int64_t c1 = std::min(Nk, c0 + kSplitKvChunk);
+      T mc = -std::numeric_limits<T>::infinity();
+      for (int64_t j = c0; j < c1; ++j)
+        if (visible(p, b, i + h.mask_row, j)) mc = std::max(mc, s[j]);
+      if (mc == -std::numeric_limits<T>::infinity()) continue;  // all masked
+      *mx = std::max(*mx, mc);
+      for (int64_t j = c0; j < c1; ++j) {
+        if (!visible(p, b, i + h.mask_row, j)) continue;
+        const T w = ex(s[j] - mc);
+        *sum += w;
+        for (int64_t d = 0; d < D; ++d) (*acc)[d] += w * h.vh[j * D + d];
+      }
+    }
   }
 
   // P = exp(S - lse) with this kernel's own lse (so a forward bug shows).
@@ -488,11 +544,13 @@ class Kernel {
         const int64_t bh = b * p.heads + hd;
         operands(p, q + bh * Nq * D, k + kv_slice(p, b, hd) * Nk * D,
                  zeros.data(), &h);
+        h.mask_row = packed_rows(p, hd);
         for (int64_t i = 0; i < Nq; ++i) {
           T* pr = probs + (bh * Nq + i) * Nk;
           const int64_t m = logits(p, h, b, i, s.data());
           for (int64_t j = 0; j < Nk; ++j)
-            pr[j] = (m == 0 && !on(Bug::kF16MaskToInf)) || !visible(p, b, i, j)
+            pr[j] = (m == 0 && !on(Bug::kF16MaskToInf)) ||
+                            !visible(p, b, i + h.mask_row, j)
                         ? T(0)
                         : ex(s[j] - lse[bh * Nq + i]);
         }
@@ -530,6 +588,14 @@ class Kernel {
             : Nq;
     std::vector<T> ds_tail(static_cast<size_t>(Nk));
     T dg_sum = 0;
+    // The batch mutant: the kernel deals batch elements to its workers
+    // round-robin (b to worker b % workers) and each worker stores (=, not
+    // +=) its dg partial per batch element, so a worker with two or more
+    // keeps only its last one's share: dg is the sum of the last `workers`
+    // batch elements' shares (batch_dg).
+    const int64_t workers = threads_ > 0 ? threads_ : hardware_threads();
+    const bool dg_overwrite = on(Bug::kBatchOverThreadsDg) && p.batch > workers;
+    std::vector<T> batch_dg(dg_overwrite ? static_cast<size_t>(p.batch) : 0);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hd = 0; hd < p.heads; ++hd) {
         const int64_t bh = b * p.heads + hd, kvh = kv_slice(p, b, hd);
@@ -537,6 +603,7 @@ class Kernel {
         // The GQA mutant: only the group's first query head reaches dK, dV.
         const bool adds = first || !on(Bug::kGqaPaperNoGroupSum);
         operands(p, q + bh * Nq * D, k + kvh * Nk * D, v + kvh * Nk * D, &h);
+        h.mask_row = packed_rows(p, hd);
         const T* ob = o + bh * Nq * D;
         const T* dob = d_o + bh * Nq * D;
         T* dqb = dq + bh * Nq * D;
@@ -551,7 +618,7 @@ class Kernel {
           if (logits(p, h, b, i, s.data()) == 0) continue;
           const T delta = dot(Sum::kDelta, doi, ob + i * D, D);
           for (int64_t j = 0; j < Nk; ++j) {
-            if (!visible(p, b, i, j)) {
+            if (!visible(p, b, i + h.mask_row, j)) {
               if (!on(Bug::kBackwardIgnoresMask)) continue;
               // The bug: P recomputed over every key in the backward.
               s[j] = logit(p, h, i, j);
@@ -631,10 +698,13 @@ class Kernel {
         }
         // dg = sum_ij dS_ij C_ij.
         if (qk && !(on(Bug::kDgOneHead) && hd != 0))
-          dg_sum += sum_products(
-              Sum::kDG, Nq * Nk, [&](int64_t x) { return ds[x]; },
-              [&](int64_t x) { return cm[x]; });
+          (dg_overwrite ? batch_dg[static_cast<size_t>(b)] : dg_sum) +=
+              sum_products(
+                  Sum::kDG, Nq * Nk, [&](int64_t x) { return ds[x]; },
+                  [&](int64_t x) { return cm[x]; });
       }
+    for (int64_t b = p.batch - workers; dg_overwrite && b < p.batch; ++b)
+      dg_sum += batch_dg[static_cast<size_t>(b)];
     *dg = dg_sum;
   }
 
@@ -1034,6 +1104,31 @@ const std::vector<MutantInfo>& mutant_list() {
        "its rows are those of no padding instead of 0 and -inf",
        Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
        "mask: padding of kv_len keys (a key length of 0)"},
+      {Bug::kMqaPackedRowsCausal, "mqa_packed_rows_causal",
+       "an MQA fast path (kv_heads == 1 < heads) packs the H query heads into "
+       "one sequence of H * q_len rows against the single kv head and "
+       "applies the causal mask to the packed row index (FlashAttention "
+       "packs GQA heads into the query length only where no causal mask "
+       "applies): query head h >= 1 sees h * q_len future keys; O, lse and "
+       "every gradient of those heads wrong under a causal mask",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "heads: MQA (kv_heads == 1 < heads)"},
+      {Bug::kSplitKvNoRescale, "decode_split_kv_no_rescale",
+       "a split-KV decode path (flash-decoding: q_len <= 16 against kv_len "
+       "> 256, key chunks of 256 reduced separately) combines the chunks' "
+       "sums and accumulators without rescaling each by exp(m_c - max m): "
+       "every chunk weighted as if its own max were the row's; O and lse "
+       "wrong wherever the chunks' maxima differ",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "decode: q_len 1..16 against kv_len > 256"},
+      {Bug::kBatchOverThreadsDg, "batch_over_threads_dg",
+       "the backward deals batch elements to its worker threads round-robin "
+       "and each worker stores (=, not +=) its dg partial per batch element: "
+       "with more batch elements than threads a worker keeps only its last "
+       "element's share, and dg misses the others' (a per-thread reduction "
+       "written for one batch element per thread)",
+       Precision::kF32, MutantKind::kFormula, nullptr, nullptr,
+       "batch > the entry's thread count (ExecConfig::threads)"},
   };
   return list;
 }
@@ -1043,7 +1138,8 @@ const Registry& mutant_registry() {
     auto* reg = new Registry;
     for (const MutantInfo& m : mutant_list())
       reg->add(make("mutant", m.name, m.precision, m.bug, true, Control::kPlain,
-                    m.bug == Bug::kGqaPaperNoGroupSum));
+                    m.bug == Bug::kGqaPaperNoGroupSum ||
+                        m.bug == Bug::kMqaPackedRowsCausal));
     return reg;
   }();
   return *r;

@@ -78,6 +78,9 @@ enum class Bug {
   kGqaPaperNoGroupSum,    // paper entry with GQA: dK, dV of the first head
   kHeadDim1SignedNorm,    // D == 1: ||x|| taken as x (negative rows clamped)
   kPadZeroMeansUnpadded,  // key length 0 read as no padding
+  kMqaPackedRowsCausal,   // MQA: heads packed as rows, causal on packed row
+  kSplitKvNoRescale,      // q_len <= 16, kv_len > 256: chunks not rescaled
+  kBatchOverThreadsDg,    // batch > threads: a thread's dg share overwritten
 };
 
 enum class MutantKind {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,15 @@ void showValue(Structure s, std::ostream& os) { os << name(s); }
 }  // namespace qknorm::validation
 
 namespace qknorm::property {
+
+bool model_shapes_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("QKNORM_MODEL_SHAPES");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return on;
+}
+
 namespace {
 
 using validation::Distribution;
@@ -55,35 +65,73 @@ std::vector<Distribution> realistic_activations(bool sdpa) {
 
 // The shape (batch, heads, kv_heads, q_len, kv_len, head_dim) of a drawn
 // case, from the shape model of the entry under test (issue 33,
-// validation/coverage.h; shape_context()): each dimension draws, one time
-// in kModelOdds (12), a candidate of the entry's model (head_dim 80 ... 576,
-// batch above the thread count, GQA ratios 2 ... 8 and MQA, lengths at the
-// residues 0, +-1, b/2 of every block b of the model, decode lengths, long
-// kv_len), and otherwise the small values of before (draw_len, draw_dim,
-// batch <= kMaxBatch, heads <= kMaxHeads). GQA only where the entry supports
-// it (its model's needs) and the property allows it. The case then costs at
+// validation/coverage.h; shape_context()). One case in kModelOdds is a
+// model case: one of its dimensions batch, q_len, kv_len and head_dim,
+// chosen uniformly, and each other one time in kMoreModelOdds, take a
+// candidate of the entry's model (head_dim 80 ... 576, batch above the
+// thread count, lengths at the residues 0, +-1, b/2 of every block b of the
+// model, decode lengths, long kv_len); the (heads, kv_heads) of one case in
+// kHeadsModelOdds are the model's GQA ratios 2 ... 8 and MQA (only where
+// the entry supports GQA, its model's needs, and the property allows it);
+// every other dimension takes the small values of before (draw_len,
+// draw_dim, batch <= kMaxBatch, heads <= kMaxHeads). The case then costs at
 // most kMaxDrawCost: dimensions drawn small shrink first, so the model's
 // value survives unless two large ones meet.
-constexpr int kModelOdds = 12;
+//
+// The odds and kMaxModelCost are the property suite's CPU budget. The first
+// version drew each dimension from the model one time in 12 (in truth 23%
+// of the cases: one_in) up to kMaxDrawCost, and made the fixed-seed
+// qknorm_property_test 3.7x its CPU time (49 -> 180 s, load ~6). These
+// odds: 1.07x (user + sys, medians of 2 alternating runs against 22411f4's
+// binary at load 6.4-7.6: 62.9 s against 58.8 s).
+constexpr int kModelOdds = 32;
+constexpr int kMoreModelOdds = 4;
+constexpr int kHeadsModelOdds = 24;
+// A case's cost: B H Nq Nk (D + kLogitCost), kLogitCost the work per logit
+// besides its D-term dot (exp, the masks, the softmax and its backward, in
+// units of one multiply-add per element), so that a long row of a small
+// head_dim is not counted as nearly free.
+constexpr int64_t kLogitCost = 16;
 constexpr int64_t kMaxDrawCost = kMaxBatch * kMaxHeads * kMaxLen * kMaxLen *
-                                 kMaxDim;  // the largest draw of before
+                                 (kMaxDim + kLogitCost);  // of before
+constexpr int64_t kMaxModelCost = kMaxDrawCost / 2;
+
+// True one time in n, whatever rapidcheck's size: gen::inRange scales its
+// range with the size (at size 0 it always gives its minimum), so
+// inRange(0, n) == 0 held for ln(n) / (n - 1) of a run's cases, not 1 / n
+// (for n = 12: 23%, the first version's odds per dimension).
+bool one_in(int n) {
+  return *rc::gen::weightedElement<bool>(
+      {{static_cast<size_t>(n - 1), false}, {1, true}});
+}
 
 void draw_shape(AttentionProblem* p, const SpecOptions& o) {
   const ShapeContext& ctx = shape_context();
   const coverage::Model* m = o.model_shapes ? ctx.model : nullptr;
   static const coverage::Candidates kNone;
   const coverage::Candidates& cand = m != nullptr ? m->candidates() : kNone;
-  auto model = [](size_t candidates) {
-    return candidates > 0 && *rc::gen::inRange<int>(0, kModelOdds) == 0;
-  };
-  // big[k]: dimension k was drawn from the model (B, H, Nq, Nk, D).
-  bool big[5] = {model(cand.batches.size()), false, model(cand.q_lens.size()),
-                 model(cand.kv_lens.size()), model(cand.head_dims.size())};
+  const bool gqa = o.allow_gqa && (ctx.needs & coverage::kNeedGqa) != 0;
+  // big[k]: dimension k was drawn from the model (B, H, Nq, Nk, D). Without
+  // candidates (model_shapes off) nothing is drawn here: the draws are
+  // exactly those of before.
+  bool big[5] = {false, false, false, false, false};
+  std::vector<int> dims;
+  for (auto [k, n] : {std::pair<int, size_t>{0, cand.batches.size()},
+                      {2, cand.q_lens.size()},
+                      {3, cand.kv_lens.size()},
+                      {4, cand.head_dims.size()}})
+    if (n > 0) dims.push_back(k);
+  if (!dims.empty() && one_in(kModelOdds)) {
+    big[*rc::gen::elementOf(dims)] = true;
+    for (int k : dims)
+      if (!big[k]) big[k] = one_in(kMoreModelOdds);
+  }
+  // GQA heads cost at most kMaxDrawCost too, but 4x a small case on
+  // average, not 10x: they have odds of their own.
+  big[1] = gqa && !cand.heads.empty() && one_in(kHeadsModelOdds);
   p->batch = big[0] ? *rc::gen::elementOf(cand.batches)
                     : *rc::gen::inRange<int64_t>(1, kMaxBatch + 1);
-  const bool gqa = o.allow_gqa && (ctx.needs & coverage::kNeedGqa) != 0;
-  if (gqa && model(cand.heads.size())) {
-    big[1] = true;
+  if (big[1]) {
     const auto hk = *rc::gen::elementOf(cand.heads);
     p->heads = hk.first;
     p->kv_heads = hk.second == hk.first ? 0 : hk.second;
@@ -95,14 +143,20 @@ void draw_shape(AttentionProblem* p, const SpecOptions& o) {
   p->kv_len = big[3] ? std::max(o.min_kv_len, *rc::gen::elementOf(cand.kv_lens))
                      : draw_len(o.min_kv_len);
   p->head_dim = big[4] ? *rc::gen::elementOf(cand.head_dims) : draw_dim();
-  // The shrinks, small dimensions first; each keeps the property's minima
-  // and a GQA head count (a multiple of kv_heads).
+  // The shrinks, small dimensions first (to 4, then to the least the
+  // property allows, head_dim to 2: head_dim 1 with a long kv_len is a
+  // regime of its own, not a cheaper case), the model's last (to 4); each
+  // keeps the property's minima and a GQA head count (a multiple of
+  // kv_heads). A case with a model dimension costs at most kMaxModelCost.
+  const bool any_big = big[0] || big[1] || big[2] || big[3] || big[4];
+  const int64_t cap = any_big ? kMaxModelCost : kMaxDrawCost;
   const int64_t min_q = std::max<int64_t>(o.min_q_len, 1);
   const int64_t min_kv = std::max<int64_t>(o.min_kv_len, 1);
   auto cost = [p] {
-    return p->batch * p->heads * p->q_len * p->kv_len * p->head_dim;
+    return p->batch * p->heads * p->q_len * p->kv_len *
+           (p->head_dim + kLogitCost);
   };
-  auto shrink = [&](int k) {
+  auto shrink = [&](int k, int64_t to) {
     switch (k) {
       case 0:
         p->batch = 1;
@@ -111,18 +165,19 @@ void draw_shape(AttentionProblem* p, const SpecOptions& o) {
         if (p->kv_heads == 0) p->heads = 1;
         break;
       case 2:
-        p->q_len = std::min(p->q_len, std::max<int64_t>(min_q, 4));
+        p->q_len = std::min(p->q_len, std::max<int64_t>(min_q, to));
         break;
       case 3:
-        p->kv_len = std::min(p->kv_len, std::max<int64_t>(min_kv, 4));
+        p->kv_len = std::min(p->kv_len, std::max<int64_t>(min_kv, to));
         break;
       default:
-        p->head_dim = std::min<int64_t>(p->head_dim, 4);
+        p->head_dim = std::min<int64_t>(p->head_dim, std::max<int64_t>(to, 2));
     }
   };
-  for (bool pass_big : {false, true})
+  for (auto [pass_big, to] :
+       {std::pair<bool, int64_t>{false, 4}, {false, 1}, {true, 4}})
     for (int k : {4, 0, 1, 3, 2})
-      if (big[k] == pass_big && cost() > kMaxDrawCost) shrink(k);
+      if (big[k] == pass_big && cost() > cap) shrink(k, to);
   if (p->batch * p->heads < o.min_batch_heads)
     p->batch = (o.min_batch_heads + p->heads - 1) / p->heads;
 }
@@ -235,9 +290,6 @@ AttentionSpec draw_attention_spec(Precision prec, const SpecOptions& o0) {
   s.dist = *rc::gen::elementOf(dists);
   s.structure = *rc::gen::weightedOneOf<Structure>(
       {{3, rc::gen::just(Structure::kNone)}, {4, rc::gen::elementOf(structs)}});
-  // validation::apply_structure addresses k and v by the query heads (as
-  // draw_formulation_spec's GQA cases, a GQA draw has no row structure).
-  if (kv_heads_of(p) != p.heads) s.structure = Structure::kNone;
   if (sdpa) {
     s.sdpa_scale = *rc::gen::elementOf(
         std::vector<double>(std::begin(kSdpaScales), std::end(kSdpaScales)));

@@ -77,6 +77,10 @@ struct ScaleNormSpec {
   std::string describe() const;
 };
 
+// SpecOptions::model_shapes' default: true iff the environment sets
+// QKNORM_MODEL_SHAPES to anything but "" or "0" (read once).
+bool model_shapes_default();
+
 // What a property needs from the generator.
 struct SpecOptions {
   bool allow_sdpa = true;     // else qknorm only
@@ -94,13 +98,12 @@ struct SpecOptions {
   // back to forward-only checks for them (AttentionSpec::saturated()).
   bool saturating_sdpa = false;
   // Shapes from the entry's shape model (rc_gens.cc, draw_shape) where true;
-  // the small shapes of before otherwise. Off by default for now: turned
-  // on, the fixed-seed run fails (issue 33 triage, README "Shape
-  // coverage"): NonSaturation on GQA draws (computed_logit_amplitude wants
-  // the oracle for kv_heads != heads), sdpa lse at head_dim 512 / 576 with
-  // parallel rows (reference:f32 margin 1.06, simd:SSSE3:bf16 2.65) and
-  // GradientSums' dv sum at kv_len 2303 (reference:f64).
-  bool model_shapes = false;
+  // the small shapes of before otherwise. Off by default until the rule
+  // stops failing correct entries on the model's shapes (issue 33 triage,
+  // README "Shape coverage": rule false alarms at long rows of small
+  // head_dim, lse at head_dim 256..576 with parallel rows, GradientSums at
+  // kv_len 2303); QKNORM_MODEL_SHAPES=1 turns it on (model_shapes_default).
+  bool model_shapes = model_shapes_default();
   // kv_heads < heads may be drawn (where the entry supports GQA): false for
   // a property that indexes k and v by the query heads.
   bool allow_gqa = true;

@@ -77,43 +77,52 @@ double min_subnormal(Precision p) {
 void apply_structure(AttentionCase* c, Structure s, uint64_t seed,
                      Precision range) {
   const AttentionProblem& p = c->problem;
-  const int64_t BH = p.batch * p.heads, D = p.head_dim;
+  // q is [B, H, Nq, D]; k and v are [B, Hk, Nk, D] (GQA: Hk = kv_heads <
+  // H), and query head h reads kv head h / group. Indexing k and v by the
+  // query heads wrote past them under GQA (heap corruption, issue 33).
+  const int64_t D = p.head_dim, Hk = kv_heads_of(p), group = p.heads / Hk;
+  const int64_t BHq = p.batch * p.heads, BHk = p.batch * Hk;
   Rng rng(seed ^ 0x5bd1e995ull);
   c->structure = s;
   switch (s) {
     case Structure::kNone:
       return;
     case Structure::kRowsBelowEps:
-      below_eps(rng, c->q, BH * p.q_len, D, p.eps);
-      below_eps(rng, c->k, BH * p.kv_len, D, p.eps);
+      below_eps(rng, c->q, BHq * p.q_len, D, p.eps);
+      below_eps(rng, c->k, BHk * p.kv_len, D, p.eps);
       return;
     case Structure::kSubnormalEntries:
-      subnormals(rng, c->q, BH * p.q_len, D, range);
-      subnormals(rng, c->k, BH * p.kv_len, D, range);
+      subnormals(rng, c->q, BHq * p.q_len, D, range);
+      subnormals(rng, c->k, BHk * p.kv_len, D, range);
       return;
     case Structure::kParallelRows:
     case Structure::kAntiParallelRows: {
+      // A key row of kv slice (b, hk) is a multiple of a query row of a
+      // query head that reads it: (b, hk * group + r), r drawn under GQA
+      // only (without GQA, r = 0 and the draws are those of before).
       const double sign = s == Structure::kParallelRows ? 1.0 : -1.0;
-      for (int64_t bh = 0; bh < BH; ++bh)
+      for (int64_t bk = 0; bk < BHk; ++bk)
         for (int64_t j = 0; j < p.kv_len; ++j) {
           if (rng.uniform() >= 0.5) continue;
           const int64_t i = rng.uniform_int(0, p.q_len - 1);
-          multiple_of(rng, row(c->q, p.q_len, D, bh, i),
-                      row(c->k, p.kv_len, D, bh, j), D, sign);
+          const int64_t r = group > 1 ? rng.uniform_int(0, group - 1) : 0;
+          const int64_t bq = (bk / Hk) * p.heads + (bk % Hk) * group + r;
+          multiple_of(rng, row(c->q, p.q_len, D, bq, i),
+                      row(c->k, p.kv_len, D, bk, j), D, sign);
         }
       return;
     }
     case Structure::kDuplicatedKeys:
       if (p.kv_len < 2) return;
-      for (int64_t bh = 0; bh < BH; ++bh)
+      for (int64_t bk = 0; bk < BHk; ++bk)
         for (int64_t j = 1; j < p.kv_len; ++j) {
           if (rng.uniform() >= 0.4) continue;
           const int64_t src = rng.uniform_int(0, j - 1);
-          std::copy_n(row(c->k, p.kv_len, D, bh, src), D,
-                      row(c->k, p.kv_len, D, bh, j));
+          std::copy_n(row(c->k, p.kv_len, D, bk, src), D,
+                      row(c->k, p.kv_len, D, bk, j));
           if (rng.uniform() < 0.5)
-            std::copy_n(row(c->v, p.kv_len, D, bh, src), D,
-                        row(c->v, p.kv_len, D, bh, j));
+            std::copy_n(row(c->v, p.kv_len, D, bk, src), D,
+                        row(c->v, p.kv_len, D, bk, j));
         }
       return;
   }

@@ -28,8 +28,9 @@ namespace qknorm::validation {
 //     discontinuous, so two correct implementations may legitimately pick
 //     different branches).
 //   kParallelRows: some key rows are exact positive power-of-two multiples
-//     of a query row of the same (b, h): their logits are exactly +g (the
-//     edge of the non-saturation bound).
+//     of a query row of the same b and of a query head that reads their kv
+//     head (GQA: one of its group): their logits are exactly +g (the edge
+//     of the non-saturation bound).
 //   kAntiParallelRows: as kParallelRows with negative multiples: logits
 //     exactly -g.
 //   kDuplicatedKeys: some key rows (and their value rows) are copies of

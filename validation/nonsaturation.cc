@@ -17,10 +17,18 @@ double computed_logit_amplitude(const AttentionCase& c,
   const double D = static_cast<double>(p.head_dim);
   if (p.variant != Variant::kQKNorm || is_paper_formulation(p))
     return amplitude * (1 + (3 * D + 16) * u);
-  if (oracle == nullptr)
+  // logit_flip is 0 unless x_hat is rounded before the weight, logit_shift
+  // unless the kind is LayerNorm (validation/oracle.h): without either, as
+  // for the paper's normalization under GQA (kv_heads < heads, which
+  // is_paper_formulation excludes), the oracle's values are 0 and it is
+  // not needed.
+  const bool needs_oracle =
+      p.norm.round_before_weight || p.norm.kind == NormKind::kLayer;
+  if (oracle == nullptr && needs_oracle)
     throw Error("oracle", {},
-                "computed_logit_amplitude: a formulation case needs its "
-                "oracle (logit_flip, logit_shift)");
+                "computed_logit_amplitude: a formulation case with rounding "
+                "flips or a mean shift needs its oracle (logit_flip, "
+                "logit_shift)");
   const double len = static_cast<double>(
       std::max(norm_rows(p, 0).len(), norm_rows(p, 1).len()));
   // Round-before-weight formulations (Qwen3) round x_hat to storage before
@@ -31,8 +39,9 @@ double computed_logit_amplitude(const AttentionCase& c,
   const double rounding = p.norm.round_before_weight && s != compute_format(s)
                               ? 2 * us + us * us
                               : 0;
-  return amplitude * (1 + (6 * len + 3 * D + 32) * u + rounding) +
-         oracle->logit_flip + oracle->logit_shift * u;
+  const double e = amplitude * (1 + (6 * len + 3 * D + 32) * u + rounding);
+  return oracle == nullptr ? e
+                           : e + oracle->logit_flip + oracle->logit_shift * u;
 }
 
 std::string check_nonsaturation(const AttentionProblem& p,

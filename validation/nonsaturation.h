@@ -61,9 +61,10 @@ struct OracleAttention;
 // A + E: the largest logit magnitude an entry of precision s may compute on
 // case c (inputs already rounded to s), for the exact amplitude A (pass the
 // rule's logit_amplitude(c), or a larger a-priori bound). `oracle` gives the
-// formulations' logit_flip and logit_shift; it may be null for the paper's
-// formulation and sdpa, which have neither (a formulation case without it
-// throws qknorm::Error).
+// formulations' logit_flip and logit_shift; it may be null where both are 0
+// by construction: the paper's formulation and sdpa, GQA included, and any
+// formulation that neither rounds x_hat before its weight nor is a
+// LayerNorm (a case with either and no oracle throws qknorm::Error).
 double computed_logit_amplitude(const AttentionCase& c,
                                 const OracleAttention* oracle, Precision s,
                                 double amplitude);

@@ -64,6 +64,15 @@ bool padding_of_every_key(const AttentionProblem& p) {
   const auto& l = p.mask.key_lengths;
   return std::find(l.begin(), l.end(), 0) != l.end();
 }
+bool mqa(const AttentionProblem& p) {
+  return kv_heads_of(p) == 1 && p.heads > 1;
+}
+bool decode_long_kv(const AttentionProblem& p) {
+  return p.q_len <= 16 && p.kv_len > 256;
+}
+// Both runs here call the entries with one thread (RunOptions::exec.threads
+// = 1, as `qknorm-check mutants`).
+bool batch_above_threads(const AttentionProblem& p) { return p.batch > 1; }
 
 const Backend& mutant(const std::string& name) {
   const Backend* b = property::mutant_registry().find("mutant:" + name);
@@ -73,7 +82,7 @@ const Backend& mutant(const std::string& name) {
 
 // The default run's suite (`qknorm-check` without options: the default
 // cases and the covering cases of the registry's model, cli/coverage.h) and
-// the rows of the six shape mutants and the unmutated copy on it, judged in
+// the rows of the nine shape mutants and the unmutated copy on it, judged in
 // one case-major run_suite call as `qknorm-check mutants` judges them (one
 // thread per entry call, every core judging; at most one case's oracles
 // per core alive).
@@ -89,7 +98,9 @@ struct DefaultRun {
     for (const char* m :
          {"stale_dq_head_dim_256:f32", "half_block_tail_dq:f32",
           "long_masked_run_nan:f32", "gqa_paper_no_group_sum:f32",
-          "head_dim_1_signed_norm:f32", "pad_zero_means_unpadded:f32"})
+          "head_dim_1_signed_norm:f32", "pad_zero_means_unpadded:f32",
+          "mqa_packed_rows_causal:f32", "decode_split_kv_no_rescale:f32",
+          "batch_over_threads_dg:f32"})
       entries.push_back(&mutant(m));
     RunOptions opt;
     opt.exec.threads = 1;
@@ -185,6 +196,20 @@ TEST(ShapeMutants, HeadDim1IsCaughtByDefaultRun) {
 TEST(ShapeMutants, PaddingOfKvLenKeysIsCaughtByDefaultRun) {
   expect_caught_only_in_region("pad_zero_means_unpadded:f32",
                                padding_of_every_key);
+}
+
+TEST(ShapeMutants, MqaIsCaughtByDefaultRun) {
+  expect_caught_only_in_region("mqa_packed_rows_causal:f32", mqa);
+}
+
+TEST(ShapeMutants, DecodeAgainstLongKvIsCaughtByDefaultRun) {
+  expect_caught_only_in_region("decode_split_kv_no_rescale:f32",
+                               decode_long_kv);
+}
+
+TEST(ShapeMutants, BatchAboveThreadsIsCaughtByDefaultRun) {
+  expect_caught_only_in_region("batch_over_threads_dg:f32",
+                               batch_above_threads);
 }
 
 // The copy the mutants are made of, with GQA declared, PASSes every case of
@@ -297,6 +322,37 @@ TEST(ShapeMutants, PaddingOfKvLenKeysOnlyInItsRegion) {
                 {{"--shape", "2x2x9x8", "--mask", "pad:5,0"}, true},
                 {{"--shape", "2x2x9x8", "--mask", "pad:1,9"}, false},
                 {{"--shape", "2x2x9x8", "--mask", "causal"}, false}});
+}
+
+TEST(ShapeMutants, MqaOnlyInItsRegion) {
+  const std::vector<std::string> s = {"--shape", "2x4x12x20x8", "--mask",
+                                      "causal"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), s.begin(), s.end());
+    return extra;
+  };
+  expect_edges(
+      "mqa_packed_rows_causal:f32",
+      {{with({"--kv-heads", "1"}), true},
+       {{"--shape", "1x2x5x5x8", "--mask", "causal", "--kv-heads", "1"}, true},
+       {with({"--kv-heads", "2"}), false},
+       {with({}), false}});
+}
+
+TEST(ShapeMutants, DecodeAgainstLongKvOnlyInItsRegion) {
+  expect_edges("decode_split_kv_no_rescale:f32",
+               {{{"--shape", "1x2x1x300x8", "--mask", "none"}, true},
+                {{"--shape", "1x2x16x257x8", "--mask", "none"}, true},
+                {{"--shape", "1x2x17x300x8", "--mask", "none"}, false},
+                {{"--shape", "1x2x16x256x8", "--mask", "none"}, false}});
+}
+
+TEST(ShapeMutants, BatchAboveThreadsOnlyInItsRegion) {
+  expect_edges("batch_over_threads_dg:f32",
+               {{{"--shape", "2x2x9x8", "--mask", "none"}, true},
+                {{"--shape", "3x1x5x7x8", "--mask", "causal"}, true},
+                {{"--shape", "1x2x9x8", "--mask", "none"}, false},
+                {{"--shape", "1x3x5x7x8", "--mask", "causal"}, false}});
 }
 
 }  // namespace
