@@ -360,8 +360,12 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
         c.sample > 0 ||
         std::any_of(suite.attention.begin(), suite.attention.end(),
                     [](const AttentionSpec& a) { return a.sample_rows > 0; });
-    rates =
-        calibrate(entries, exec, any_sampled, largest_work(suite), jobs_for(c));
+    const bool any_full =
+        c.sample == 0 &&
+        std::any_of(suite.attention.begin(), suite.attention.end(),
+                    [](const AttentionSpec& a) { return a.sample_rows == 0; });
+    rates = calibrate(entries, exec, any_sampled, largest_work(suite),
+                      jobs_for(c), any_full);
     cost = estimate(rates, entries, suite, !c.no_timing, c.sample, c.threads,
                     jobs_for(c));
   } else {

@@ -13,6 +13,7 @@
 
 #include "cli/pool.h"
 #include "reference/reference.h"
+#include "validation/judge.h"
 #include "validation/metrics.h"
 #include "validation/oracle.h"
 #include "validation/run.h"
@@ -219,6 +220,109 @@ AttentionProblem pass_calibration_problem() {
   return p;
 }
 
+// calibrate_elements' problems: one query row against 1024 keys at D = 64
+// (its 131 k input elements outweigh its 65 k multiply-adds per pass 20
+// to 1, so the per-element costs dominate the O(n^2 D) ones subtracted),
+// and a case of a handful of elements for the fixed cost of a judgement.
+AttentionProblem element_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.heads = 1;
+  p.q_len = 1;
+  p.kv_len = 1024;
+  return p;
+}
+AttentionProblem step_calibration_problem() {
+  AttentionProblem p = calibration_problem();
+  p.heads = 1;
+  p.q_len = p.kv_len = p.head_dim = 2;
+  return p;
+}
+
+// CostRates' per-element terms and the fixed cost of a judgement, timed as
+// run_suite runs them (best of two: shared cores), with the O(n^2 D) share
+// the other rates already count subtracted.
+void calibrate_elements(CostRates* r, bool full, bool sampled) {
+  const AttentionProblem p = element_calibration_problem();
+  const double el = elements(p), vis = visible_work(p), work = work_of(p);
+  const validation::AttentionCase c = validation::make_attention_case(
+      p, validation::Distribution::kGaussian, 1);
+  const validation::AttentionCase narrow =
+      validation::round_inputs(c, Precision::kF32);
+  const Backend& nb = validation::naive_for(Precision::kF32);
+  auto best_of_two = [](auto f) {
+    double t = 1e300;
+    for (int rep = 0; rep < 2; ++rep) {
+      const double t0 = process_cpu();
+      f();
+      t = std::min(t, process_cpu() - t0);
+    }
+    return t;
+  };
+  auto per_elem = [&](double t, double pairs_s) {
+    return std::max(0.0, t - pairs_s) / el;
+  };
+  validation::AttentionResult res;
+  r->harness_elem = per_elem(
+      best_of_two([&] { res = validation::run_attention(nb, narrow); }),
+      r->naive * vis);
+  if (full) {
+    validation::OracleAttention orc;
+    r->oracle_narrow_elem = per_elem(
+        best_of_two([&] { orc = validation::oracle_attention(narrow); }),
+        r->oracle_narrow * work);
+    const validation::AttentionCase wide =
+        validation::round_inputs(c, Precision::kF64);
+    r->oracle_elem =
+        per_elem(best_of_two([&] { (void)validation::oracle_attention(wide); }),
+                 r->oracle * work);
+    validation::PreparedAttention prep;
+    r->naive_elem =
+        per_elem(best_of_two([&] {
+                   res = validation::run_attention(nb, narrow);
+                   prep = validation::prepare_attention(
+                       narrow, Precision::kF32, orc, &res, false, nb.name());
+                 }),
+                 r->naive * vis);
+    r->judge_elem =
+        per_elem(best_of_two([&] {
+                   (void)validation::judge_attention(
+                       prep, narrow, Precision::kF32, orc, res, nb.name());
+                 }),
+                 0);
+    // The fixed cost: a tiny case's judgement, the entry's run included.
+    const validation::AttentionCase tiny = validation::round_inputs(
+        validation::make_attention_case(step_calibration_problem(),
+                                        validation::Distribution::kGaussian, 1),
+        Precision::kF32);
+    const validation::OracleAttention to = validation::oracle_attention(tiny);
+    validation::AttentionResult tr = validation::run_attention(nb, tiny);
+    const validation::PreparedAttention tp = validation::prepare_attention(
+        tiny, Precision::kF32, to, &tr, false, nb.name());
+    r->step = best_of_two([&] {
+      tr = validation::run_attention(nb, tiny);
+      (void)validation::judge_attention(tp, tiny, Precision::kF32, to, tr,
+                                        nb.name());
+    });
+  }
+  if (sampled) {
+    validation::SampleOptions o;
+    o.rows = 64;
+    o.seed = 1;
+    o.threads = 1;
+    validation::SampledOracle so;
+    r->sampled_elem =
+        per_elem(best_of_two([&] {
+                   so = validation::sampled_oracle(narrow, Precision::kF32, o);
+                 }),
+                 r->pass_setup * el + r->pass * vis);
+    r->judge_sampled_elem =
+        per_elem(best_of_two([&] {
+                   (void)validation::judge_sampled(narrow, so, res, nb.name());
+                 }),
+                 0);
+  }
+}
+
 // The full oracle's rate for storage precision s: wide for f64, in double
 // for the others (validation/oracle.h), where calibrate measured both.
 double oracle_rate(const CostRates& r, Precision s) {
@@ -374,7 +478,7 @@ void calibrate_probabilities(CostRates* r) {
 
 CostRates calibrate(const std::vector<const Backend*>& entries,
                     const ExecConfig& run_exec, bool sampled,
-                    double largest_work, int jobs) {
+                    double largest_work, int jobs, bool full_oracle) {
   // The entries are timed on the threads the pool gives them (run_suite's
   // pooled_exec), the sampled oracle on the run's own.
   const ExecConfig exec = pooled_exec(run_exec, jobs);
@@ -391,7 +495,7 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
   r.setup = (process_cpu() - t0) / elements(cp);
   // The full oracle only when it is used (it is the slow part): wide for
   // f64 storage, in double for the others (validation/oracle.h).
-  if (!sampled) {
+  if (!sampled || full_oracle) {
     t0 = process_cpu();
     (void)validation::oracle_attention(cal);
     r.oracle = (process_cpu() - t0) / cw;
@@ -468,6 +572,11 @@ CostRates calibrate(const std::vector<const Backend*>& entries,
   r.share = core_share(resolve_threads(0));
   r.seconds = seconds_since(t_start);
   if (sampled) calibrate_sampled(&r, run_exec);
+  // After the sampled rates: the sampled oracle's element term is what its
+  // pass's preparation (pass_setup) and blocks leave.
+  const auto t_elem = Clock::now();
+  calibrate_elements(&r, !sampled || full_oracle, sampled);
+  r.seconds += seconds_since(t_elem);
   return r;
 }
 
@@ -525,6 +634,13 @@ CostEstimate estimate(const CostRates& rates,
       // Sampled: the verdict's O(n D) properties on every row, about as
       // much as drawing the inputs.
       if (sampled) entry_cpu[ei] += rates.setup * elements(p);
+      // Judging the fields, and the buffers of an entry whose fit has no
+      // element term; the fixed cost of a judgement.
+      entry_cpu[ei] +=
+          ((sampled ? rates.judge_sampled_elem : rates.judge_elem) +
+           (rates.entry_elem[ei] > 0 ? 0 : rates.harness_elem)) *
+              elements(p) +
+          rates.step;
       entry[ei] = entry_cpu[ei] / (entry_threads * share);
     }
     double pass = 0, rows_w = 0, flops = 0, prep = 0;
@@ -546,12 +662,16 @@ CostEstimate estimate(const CostRates& rates,
           rows_w *
           (wide || rates.rows_narrow <= 0 ? rates.rows : rates.rows_narrow);
       const double full = oracle_rate(rates, static_cast<Precision>(pi));
+      const double full_elem = wide || rates.oracle_narrow_elem <= 0
+                                   ? rates.oracle_elem
+                                   : rates.oracle_narrow_elem;
       if (prec[pi]) {
         // One thread draws and rounds the inputs and prepares the pass (or
         // runs the full oracle); the sampled pass and rows run on
         // oracle_threads.
-        const double serial =
-            rates.setup * elements(p) + (sampled ? prep : full * work);
+        const double serial = rates.setup * elements(p) +
+                              (sampled ? prep + rates.sampled_elem * elements(p)
+                                       : full * work + full_elem * elements(p));
         const double par = sampled ? pass + rows : 0;
         oracle_phases[pi] = {{serial, 1}, {par, oracle_threads}};
         oracle[pi] = (serial + par / oracle_threads) / share;
@@ -563,7 +683,8 @@ CostEstimate estimate(const CostRates& rates,
         }
       }
       if (with_naive[pi]) {
-        naive[pi] = rates.naive * vis / share;
+        naive[pi] =
+            (rates.naive * vis + rates.naive_elem * elements(p)) / share;
         c.naive_s += naive[pi];
       }
       case_s += oracle[pi] + naive[pi];

@@ -68,6 +68,21 @@ struct CostRates {
   bool sampled = false;
   double pass = 0, pass_setup = 0, rows = 0;
   double rows_narrow = 0;  // the rows of f32, bf16 and f16 storage
+  // The costs that grow with the input elements (elements(p): q, dO, k, v)
+  // beside the O(n^2 D) work, per element, measured on a case of one query
+  // row against many keys (calibrate_elements): the rule's tables, the
+  // compare bases and the naive's statistics (naive_elem, with the naive
+  // baseline's own run), judging one entry's fields (judge_elem; sampled:
+  // judge_sampled_elem), encoding, validating and decoding one entry's
+  // tensors (harness_elem, for the entries whose own fit has no element
+  // term), the full oracle's (oracle_elem, f64 storage; oracle_narrow_elem)
+  // and the sampled oracle's (sampled_elem) preparation. Without them the
+  // covering cases (issue 33: most have a long side of a single row at head
+  // dims up to 576) were estimated at a quarter of their time. step: one
+  // (entry, case) judgement's fixed CPU seconds (buffers, the report).
+  double judge_elem = 0, judge_sampled_elem = 0, harness_elem = 0;
+  double oracle_elem = 0, oracle_narrow_elem = 0, naive_elem = 0;
+  double sampled_elem = 0, step = 0;
   // The long-double softmax probabilities per B H Nq Nk D (a sweep's
   // saturation curve; calibrate_probabilities, 0 until then).
   double probs = 0;
@@ -82,9 +97,12 @@ struct CostRates {
 // a few seconds on it is timed at n = 1024 too, for its long-row rate.
 // jobs: the run's --jobs (0: one per core), whose pool runs each entry on
 // one thread when jobs > 1 (cli/pool.h pooled_exec): they are timed so.
+// full_oracle: time the full oracle even if `sampled` (a suite that mixes
+// sampled and full cases: the default run with its covering cases).
 CostRates calibrate(const std::vector<const Backend*>& entries,
                     const ExecConfig& exec, bool sampled,
-                    double largest_work = 0, int jobs = 1);
+                    double largest_work = 0, int jobs = 1,
+                    bool full_oracle = false);
 // The largest attention case's B H D x visible pairs.
 double largest_work(const Suite& suite);
 // Adds the sampled oracle's rates to r (no-op if it has them).

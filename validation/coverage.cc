@@ -109,7 +109,10 @@ std::optional<AttentionProblem> realize(const Choice& c, double g) {
 }
 
 bool judged_sampled(const AttentionProblem& p) {
-  return p.batch * p.heads * p.q_len * p.kv_len >= kSampledPairs;
+  const int64_t elements =
+      p.batch * (p.heads * p.q_len + resolved_kv(p) * p.kv_len) * p.head_dim;
+  return p.batch * p.heads * p.q_len * p.kv_len >= kSampledPairs ||
+         elements >= kSampledElements;
 }
 
 double cost(const AttentionProblem& p) {
@@ -120,16 +123,34 @@ double cost(const AttentionProblem& p) {
   // softmax work is worth about 5 dimensions), of which the entries 1.7 s;
   // sampled (--sample 64) 1.4 s, of which the entries 1.0 s (no
   // long-double oracle, no naive baseline: the double pass only).
-  constexpr double kCaseSeconds = 5e-5;
+  // Per output element (B H Nq D + B Hk Nk D: encoding, running, decoding
+  // and judging it, the oracle's and the naive baseline's share of its
+  // preparation): 1x1x1x2049x576, 1.2 M elements, 5.5 CPU s for the 21
+  // entries judged in full, 2.1 s sampled (kSampledElements). The element
+  // term is 85% of the covering cases' cost: without it the array paired
+  // head_dim 576 with batch 3 and 384 query rows as if it were free. The
+  // constants are the ones whose array measured cheapest (--covering, CPU
+  // seconds of the whole run, the same load): 108 s against 127 s without
+  // the element term and 133 s with a least-squares fit of the per-case
+  // costs (5e-5 / 5e-4 s per case, 2.5e-7 / 1.3e-7 s per element), whose
+  // array traded elements for sampled pairs (3.7e8 B H Nq Nk D against
+  // 2.2e8) that cost more than the fit said.
+  constexpr double kCaseSeconds = 2.5e-4, kSampledCaseSeconds = 2.5e-4;
+  constexpr double kElementSeconds = 2.2e-7, kSampledElementSeconds = 8.5e-8;
   constexpr double kEntrySeconds = 1.2e-9, kFullOracleSeconds = 6e-9,
                    kSampledOracleSeconds = 0.55e-9;  // per pair and (D + 5)
   constexpr double kPairDims = 5;
   const double pairs =
       static_cast<double>(p.batch) * p.heads * p.q_len * p.kv_len;
-  return kCaseSeconds +
+  const double elements = static_cast<double>(p.batch) *
+                          (p.heads * p.q_len + resolved_kv(p) * p.kv_len) *
+                          p.head_dim;
+  const bool sampled = judged_sampled(p);
+  return (sampled ? kSampledCaseSeconds : kCaseSeconds) +
+         elements * (sampled ? kSampledElementSeconds : kElementSeconds) +
          pairs * (p.head_dim + kPairDims) *
              (kEntrySeconds +
-              (judged_sampled(p) ? kSampledOracleSeconds : kFullOracleSeconds));
+              (sampled ? kSampledOracleSeconds : kFullOracleSeconds));
 }
 
 unsigned needs_of(const AttentionProblem& p) {

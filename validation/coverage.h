@@ -82,19 +82,27 @@ struct Choice {
 // (kPadOne needs kv_len >= 2, kPadRun kv_len > kLongRun).
 std::optional<AttentionProblem> realize(const Choice& c, double g);
 // Covering cases from this many (query, key) pairs up (B H Nq Nk: 256 x
-// 256) are judged by the sampled oracle (validation/sampled.h) on at least
-// kSampleRows query and key rows (the tile-boundary rows among them, and
-// every row of a side of at most that many): the full oracle costs about
-// 5 times the entries' run per pair, and its 2049 x 2048 case alone more
-// than the default run's budget ("kv_len into the thousands, sampled where
-// the oracle needs it").
+// 256), or from this many output elements up (B H Nq D + B Hk Nk D: one
+// query row against 128 keys at D = 512), are judged by the sampled oracle
+// (validation/sampled.h) on at least kSampleRows query and key rows (the
+// tile-boundary rows among them, and every row of a side of at most that
+// many). Pairs: the full oracle costs about 5 times the entries' run per
+// pair, and its 2049 x 2048 case alone more than the default run's budget
+// ("kv_len into the thousands, sampled where the oracle needs it").
+// Elements: judging an element (its rule, tolerances and error statistics,
+// the long-double oracle's and the naive baseline's share) costs about 40
+// times what running the kernel on it does when one side is a single row
+// (measured: 1x1x1x2049x576, 1.2 M elements, 5.5 CPU s for the 21 entries
+// judged in full, 2.1 s sampled), and the head_dim cells 192..576 paired
+// with every long length cell make such cases most of the covering cost.
 inline constexpr int64_t kSampledPairs = int64_t{1} << 16;
+inline constexpr int64_t kSampledElements = int64_t{1} << 16;
 inline constexpr int64_t kSampleRows = 64;
 bool judged_sampled(const AttentionProblem& p);
 // Relative cost of judging problem p on one entry, in seconds on one core
-// of the reference machine: a per-case constant plus a term in
-// B H Nq Nk (D + 5), the oracle's share of it smaller when
-// judged_sampled(p) (coverage.cc says how they were measured).
+// of the reference machine: a per-case constant, a term in the output
+// elements B H Nq D + B Hk Nk D and one in B H Nq Nk (D + 5), each smaller
+// when judged_sampled(p) (coverage.cc says how they were measured).
 double cost(const AttentionProblem& p);
 
 // The concrete values the builder and the generators draw from; each value
