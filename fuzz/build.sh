@@ -31,6 +31,12 @@ sanitize+=" -fno-sanitize-coverage=trace-cmp"
 # traces keep their file:line; the full -g's variable info cost ~8% of the
 # Clang compile (simd/kernels.cc, 317 -> 290 CPU s, issue 32) and no report
 # reads it (pass CFLAGS/CXXFLAGS with -g to debug a finding in gdb).
+# -O1 everywhere, except where an execution spends its time when these are
+# our own flags (no $CXXFLAGS given; under OSS-Fuzz its flags decide): see
+# QKNORM_FUZZ_HOT_OPT in fuzz/CMakeLists.txt (issue 32, fuzz/README.md
+# "Rate").
+hot_opt=()
+if [[ -z "${CXXFLAGS:-}" ]]; then hot_opt=(-DQKNORM_FUZZ_HOT_OPT=-O2); fi
 CFLAGS=${CFLAGS:-"-O1 -gline-tables-only -fno-omit-frame-pointer $sanitize"}
 CXXFLAGS=${CXXFLAGS:-"-O1 -gline-tables-only -fno-omit-frame-pointer $sanitize"}
 LIB_FUZZING_ENGINE=${LIB_FUZZING_ENGINE:-"-fsanitize=fuzzer"}
@@ -55,7 +61,7 @@ cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Fuzz \
   -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
   -DCMAKE_C_FLAGS="$CFLAGS" -DCMAKE_CXX_FLAGS="$CXXFLAGS" \
   -DQKNORM_BUILD_FUZZ=ON -DQKNORM_FUZZ_ENGINE="$LIB_FUZZING_ENGINE" \
-  -DQKNORM_BUILD_BENCH=OFF ${QKNORM_FUZZ_CMAKE_ARGS:-}
+  -DQKNORM_BUILD_BENCH=OFF "${hot_opt[@]}" ${QKNORM_FUZZ_CMAKE_ARGS:-}
 if [[ "${QKNORM_FUZZ_BUILD_ALL:-0}" == 1 ]]; then
   cmake --build "$build" -j "${JOBS:-2}"
 elif [[ "${QKNORM_FUZZ_BUILD_ALL:-0}" == quick ]]; then
