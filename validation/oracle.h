@@ -97,6 +97,15 @@ struct OracleValues {
   // dq_mag.
   std::vector<T> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
   T dg_p_sens = 0;
+  // Repeated summands (validation/rule.h): per query row, the excess of its
+  // row sum's tied term pairs over distinct terms (row_tie_excess,
+  // rule_terms.h; 0 without ties, and on a sampled key row's sub-case,
+  // which holds part of each row only). Per element of dV, its sensitivity
+  // to the row normalizations' rounding (the stored lse the backward's P
+  // reads): sum_i (P_ij |dO_id|)^2 w_i (dv_norm_sq_e, independent across
+  // rows) and sum_i P_ij |dO_id| r_i (dv_norm_lin_e, every row at its
+  // bound), w_i and r_i the row's units (oracle_attention.cc).
+  std::vector<T> row_ties, dv_norm_sq_e, dv_norm_lin_e;
   // The formulation's parameter gradients (issue 16; empty when it has
   // none) and, per element, the same seven channels as dq's, indexed by
   // Channel (validation/field.h: at(Channel::kMagnitude) ...), and the

@@ -40,6 +40,7 @@ template <class T>
 struct OracleArrays {
   std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
       adr_q, adr_k, res_q, res_k, flt_q, flt_k;
+  std::vector<double> ties;  // a row's terms (row_tie_excess)
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is
