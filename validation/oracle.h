@@ -105,7 +105,10 @@ struct OracleValues {
   // reads): sum_i (P_ij |dO_id|)^2 w_i (dv_norm_sq_e, independent across
   // rows) and sum_i P_ij |dO_id| r_i (dv_norm_lin_e, every row at its
   // bound), w_i and r_i the row's units (oracle_attention.cc).
-  std::vector<T> row_ties, dv_norm_sq_e, dv_norm_lin_e;
+  // Per element of dK, the largest single query row's share of its
+  // magnitude and softmax terms, carried like them (dk_mag + dk_ds_mag sums
+  // those shares over the rows): the Hoeffding bound's row maximum.
+  std::vector<T> row_ties, dv_norm_sq_e, dv_norm_lin_e, dk_rowmax_e;
   // The formulation's parameter gradients (issue 16; empty when it has
   // none) and, per element, the same seven channels as dq's, indexed by
   // Channel (validation/field.h: at(Channel::kMagnitude) ...), and the

@@ -340,6 +340,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     if (ks) {
       r.dv_norm_sq_e.assign(v.size(), 0);
       r.dv_norm_lin_e.assign(v.size(), 0);
+      a.zmax_k.assign(k.size(), 0);
     }
     std::vector<LD>&sdp = a.sdp, &av = a.av;
     sdp.resize(static_cast<size_t>(Nk));
@@ -407,8 +408,8 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           const LD lse_row = r.lse[row];
           if (ks && std::isfinite(lse_row)) {
             const auto x = static_cast<double>(r.row_ties[row]);
-            w_row = n_row + x + log_n * log_n + 2 * lse_row * lse_row;
-            r_row = tie_sum_units(n_row, x) + log_n + 2 * std::fabs(lse_row);
+            w_row = n_row + x + log_n * log_n + lse_row * lse_row;
+            r_row = tie_sum_units(n_row, x) + log_n + std::fabs(lse_row);
           }
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
@@ -514,6 +515,12 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* dvu = dv_uf + j * D;
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
               add(D, qai, mkj[kSub]);
+              {  // this row's share of dK's M + T (dk_rowmax_e)
+                LD* zm = a.zmax_k.data() + kj;
+                const LD zw = sw[kMag] + sw[kSoft];
+                for (int64_t d = 0; d < D; ++d)
+                  zm[d] = std::max(zm[d], zw * qai[d]);
+              }
               if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
               if (flips) axpy(D, s_adsv, flt_q.data() + qi, mkj[kFlip]);
               axpy(D, s_dsv, qti, duk);
@@ -575,10 +582,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
            &r.dq_bias_ch, dq_out);
     else
       zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
-    if (counts.k_side)
+    if (counts.k_side) {
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
            &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
-    else
+      carry_magnitude(p, km, a.zmax_k, &r.dk_rowmax_e);
+    } else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add
       for (int ch = 0; ch < kCh; ++ch)

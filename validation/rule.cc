@@ -40,6 +40,13 @@ double condition(LD mag, LD x) {
   return mag > 0 ? std::numeric_limits<double>::infinity() : 1.0;
 }
 
+// kSumLambda (sqrt(a + b) - sqrt(a)): what b more squared bounds add to a
+// Hoeffding bound over a (rule.h, "Repeated summands"); exactly 0 for b = 0.
+double hoeffding_more(double a, double b) {
+  if (!(b > 0)) return 0;
+  return kSumLambda * b / (std::sqrt(a + b) + std::sqrt(a));
+}
+
 // Query row i's tied-pair excess (OracleValues::row_ties; 0 if not formed).
 double row_ties(const OracleAttention& orc, size_t i) {
   return i < orc.row_ties.size() ? d(orc.row_ties[i]) : 0.0;
@@ -144,9 +151,12 @@ struct RuleScalars {
   double logit_abs = 0, acc_res = 0, out_res = 0;
   // Repeated summands and the row normalization (rule.h): the largest tie
   // excess E_i = tie_sum_units(Nk, X_i) - sum_units(Nk) and the largest
-  // row normalization units r_i = tie_sum_units(Nk, X_i) + log Nk + 2
+  // row normalization units r_i = tie_sum_units(Nk, X_i) + log Nk +
   // |lse_i| over the case's query rows.
   double tie_max = 0, norm_max = 0;
+  // And the largest w_i = Nk + X_i + log^2 Nk + lse_i^2: the squared
+  // bounds of a row normalization's roundings (dK's Hoeffding bound).
+  double w_max = 0;
 };
 
 // The contract's units (rule.h, "Compute contracts"): u_c is the coarser of
@@ -278,9 +288,13 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
     for (size_t i = 0; i < orc.row_ties.size(); ++i) {
       const double t = tie_sum_units(nk, d(orc.row_ties[i]));
       r.tie_max = std::max(r.tie_max, t - sum_units(nk));
-      if (i < orc.lse.size() && std::isfinite(orc.lse[i]))
-        r.norm_max = std::max(r.norm_max, t + std::log(std::max(nk, 1.0)) +
-                                              2 * d(std::fabs(orc.lse[i])));
+      if (i < orc.lse.size() && std::isfinite(orc.lse[i])) {
+        const double lg = std::log(std::max(nk, 1.0)),
+                     l = d(std::fabs(orc.lse[i]));
+        r.norm_max = std::max(r.norm_max, t + lg + l);
+        r.w_max =
+            std::max(r.w_max, nk + d(orc.row_ties[i]) + lg * lg + l * l);
+      }
     }
   }
   r.u_given = orc.given_units > 0 || orc.given_soft_units > 0
@@ -402,28 +416,37 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   const std::vector<LD>& ds_mag, const std::vector<LD>& o_rel,
                   const std::vector<LD>& o_sens, const std::vector<LD>& uf,
                   const std::vector<LD>& p_sens, const std::vector<LD>& shift,
-                  const std::vector<LD>& flip, bool rows_tie,
-                  double norm_units) {
+                  const std::vector<LD>& flip, bool rows_tie, bool row_norm) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
     const double base = sum_units(n + static_cast<double>(L)) + div;
     for (size_t e = 0; e < x.size(); ++e) {
       // The terms dS_ij = P_ij (dP_ij - delta_i) move with their row's
       // normalization, twice (P and delta; rule.h, "Repeated summands"):
-      // dQ's row by its tie excess (exactly 0 without ties), dK's rows by
-      // norm_units.
+      // dQ's row by its tie excess (exactly 0 without ties).
       const double units =
-          (rows_tie
-               ? base + 2 * (tie_sum_units(
-                                 n, row_ties(orc, e / static_cast<size_t>(D))) -
-                             sum_units(n))
-               : base) +
-          norm_units;
+          rows_tie
+              ? base + 2 * (tie_sum_units(
+                                n, row_ties(orc, e / static_cast<size_t>(D))) -
+                            sum_units(n))
+              : base;
+      // dK's rows by r_i (P_ij |dP_ij - delta_i| + P_ij |delta_i| <= T + M
+      // per row): Hoeffding over the rows' roundings beside the sum's own,
+      // or every row at its bound, the smaller.
+      double norm = 0;
+      if (row_norm && e < orc.dk_rowmax_e.size()) {
+        const double m = d(mag[e]), mt = m + d(ds_mag[e]);
+        const double a = (n + static_cast<double>(L)) * m * m;
+        norm =
+            std::min(hoeffding_more(a, rs.w_max * d(orc.dk_rowmax_e[e]) * mt),
+                     rs.norm_max * mt);
+      }
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
           rs.uo *
               (units * d(mag[e]) + times(rs.soft_o, ds_mag[e]) + d(shift[e])) +
-          times(rs.co, uf[e]) + times(rs.po, p_sens[e]) + us * d(o_rel[e]) +
-          o_res * d(o_sens[e]) + c_res * d(uf[e]) + p_res * d(p_sens[e]) +
+          (uc + rs.uo) * norm + times(rs.co, uf[e]) + times(rs.po, p_sens[e]) +
+          us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
+          p_res * d(p_sens[e]) +
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
           rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
@@ -437,12 +460,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
                        orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
                        orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e,
-                       orc.dq_flip_e, true, 0.0));
+                       orc.dq_flip_e, true, false));
   if (!orc.dk_mag.empty())
     out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
                        orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
                        orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e,
-                       orc.dk_flip_e, false, 2 * rs.norm_max));
+                       orc.dk_flip_e, false, true));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   if (!orc.dv_mag.empty()) {
@@ -460,9 +483,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                    (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
       // The backward's P reads the stored lse: each row normalization's
       // rounding (rule.h, "Repeated summands"; 0 where not formed).
+      // Hoeffding over the rows' roundings beside the sum's own (G Nq
+      // additions of at most M each), or every row at its bound.
       if (e < orc.dv_norm_lin_e.size()) {
+        const double m = d(orc.dv_mag[e]);
         const double norm =
-            std::min(kSumLambda * std::sqrt(d(orc.dv_norm_sq_e[e])),
+            std::min(hoeffding_more(group * nq * m * m, d(orc.dv_norm_sq_e[e])),
                      d(orc.dv_norm_lin_e[e]));
         t.delta[e] += (uc + rs.uo) * norm;
       }

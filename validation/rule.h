@@ -134,20 +134,28 @@
 //   every one of those bounds bitwise as before.
 //   The row normalization in the backward. A kernel's backward reads P_ij =
 //   exp(S_ij - lse_i) through its stored lse, which is off by the row sum's
-//   rounding, the log's (log Nk) and the addition's and storage's (|lse_i|
-//   each): r_i = tie_sum_units(Nk, X_i) + log Nk + 2 |lse_i| units, the
-//   same for every P_ij of the row. The logits' part of lse's error is in
+//   rounding, the log's (log Nk) and the addition's (|lse_i|; lse is
+//   formed and kept in the compute format, so its storage adds nothing):
+//   r_i = tie_sum_units(Nk, X_i) + log Nk + |lse_i| units, the same for
+//   every P_ij of the row (the subtraction S_ij - lse_i rounds per element,
+//   as the exp does: the softmax terms'). The logits' part of lse's error is in
 //   soft already. dQ's own Nk-term units cover it; dV's and dK's sums run
 //   over the queries, and at decode (Nq = 1, Nk = 4096, D = 64, g = 0.01)
 //   reference:f64's dV was 1.95 bounds off (24 u_c: P's error, dV_j =
-//   P_1j dO_1 being one term). The rows' roundings are independent, so
-//   dV_jd moves by at most u_c min(kSumLambda sqrt(Nv2_e), Nv1_e) with
-//   Nv2_e = sum_i (P_ij |dO_id|)^2 w_i, w_i = Nk + X_i + log^2 Nk + 2
-//   lse_i^2 (the Hoeffding bound over every row's roundings) and Nv1_e =
-//   sum_i P_ij |dO_id| r_i (every row at its bound; the smaller at D = 1).
-//   dK's terms dS_ij move by r_i u_c (P_ij) and again through delta_i: at
-//   most 2 r_max u_c M_e, r_max the case's largest r_i (deterministic over
-//   the rows; D = 2 decode: reference:f64's dK 1.51 bounds off without it).
+//   P_1j dO_1 being one term). Every row's roundings and the sum's own
+//   are independent, so one Hoeffding bound holds them all: the sum's G Nq
+//   additions of at most M_e each and row i's w_i = Nk + X_i + log^2 Nk +
+//   lse_i^2 squared units at its share. dV_jd (share x_i = P_ij |dO_id|)
+//   moves by u_c min(H(G Nq M^2, Nv2_e), Nv1_e) beyond its own sum's
+//   bound, H(a, b) = kSumLambda (sqrt(a + b) - sqrt(a)) (0 for b = 0),
+//   Nv2_e = sum_i x_i^2 w_i, Nv1_e = sum_i x_i r_i (every row at its
+//   bound; the smaller at D = 1). dK's terms dS_ij move by r_i u_c P_ij
+//   (|dP_ij - delta_i| + |delta_i|) <= r_i u_c (T + M) (P and delta_i =
+//   dO_i . O_i both move), carried like T and M: min(H((G Nq + L) M^2,
+//   w_max Y_e (M + T)), r_max (M + T)), Y_e the largest single row's share
+//   of M + T carried the same way (oracle: dk_rowmax_e; sum_i y_i^2 <=
+//   max_i y_i sum_i y_i), w_max and r_max the case's largest (D = 2
+//   decode: reference:f64's dK 1.51 bounds off without it).
 //   Not covered: a sampled key row's sub-case holds part of each query row,
 //   so its X_i is 0 (its n and lse are the whole row's); contracts with a
 //   compute point coarser than f32 tie at u_c of the compute format.
@@ -247,11 +255,12 @@
 //           + ulp_c(0) (Nk + 2) + tiny_c Sp
 //   lse     u_c ((dot + div) |A| + tie_sum_units(Nk, X_i) + 2 |x|
 //           + shift) + logit_flip
-//   dq, dk  u_c ((sum_units(n + L) + div + N) M + soft T + Sh) + u_s R
-//           + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
+//   dq, dk  u_c ((sum_units(n + L) + div + N) M + soft T + Sh + K)
+//           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
 //           + u_f64 (given M + given_soft T) + F
-//           (N: dq 2 E_i, dk 2 r_max)
-//   dv      u_c ((sum_units(G Nq) + soft) M + min(lambda sqrt(Nv2), Nv1))
+//           (N: dq 2 E_i, dk 0; K: dk min(H((G Nq + L) M^2, w_max Y
+//           (M + T)), r_max (M + T)), dq 0)
+//   dv      u_c ((sum_units(G Nq) + soft) M + min(H(G Nq M^2, Nv2), Nv1))
 //           + tiny_c Sp + ulp_c(0) (G Nq + 2) + u_f64 given_soft M
 //   dg      u_c (sum_units(B H Nq Nk) + sum_units(D) + div + soft
 //           + 2 E_max) M
