@@ -177,7 +177,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       ks ? r.dv.data() : nullptr, whole ? &r.dg : nullptr, nullptr, w, dw, S);
   // Once per case (every entry's tables read it, and the row sums' ties
   // below): O(B H Nq Nk D) where rows have dominant channels, as the logits.
-  const double case_cos_units = whole ? cosine_units(c) : 0;
+  // (A sub-case's own, for its row sums' ties: the whole case's are the
+  // caller's.)
+  const double case_cos_units = cosine_units(c);
   // dg sums dS_ij C_ij with dS_ij = P_ij (dP_ij - delta_i): the rounding
   // error of those terms scales with P_ij (|dP_ij| + |delta_i|), not with
   // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the
@@ -326,12 +328,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     }
     // Repeated summands (rule.h): each row sum's tied term pairs beyond
     // distinct terms (row_tie_excess: at the compute format's u, with a
-    // kernel's term error of cosine_units |A| + kOpUnits units; a sub-case
-    // reads kDotUnits, its case's own cosine units being the caller's), and
+    // kernel's term error of cosine_units |A| + kOpUnits units), and
     // dV's sensitivity to the row normalizations' rounding. A sampled key
-    // row's sub-case (given) holds part of each row: no ties.
+    // row's sub-case (given) holds part of each row: the pass's ties.
     const double u_tie = compute_roundoff(c.storage);
-    const double cos_u = whole ? case_cos_units : kDotUnits;
+    const double cos_u = case_cos_units;
     const double term_units = cos_u * std::fabs(logit_amplitude(c)) + kOpUnits;
     const auto n_row =
         static_cast<double>(counts.kv_len > 0 ? counts.kv_len : Nk);
@@ -341,6 +342,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       r.dv_norm_sq_e.assign(v.size(), 0);
       r.dv_norm_lin_e.assign(v.size(), 0);
       a.zmax_k.assign(k.size(), 0);
+      a.zlin_k.assign(k.size(), 0);
     }
     std::vector<LD>&sdp = a.sdp, &av = a.av;
     sdp.resize(static_cast<size_t>(Nk));
@@ -393,7 +395,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           for (int64_t j = 0; j < Nk; ++j)
             if (alive(j)) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
-          if (given == nullptr) {
+          if (given != nullptr) {
+            if (row < given->ties.size())
+              r.row_ties[row] = static_cast<LD>(given->ties[row]);
+          } else {
             std::vector<double>& t = a.ties;
             t.clear();
             for (int64_t j = 0; j < Nk; ++j)
@@ -515,11 +520,16 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* dvu = dv_uf + j * D;
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
               add(D, qai, mkj[kSub]);
-              {  // this row's share of dK's M + T (dk_rowmax_e)
+              {  // this row's share of dK's M + T, times w_i (its largest:
+                 // dk_rowmax_e) and r_i (their sum: dk_norm_lin_e)
                 LD* zm = a.zmax_k.data() + kj;
-                const LD zw = sw[kMag] + sw[kSoft];
-                for (int64_t d = 0; d < D; ++d)
+                LD* zl = a.zlin_k.data() + kj;
+                const LD zw = (sw[kMag] + sw[kSoft]) * w_row,
+                         zr = (sw[kMag] + sw[kSoft]) * r_row;
+                for (int64_t d = 0; d < D; ++d) {
                   zm[d] = std::max(zm[d], zw * qai[d]);
+                  zl[d] += zr * qai[d];
+                }
               }
               if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
               if (flips) axpy(D, s_adsv, flt_q.data() + qi, mkj[kFlip]);
@@ -586,6 +596,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
            &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
       carry_magnitude(p, km, a.zmax_k, &r.dk_rowmax_e);
+      carry_magnitude(p, km, a.zlin_k, &r.dk_norm_lin_e);
     } else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add

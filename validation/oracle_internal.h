@@ -41,7 +41,8 @@ struct OracleArrays {
   std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
       adr_q, adr_k, res_q, res_k, flt_q, flt_k;
   std::vector<double> ties;  // a row's terms (row_tie_excess)
-  std::vector<T> zmax_k;     // per k element, max over rows (dk_rowmax_e)
+  // per k element: max over rows, sum over rows (dk_rowmax_e, dk_norm_lin_e)
+  std::vector<T> zmax_k, zlin_k;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is

@@ -149,14 +149,9 @@ struct RuleScalars {
   // resolution per term and the output point's half ulp(0).
   double uq = 0, uk = 0, uv = 0, ulog = 0, up = 0, uacc = 0, uout = 0;
   double logit_abs = 0, acc_res = 0, out_res = 0;
-  // Repeated summands and the row normalization (rule.h): the largest tie
-  // excess E_i = tie_sum_units(Nk, X_i) - sum_units(Nk) and the largest
-  // row normalization units r_i = tie_sum_units(Nk, X_i) + log Nk +
-  // |lse_i| over the case's query rows.
-  double tie_max = 0, norm_max = 0;
-  // And the largest w_i = Nk + X_i + log^2 Nk + lse_i^2: the squared
-  // bounds of a row normalization's roundings (dK's Hoeffding bound).
-  double w_max = 0;
+  // Repeated summands (rule.h): the largest tie excess E_i =
+  // tie_sum_units(Nk, X_i) - sum_units(Nk) over the case's query rows.
+  double tie_max = 0;
 };
 
 // The contract's units (rule.h, "Compute contracts"): u_c is the coarser of
@@ -288,13 +283,6 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
     for (size_t i = 0; i < orc.row_ties.size(); ++i) {
       const double t = tie_sum_units(nk, d(orc.row_ties[i]));
       r.tie_max = std::max(r.tie_max, t - sum_units(nk));
-      if (i < orc.lse.size() && std::isfinite(orc.lse[i])) {
-        const double lg = std::log(std::max(nk, 1.0)),
-                     l = d(std::fabs(orc.lse[i]));
-        r.norm_max = std::max(r.norm_max, t + lg + l);
-        r.w_max =
-            std::max(r.w_max, nk + d(orc.row_ties[i]) + lg * lg + l * l);
-      }
     }
   }
   r.u_given = orc.given_units > 0 || orc.given_soft_units > 0
@@ -430,15 +418,15 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                             sum_units(n))
               : base;
       // dK's rows by r_i (P_ij |dP_ij - delta_i| + P_ij |delta_i| <= T + M
-      // per row): Hoeffding over the rows' roundings beside the sum's own,
-      // or every row at its bound, the smaller.
+      // per row): Hoeffding over the rows' roundings beside the sum's own
+      // (sum_i w_i y_i^2 <= max_i w_i y_i sum_i y_i), or every row at its
+      // bound, the smaller.
       double norm = 0;
       if (row_norm && e < orc.dk_rowmax_e.size()) {
         const double m = d(mag[e]), mt = m + d(ds_mag[e]);
         const double a = (n + static_cast<double>(L)) * m * m;
-        norm =
-            std::min(hoeffding_more(a, rs.w_max * d(orc.dk_rowmax_e[e]) * mt),
-                     rs.norm_max * mt);
+        norm = std::min(hoeffding_more(a, d(orc.dk_rowmax_e[e]) * mt),
+                        d(orc.dk_norm_lin_e[e]));
       }
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +

@@ -152,13 +152,14 @@
 //   bound; the smaller at D = 1). dK's terms dS_ij move by r_i u_c P_ij
 //   (|dP_ij - delta_i| + |delta_i|) <= r_i u_c (T + M) (P and delta_i =
 //   dO_i . O_i both move), carried like T and M: min(H((G Nq + L) M^2,
-//   w_max Y_e (M + T)), r_max (M + T)), Y_e the largest single row's share
-//   of M + T carried the same way (oracle: dk_rowmax_e; sum_i y_i^2 <=
-//   max_i y_i sum_i y_i), w_max and r_max the case's largest (D = 2
+//   Y_e (M + T)), Nk1_e), Y_e = max_i w_i y_i (sum_i w_i y_i^2 <= Y_e
+//   sum_i y_i) and Nk1_e = sum_i r_i y_i, y_i row i's share of M + T,
+//   carried the same way (oracle: dk_rowmax_e, dk_norm_lin_e; D = 2
 //   decode: reference:f64's dK 1.51 bounds off without it).
-//   Not covered: a sampled key row's sub-case holds part of each query row,
-//   so its X_i is 0 (its n and lse are the whole row's); contracts with a
-//   compute point coarser than f32 tie at u_c of the compute format.
+//   A sampled key row's sub-case holds part of each query row: its X_i
+//   come from the pass in double (GivenRows::ties), its n and lse are the
+//   whole row's. Not covered: contracts with a compute point coarser than
+//   the compute format tie at the compute format's u_c.
 // Formulations (issue 16) add, per element, the parameter gradients' same
 // channels, Qwen3's rounding flips (logit_flip) and LayerNorm's mean shift:
 // the computed mean of a row is an L-term sum, off by sum_units(L) u_c
@@ -258,8 +259,8 @@
 //   dq, dk  u_c ((sum_units(n + L) + div + N) M + soft T + Sh + K)
 //           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
 //           + u_f64 (given M + given_soft T) + F
-//           (N: dq 2 E_i, dk 0; K: dk min(H((G Nq + L) M^2, w_max Y
-//           (M + T)), r_max (M + T)), dq 0)
+//           (N: dq 2 E_i, dk 0; K: dk min(H((G Nq + L) M^2, Y (M + T)),
+//           Nk1), dq 0)
 //   dv      u_c ((sum_units(G Nq) + soft) M + min(H(G Nq M^2, Nv2), Nv1))
 //           + tiny_c Sp + ulp_c(0) (G Nq + 2) + u_f64 given_soft M
 //   dg      u_c (sum_units(B H Nq Nk) + sum_units(D) + div + soft
