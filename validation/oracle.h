@@ -97,6 +97,20 @@ struct OracleValues {
   // dq_mag.
   std::vector<T> o_p_sens_e, dv_p_sens_e, dq_p_sens_e, dk_p_sens_e;
   T dg_p_sens = 0;
+  // Repeated summands (validation/rule.h): per query row, the excess of its
+  // row sum's tied term pairs over distinct terms (row_tie_excess,
+  // rule_terms.h; 0 without ties, and on a sampled key row's sub-case,
+  // which holds part of each row only). Per element of dV, its sensitivity
+  // to the row normalizations' rounding (the stored lse the backward's P
+  // reads): sum_i (P_ij |dO_id|)^2 w_i (dv_norm_sq_e, independent across
+  // rows) and sum_i P_ij |dO_id| r_i (dv_norm_lin_e, every row at its
+  // bound), w_i and r_i the row's units (oracle_attention.cc).
+  // Per element of dK, carried like its magnitude and softmax terms (whose
+  // sum dk_mag + dk_ds_mag sums each query row's share y_i): max_i w_i y_i
+  // (dk_rowmax_e, the Hoeffding bound's sum_i w_i y_i^2 <= it times the
+  // sum) and sum_i r_i y_i (dk_norm_lin_e).
+  std::vector<T> row_ties, dv_norm_sq_e, dv_norm_lin_e, dk_rowmax_e,
+      dk_norm_lin_e;
   // The formulation's parameter gradients (issue 16; empty when it has
   // none) and, per element, the same seven channels as dq's, indexed by
   // Channel (validation/field.h: at(Channel::kMagnitude) ...), and the
@@ -165,8 +179,10 @@ struct OracleAttention : OracleValues<long double> {
 // and p_del_i >= sum_j |dO_i|.|v_j| over the visible keys. A sampled key row's
 // sub-case holds only the queries that see that key, so its rows' softmax
 // normalization must come from outside.
+// ties: each row's row_tie_excess (OracleValues::row_ties; may be empty:
+// 0).
 struct GivenRows {
-  std::vector<long double> lse, delta, del, ds_l1, o_abs, p_del;
+  std::vector<long double> lse, delta, del, ds_l1, o_abs, p_del, ties;
   double units = 0, soft_units = 0;  // OracleAttention::given_*units
 };
 // The rule's counts of the whole case for a sub-case (0: the sub-case's

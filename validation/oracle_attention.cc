@@ -175,6 +175,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       p, q.data(), k.data(), qv, kv, v.data(), r.o.data(), d_o.data(),
       r.lse.data(), qs ? r.dq.data() : nullptr, ks ? r.dk.data() : nullptr,
       ks ? r.dv.data() : nullptr, whole ? &r.dg : nullptr, nullptr, w, dw, S);
+  // Once per case (every entry's tables read it, and the row sums' ties
+  // below): O(B H Nq Nk D) where rows have dominant channels, as the logits.
+  // (A sub-case's own, for its row sums' ties: the whole case's are the
+  // caller's.)
+  const double case_cos_units = cosine_units(c);
   // dg sums dS_ij C_ij with dS_ij = P_ij (dP_ij - delta_i): the rounding
   // error of those terms scales with P_ij (|dP_ij| + |delta_i|), not with
   // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the
@@ -321,6 +326,24 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       r.dv_p_sens_e.assign(v.size(), 0);
       r.dv_mag.assign(v.size(), 0);
     }
+    // Repeated summands (rule.h): each row sum's tied term pairs beyond
+    // distinct terms (row_tie_excess: at the compute format's u, with a
+    // kernel's term error of cosine_units |A| + kOpUnits units), and
+    // dV's sensitivity to the row normalizations' rounding. A sampled key
+    // row's sub-case (given) holds part of each row: the pass's ties.
+    const double u_tie = compute_roundoff(c.storage);
+    const double cos_u = case_cos_units;
+    const double term_units = cos_u * std::fabs(logit_amplitude(c)) + kOpUnits;
+    const auto n_row =
+        static_cast<double>(counts.kv_len > 0 ? counts.kv_len : Nk);
+    const double log_n = std::log(std::max(n_row, 1.0));
+    r.row_ties.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
+    if (ks) {
+      r.dv_norm_sq_e.assign(v.size(), 0);
+      r.dv_norm_lin_e.assign(v.size(), 0);
+      a.zmax_k.assign(k.size(), 0);
+      a.zlin_k.assign(k.size(), 0);
+    }
     std::vector<LD>&sdp = a.sdp, &av = a.av;
     sdp.resize(static_cast<size_t>(Nk));
     av.resize(static_cast<size_t>(Nk));
@@ -372,6 +395,27 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           for (int64_t j = 0; j < Nk; ++j)
             if (alive(j)) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
+          if (given != nullptr) {
+            if (row < given->ties.size())
+              r.row_ties[row] = static_cast<LD>(given->ties[row]);
+          } else {
+            std::vector<double>& t = a.ties;
+            t.clear();
+            for (int64_t j = 0; j < Nk; ++j)
+              if (pi[j] > 0) t.push_back(static_cast<double>(pi[j]));
+            r.row_ties[row] =
+                static_cast<LD>(row_tie_excess(&t, u_tie, term_units));
+          }
+          // dV's row normalization units (rule.h, "Repeated summands"):
+          // w_i for the rows' independent roundings, r_i for each at its
+          // bound.
+          LD w_row = 0, r_row = 0;
+          const LD lse_row = r.lse[row];
+          if (ks && std::isfinite(lse_row)) {
+            const auto x = static_cast<double>(r.row_ties[row]);
+            w_row = n_row + x + log_n * log_n + lse_row * lse_row;
+            r_row = tie_sum_units(n_row, x) + log_n + std::fabs(lse_row);
+          }
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
             sdel = given->delta[row];
@@ -476,12 +520,30 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* dvu = dv_uf + j * D;
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
               add(D, qai, mkj[kSub]);
+              {  // this row's share of dK's M + T, times w_i (its largest:
+                 // dk_rowmax_e) and r_i (their sum: dk_norm_lin_e)
+                LD* zm = a.zmax_k.data() + kj;
+                LD* zl = a.zlin_k.data() + kj;
+                const LD zw = (sw[kMag] + sw[kSoft]) * w_row,
+                         zr = (sw[kMag] + sw[kSoft]) * r_row;
+                for (int64_t d = 0; d < D; ++d) {
+                  zm[d] = std::max(zm[d], zw * qai[d]);
+                  zl[d] += zr * qai[d];
+                }
+              }
               if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
               if (flips) axpy(D, s_adsv, flt_q.data() + qi, mkj[kFlip]);
               axpy(D, s_dsv, qti, duk);
               axpy(D, s_adsv, rq, adk);
               axpy_abs(D, pij, doi, dvm);
               if (pos) add_abs(D, doi, dvu);
+              if (w_row > 0 && pij > 0) {
+                LD* dvs = r.dv_norm_sq_e.data() + (bk * Nk + j) * D;
+                axpy_abs(D, pij * r_row, doi,
+                         r.dv_norm_lin_e.data() + (bk * Nk + j) * D);
+                const LD p2 = pij * pij * w_row;
+                for (int64_t d = 0; d < D; ++d) dvs[d] += p2 * doi[d] * doi[d];
+              }
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
             adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
@@ -530,10 +592,12 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
            &r.dq_bias_ch, dq_out);
     else
       zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
-    if (counts.k_side)
+    if (counts.k_side) {
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
            &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
-    else
+      carry_magnitude(p, km, a.zmax_k, &r.dk_rowmax_e);
+      carry_magnitude(p, km, a.zlin_k, &r.dk_norm_lin_e);
+    } else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add
       for (int ch = 0; ch < kCh; ++ch)
@@ -568,9 +632,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     r.dq_uf_sens = dq_out[kSub];
     r.dk_uf_sens = dk_out[kSub];
   }
-  // Once per case (every entry's tables read it): O(B H Nq Nk D) where rows
-  // have dominant channels, as the logits above.
-  if (whole) out.cosine_units = cosine_units(c);
+  if (whole) out.cosine_units = case_cos_units;
 }
 
 template void oracle_in<float>(const AttentionCase&, const GivenRows*,

@@ -40,6 +40,9 @@ template <class T>
 struct OracleArrays {
   std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
       adr_q, adr_k, res_q, res_k, flt_q, flt_k;
+  std::vector<double> ties;  // a row's terms (row_tie_excess)
+  // per k element: max over rows, sum over rows (dk_rowmax_e, dk_norm_lin_e)
+  std::vector<T> zmax_k, zlin_k;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is
@@ -107,6 +110,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
 // resp. per operand row; terms: the number of terms of each dx_tilde sum;
 // s: the logit scale's magnitude. The derivations are in
 // oracle_operands.cc.
+// One magnitude array (per element of dx_tilde) through the same map into
+// *out (per element of dq or dk).
+template <class T>
+void carry_magnitude(const AttentionProblem& p, const OperandMagsT<T>& m,
+                     const std::vector<T>& in, std::vector<T>* out);
 template <class T>
 void carry_side(const AttentionProblem& p, T s, int sd,
                 const OperandMagsT<T>& m, ChannelArraysT<T>& ch_in,

@@ -227,6 +227,29 @@ void norm_backward_mag(const AttentionProblem& p, const LD* u, LD den,
 
 }  // namespace
 
+// One magnitude array alone through the weight and the normalization
+// backward (carry_side's map of every channel; the row normalization's
+// per-element row maximum, rule.h "Repeated summands").
+template <class T>
+void carry_magnitude(const AttentionProblem& p, const OperandMagsT<T>& m,
+                     const std::vector<T>& in, std::vector<T>* out) {
+  using LD = T;
+  const NormRows& nr = m.rows;
+  const int64_t L = nr.len();
+  out->assign(in.size(), 0);
+  std::vector<LD> row(static_cast<size_t>(L)), u(static_cast<size_t>(L));
+  for (int64_t r0 = 0; r0 < nr.rows(); ++r0) {
+    for (int64_t e = 0; e < L; ++e) {
+      const size_t o = static_cast<size_t>(nr.at(r0, e));
+      u[static_cast<size_t>(e)] = m.xh[o];
+      row[static_cast<size_t>(e)] = in[o] * std::fabs(m.wv[o]);
+    }
+    norm_backward_mag(p, u.data(), m.den[static_cast<size_t>(r0)], L, &row);
+    for (int64_t e = 0; e < L; ++e)
+      (*out)[static_cast<size_t>(nr.at(r0, e))] = row[static_cast<size_t>(e)];
+  }
+}
+
 // Through the weight and the normalization backward, per side row.
 // The subnormal count of the sums forming du (Nk products and
 // additions, the normalization backward's L + 2), each of which the
@@ -442,6 +465,9 @@ void carry_side(const AttentionProblem& p, T s, int sd,
   template void slice_operand_mags<T>(const OperandMagsT<T>&, int64_t,       \
                                       int64_t, int64_t, const NormRows&,     \
                                       OperandMagsT<T>*);                     \
+  template void carry_magnitude<T>(const AttentionProblem&,                  \
+                                   const OperandMagsT<T>&,                   \
+                                   const std::vector<T>&, std::vector<T>*);  \
   template void carry_side<T>(const AttentionProblem&, T, int,               \
                               const OperandMagsT<T>&, ChannelArraysT<T>&,    \
                               const std::vector<T>&, const std::vector<T>&,  \

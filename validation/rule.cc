@@ -40,6 +40,18 @@ double condition(LD mag, LD x) {
   return mag > 0 ? std::numeric_limits<double>::infinity() : 1.0;
 }
 
+// kSumLambda (sqrt(a + b) - sqrt(a)): what b more squared bounds add to a
+// Hoeffding bound over a (rule.h, "Repeated summands"); exactly 0 for b = 0.
+double hoeffding_more(double a, double b) {
+  if (!(b > 0)) return 0;
+  return kSumLambda * b / (std::sqrt(a + b) + std::sqrt(a));
+}
+
+// Query row i's tied-pair excess (OracleValues::row_ties; 0 if not formed).
+double row_ties(const OracleAttention& orc, size_t i) {
+  return i < orc.row_ties.size() ? d(orc.row_ties[i]) : 0.0;
+}
+
 ToleranceTable table(Field f, Precision fmt, int64_t B, int64_t H, int64_t rows,
                      int64_t cols, const std::vector<LD>& expected) {
   ToleranceTable t = empty_table(f, fmt, B, H, rows, cols);
@@ -137,6 +149,9 @@ struct RuleScalars {
   // resolution per term and the output point's half ulp(0).
   double uq = 0, uk = 0, uv = 0, ulog = 0, up = 0, uacc = 0, uout = 0;
   double logit_abs = 0, acc_res = 0, out_res = 0;
+  // Repeated summands (rule.h): the largest tie excess E_i =
+  // tie_sum_units(Nk, X_i) - sum_units(Nk) over the case's query rows.
+  double tie_max = 0;
 };
 
 // The contract's units (rule.h, "Compute contracts"): u_c is the coarser of
@@ -263,6 +278,13 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
                      ulp(contract.format(RoundingPoint::kP, s), 0) / 2);
   r.acc_res =
       std::max(r.c_res, ulp(contract.format(RoundingPoint::kPvAcc, s), 0));
+  {
+    const auto nk = static_cast<double>(r.Nk);
+    for (size_t i = 0; i < orc.row_ties.size(); ++i) {
+      const double t = tie_sum_units(nk, d(orc.row_ties[i]));
+      r.tie_max = std::max(r.tie_max, t - sum_units(nk));
+    }
+  }
   r.u_given = orc.given_units > 0 || orc.given_soft_units > 0
                   ? unit_roundoff(Precision::kF64)
                   : 0;
@@ -288,7 +310,8 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
       r.uc * d(orc.dg_shift) +
       r.u_given * (orc.given_units + orc.given_soft_units) * d(orc.dg_scale) +
       (2 * r.logit_abs + r.up + r.uq + r.uk + r.uv) * d(orc.dg_scale) +
-      r.uout * d(orc.dg_o_rel_sens) + times(orc.operand_flip, orc.dg_scale);
+      r.uout * d(orc.dg_o_rel_sens) + times(orc.operand_flip, orc.dg_scale) +
+      (r.uc + r.uo) * 2 * r.tie_max * d(orc.dg_scale);
   t.cond[0] = condition(orc.dg_scale, orc.dg);
   return t;
 }
@@ -319,9 +342,11 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     ToleranceTable t = table(Field::kO, s, B, H, Nq, D, orc.o);
     // dP_ij = P_ij (dS_ij - sum_k P_ik dS_ik) moves O_id by sum_j P_ij
     // dS_ij (v_jd - O_id): at most A dot u_c o_dev_mag.
-    const double units = sum_units(nk);
     t.masked_row.assign(orc.o.size(), 0);
     for (size_t e = 0; e < orc.o.size(); ++e) {
+      // O divides by the row sum (rule.h, "Repeated summands").
+      const double units =
+          tie_sum_units(nk, row_ties(orc, e / static_cast<size_t>(D)));
       t.delta[e] =
           uc * (units * d(orc.o_mag[e]) + soft / 2 * d(orc.o_dev_mag[e])) +
           rs.uo * (units * d(orc.o_mag[e]) +
@@ -350,10 +375,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] =
-          (uc + rs.uo) * ((rs.dot + div) * std::fabs(A) + sum_units(nk) +
-                          2 * d(std::fabs(x)) + orc.logit_shift) +
-          orc.logit_flip + rs.logit_abs;
+      t.delta[e] = (uc + rs.uo) * ((rs.dot + div) * std::fabs(A) +
+                                   tie_sum_units(nk, row_ties(orc, e)) +
+                                   2 * d(std::fabs(x)) + orc.logit_shift) +
+                   orc.logit_flip + rs.logit_abs;
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));
@@ -379,16 +404,37 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   const std::vector<LD>& ds_mag, const std::vector<LD>& o_rel,
                   const std::vector<LD>& o_sens, const std::vector<LD>& uf,
                   const std::vector<LD>& p_sens, const std::vector<LD>& shift,
-                  const std::vector<LD>& flip) {
+                  const std::vector<LD>& flip, bool rows_tie, bool row_norm) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
-    const double units = sum_units(n + static_cast<double>(L)) + div;
+    const double base = sum_units(n + static_cast<double>(L)) + div;
     for (size_t e = 0; e < x.size(); ++e) {
+      // The terms dS_ij = P_ij (dP_ij - delta_i) move with their row's
+      // normalization, twice (P and delta; rule.h, "Repeated summands"):
+      // dQ's row by its tie excess (exactly 0 without ties).
+      const double units =
+          rows_tie
+              ? base + 2 * (tie_sum_units(
+                                n, row_ties(orc, e / static_cast<size_t>(D))) -
+                            sum_units(n))
+              : base;
+      // dK's rows by r_i (P_ij |dP_ij - delta_i| + P_ij |delta_i| <= T + M
+      // per row): Hoeffding over the rows' roundings beside the sum's own
+      // (sum_i w_i y_i^2 <= max_i w_i y_i sum_i y_i), or every row at its
+      // bound, the smaller.
+      double norm = 0;
+      if (row_norm && e < orc.dk_rowmax_e.size()) {
+        const double m = d(mag[e]), mt = m + d(ds_mag[e]);
+        const double a = (n + static_cast<double>(L)) * m * m;
+        norm = std::min(hoeffding_more(a, d(orc.dk_rowmax_e[e]) * mt),
+                        d(orc.dk_norm_lin_e[e]));
+      }
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
           rs.uo *
               (units * d(mag[e]) + times(rs.soft_o, ds_mag[e]) + d(shift[e])) +
-          times(rs.co, uf[e]) + times(rs.po, p_sens[e]) + us * d(o_rel[e]) +
-          o_res * d(o_sens[e]) + c_res * d(uf[e]) + p_res * d(p_sens[e]) +
+          (uc + rs.uo) * norm + times(rs.co, uf[e]) + times(rs.po, p_sens[e]) +
+          us * d(o_rel[e]) + o_res * d(o_sens[e]) + c_res * d(uf[e]) +
+          p_res * d(p_sens[e]) +
           rs.u_given * (orc.given_units * d(mag[e]) +
                         orc.given_soft_units * d(ds_mag[e])) +
           rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
@@ -402,12 +448,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
                        orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
                        orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e,
-                       orc.dq_flip_e));
+                       orc.dq_flip_e, true, false));
   if (!orc.dk_mag.empty())
     out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
                        orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
                        orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e,
-                       orc.dk_flip_e));
+                       orc.dk_flip_e, false, true));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   if (!orc.dv_mag.empty()) {
@@ -423,6 +469,17 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                    p_res * d(orc.dv_p_sens_e[e]) + c_res * (group * nq + 2) +
                    rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]) +
                    (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
+      // The backward's P reads the stored lse: each row normalization's
+      // rounding (rule.h, "Repeated summands"; 0 where not formed).
+      // Hoeffding over the rows' roundings beside the sum's own (G Nq
+      // additions of at most M each), or every row at its bound.
+      if (e < orc.dv_norm_lin_e.size()) {
+        const double m = d(orc.dv_mag[e]);
+        const double norm =
+            std::min(hoeffding_more(group * nq * m * m, d(orc.dv_norm_sq_e[e])),
+                     d(orc.dv_norm_lin_e[e]));
+        t.delta[e] += (uc + rs.uo) * norm;
+      }
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }
     out.push_back(std::move(t));

@@ -106,6 +106,60 @@
 //                exp may flush results below the normal range to 0, so P is
 //                resolved only to tiny_c (O: sum_j |v_jd|; dV: sum_i |dO_id|;
 //                dq, dk, dg: |dP_ij - delta_i| through their sums).
+// Repeated summands and the row normalization (issue 33: head_dim 1 and
+// decode against long kv_len, where correct entries FAILed dV).
+//   The row sum's ties. sum_units(n) assumes independent rounding errors.
+//   They are not where terms repeat: fl(s + t) - (s + t) depends only on t
+//   mod ulp(s) while s stays in a binade (s is a multiple of ulp(s)), so
+//   every addition of the same t makes the same error, and terms within
+//   ulp(s) of each other make errors within that of each other. At D = 1
+//   the logits are +-g and a row sum adds two values Nk times; repeated
+//   tokens give identical keys. Per query row i (oracle: row_ties;
+//   rule_terms.h, row_tie_excess), on the normalized terms t = P_ij (sum
+//   1, partial sums <= 1): t_a and t_b tie where |t_a - t_b| <= u_c (2 +
+//   (dot |A| + kOpUnits) (t_a + t_b)), within a partial sum's spacing (2
+//   u_c) or within the two terms' own errors in a kernel, which can tie
+//   where the oracle's do not (a coarser tie only enlarges the bound).
+//   A term's error is also at most the term (s is a candidate of fl(s +
+//   t)), so a term weighs w = min(1, t / u_c). X_i = sum over tied ordered
+//   pairs a != b of w_a w_b bounds the errors' covariance beyond n
+//   independent ones (Var <= u_c^2 (n + X_i)), and
+//     tie_sum_units(n, X) = max(sum_units(n), min(kSumLambda sqrt(n + X),
+//                           n - 1) + kOpUnits)
+//   (n - 1: Higham 4.2's deterministic worst case) replaces sum_units(Nk)
+//   in O and lse (they divide by, resp. take the log of, the row sum), and
+//   enters dQ (per row) and dg (the case's largest) as the excess E_i =
+//   tie_sum_units(Nk, X_i) - sum_units(Nk), twice (P_ij and delta_i = dO_i
+//   . O_i both move with the row sum). X_i = 0 (no two terms tie) leaves
+//   every one of those bounds bitwise as before.
+//   The row normalization in the backward. A kernel's backward reads P_ij =
+//   exp(S_ij - lse_i) through its stored lse, which is off by the row sum's
+//   rounding, the log's (log Nk) and the addition's (|lse_i|; lse is
+//   formed and kept in the compute format, so its storage adds nothing):
+//   r_i = tie_sum_units(Nk, X_i) + log Nk + |lse_i| units, the same for
+//   every P_ij of the row (the subtraction S_ij - lse_i rounds per element,
+//   as the exp does: the softmax terms'). The logits' part of lse's error is in
+//   soft already. dQ's own Nk-term units cover it; dV's and dK's sums run
+//   over the queries, and at decode (Nq = 1, Nk = 4096, D = 64, g = 0.01)
+//   reference:f64's dV was 1.95 bounds off (24 u_c: P's error, dV_j =
+//   P_1j dO_1 being one term). Every row's roundings and the sum's own
+//   are independent, so one Hoeffding bound holds them all: the sum's G Nq
+//   additions of at most M_e each and row i's w_i = Nk + X_i + log^2 Nk +
+//   lse_i^2 squared units at its share. dV_jd (share x_i = P_ij |dO_id|)
+//   moves by u_c min(H(G Nq M^2, Nv2_e), Nv1_e) beyond its own sum's
+//   bound, H(a, b) = kSumLambda (sqrt(a + b) - sqrt(a)) (0 for b = 0),
+//   Nv2_e = sum_i x_i^2 w_i, Nv1_e = sum_i x_i r_i (every row at its
+//   bound; the smaller at D = 1). dK's terms dS_ij move by r_i u_c P_ij
+//   (|dP_ij - delta_i| + |delta_i|) <= r_i u_c (T + M) (P and delta_i =
+//   dO_i . O_i both move), carried like T and M: min(H((G Nq + L) M^2,
+//   Y_e (M + T)), Nk1_e), Y_e = max_i w_i y_i (sum_i w_i y_i^2 <= Y_e
+//   sum_i y_i) and Nk1_e = sum_i r_i y_i, y_i row i's share of M + T,
+//   carried the same way (oracle: dk_rowmax_e, dk_norm_lin_e; D = 2
+//   decode: reference:f64's dK 1.51 bounds off without it).
+//   A sampled key row's sub-case holds part of each query row: its X_i
+//   come from the pass in double (GivenRows::ties), its n and lse are the
+//   whole row's. Not covered: contracts with a compute point coarser than
+//   the compute format tie at the compute format's u_c.
 // Formulations (issue 16) add, per element, the parameter gradients' same
 // channels, Qwen3's rounding flips (logit_flip) and LayerNorm's mean shift:
 // the computed mean of a row is an L-term sum, off by sum_units(L) u_c
@@ -198,16 +252,19 @@
 // (O's T is o_dev_mag; lse has none: |lse| and A are its scale).
 //
 //   field   delta_e
-//   o       u_c (sum_units(Nk) M + soft/2 T) + ulp_c(0) (Nk + 2)
-//           + tiny_c Sp
-//   lse     u_c ((dot + div) |A| + sum_units(Nk) + 2 |x| + shift)
-//           + logit_flip
-//   dq, dk  u_c ((sum_units(n + L) + div) M + soft T + Sh) + u_s R
-//           + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
+//   o       u_c (tie_sum_units(Nk, X_i) M + soft/2 T)
+//           + ulp_c(0) (Nk + 2) + tiny_c Sp
+//   lse     u_c ((dot + div) |A| + tie_sum_units(Nk, X_i) + 2 |x|
+//           + shift) + logit_flip
+//   dq, dk  u_c ((sum_units(n + L) + div + N) M + soft T + Sh + K)
+//           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
 //           + u_f64 (given M + given_soft T) + F
-//   dv      u_c (sum_units(G Nq) + soft) M + tiny_c Sp
-//           + ulp_c(0) (G Nq + 2) + u_f64 given_soft M
-//   dg      u_c (sum_units(B H Nq Nk) + sum_units(D) + div + soft) M
+//           (N: dq 2 E_i, dk 0; K: dk min(H((G Nq + L) M^2, Y (M + T)),
+//           Nk1), dq 0)
+//   dv      u_c ((sum_units(G Nq) + soft) M + min(H(G Nq M^2, Nv2), Nv1))
+//           + tiny_c Sp + ulp_c(0) (G Nq + 2) + u_f64 given_soft M
+//   dg      u_c (sum_units(B H Nq Nk) + sum_units(D) + div + soft
+//           + 2 E_max) M
 //           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + u_c Sh
 //           + u_f64 (given + given_soft) M + operand_flip M
 //                                               (M = dg_scale, scalars)

@@ -12,6 +12,51 @@ namespace qknorm::validation {
 
 double sum_units(double n) { return kSumLambda * std::sqrt(n) + kOpUnits; }
 
+// The derivation is rule.h's ("Repeated summands"). Terms t_a <= t_b tie
+// when t_b - t_a <= u (2 + term_units (t_a + t_b)): within the spacing of
+// a partial sum of the normalized row (<= 2 u, the partial sums being at
+// most 1), or within the two terms' own errors in a kernel (term_units u
+// relatively each). Each tied ordered pair (a != b) counts w_a w_b, w =
+// min(1, t / u): a term's rounding error is also at most the term itself
+// (s is a candidate of fl(s + t)), so terms far below u round alike but
+// weigh little. The tie limit of t_a is increasing in t_a: a sorted sweep
+// with prefix sums of w, O(n log n).
+double row_tie_excess(std::vector<double>* terms, double u, double term_units) {
+  std::vector<double>& t = *terms;
+  const size_t n = t.size();
+  if (n < 2) return 0;
+  std::sort(t.begin(), t.end());
+  const double cu = term_units * u;
+  if (!(cu < 0.5)) {  // every term within every other's error: all tied
+    double w = 0, w2 = 0;
+    for (double x : t) {
+      const double wa = std::min(1.0, x / u);
+      w += wa, w2 += wa * wa;
+    }
+    return w * w - w2;
+  }
+  // prefix[a] = w_0 + ... + w_{a-1}.
+  std::vector<double> prefix(n + 1, 0);
+  for (size_t a = 0; a < n; ++a)
+    prefix[a + 1] = prefix[a] + std::min(1.0, t[a] / u);
+  double x = 0;
+  size_t hi = 0;  // one past the last term tied with t[a]
+  for (size_t a = 0; a < n; ++a) {
+    const double limit = (t[a] * (1 + cu) + 2 * u) / (1 - cu);
+    hi = std::max(hi, a + 1);
+    while (hi < n && t[hi] <= limit) ++hi;
+    x += (prefix[a + 1] - prefix[a]) * (prefix[hi] - prefix[a + 1]);
+  }
+  return 2 * x;
+}
+
+double tie_sum_units(double n, double excess) {
+  const double base = sum_units(n);
+  if (!(excess > 0)) return base;
+  return std::max(
+      base, std::min(kSumLambda * std::sqrt(n + excess), n - 1) + kOpUnits);
+}
+
 double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }

@@ -30,6 +30,16 @@ inline constexpr double kDominantRatio = 64.0;
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
 // error of an n-term sum plus the few roundings around it (rule.h).
 double sum_units(double n);
+// Repeated summands (rule.h, "Repeated summands"): the excess X of a row
+// sum's tied term pairs over n distinct terms, from its terms (normalized
+// to sum 1; *terms is sorted in place), the compute format's unit roundoff
+// u and a term's own error per u relative (term_units); 0 when no two terms
+// tie (then every bound that reads it is bitwise today's).
+double row_tie_excess(std::vector<double>* terms, double u, double term_units);
+// sum_units of an n-term sum whose tied pairs exceed n by `excess`: today's
+// sum_units(n) where excess = 0, else the larger of that and min(kSumLambda
+// sqrt(n + excess), n - 1) + kOpUnits.
+double tie_sum_units(double n, double excess);
 // softmax_units(A, dot) = 2 dot |A|: the logits' conditioning (rule.h), dot
 // the case's cosine_units.
 double softmax_units(double amplitude, double dot_units);

@@ -233,6 +233,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
               g.ds_l1.push_back(pass.rows.ds_l1[row]);
               g.o_abs.push_back(pass.rows.o_abs[row]);
               g.p_del.push_back(p_del[row]);
+              g.ties.push_back(pass.rows.ties[row]);
             }
           o = oracle_attention(sc, &g, {Nq, Nk, false, true}, ws,
                                of(r.b, qh, i0, kh, r.n));

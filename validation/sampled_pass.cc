@@ -462,6 +462,12 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
   out.rows.lse.assign(nrows, -std::numeric_limits<LD>::infinity());
   out.rows.delta.assign(nrows, 0);
   out.rows.del.assign(nrows, 0);
+  // Each row sum's ties (rule.h, "Repeated summands"), as the oracle forms
+  // them (oracle_attention.cc): for the key rows' sub-cases, which hold
+  // part of each row.
+  out.rows.ties.assign(nrows, 0);
+  const double u_tie = compute_roundoff(c.storage),
+               term_units = dot_units * std::fabs(A) + kOpUnits;
   out.rows.ds_l1.assign(nrows, 0);
   out.rows.o_abs.assign(nrows, 0);
   pass_units(A, dot_units, D, &out.rows.units, &out.rows.soft_units);
@@ -536,6 +542,8 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
         const double inv_l = static_cast<double>(1 / l);
         for (int64_t j = 0; j < n; ++j) Pi[j] *= inv_l;
         out.rows.lse[r] = m + std::log(l);
+        std::vector<double> tie_terms(Pi, Pi + n);
+        out.rows.ties[r] = row_tie_excess(&tie_terms, u_tie, term_units);
       }
       // O_i = sum_j P_ij v_j (for |dO_i|.|O_i|, the stored-O relative
       // channel), over the keys once per block.
