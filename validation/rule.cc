@@ -42,9 +42,13 @@ double condition(LD mag, LD x) {
 
 // kSumLambda (sqrt(a + b) - sqrt(a)): what b more squared bounds add to a
 // Hoeffding bound over a (rule.h, "Repeated summands"); exactly 0 for b = 0.
-double hoeffding_more(double a, double b) {
+// a and b are squares of element magnitudes: long double, whose range holds
+// the square of every finite double (in double, a row of 1e182 overflowed
+// to inf / inf = NaN bounds).
+double hoeffding_more(LD a, LD b) {
   if (!(b > 0)) return 0;
-  return kSumLambda * b / (std::sqrt(a + b) + std::sqrt(a));
+  if (std::isinf(b)) return std::numeric_limits<double>::infinity();
+  return d(static_cast<LD>(kSumLambda) * b / (std::sqrt(a + b) + std::sqrt(a)));
 }
 
 // Query row i's tied-pair excess (OracleValues::row_ties; 0 if not formed).
@@ -423,9 +427,9 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       // bound, the smaller.
       double norm = 0;
       if (row_norm && e < orc.dk_rowmax_e.size()) {
-        const double m = d(mag[e]), mt = m + d(ds_mag[e]);
-        const double a = (n + static_cast<double>(L)) * m * m;
-        norm = std::min(hoeffding_more(a, d(orc.dk_rowmax_e[e]) * mt),
+        const LD m = mag[e], mt = m + ds_mag[e];
+        const LD a = static_cast<LD>(n + static_cast<double>(L)) * m * m;
+        norm = std::min(hoeffding_more(a, orc.dk_rowmax_e[e] * mt),
                         d(orc.dk_norm_lin_e[e]));
       }
       t.delta[e] =
@@ -474,9 +478,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       // Hoeffding over the rows' roundings beside the sum's own (G Nq
       // additions of at most M each), or every row at its bound.
       if (e < orc.dv_norm_lin_e.size()) {
-        const double m = d(orc.dv_mag[e]);
+        const LD m = orc.dv_mag[e];
         const double norm =
-            std::min(hoeffding_more(group * nq * m * m, d(orc.dv_norm_sq_e[e])),
+            std::min(hoeffding_more(static_cast<LD>(group * nq) * m * m,
+                                    orc.dv_norm_sq_e[e]),
                      d(orc.dv_norm_lin_e[e]));
         t.delta[e] += (uc + rs.uo) * norm;
       }
