@@ -173,6 +173,53 @@ unsigned needs_of(const AttentionProblem& p);
 // dimensions get the cheapest candidate) and deterministic.
 std::vector<AttentionProblem> covering_array(const Model& m, double g);
 
+// The cost() of the cheapest problem reaching cells a and b (a == b: the
+// single a) within their own needs; -1 if none.
+double cheapest_cost(const Model& m, int a, int b);
+// cheapest_cost of every feasible pair, in feasible_pairs() order.
+std::vector<double> pair_costs(const Model& m);
+// The sum of cost() over cases.
+double total_cost(const std::vector<AttentionProblem>& cases);
+
+// The default run's budget for its covering cases, in cost() units (CPU
+// seconds of one entry on one core of the reference machine, summed over
+// the cases). Derived from issue 32's target, the default run at most 1/3 of
+// d9b8a1d's wall time on 2 cores: d9b8a1d's default run is 33.4 CPU s on
+// one core (its wall time on a quiet machine), so 11.1 s of wall, about
+// 22 CPU s with both cores busy; the default suite takes 12.9 CPU s
+// (22411f4), which leaves ~9 CPU s for the covering cases of the 21
+// entries. Measured, one cost() unit of covering cases takes ~39 CPU s for
+// the 21 entries with their oracles (the full array: 2.63 units, 102 CPU s
+// beyond the default suite's): 9 / 39 = 0.23, less a margin for the pool's
+// tail on 2 cores.
+inline constexpr double kDefaultBudget = 0.2;
+// The largest case cap of the grid kDefaultBudget * kCapStep^k whose array
+// fits kDefaultBudget for the default run's model (our 21 entries' blocks
+// 6, 64, 128, 256, 512; 2 threads): 0.2 * 0.8^26 (coverage_test checks both
+// that it fits and that the next grid point up does not). Named so that the
+// default run builds its array once (~0.3 s; the descent from the budget
+// takes 26 builds), and so that which pairs are in budget does not depend
+// on the entries selected.
+inline constexpr double kDefaultCaseCap = 6.0446e-4;
+// A model whose array at the cap exceeds the budget (more declared blocks)
+// gets the cap times kCapStep, again, down to kMinCap (below every pair's
+// cheapest problem: the singles alone).
+inline constexpr double kCapStep = 0.8;
+inline constexpr double kMinCap = 1e-4;
+// A covering array within a budget: every feasible single within its needs
+// as covering_array, and every feasible pair whose cheapest problem
+// (cheapest_cost) costs at most case_cap, with no case costing more than
+// case_cap (but a single's cheapest); case_cap is the first of cap,
+// cap * kCapStep, ... whose array's total cost() (cost) fits the budget.
+struct BudgetedArray {
+  std::vector<AttentionProblem> cases;
+  double case_cap = 0;
+  double cost = 0;
+};
+BudgetedArray budgeted_covering_array(const Model& m, double g,
+                                      double budget = kDefaultBudget,
+                                      double cap = kDefaultCaseCap);
+
 // What a run reached for one entry: the cells and pairs within its needs.
 class Tally {
  public:

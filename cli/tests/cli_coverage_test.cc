@@ -48,7 +48,7 @@ TEST(Coverage, ACustomSuiteIsReportedIncomplete) {
 TEST(Coverage, CoveringCasesFollowTheDefaultSuiteAndItsSeeds) {
   SuiteOptions o;
   o.seed = 42;
-  o.covering = true;
+  o.covering = Covering::kFull;
   const std::vector<const Backend*> entries = select_entries(all_backends(), o);
   int covering = 0;
   const Suite s = default_run_suite(o, entries, 2, &covering);
@@ -64,11 +64,11 @@ TEST(Coverage, CoveringCasesFollowTheDefaultSuiteAndItsSeeds) {
   EXPECT_EQ(s.attention[d.attention.size()].seed, d.scalenorm.back().seed + 1);
   EXPECT_EQ(s.attention.back().seed, d.scalenorm.back().seed + covering);
   // Without --covering, or with a custom suite, none.
-  o.covering = false;
+  o.covering = Covering::kNone;
   EXPECT_EQ(default_run_suite(o, entries, 2, &covering).attention.size(),
             d.attention.size());
   EXPECT_EQ(covering, 0);
-  o.covering = true;
+  o.covering = Covering::kFull;
   o.shapes = {"1x2x16x16"};
   default_run_suite(o, entries, 2, &covering);
   EXPECT_EQ(covering, 0);
