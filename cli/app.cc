@@ -178,16 +178,17 @@ void add_common(CLI::App& app, Common& c) {
                  "Also write one CSV line per (entry, field) to FILE "
                  "('-': stdout, replacing the table)")
       ->type_name("FILE");
-  app.add_flag(
+  CLI::Option* full = app.add_flag(
       "--covering", [&s](int64_t) { s.covering = Covering::kFull; },
       "Append the full covering array of the shape model to the default "
       "suite: every pair of cells, also those over the default run's budget "
       "(issue 33; ~8x the default suite's time; qknorm-check --covering "
       "coverage lists what it reaches)");
   app.add_flag(
-      "--no-covering", [&s](int64_t) { s.covering = Covering::kNone; },
-      "The default suite alone, without the budgeted covering cases the "
-      "default run appends (issue 33; the default run before it)");
+         "--no-covering", [&s](int64_t) { s.covering = Covering::kNone; },
+         "The default suite alone, without the budgeted covering cases the "
+         "default run appends (issue 33; the default run before it)")
+      ->excludes(full);
   app.add_flag("--no-timing", c.no_timing,
                "Skip the forward GFLOP/s measurement");
   app.add_option("--plugin", c.plugins,
