@@ -131,12 +131,15 @@ std::vector<EntryCoverage> suite_coverage(
     std::map<std::pair<int, int>, double> cost_of;
     for (size_t i = 0; i < pairs.size(); ++i) cost_of[pairs[i]] = costs[i];
     const unsigned needs = e.tally->supported_needs();
+    auto in_budget = [&](const std::pair<int, int>& p, double c) {
+      return cov::pair_in_budget(*e.model, p.first, p.second, c, case_cap);
+    };
     for (size_t i = 0; i < pairs.size(); ++i)
       if ((e.model->needs(pairs[i].first, pairs[i].second) & ~needs) == 0 &&
-          costs[i] <= case_cap)
+          in_budget(pairs[i], costs[i]))
         ++e.in_budget;
     for (const auto& p : e.tally->unreached_pairs())
-      (cost_of[p] <= case_cap ? e.missed : e.over_budget).push_back(p);
+      (in_budget(p, cost_of[p]) ? e.missed : e.over_budget).push_back(p);
     out.push_back(std::move(e));
   }
   return out;

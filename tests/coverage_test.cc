@@ -201,13 +201,23 @@ void expect_covers_in_budget(const Model& m,
     for (size_t i = 0; i < pairs.size(); ++i) {
       if (std::find(missed.begin(), missed.end(), pairs[i]) == missed.end())
         continue;
-      EXPECT_GT(costs[i], cap) << "needs " << needs << ": "
-                               << pair_name(m, pairs[i].first, pairs[i].second);
+      EXPECT_FALSE(
+          pair_in_budget(m, pairs[i].first, pairs[i].second, costs[i], cap))
+          << "needs " << needs << ": "
+          << pair_name(m, pairs[i].first, pairs[i].second);
       over += needs == kAllNeeds;
     }
   }
   EXPECT_GT(over, 0);  // the budget leaves some out
-  double singles_max = 0;
+  // The anchor is reached although over the cap.
+  const int hd = m.index(Dim::kHeadDim, "256"), b2 = m.index(Dim::kBatch, "2");
+  EXPECT_TRUE(anchor_pair(m, b2, hd));
+  EXPECT_GT(cheapest_cost(m, hd, b2), cap);
+  bool anchor = false;
+  for (const AttentionProblem& p : arr)
+    anchor |= p.head_dim == 256 && p.batch == 2;
+  EXPECT_TRUE(anchor);
+  double singles_max = cheapest_cost(m, hd, b2);
   for (int c = 0; c < static_cast<int>(m.cells().size()); ++c)
     singles_max = std::max(singles_max, cheapest_cost(m, c, c));
   for (const AttentionProblem& p : arr)

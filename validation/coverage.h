@@ -176,6 +176,15 @@ std::vector<AttentionProblem> covering_array(const Model& m, double g);
 // The cost() of the cheapest problem reaching cells a and b (a == b: the
 // single a) within their own needs; -1 if none.
 double cheapest_cost(const Model& m, int a, int b);
+// The pairs issue 33 names from field reports, in every budgeted array
+// whatever their cost: head_dim 256 with batch 2 (TransformerEngine #3216,
+// a backward wrong only there; its cheapest case, 2 x 1 x 1 x 1 x 256,
+// costs 4.8e-4, over kDefaultCaseCap). The issue's other anchors (a
+// residue around a block, a long masked run, GQA) are singles.
+bool anchor_pair(const Model& m, int a, int b);
+// Whether the budget with case cap `cap` includes the feasible pair (a, b)
+// whose cheapest case costs `cost`: cost <= cap, or an anchor pair.
+bool pair_in_budget(const Model& m, int a, int b, double cost, double cap);
 // cheapest_cost of every feasible pair, in feasible_pairs() order.
 std::vector<double> pair_costs(const Model& m);
 // The sum of cost() over cases.
@@ -212,8 +221,9 @@ inline constexpr double kCapStep = 0.8;
 inline constexpr double kMinCap = 1e-4;
 // A covering array within a budget: every feasible single within its needs
 // as covering_array, and every feasible pair whose cheapest problem
-// (cheapest_cost) costs at most case_cap, with no case costing more than
-// case_cap (but a single's cheapest); case_cap is the first of cap,
+// (cheapest_cost) costs at most case_cap (pair_in_budget: and the anchor
+// pairs), with no case costing more than case_cap (but the cheapest of a
+// single or an anchor pair); case_cap is the first of cap,
 // cap * kCapStep, ... whose array's total cost() (cost) fits the budget.
 struct BudgetedArray {
   std::vector<AttentionProblem> cases;
