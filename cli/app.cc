@@ -178,11 +178,17 @@ void add_common(CLI::App& app, Common& c) {
                  "Also write one CSV line per (entry, field) to FILE "
                  "('-': stdout, replacing the table)")
       ->type_name("FILE");
+  CLI::Option* full = app.add_flag(
+      "--covering", [&s](int64_t) { s.covering = Covering::kFull; },
+      "Append the full covering array of the shape model to the default "
+      "suite: every pair of cells, also those over the default run's budget "
+      "(issue 33; ~8x the default suite's time; qknorm-check --covering "
+      "coverage lists what it reaches)");
   app.add_flag(
-      "--covering", [&s](int64_t) { s.covering = true; },
-      "Append the covering cases of the shape model to the default suite "
-      "(issue 33; ~10x its time; qknorm-check --covering coverage lists "
-      "what they reach)");
+         "--no-covering", [&s](int64_t) { s.covering = Covering::kNone; },
+         "The default suite alone, without the budgeted covering cases the "
+         "default run appends (issue 33; the default run before it)")
+      ->excludes(full);
   app.add_flag("--no-timing", c.no_timing,
                "Skip the forward GFLOP/s measurement");
   app.add_option("--plugin", c.plugins,
@@ -336,11 +342,13 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   Suite suite;
   std::vector<const Backend*> entries;
   int covering = 0;
+  double case_cap = 0;
   try {
     entries = select_entries(all_backends(), c.suite);
     // The default suite gets the covering cases of the entries' shape
     // model (issue 33; cli/coverage.h).
-    suite = default_run_suite(c.suite, entries, c.threads, &covering);
+    suite = default_run_suite(c.suite, entries, c.threads, &covering,
+                              custom_suite(c.suite) ? nullptr : &case_cap);
   } catch (const Error& e) {
     err << "qknorm-check: " << e.what() << "\n";
     return kExitUsage;
@@ -445,7 +453,8 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
   if (!custom_suite(c.suite))
     rep.coverage =
         coverage_json(union_model(entries, c.threads),
-                      suite_coverage(entries, suite, c.threads), covering);
+                      suite_coverage(entries, suite, c.threads, case_cap),
+                      covering, c.suite.covering, case_cap);
   for (const AttentionSpec& s : suite.attention) {
     rep.cases.push_back(describe_case(s));
     rep.case_classes.push_back(input_class(s));

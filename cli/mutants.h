@@ -1,7 +1,8 @@
 // `qknorm-check mutants`: the default suite's own mutation test (issue 15).
 // Runs the suite qknorm-check runs on the registry (cli::run_suite on
-// default_run_suite(): default_suite() and the covering cases of the
-// registry's shape model, cli/coverage.h, unless suite options are given) over
+// default_run_suite(): default_suite() and the budgeted covering cases of
+// the registry's shape model, cli/coverage.h, unless suite options are
+// given; --covering: the full array) over
 // every deliberately broken backend and every legitimate control of
 // mutants/mutants.h, and prints a kill table: each mutant must FAIL
 // (caught: the fields and cases that fail) and each control must PASS.
@@ -17,7 +18,8 @@
 //
 // Exit status: 0 iff no mutant SURVIVED, every precision mutant (issue 15)
 // is caught, on the default suite every shape mutant (issue 33,
-// MutantInfo::region: the covering array reaches each region) is caught,
+// MutantInfo::region: the budgeted covering array reaches each region's
+// singles) is caught,
 // and every control passes; 1 otherwise; 2 bad option (a filter that
 // selects nothing).
 #ifndef QKNORM_CLI_MUTANTS_H_

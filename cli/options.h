@@ -14,6 +14,8 @@
 
 namespace qknorm::cli {
 
+enum class Covering { kNone, kBudget, kFull };
+
 struct SuiteOptions {
   std::vector<std::string> shapes;     // "BxHxNxD" or "BxHxNqxNkxD"
   std::vector<double> g;               // empty: {g_init(72), 20}
@@ -26,10 +28,12 @@ struct SuiteOptions {
   // paper's, or sdpa), then the free flags override single fields of each.
   std::vector<std::string> formulations;
   int64_t kv_heads = 0;  // 0: = heads
-  // The default run's covering cases (issue 33, cli/coverage.h), with
-  // --covering. Off by default: they cost ~10x the default suite's time
-  // (cli/README.md, "Shape coverage"), beyond issue 32's budget for it.
-  bool covering = false;
+  // The default run's covering cases (issue 33, cli/coverage.h): by
+  // default the budgeted array (every single, the pairs that fit
+  // validation::coverage::kDefaultBudget); --covering: the full array
+  // (~8x the default suite's time, cli/README.md "Shape coverage");
+  // --no-covering: none (the default suite alone, as before issue 33).
+  Covering covering = Covering::kBudget;
   std::string norm;        // l2, rms, layer, none
   std::string norm_axis;   // head, all-heads
   std::string weight;      // none, dim, head-dim

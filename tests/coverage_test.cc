@@ -183,6 +183,83 @@ TEST(CoveringArray, CoversEveryNeedsSetAndIsDeterministic) {
   }
 }
 
+// Every needs set's problems reach every single within it, and every pair
+// within it whose cheapest problem costs at most cap; no problem costs more
+// than cap unless it is a single's cheapest.
+void expect_covers_in_budget(const Model& m,
+                             const std::vector<AttentionProblem>& arr,
+                             double cap) {
+  const std::vector<double> costs = pair_costs(m);
+  const auto& pairs = m.feasible_pairs();
+  int over = 0;
+  for (unsigned needs : {0u, 1u, 2u, 3u}) {
+    Tally t(m, needs);
+    for (const AttentionProblem& p : arr)
+      if ((needs_of(p) & ~needs) == 0) t.add(p);
+    EXPECT_EQ(t.singles_reached(), t.singles_feasible()) << "needs " << needs;
+    const auto missed = t.unreached_pairs();
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      if (std::find(missed.begin(), missed.end(), pairs[i]) == missed.end())
+        continue;
+      EXPECT_FALSE(
+          pair_in_budget(m, pairs[i].first, pairs[i].second, costs[i], cap))
+          << "needs " << needs << ": "
+          << pair_name(m, pairs[i].first, pairs[i].second);
+      over += needs == kAllNeeds;
+    }
+  }
+  EXPECT_GT(over, 0);  // the budget leaves some out
+  // The anchor is reached although over the cap.
+  const int hd = m.index(Dim::kHeadDim, "256"), b2 = m.index(Dim::kBatch, "2");
+  EXPECT_TRUE(anchor_pair(m, b2, hd));
+  EXPECT_GT(cheapest_cost(m, hd, b2), cap);
+  bool anchor = false;
+  for (const AttentionProblem& p : arr)
+    anchor |= p.head_dim == 256 && p.batch == 2;
+  EXPECT_TRUE(anchor);
+  double singles_max = cheapest_cost(m, hd, b2);
+  for (int c = 0; c < static_cast<int>(m.cells().size()); ++c)
+    singles_max = std::max(singles_max, cheapest_cost(m, c, c));
+  for (const AttentionProblem& p : arr)
+    EXPECT_LE(cost(p), std::max(cap, singles_max));
+}
+
+TEST(CoveringArray, BudgetedArrayFitsTheNamedBudgetAtTheNamedCap) {
+  // The default run's model: our entries' blocks, 2 threads.
+  ModelOptions o;
+  o.block_sizes = {6, 64, 128, 256, 512};
+  o.threads = 2;
+  const Model m(o);
+  const BudgetedArray a = budgeted_covering_array(m, 12);
+  EXPECT_EQ(a.case_cap, kDefaultCaseCap);
+  EXPECT_LE(a.cost, kDefaultBudget);
+  EXPECT_EQ(a.cost, total_cost(a.cases));
+  expect_covers_in_budget(m, a.cases, a.case_cap);
+  // The cap is the largest of the grid that fits: one step up does not.
+  const BudgetedArray up = budgeted_covering_array(m, 12, kDefaultBudget,
+                                                   kDefaultCaseCap / kCapStep);
+  EXPECT_LT(up.case_cap, kDefaultCaseCap / kCapStep);
+  // Deterministic.
+  const BudgetedArray b = budgeted_covering_array(m, 12);
+  ASSERT_EQ(a.cases.size(), b.cases.size());
+  for (size_t i = 0; i < a.cases.size(); ++i)
+    EXPECT_EQ(m.reached(a.cases[i]), m.reached(b.cases[i]));
+  // The full array reaches more, at more cost.
+  EXPECT_GT(total_cost(covering_array(m, 12)), 5 * kDefaultBudget);
+}
+
+TEST(CoveringArray, MoreBlocksLowerTheCapToKeepTheBudget) {
+  ModelOptions o;
+  // A plug-in declaring more blocks: more residue cells, more rows.
+  o.block_sizes = {6, 10, 24, 40, 64, 96, 128, 256, 512};
+  o.threads = 2;
+  const Model m(o);
+  const BudgetedArray a = budgeted_covering_array(m, 12);
+  EXPECT_LT(a.case_cap, kDefaultCaseCap);
+  EXPECT_LE(a.cost, kDefaultBudget);
+  expect_covers_in_budget(m, a.cases, a.case_cap);
+}
+
 TEST(CoveringArray, ExtraBlockGetsItsResidues) {
   ModelOptions o;
   o.block_sizes = {48};

@@ -173,6 +173,67 @@ unsigned needs_of(const AttentionProblem& p);
 // dimensions get the cheapest candidate) and deterministic.
 std::vector<AttentionProblem> covering_array(const Model& m, double g);
 
+// The cost() of the cheapest problem reaching cells a and b (a == b: the
+// single a) within their own needs; -1 if none.
+double cheapest_cost(const Model& m, int a, int b);
+// The pairs issue 33 names from field reports, in every budgeted array
+// whatever their cost: head_dim 256 with batch 2 (TransformerEngine #3216,
+// a backward wrong only there; its cheapest case, 2 x 1 x 1 x 1 x 256,
+// costs 4.8e-4, over kDefaultCaseCap). The issue's other anchors (a
+// residue around a block, a long masked run, GQA) are singles.
+bool anchor_pair(const Model& m, int a, int b);
+// Whether the budget with case cap `cap` includes the feasible pair (a, b)
+// whose cheapest case costs `cost`: cost <= cap, or an anchor pair.
+bool pair_in_budget(const Model& m, int a, int b, double cost, double cap);
+// cheapest_cost of every feasible pair, in feasible_pairs() order.
+std::vector<double> pair_costs(const Model& m);
+// The sum of cost() over cases.
+double total_cost(const std::vector<AttentionProblem>& cases);
+
+// The default run's budget for its covering cases, in cost() units (CPU
+// seconds of one entry on one core of the reference machine, summed over
+// the cases). Derived from issue 32's target, the default run at most 1/3 of
+// d9b8a1d's wall time on 2 cores: d9b8a1d's default run is 33.4 CPU s on
+// one core (its wall time on a quiet machine), so at most 11.1 s of wall;
+// 22411f4's default suite takes 6.8 s of wall on a quiet machine (12.9 CPU
+// s on both cores), which leaves ~4 s of wall, ~8 CPU s, for the covering
+// cases of the 21 entries. One cost() unit of covering cases takes ~39 CPU
+// s for the 21 entries with their oracles (the full array: 2.63 units, 102
+// CPU s; the small cases of a budgeted array: 0.273 units, 6.4 s of wall
+// over the default suite's on 2 cores), so 8 CPU s is 0.2 units. Measured
+// side by side at load 2-4 (cli/README.md, "Shape coverage"), the array of
+// 0.273 units made the default run 0.40 of d9b8a1d's wall, 0.2 would make
+// it ~0.35: 0.15, whose grid cap's array costs 0.105, keeps it under 1/3.
+// At these caps the per-case cost (kCaseSeconds) is most of it.
+inline constexpr double kDefaultBudget = 0.15;
+// The largest case cap of the grid kDefaultBudget * kCapStep^k whose array
+// fits kDefaultBudget for the default run's model (our 21 entries' blocks
+// 6, 64, 128, 256, 512; 2 threads): 0.15 * 0.8^27 (coverage_test checks
+// both that it fits and that the next grid point up does not). Named so
+// that the default run builds its array once (~0.3 s; the descent from the
+// budget takes 27 builds), and so that which pairs are in budget does not
+// depend on the entries selected.
+inline constexpr double kDefaultCaseCap = 3.6268e-4;
+// A model whose array at the cap exceeds the budget (more declared blocks)
+// gets the cap times kCapStep, again, down to kMinCap (below every pair's
+// cheapest problem: the singles alone).
+inline constexpr double kCapStep = 0.8;
+inline constexpr double kMinCap = 1e-4;
+// A covering array within a budget: every feasible single within its needs
+// as covering_array, and every feasible pair whose cheapest problem
+// (cheapest_cost) costs at most case_cap (pair_in_budget: and the anchor
+// pairs), with no case costing more than case_cap (but the cheapest of a
+// single or an anchor pair); case_cap is the first of cap,
+// cap * kCapStep, ... whose array's total cost() (cost) fits the budget.
+struct BudgetedArray {
+  std::vector<AttentionProblem> cases;
+  double case_cap = 0;
+  double cost = 0;
+};
+BudgetedArray budgeted_covering_array(const Model& m, double g,
+                                      double budget = kDefaultBudget,
+                                      double cap = kDefaultCaseCap);
+
 // What a run reached for one entry: the cells and pairs within its needs.
 class Tally {
  public:

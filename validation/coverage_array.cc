@@ -26,7 +26,10 @@ struct Row {
 
 class Builder {
  public:
-  Builder(const Model& m, double g) : m_(m), im_(m.impl()), g_(g) {
+  // cap: no pair whose cheapest row costs more, no row costing more (but a
+  // single's cheapest); infinity: the full array.
+  Builder(const Model& m, double g, double cap)
+      : m_(m), im_(m.impl()), g_(g), cap_(cap) {
     const Candidates& c = m.candidates();
     for (int64_t d : c.head_dims) d_bits_.push_back(im_.head_dim_bits(d));
     for (int64_t b : c.batches) b_bits_.push_back(im_.batch_bits(b));
@@ -39,6 +42,31 @@ class Builder {
       if (d == Dim::kHeads) h_all_.set(c);
     }
     free_ = d_all_ | b_all_ | h_all_;
+  }
+
+  // The cost() of the cheapest row reaching item (cells) within the item's
+  // own needs; -1 if none.
+  double item_cost(const Bits& item) {
+    const size_t a = item._Find_first(), b = item._Find_next(a);
+    const size_t n = m_.cells().size();
+    if (item_cost_.empty()) item_cost_.assign(n * n, -2);
+    double& memo = item_cost_[a * n + (b < kMaxCells ? b : a)];
+    if (memo == -2) memo = compute_item_cost(item);
+    return memo;
+  }
+  double compute_item_cost(const Bits& item) {
+    const unsigned saved = needs_;
+    needs_ = kNeedNothing;
+    for (size_t c = item._Find_first(); c < kMaxCells; c = item._Find_next(c))
+      needs_ |= m_.cells()[c].needs;
+    const std::optional<Row> r = cheapest(item);
+    needs_ = saved;
+    return r ? row_cost(*r) : -1;
+  }
+  bool in_budget(size_t a, size_t b) {
+    return cap_ == std::numeric_limits<double>::infinity() ||
+           pair_in_budget(m_, static_cast<int>(a), static_cast<int>(b),
+                          item_cost(Bits().set(a).set(b)), cap_);
   }
 
   std::vector<AttentionProblem> build() {
@@ -54,7 +82,7 @@ class Builder {
         if (within(m_.cells()[c].needs) && m_.feasible(static_cast<int>(c)))
           unc_single_.set(c);
       for (const auto& [a, b] : m_.feasible_pairs())
-        if (within(m_.needs(a, b))) {
+        if (within(m_.needs(a, b)) && in_budget(a, b)) {
           unc_pair_[a].set(b);
           unc_pair_[b].set(a);
         }
@@ -245,11 +273,13 @@ class Builder {
     Row best = *cheapest(seed);
     const Bits t_seed = seed & ~free_;
     double best_score = gain(bits(best)) / row_cost(best);
+    const double cap = std::max(cap_, row_cost(best));
     auto try_row = [&](const Row& r) {
       if (!allowed(r)) return;
       const Bits rb = bits(r);
       if ((seed & ~rb).any()) return;
       const double c = row_cost(r), s = gain(rb) / c;
+      if (c > cap) return;
       if (s > best_score || (s == best_score && c < row_cost(best)))
         best_score = s, best = r;
     };
@@ -276,6 +306,8 @@ class Builder {
   const Model& m_;
   const Model::Impl& im_;
   double g_;
+  double cap_;
+  std::vector<double> item_cost_;  // [a * cells + b], -2: not yet
   unsigned needs_ = kNeedNothing;
   std::vector<Bits> d_bits_, b_bits_, h_bits_;
   Bits free_, d_all_, b_all_, h_all_;  // head_dim, batch, heads cells
@@ -289,7 +321,50 @@ class Builder {
 }  // namespace
 
 std::vector<AttentionProblem> covering_array(const Model& m, double g) {
-  return Builder(m, g).build();
+  return Builder(m, g, std::numeric_limits<double>::infinity()).build();
+}
+
+bool anchor_pair(const Model& m, int a, int b) {
+  const int hd = m.index(Dim::kHeadDim, "256"), b2 = m.index(Dim::kBatch, "2");
+  return std::minmax(a, b) == std::minmax(hd, b2);
+}
+
+bool pair_in_budget(const Model& m, int a, int b, double cost, double cap) {
+  return cost <= cap || anchor_pair(m, a, b);
+}
+
+double cheapest_cost(const Model& m, int a, int b) {
+  Builder builder(m, 1, std::numeric_limits<double>::infinity());
+  return builder.item_cost(Bits().set(a).set(b));
+}
+
+std::vector<double> pair_costs(const Model& m) {
+  Builder builder(m, 1, std::numeric_limits<double>::infinity());
+  std::vector<double> out;
+  out.reserve(m.feasible_pairs().size());
+  for (const auto& [a, b] : m.feasible_pairs())
+    out.push_back(builder.item_cost(Bits().set(a).set(b)));
+  return out;
+}
+
+double total_cost(const std::vector<AttentionProblem>& cases) {
+  double t = 0;
+  for (const AttentionProblem& p : cases) t += cost(p);
+  return t;
+}
+
+BudgetedArray budgeted_covering_array(const Model& m, double g, double budget,
+                                      double cap) {
+  // One build at the named cap for the default run's model; a model with
+  // more blocks (a plug-in's) whose array at that cap exceeds the budget
+  // gets a lower cap, kCapStep at a time (each build ~0.3 s).
+  BudgetedArray out;
+  for (;; cap *= kCapStep) {
+    out.cases = Builder(m, g, cap).build();
+    out.case_cap = cap;
+    out.cost = total_cost(out.cases);
+    if (out.cost <= budget || cap < kMinCap) return out;
+  }
 }
 
 }  // namespace qknorm::validation::coverage

@@ -90,7 +90,7 @@ struct DefaultRun {
   DefaultRun() {
     int covering = 0;
     SuiteOptions so;
-    so.covering = true;  // --covering (opt-in: cli/options.h)
+    so.covering = Covering::kFull;  // --covering: the full array
     suite = default_run_suite(so, all_backends().entries(), 0, &covering);
     EXPECT_GT(covering, 0);
     std::vector<const Backend*> entries = {
