@@ -203,6 +203,12 @@ class Builder {
       return false;
     };
     if (!first(d_bits_, &r.d) || !first(b_bits_, &r.b)) return std::nullopt;
+    // A head_dim the seed leaves free is never 1: at D = 1 the normalized q
+    // and k are +-1, so dQ and dK are 0 whatever a kernel computes, and a
+    // length or mask cell reached only there would test neither (the
+    // half-block dQ tail mutant went UNTRIGGERED on such rows).
+    while (!free_d_ok(r.d, seed) || ((seed & d_all_) & ~d_bits_[r.d]).any())
+      if (++r.d == d_bits_.size()) return std::nullopt;
     for (r.h = 0; r.h < h_bits_.size(); ++r.h) {
       const auto& [h, kv] = m_.candidates().heads[r.h];
       if (within(heads_needs(h, kv)) &&
@@ -229,6 +235,12 @@ class Builder {
     }
     return best;
   }
+  // Whether head_dim candidate d may serve `seed`: not D = 1 unless the seed
+  // holds the head_dim-1 cell (cheapest's comment says why).
+  bool free_d_ok(size_t d, const Bits& seed) const {
+    return m_.candidates().head_dims[d] != 1 ||
+           (im_.hd_one >= 0 && seed.test(static_cast<size_t>(im_.hd_one)));
+  }
   const Bits& dbh_mask(const std::vector<Bits>& v) const {
     return &v == &d_bits_ ? d_all_ : &v == &b_bits_ ? b_all_ : h_all_;
   }
@@ -247,8 +259,8 @@ class Builder {
       const std::optional<Row> r = cheapest(s.cells);
       s.cost = r ? row_cost(*r) : -1;  // -1: none within N (cannot be)
     }
-    // Lengths and mask items first: their rows keep head_dim 1, batch 1
-    // and MHA (a long row with a large head_dim would cost its D), then
+    // Lengths and mask items first: their rows keep the smallest head_dim
+    // above 1, batch 1 and MHA (a long row with a large head_dim would cost its D), then
     // the rest, each costliest first.
     for (Seed& s : seeds_) s.lengths_only = (s.cells & free_).none();
     std::stable_sort(seeds_.begin(), seeds_.end(),
@@ -289,7 +301,8 @@ class Builder {
         if ((t_seed & ~im_.triples[r.t].bits2).none()) try_row(r);
       if (seeds_[next_seed_].lengths_only) continue;
       r = best;
-      for (r.d = 0; r.d < d_bits_.size(); ++r.d) try_row(r);
+      for (r.d = 0; r.d < d_bits_.size(); ++r.d)
+        if (free_d_ok(r.d, seed)) try_row(r);
       r = best;
       for (r.b = 0; r.b < b_bits_.size(); ++r.b) try_row(r);
       r = best;
