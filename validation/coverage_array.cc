@@ -260,8 +260,8 @@ class Builder {
       s.cost = r ? row_cost(*r) : -1;  // -1: none within N (cannot be)
     }
     // Lengths and mask items first: their rows keep the smallest head_dim
-    // above 1, batch 1 and MHA (a long row with a large head_dim would cost its D), then
-    // the rest, each costliest first.
+    // above 1, batch 1 and MHA (a long row with a large head_dim would cost its
+    // D), then the rest, each costliest first.
     for (Seed& s : seeds_) s.lengths_only = (s.cells & free_).none();
     std::stable_sort(seeds_.begin(), seeds_.end(),
                      [](const Seed& a, const Seed& b) {
