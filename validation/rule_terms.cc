@@ -35,8 +35,10 @@ double row_tie_excess(std::vector<double>* terms, double u, double term_units) {
     }
     return w * w - w2;
   }
-  // prefix[a] = w_0 + ... + w_{a-1}.
-  std::vector<double> prefix(n + 1, 0);
+  // prefix[a] = w_0 + ... + w_{a-1}; one buffer per thread (called for
+  // every query row: no allocation per row).
+  thread_local std::vector<double> prefix;
+  prefix.assign(n + 1, 0);
   for (size_t a = 0; a < n; ++a)
     prefix[a + 1] = prefix[a] + std::min(1.0, t[a] / u);
   double x = 0;

@@ -493,6 +493,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
     std::vector<double> S(static_cast<size_t>(kRows * Nk)),
         dP(static_cast<size_t>(kRows * Nk)), P(static_cast<size_t>(kRows * Nk)),
         O(static_cast<size_t>(kRows * D));
+    std::vector<double> tie_terms;  // a row's P (row_tie_excess sorts it)
     for (int64_t it = next++; it < items; it = next++) {
       Acc& a = acc[static_cast<size_t>(it)];
       const int64_t bh = it / blocks_per_head, b = bh / H, h = bh % H,
@@ -542,7 +543,7 @@ Pass run_pass(const AttentionCase& c, double A, double dot_units,
         const double inv_l = static_cast<double>(1 / l);
         for (int64_t j = 0; j < n; ++j) Pi[j] *= inv_l;
         out.rows.lse[r] = m + std::log(l);
-        std::vector<double> tie_terms(Pi, Pi + n);
+        tie_terms.assign(Pi, Pi + n);
         out.rows.ties[r] = row_tie_excess(&tie_terms, u_tie, term_units);
       }
       // O_i = sum_j P_ij v_j (for |dO_i|.|O_i|, the stored-O relative
