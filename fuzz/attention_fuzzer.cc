@@ -546,10 +546,11 @@ constexpr ExecConfig kOneThread{1};
 AttentionResult run(const Backend& e, const AttentionCase& c, bool fwd_only,
                     const ExecConfig& cfg = kOneThread, Workspace* ws = nullptr,
                     EncodedCase* enc = nullptr) {
-  const validation::AttentionBuffers* fresh =
-      enc != nullptr ? enc->get(c, e.precision()) : nullptr;
-  return fwd_only ? run_attention_forward(e, c, cfg, ws, fresh)
-                  : run_attention(e, c, cfg, ws, fresh);
+  if (enc != nullptr)
+    return validation::run_attention_on(e, c, *enc->get(c, e.precision()),
+                                        !fwd_only, cfg, ws);
+  return fwd_only ? run_attention_forward(e, c, cfg, ws)
+                  : run_attention(e, c, cfg, ws);
 }
 
 // a: the entry's judged result, a one-thread run on a fresh workspace (the

@@ -71,7 +71,7 @@ std::string invalid_backward_input(const AttentionCase& c,
   return "";
 }
 
-// The buffers of a run: a copy of `fresh` (run_attention) or new ones.
+// The buffers of a run: a copy of `fresh` (run_attention_on) or new ones.
 AttentionBuffers buffers_for(const Backend& b, const AttentionCase& c,
                              const AttentionBuffers* fresh) {
   if (fresh == nullptr) return AttentionBuffers(c, b.precision());
@@ -85,8 +85,8 @@ AttentionBuffers buffers_for(const Backend& b, const AttentionCase& c,
   if (fresh->q.precision() != b.precision() ||
       !same(fresh->q, {p.batch, p.heads, p.q_len, p.head_dim}, rs) ||
       !same(fresh->k, {p.batch, kv_heads_of(p), p.kv_len, p.head_dim}, rs))
-    throw std::invalid_argument("run_attention: buffers of another case for " +
-                                b.name());
+    throw std::invalid_argument(
+        "run_attention_on: buffers of another case for " + b.name());
   return *fresh;
 }
 
@@ -175,9 +175,8 @@ AttentionResult fed_result(const AttentionBuffers& bufs, BackwardFeed feed) {
 }
 
 AttentionResult run_attention(const Backend& b, const AttentionCase& c,
-                              const ExecConfig& cfg, Workspace* ws,
-                              const AttentionBuffers* fresh) {
-  return run_impl(b, c, cfg, ws, true, nullptr, fresh);
+                              const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, true, nullptr);
 }
 
 AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
@@ -187,9 +186,14 @@ AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
 }
 
 AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
-                                      const ExecConfig& cfg, Workspace* ws,
-                                      const AttentionBuffers* fresh) {
-  return run_impl(b, c, cfg, ws, false, nullptr, fresh);
+                                      const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, false, nullptr);
+}
+
+AttentionResult run_attention_on(const Backend& b, const AttentionCase& c,
+                                 const AttentionBuffers& fresh, bool backward,
+                                 const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, backward, nullptr, &fresh);
 }
 
 ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,

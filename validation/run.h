@@ -61,16 +61,9 @@ std::span<double> field_values(AttentionResult& r, Field f);
 // entry's forward output is no valid backward input, the backward does not
 // run (kNotRun); run_attention_fed feeds it `oracle`'s O and lse then
 // (kOracle), as every caller that judges the result does.
-// `fresh`, if given, holds what AttentionBuffers(c, b.precision()) would
-// (validation/buffers.h) and has not been handed to an entry: the run works
-// on a copy of it, the same bytes (inputs, NaN outputs, poison), instead of
-// encoding the case again. The fuzzers run every entry of a precision on
-// one case: they encode it once (issue 32). Throws std::invalid_argument if
-// its precision or shapes are not the entry's and the case's.
 AttentionResult run_attention(const Backend& b, const AttentionCase& c,
                               const ExecConfig& cfg = {},
-                              Workspace* ws = nullptr,
-                              const AttentionBuffers* fresh = nullptr);
+                              Workspace* ws = nullptr);
 // The exact forward outputs a backward reads where the entry's own are no
 // valid backward input: an oracle's o and lse, dense, as OracleAttention
 // holds them (validation/check.h, LazyOracle). Empty o: none at hand.
@@ -106,11 +99,21 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
                               const ExecConfig& cfg = {},
                               Workspace* ws = nullptr);
 // Forward only (no dO needed); returns o and lse in the result.
-// (`fresh`: as run_attention's.)
 AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
                                       const ExecConfig& cfg = {},
-                                      Workspace* ws = nullptr,
-                                      const AttentionBuffers* fresh = nullptr);
+                                      Workspace* ws = nullptr);
+// run_attention (backward true) or run_attention_forward on buffers built
+// once for the case: `fresh` holds what AttentionBuffers(c, b.precision())
+// would (validation/buffers.h) and has not been handed to an entry; the run
+// works on a copy of it, the same bytes (inputs, NaN outputs, poison),
+// instead of encoding the case again. The fuzzers run every entry of a
+// precision on one case and encode it once (issue 32). Throws
+// std::invalid_argument if its precision or shapes are not the entry's and
+// the case's.
+AttentionResult run_attention_on(const Backend& b, const AttentionCase& c,
+                                 const AttentionBuffers& fresh, bool backward,
+                                 const ExecConfig& cfg = {},
+                                 Workspace* ws = nullptr);
 
 // The naive same-precision baseline for precision p: reference:<p>.
 const Backend& naive_for(Precision p);
