@@ -56,6 +56,7 @@
 #include "validation/check.h"
 #include "validation/judge.h"
 #include "validation/nonsaturation.h"
+#include "validation/oracle.h"
 
 namespace qknorm::fuzz {
 namespace {
@@ -460,6 +461,37 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
   return m;
 }
 
+// The guarded buffers of one case in one storage precision, encoded once
+// per input and copied for every run on it (run_attention's `fresh`,
+// validation/run.h): each entry of the precision, the naive, the
+// two-thread run and the probabilities hook get the bytes a new
+// AttentionBuffers of the case holds (its inputs, NaN outputs, poison),
+// without encoding the case again (issue 32: building the buffers was ~15%
+// of an execution, perf).
+class EncodedCase {
+ public:
+  // Built on first use, inside the caller's expect_outcome (building them
+  // validates the case, as run_attention does).
+  const validation::AttentionBuffers* get(const AttentionCase& c, Precision s) {
+    if (!bufs_) bufs_.emplace(c, s);
+    return &*bufs_;
+  }
+  // The case with row_pad 0 (the probabilities hook's dense buffers).
+  const validation::AttentionBuffers& dense(const AttentionCase& c,
+                                            Precision s) {
+    if (c.row_pad == 0) return *get(c, s);
+    if (!dense_) {
+      AttentionCase d = c;
+      d.row_pad = 0;
+      dense_.emplace(d, s);
+    }
+    return *dense_;
+  }
+
+ private:
+  std::optional<validation::AttentionBuffers> bufs_, dense_;
+};
+
 // Softmax non-saturation: the bound of validation/nonsaturation.h (its one
 // definition) on the entry's own probabilities, at the rule's logit
 // amplitude with the computed logits' error.
@@ -468,21 +500,15 @@ std::string entry_ctx(const Backend& e, const AttentionCase& c) {
 // *amp: the computed logit amplitude, a function of the case, the oracle
 // and the precision only: computed for the first entry of a precision and
 // kept (its long double operand magnitudes were ~4.5% of an execution).
+// enc: the case's buffers in the entry's precision (a copy of its dense
+// ones is the hook's).
 void check_non_saturation(const Backend& e, const AttentionCase& c,
                           const OracleAttention& orc, Workspace* ws,
-                          std::optional<double>* amp) {
+                          std::optional<double>* amp, EncodedCase* enc) {
   const AttentionProblem& p = c.problem;
   if (p.variant != Variant::kQKNorm) return;
-  // The hook reads dense buffers (row_pad 0), as it always has here: the
-  // case itself when it is dense, else a dense copy (copying every tensor
-  // of the case for every entry cost its allocations even when the case
-  // was already dense).
-  std::optional<AttentionCase> padded;
-  if (c.row_pad != 0) {
-    padded = c;
-    padded->row_pad = 0;
-  }
-  validation::AttentionBuffers buf(padded ? *padded : c, e.precision());
+  // The hook reads dense buffers (row_pad 0), as it always has here.
+  validation::AttentionBuffers buf = enc->dense(c, e.precision());
   const int64_t Nq = p.q_len, Nk = p.kv_len;
   std::vector<double> probs(static_cast<size_t>(p.batch * p.heads * Nq * Nk),
                             std::numeric_limits<double>::quiet_NaN());
@@ -514,9 +540,15 @@ bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
 // libFuzzer's path, between two runs of the same seed.
 constexpr ExecConfig kOneThread{1};
 
+// enc: the case's buffers, encoded once for every entry of the precision
+// (null: new ones, as for invalid input, which must meet each check of the
+// front doors).
 AttentionResult run(const Backend& e, const AttentionCase& c, bool fwd_only,
-                    const ExecConfig& cfg = kOneThread,
-                    Workspace* ws = nullptr) {
+                    const ExecConfig& cfg = kOneThread, Workspace* ws = nullptr,
+                    EncodedCase* enc = nullptr) {
+  if (enc != nullptr)
+    return validation::run_attention_on(e, c, *enc->get(c, e.precision()),
+                                        !fwd_only, cfg, ws);
   return fwd_only ? run_attention_forward(e, c, cfg, ws)
                   : run_attention(e, c, cfg, ws);
 }
@@ -524,9 +556,9 @@ AttentionResult run(const Backend& e, const AttentionCase& c, bool fwd_only,
 // a: the entry's judged result, a one-thread run on a fresh workspace (the
 // same run this check made for itself before, which repeated it).
 void check_threads(const Backend& e, const AttentionCase& c, bool fwd_only,
-                   const AttentionResult& a) {
+                   const AttentionResult& a, EncodedCase* enc) {
   const ExecConfig two{2};
-  const AttentionResult b = run(e, c, fwd_only, two);
+  const AttentionResult b = run(e, c, fwd_only, two, nullptr, enc);
   if (!bitwise_equal(a.o, b.o) || !bitwise_equal(a.lse, b.lse) ||
       !bitwise_equal(a.dq, b.dq) || !bitwise_equal(a.dk, b.dk) ||
       !bitwise_equal(a.dv, b.dv) ||
@@ -540,14 +572,33 @@ void check_threads(const Backend& e, const AttentionCase& c, bool fwd_only,
 
 // Runs `e` on a valid case outside the domain: anything but a crash, UB or
 // a non-qknorm exception is acceptable.
-void run_unchecked(const Backend& e, const AttentionCase& c, bool fwd_only) {
+void run_unchecked(const Backend& e, const AttentionCase& c, bool fwd_only,
+                   EncodedCase* enc) {
   try {
-    run(e, c, fwd_only);
+    run(e, c, fwd_only, kOneThread, nullptr, enc);
   } catch (const Error&) {
   } catch (const std::exception& ex) {
     fail("exception other than qknorm::Error",
          entry_ctx(e, c) + "\n  what(): " + ex.what());
   }
+}
+
+// One scratch for every oracle this process computes: oracle_attention's
+// result does not depend on it (validation/oracle.h), and its arrays keep
+// their memory from input to input instead of a new set per oracle.
+validation::OracleWorkspace& oracle_workspace() {
+  static validation::OracleWorkspace ws;
+  return ws;
+}
+
+// Every input tensor of a and b is bitwise the same.
+bool same_values(const AttentionCase& a, const AttentionCase& b) {
+  for (auto t :
+       {&AttentionCase::q, &AttentionCase::k, &AttentionCase::v,
+        &AttentionCase::d_o, &AttentionCase::q_weight, &AttentionCase::k_weight,
+        &AttentionCase::q_bias, &AttentionCase::k_bias})
+    if (!bitwise_equal(a.*t, b.*t)) return false;
+  return true;
 }
 
 // formulation: FORMULATION mode (H up to 4, the formulation block, k and v
@@ -599,14 +650,28 @@ void differential(ByteReader& r, bool formulation) {
   struct PerPrecision {
     bool done = false, valid = false, domain = false, naive_done = false;
     AttentionCase rc;
-    OracleAttention oracle;
+    OracleAttention own;  // the oracle, unless another precision's is rc's
+    const OracleAttention* oracle = nullptr;
     AttentionResult naive;
     // What judge_attention derives from all but the entry's result (the
     // rule's tables, the naive's margins): the same for every entry of the
     // precision, so prepared once (judge.h: the same report).
     std::optional<PreparedAttention> prepared;
     std::optional<double> amplitude;  // check_non_saturation's
+    EncodedCase enc;                  // rc's buffers (valid rc only)
   } per[4];
+  // The oracle of another precision whose rounded inputs are rc's, when
+  // the oracle does not tell the two storages apart (f32, bf16 and f16
+  // unless x_hat rounds to storage: oracle_storage_equivalent); null if
+  // none. Small fuzzed values (kSmall, m / 4) round alike in all three.
+  auto shared_oracle = [&](const AttentionCase& rc) -> const OracleAttention* {
+    for (const PerPrecision& o : per)
+      if (o.done && o.valid &&
+          validation::oracle_storage_equivalent(p, o.rc.storage, rc.storage) &&
+          same_values(o.rc, rc))
+        return o.oracle;
+    return nullptr;
+  };
   for (const Backend* e : all_backends().entries()) {
     if (!e->available()) continue;
     // A plug-in entry (QKNORM_PLUGIN) meets only the problems it declares.
@@ -622,8 +687,14 @@ void differential(ByteReader& r, bool formulation) {
                  all_finite(pp.rc.q_weight) && all_finite(pp.rc.k_weight) &&
                  all_finite(pp.rc.q_bias) && all_finite(pp.rc.k_bias);
       if (pp.valid) {
-        pp.oracle = validation::oracle_attention(pp.rc);
-        pp.domain = in_domain(pp.rc, pp.oracle, e->precision(), d.forward_only);
+        pp.oracle = shared_oracle(pp.rc);
+        if (pp.oracle == nullptr) {
+          pp.own = validation::oracle_attention(pp.rc, nullptr, {},
+                                                &oracle_workspace());
+          pp.oracle = &pp.own;
+        }
+        pp.domain =
+            in_domain(pp.rc, *pp.oracle, e->precision(), d.forward_only);
       }
     }
     const Context ctx([&] { return entry_ctx(*e, pp.rc); });
@@ -632,13 +703,14 @@ void differential(ByteReader& r, bool formulation) {
       continue;
     }
     if (!pp.domain) {
-      run_unchecked(*e, pp.rc, d.forward_only);
+      run_unchecked(*e, pp.rc, d.forward_only, &pp.enc);
       continue;
     }
     const Backend& nb = validation::naive_for(e->precision());
     if (!pp.naive_done) {  // the naive entry answers for its own failure
-      expect_outcome(false, Context([&] { return entry_ctx(nb, pp.rc); }),
-                     [&] { pp.naive = run(nb, pp.rc, d.forward_only); });
+      expect_outcome(false, Context([&] { return entry_ctx(nb, pp.rc); }), [&] {
+        pp.naive = run(nb, pp.rc, d.forward_only, kOneThread, nullptr, &pp.enc);
+      });
       pp.naive_done = true;
     }
     // One workspace per entry and input: the judged run and the
@@ -648,13 +720,13 @@ void differential(ByteReader& r, bool formulation) {
     AgreementReport rep;
     AttentionResult judged;
     expect_outcome(false, ctx, [&] {
-      judged = run(*e, pp.rc, d.forward_only, kOneThread, ws.get());
+      judged = run(*e, pp.rc, d.forward_only, kOneThread, ws.get(), &pp.enc);
       if (!pp.prepared)
         pp.prepared =
-            validation::prepare_attention(pp.rc, e->precision(), pp.oracle,
+            validation::prepare_attention(pp.rc, e->precision(), *pp.oracle,
                                           &pp.naive, d.forward_only, nb.name());
       rep = validation::judge_attention(*pp.prepared, pp.rc, e->precision(),
-                                        pp.oracle, judged, e->name());
+                                        *pp.oracle, judged, e->name());
     });
     log_verdict(rep, ctx);
     if (!rep.pass)
@@ -664,14 +736,15 @@ void differential(ByteReader& r, bool formulation) {
     // sdpa's) without GQA.
     if (e == &validation::naive_for(e->precision()) && is_paper_formulation(p))
       check_baseline(
-          rep, validation::baseline_bounds(pp.rc, pp.oracle, e->precision()),
+          rep, validation::baseline_bounds(pp.rc, *pp.oracle, e->precision()),
           {{validation::Field::kO,
             underflow_slack(e->precision(), p.head_dim + p.kv_len,
                             max_abs(pp.rc.v))},
            {validation::Field::kLse,
             underflow_slack(e->precision(), p.head_dim + p.kv_len)}});
-    check_non_saturation(*e, pp.rc, pp.oracle, ws.get(), &pp.amplitude);
-    if (d.threads) check_threads(*e, pp.rc, d.forward_only, judged);
+    check_non_saturation(*e, pp.rc, *pp.oracle, ws.get(), &pp.amplitude,
+                         &pp.enc);
+    if (d.threads) check_threads(*e, pp.rc, d.forward_only, judged, &pp.enc);
   }
 }
 
@@ -742,6 +815,7 @@ struct LayoutDense {
   OracleAttention orc;
   AttentionResult naive;
   std::optional<PreparedAttention> prepared;  // both judges' (judge.h)
+  EncodedCase enc;                            // the dense runs' buffers
 };
 
 void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid,
@@ -792,20 +866,22 @@ void run_layout_entry(const Backend& e, const LayoutCase& lc, bool valid,
   const Backend& nb = validation::naive_for(s);
   if (!dense.done) {
     dense.done = true;
-    dense.orc = validation::oracle_attention(c);
+    dense.orc =
+        validation::oracle_attention(c, nullptr, {}, &oracle_workspace());
     dense.domain = in_domain(c, dense.orc, s, true);
   }
   if (!dense.domain || o.overlapping()) return;
   if (!dense.naive_done) {
     dense.naive_done = true;
-    dense.naive = run(nb, c, true);
+    dense.naive = run(nb, c, true, kOneThread, nullptr, &dense.enc);
     dense.prepared = validation::prepare_attention(
         c, s, dense.orc, &dense.naive, true, nb.name());
   }
   const OracleAttention& orc = dense.orc;
   const PreparedAttention& prep = *dense.prepared;
-  AgreementReport rep =
-      validation::judge_attention(prep, c, s, orc, run(e, c, true), e.name());
+  AgreementReport rep = validation::judge_attention(
+      prep, c, s, orc, run(e, c, true, kOneThread, nullptr, &dense.enc),
+      e.name());
   log_verdict(rep, ctx);
   if (!rep.pass)
     fail("entry disagrees with the oracle", rep.failure_message() + ctx.str());

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -283,6 +284,63 @@ TEST(OraclePrecision, SharedOperandsGiveTheSubCasesOwnBits) {
         EXPECT_TRUE(own.*x == from.*x) << f << " " << name(s);
       EXPECT_FALSE(own.o.empty());
     }
+}
+
+// The attention fuzzer computes one oracle for the f32, bf16 and f16
+// entries whose rounded inputs coincide (oracle_storage_equivalent, issue
+// 32): judged against another equivalent storage's oracle, an entry gets
+// exactly the expected values and bounds of its own. A formulation that
+// rounds x_hat to 16-bit storage (qwen3) is not equivalent: its bf16 oracle
+// runs in long double, its f32 oracle in double.
+TEST(OraclePrecision, StorageEquivalentOraclesJudgeAlike) {
+  const Precision all[] = {Precision::kF32, Precision::kBF16, Precision::kF16};
+  for (const char* f : {"", "gemma3", "chameleon", "qwen3"}) {
+    AttentionProblem p;
+    p.batch = 1, p.heads = 4, p.q_len = 7, p.kv_len = 9, p.head_dim = 8;
+    p.g = 11;
+    p.mask.causal = true;
+    if (*f != '\0') apply_preset(f, &p);
+    const bool rounds = std::string(f) == "qwen3";
+    // Values every one of the three formats holds exactly.
+    const AttentionCase exact = round_inputs(
+        round_inputs(make_attention_case(p, Distribution::kGaussian, 12),
+                     Precision::kBF16),
+        Precision::kF16);
+    for (Precision a : all)
+      for (Precision b : all) {
+        const AttentionCase ca = round_inputs(exact, a);
+        const AttentionCase cb = round_inputs(exact, b);
+        ASSERT_TRUE(ca.q == cb.q && ca.k == cb.k && ca.v == cb.v &&
+                    ca.d_o == cb.d_o && ca.q_weight == cb.q_weight &&
+                    ca.k_weight == cb.k_weight && ca.q_bias == cb.q_bias &&
+                    ca.k_bias == cb.k_bias);
+        const bool same = oracle_storage_equivalent(p, a, b);
+        EXPECT_EQ(same, a == b || !rounds) << f << name(a) << name(b);
+        const OracleAttention oa = oracle_attention(ca);
+        const OracleAttention ob = oracle_attention(cb);
+        if (!same) {
+          if (a == Precision::kF32)
+            EXPECT_NE(oa.unit_roundoff, ob.unit_roundoff);
+          continue;
+        }
+        const auto ta = attention_tolerances(cb, b, oa, false);
+        const auto tb = attention_tolerances(cb, b, ob, false);
+        ASSERT_EQ(ta.size(), tb.size());
+        // The doubles bitwise (a NaN equals itself); the long double
+        // expected values by value (their padding bytes are unspecified).
+        auto same_bits = [](const std::vector<double>& x,
+                            const std::vector<double>& y) {
+          return x.size() == y.size() &&
+                 (x.empty() ||
+                  std::memcmp(x.data(), y.data(), x.size() * sizeof x[0]) == 0);
+        };
+        for (size_t t = 0; t < ta.size(); ++t)
+          EXPECT_TRUE(ta[t].expected == tb[t].expected &&
+                      same_bits(ta[t].delta, tb[t].delta) &&
+                      same_bits(ta[t].cond, tb[t].cond))
+              << f << " " << name(a) << " " << name(b) << " table " << t;
+      }
+  }
 }
 
 }  // namespace

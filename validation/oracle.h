@@ -225,6 +225,16 @@ OracleAttention oracle_attention(const AttentionCase& c,
                                  OracleWorkspace* ws = nullptr,
                                  const OracleOptions& options = {});
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
+// True iff oracle_attention gives the same result on two cases of problem
+// p that differ only in their storage, a and b (the same rounded values):
+// it reads the storage only for its arithmetic (use_double: long double for
+// f64), the compute format's roundoff (rule.h's ties) and, where the
+// formulation rounds x_hat to storage (reference::rounds_x_hat), that
+// rounding and its flips. So f32, bf16 and f16 agree unless the formulation
+// rounds x_hat. The fuzzers compute one oracle for the precisions whose
+// rounded inputs coincide (issue 32: one oracle per distinct input set).
+bool oracle_storage_equivalent(const AttentionProblem& p, Precision a,
+                               Precision b);
 
 }  // namespace qknorm::validation
 

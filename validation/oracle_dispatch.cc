@@ -189,6 +189,14 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   return r;
 }
 
+bool oracle_storage_equivalent(const AttentionProblem& p, Precision a,
+                               Precision b) {
+  if (a == b) return true;
+  return a != Precision::kF64 && b != Precision::kF64 &&
+         compute_roundoff(a) == compute_roundoff(b) &&
+         !reference::rounds_x_hat(p, a) && !reference::rounds_x_hat(p, b);
+}
+
 SharedOperands::SharedOperands(const AttentionCase& whole)
     : impl(std::make_unique<Impl>()) {
   impl->f64 = use_double(whole);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,9 +71,29 @@ std::string invalid_backward_input(const AttentionCase& c,
   return "";
 }
 
+// The buffers of a run: a copy of `fresh` (run_attention_on) or new ones.
+AttentionBuffers buffers_for(const Backend& b, const AttentionCase& c,
+                             const AttentionBuffers* fresh) {
+  if (fresh == nullptr) return AttentionBuffers(c, b.precision());
+  auto same = [](const TensorBuffer& t, const Shape4& s, int64_t row_stride) {
+    return t.shape().B == s.B && t.shape().H == s.H &&
+           t.shape().rows == s.rows && t.shape().D == s.D &&
+           t.layout().row_stride == row_stride;
+  };
+  const AttentionProblem& p = c.problem;
+  const int64_t rs = p.head_dim + c.row_pad;
+  if (fresh->q.precision() != b.precision() ||
+      !same(fresh->q, {p.batch, p.heads, p.q_len, p.head_dim}, rs) ||
+      !same(fresh->k, {p.batch, kv_heads_of(p), p.kv_len, p.head_dim}, rs))
+    throw std::invalid_argument(
+        "run_attention_on: buffers of another case for " + b.name());
+  return *fresh;
+}
+
 AttentionResult run_impl(const Backend& b, const AttentionCase& c,
                          const ExecConfig& cfg, Workspace* ws, bool backward,
-                         const OracleSource& oracle) {
+                         const OracleSource& oracle,
+                         const AttentionBuffers* fresh = nullptr) {
   const AttentionProblem& p = c.problem;
   validate_problem(p);
   {
@@ -93,7 +114,7 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   // The entry's storage, rows padded as the case says, every output
   // prefilled with NaN (an element left unwritten is caught); the backward
   // reads the entry's own O and lse where they are a valid backward input.
-  AttentionBuffers bufs(c, b.precision());
+  AttentionBuffers bufs = buffers_for(b, c, fresh);
   checked_attention_forward(b, p, bufs.forward_args(), ws, cfg);
   if (!backward) return bufs.result(false);
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
@@ -167,6 +188,12 @@ AttentionResult run_attention_fed(const Backend& b, const AttentionCase& c,
 AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
                                       const ExecConfig& cfg, Workspace* ws) {
   return run_impl(b, c, cfg, ws, false, nullptr);
+}
+
+AttentionResult run_attention_on(const Backend& b, const AttentionCase& c,
+                                 const AttentionBuffers& fresh, bool backward,
+                                 const ExecConfig& cfg, Workspace* ws) {
+  return run_impl(b, c, cfg, ws, backward, nullptr, &fresh);
 }
 
 ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,

@@ -102,6 +102,18 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
 AttentionResult run_attention_forward(const Backend& b, const AttentionCase& c,
                                       const ExecConfig& cfg = {},
                                       Workspace* ws = nullptr);
+// run_attention (backward true) or run_attention_forward on buffers built
+// once for the case: `fresh` holds what AttentionBuffers(c, b.precision())
+// would (validation/buffers.h) and has not been handed to an entry; the run
+// works on a copy of it, the same bytes (inputs, NaN outputs, poison),
+// instead of encoding the case again. The fuzzers run every entry of a
+// precision on one case and encode it once (issue 32). Throws
+// std::invalid_argument if its precision or shapes are not the entry's and
+// the case's.
+AttentionResult run_attention_on(const Backend& b, const AttentionCase& c,
+                                 const AttentionBuffers& fresh, bool backward,
+                                 const ExecConfig& cfg = {},
+                                 Workspace* ws = nullptr);
 
 // The naive same-precision baseline for precision p: reference:<p>.
 const Backend& naive_for(Precision p);
