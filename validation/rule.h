@@ -222,7 +222,7 @@
 // weight, bias), f64, A = 9.6e5; a q row of head 1 whose element 4 is its
 // mean (x_hat = 0, shr = 13.2), dx_tilde = 4.4e-15 of magnitude 2.5e5:
 // reference:f64 and the naive dq_weight -1.5e-28 for 0, bound 6.5e-30
-// (margin 23.1; the term: 1.8e-17). Checked and not needed:
+// (margin 23.1; the term: 1.8e-17). Checked:
 //   - the biases sum dx_tilde_r alone: no product;
 //   - dg = sum dS_ij C_ij scales by dg_scale, whose |C_ij| is taken as
 //     max(1, ||q_a|| ||k_a||), never |C_ij|: C's error times dS's is
@@ -231,10 +231,13 @@
 //     a b is at most 2^-7 (bf16), 2^-10 (f16) of the |x_hat| |b| term,
 //     which its units' lambda = 8 leave room for (not a derivation: an
 //     assumption, as rare as a flip);
-//   - x_hat's absolute resolution (own_res ulp_c(0)): a b <= own_res
-//     ulp_c(0) |b|, and |b| is below dx_tilde's magnitude wherever the
-//     softmax is resolved (soft u_c <= 1/8), which the resolution term
-//     already multiplies.
+//   - x_hat's absolute resolution (own_res ulp_c(0), per row): a b <=
+//     own_res ulp_c(0) |b|, and |b| <= M / 4 + O(u_c) M wherever the
+//     softmax is resolved (T <= 2 M, soft u_c <= 1/8), beside the
+//     resolution term own_res ulp_c(0) M already there for a dx_tilde:
+//     at most a quarter more, and only where |dx_tilde| = M (no
+//     cancellation) and b is at its bound together; left (an assumption
+//     on the counts' slack, not derived).
 // The sampled verdict (issue 19, validation/sampled.h) judges a sampled row
 // of a long problem on a sub-case of the oracle with the whole case's counts
 // and amplitude (OracleAttention::count_*, amplitude), so by these same
