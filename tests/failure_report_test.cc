@@ -16,6 +16,7 @@
 #include "validation/check.h"
 #include "validation/forwarding_backend.h"
 #include "validation/judge.h"
+#include "validation/metrics.h"
 #include "validation/run.h"
 #include "validation/sampled.h"
 #include "validation/tester.h"
@@ -200,6 +201,22 @@ TEST(FailureReport, CorrectEntryFeedsItsOwnOutputs) {
     EXPECT_TRUE(v.judged);
     EXPECT_EQ(v.note, "");
   }
+}
+
+// The statistics line prints ULP figures in two decimals up to a million,
+// in three significant digits beyond: an error at an expected 0 in f64 is
+// ~1e300 ULPs, several hundred digits in fixed point (issue 32's Zen 3
+// finding printed "ulp p50/p99/max=127572694311411792.00/3041...").
+TEST(FailureReport, UlpFiguresStayShort) {
+  ErrorStats s;
+  s.ulp_p50 = 1.5;
+  s.ulp_p99 = 127572694311411792.0;
+  s.ulp_max = 3.0419227159700974e300;
+  const std::string text = describe(s);
+  EXPECT_NE(text.find("ulp p50/p99/max=1.50/1.28e+17/3.04e+300 "),
+            std::string::npos)
+      << text;
+  EXPECT_LT(text.size(), 200u) << text;
 }
 
 }  // namespace

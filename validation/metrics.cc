@@ -157,15 +157,30 @@ ErrorStats compare(std::span<const double> actual,
   return s;
 }
 
+namespace {
+
+// One ULP figure: two decimals up to a million ULPs, three significant
+// digits beyond (an error at a value near 0 is ~1e17 ULPs of it, and
+// f64's spacing near 0 makes one at 1e300 ULPs, several hundred digits in
+// fixed point: issue 32's Zen 3 finding).
+std::string ulp_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, std::fabs(x) < 1e6 ? "%.2f" : "%.3g", x);
+  return buf;
+}
+
+}  // namespace
+
 std::string describe(const ErrorStats& s) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "max_abs=%.3e max_rel=%.3e normwise=%.3e ulp p50/p99/max="
-                "%.2f/%.2f/%.2f worst[%lld] expected=%.17g actual=%.17g "
+                "%s/%s/%s worst[%lld] expected=%.17g actual=%.17g "
                 "scale=%.3e%s",
-                s.max_abs, s.max_rel, s.normwise, s.ulp_p50, s.ulp_p99,
-                s.ulp_max, static_cast<long long>(s.worst_index),
-                s.worst_expected, s.worst_actual, s.scale,
+                s.max_abs, s.max_rel, s.normwise, ulp_text(s.ulp_p50).c_str(),
+                ulp_text(s.ulp_p99).c_str(), ulp_text(s.ulp_max).c_str(),
+                static_cast<long long>(s.worst_index), s.worst_expected,
+                s.worst_actual, s.scale,
                 s.nonfinite_mismatch ? " NONFINITE" : "");
   return buf;
 }

@@ -119,6 +119,11 @@ struct OracleValues {
   std::vector<T> dq_weight, dk_weight, dq_bias, dk_bias;
   std::array<std::vector<T>, kChannels> dq_weight_ch, dk_weight_ch, dq_bias_ch,
       dk_bias_ch;
+  // LayerNorm with a weight: the weight's channels with each row's term
+  // weighted by the row's mean shift per u_c (OperandMagsT::shr) instead of
+  // |x_hat_e|, for the product of x_hat's and dx_tilde's errors (rule.h,
+  // "The weight gradient's product"; empty otherwise).
+  std::array<std::vector<T>, kChannels> dq_weight_sh_ch, dk_weight_sh_ch;
   // LayerNorm's mean shift per u_c (OracleAttention::logit_shift): its
   // effect on dq, dk (per element) and dg.
   std::vector<T> dq_shift_e, dk_shift_e;

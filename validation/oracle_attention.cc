@@ -557,8 +557,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
                     const std::vector<LD>& ads, const std::vector<LD>& adr,
                     int64_t terms, const std::array<std::vector<LD>*, kCh>& dst,
                     ChannelArraysT<LD>* dw, ChannelArraysT<LD>* db,
-                    LD* out_max) {
-      carry_side(p, s, sd, m, ch_in, du, ads, adr, terms, dst, dw, db, out_max);
+                    ChannelArraysT<LD>* dws, LD* out_max) {
+      carry_side(p, s, sd, m, ch_in, du, ads, adr, terms, dst, dw, db, dws,
+                 out_max);
     };
     LD dq_out[3] = {}, dk_out[3] = {};
     std::array<std::vector<LD>*, kCh> dq_dst = {
@@ -585,16 +586,17 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
         (*dw)[ch].assign(static_cast<size_t>(np), 0);
         (*db)[ch].assign(static_cast<size_t>(np), 0);
       }
+      for (auto& x : sd == 0 ? r.dq_weight_sh_ch : r.dk_weight_sh_ch) x.clear();
       (void)like;
     };
     if (counts.q_side)
       side(0, qm, mq, du_q, ads_q, adr_q, nk_terms, dq_dst, &r.dq_weight_ch,
-           &r.dq_bias_ch, dq_out);
+           &r.dq_bias_ch, &r.dq_weight_sh_ch, dq_out);
     else
       zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
     if (counts.k_side) {
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
-           &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
+           &r.dk_weight_ch, &r.dk_bias_ch, &r.dk_weight_sh_ch, dk_out);
       carry_magnitude(p, km, a.zmax_k, &r.dk_rowmax_e);
       carry_magnitude(p, km, a.zlin_k, &r.dk_norm_lin_e);
     } else
@@ -603,14 +605,24 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       for (int ch = 0; ch < kCh; ++ch)
         for (size_t e = 0; e < r.dq_weight_ch[ch].size(); ++e)
           r.dq_weight_ch[ch][e] += r.dk_weight_ch[ch][e];
+      for (int ch = 0; ch < kCh; ++ch)
+        if (r.dq_weight_sh_ch[ch].size() == r.dk_weight_sh_ch[ch].size())
+          for (size_t e = 0; e < r.dq_weight_sh_ch[ch].size(); ++e)
+            r.dq_weight_sh_ch[ch][e] += r.dk_weight_sh_ch[ch][e];
+        else  // one side not formed (a sub-case): neither is whole
+          r.dq_weight_sh_ch[ch].clear();
     }
-    if (param_size(p, 1) == 0)
+    if (param_size(p, 1) == 0) {
       for (auto& x : r.dk_weight_ch) x.clear();
+      for (auto& x : r.dk_weight_sh_ch) x.clear();
+    }
     if (!(qk && p.norm.bias))
       for (auto* x : {&r.dq_bias_ch, &r.dk_bias_ch})
         for (auto& y : *x) y.clear();
-    if (param_size(p, 0) == 0)
+    if (param_size(p, 0) == 0) {
       for (auto& x : r.dq_weight_ch) x.clear();
+      for (auto& x : r.dq_weight_sh_ch) x.clear();
+    }
     const NormRows qr = norm_rows(p, 0), kr = norm_rows(p, 1);
     out.q_param_rows =
         qr.rows() * qr.len() / std::max<int64_t>(1, param_size(p, 0));

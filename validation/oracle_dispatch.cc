@@ -48,6 +48,8 @@ void each_value(A& a, B& b, F&& f) {
     f(a.dk_weight_ch[ch], b.dk_weight_ch[ch]);
     f(a.dq_bias_ch[ch], b.dq_bias_ch[ch]);
     f(a.dk_bias_ch[ch], b.dk_bias_ch[ch]);
+    f(a.dq_weight_sh_ch[ch], b.dq_weight_sh_ch[ch]);
+    f(a.dk_weight_sh_ch[ch], b.dk_weight_sh_ch[ch]);
   }
   f(a.dq_shift_e, b.dq_shift_e), f(a.dk_shift_e, b.dk_shift_e);
   f(a.dq_flip_e, b.dq_flip_e), f(a.dk_flip_e, b.dk_flip_e);

@@ -105,7 +105,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
 // dx_tilde) through the weight and the normalization backward, per
 // normalization row, into dst (per element of dq or dk), *dw and *db (the
 // side's weight and bias gradients; may be null), and the maxima of
-// channels 0-2 into out_max[0..2]. du: the signed gradient of x_tilde; ads,
+// channels 0-2 into out_max[0..2]; *dws (may be null): LayerNorm's
+// shift-weighted weight channels (OracleValues::dq_weight_sh_ch; emptied
+// otherwise). du: the signed gradient of x_tilde; ads,
 // adr: s sum |dS| times the other side's operand resolution per element,
 // resp. per operand row; terms: the number of terms of each dx_tilde sum;
 // s: the logit scale's magnitude. The derivations are in
@@ -121,7 +123,8 @@ void carry_side(const AttentionProblem& p, T s, int sd,
                 const std::vector<T>& du, const std::vector<T>& ads,
                 const std::vector<T>& adr, int64_t terms,
                 const std::array<std::vector<T>*, kChannels>& dst,
-                ChannelArraysT<T>* dw, ChannelArraysT<T>* db, T* out_max);
+                ChannelArraysT<T>* dw, ChannelArraysT<T>* db,
+                ChannelArraysT<T>* dws, T* out_max);
 
 }  // namespace qknorm::validation
 

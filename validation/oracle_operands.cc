@@ -262,7 +262,8 @@ void carry_side(const AttentionProblem& p, T s, int sd,
                 const std::vector<T>& du, const std::vector<T>& ads,
                 const std::vector<T>& adr, int64_t terms,
                 const std::array<std::vector<T>*, kChannels>& dst,
-                ChannelArraysT<T>* dw, ChannelArraysT<T>* db, T* out_max) {
+                ChannelArraysT<T>* dw, ChannelArraysT<T>* db,
+                ChannelArraysT<T>* dws, T* out_max) {
   using LD = T;  // the oracle's arithmetic (the name the loops below use)
   constexpr int kCh = kChannels;
   const bool qk = p.variant == Variant::kQKNorm;
@@ -274,9 +275,17 @@ void carry_side(const AttentionProblem& p, T s, int sd,
   const int64_t np = param_size(p, sd) > 0           ? param_size(p, sd)
                      : p.norm.shared_qk_weight && qk ? param_size(p, 0)
                                                      : 0;
+  // LayerNorm's x_hat is off by its row's mean shift, an absolute error
+  // however small x_hat_e is; the weight gradient's product x_hat_e
+  // dx_tilde_e then meets dx_tilde_e's own error (rule.h, "The weight
+  // gradient's product"): every channel of dx_tilde_e weighted by the shift
+  // shr (per u_c) instead of |x_hat_e|, into *dws.
+  const bool shifts = dws != nullptr && dw != nullptr && np > 0 && qk &&
+                      p.norm.kind == NormKind::kLayer;
   for (int ch = 0; ch < kCh; ++ch) {
     if (dw) (*dw)[ch].assign(static_cast<size_t>(np), 0);
     if (db) (*db)[ch].assign(static_cast<size_t>(np), 0);
+    if (dws) (*dws)[ch].assign(shifts ? static_cast<size_t>(np) : 0, 0);
   }
   std::vector<LD> row(static_cast<size_t>(L)), u(static_cast<size_t>(L)),
       dus(static_cast<size_t>(L));
@@ -293,6 +302,7 @@ void carry_side(const AttentionProblem& p, T s, int sd,
         if (np > 0 && dw) {
           const auto pi = static_cast<size_t>(nr.param(r0, e, p.norm.weight));
           (*dw)[ch][pi] += g * std::fabs(u[static_cast<size_t>(e)]);
+          if (shifts) (*dws)[ch][pi] += g * m.shr[static_cast<size_t>(r0)];
           if (p.norm.bias && db) (*db)[ch][pi] += g;
         }
         row[static_cast<size_t>(e)] = g * std::fabs(m.wv[o]);
@@ -455,25 +465,25 @@ void carry_side(const AttentionProblem& p, T s, int sd,
   }
 }
 
-#define QKNORM_ORACLE_OPERANDS_INSTANTIATE(T)                                \
-  template reference::NormArgs<T> norm_args<T>(                              \
-      const AttentionCase&, std::array<std::vector<T>, 4>*);                 \
-  template void fill_operand_mags<T>(const AttentionCase&, int, const T*,    \
-                                     const reference::NormArgs<T>&,          \
-                                     OperandMagsT<T>*);                      \
-  template reference::OperandView<T> OperandMagsT<T>::view() const;          \
-  template void slice_operand_mags<T>(const OperandMagsT<T>&, int64_t,       \
-                                      int64_t, int64_t, const NormRows&,     \
-                                      OperandMagsT<T>*);                     \
-  template void carry_magnitude<T>(const AttentionProblem&,                  \
-                                   const OperandMagsT<T>&,                   \
-                                   const std::vector<T>&, std::vector<T>*);  \
-  template void carry_side<T>(const AttentionProblem&, T, int,               \
-                              const OperandMagsT<T>&, ChannelArraysT<T>&,    \
-                              const std::vector<T>&, const std::vector<T>&,  \
-                              const std::vector<T>&, int64_t,                \
-                              const std::array<std::vector<T>*, kChannels>&, \
-                              ChannelArraysT<T>*, ChannelArraysT<T>*, T*);
+#define QKNORM_ORACLE_OPERANDS_INSTANTIATE(T)                               \
+  template reference::NormArgs<T> norm_args<T>(                             \
+      const AttentionCase&, std::array<std::vector<T>, 4>*);                \
+  template void fill_operand_mags<T>(const AttentionCase&, int, const T*,   \
+                                     const reference::NormArgs<T>&,         \
+                                     OperandMagsT<T>*);                     \
+  template reference::OperandView<T> OperandMagsT<T>::view() const;         \
+  template void slice_operand_mags<T>(const OperandMagsT<T>&, int64_t,      \
+                                      int64_t, int64_t, const NormRows&,    \
+                                      OperandMagsT<T>*);                    \
+  template void carry_magnitude<T>(const AttentionProblem&,                 \
+                                   const OperandMagsT<T>&,                  \
+                                   const std::vector<T>&, std::vector<T>*); \
+  template void carry_side<T>(                                              \
+      const AttentionProblem&, T, int, const OperandMagsT<T>&,              \
+      ChannelArraysT<T>&, const std::vector<T>&, const std::vector<T>&,     \
+      const std::vector<T>&, int64_t,                                       \
+      const std::array<std::vector<T>*, kChannels>&, ChannelArraysT<T>*,    \
+      ChannelArraysT<T>*, ChannelArraysT<T>*, T*);
 QKNORM_ORACLE_OPERANDS_INSTANTIATE(float)
 QKNORM_ORACLE_OPERANDS_INSTANTIATE(double)
 QKNORM_ORACLE_OPERANDS_INSTANTIATE(long double)

@@ -497,49 +497,59 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
   // like dq's (OracleAttention: magnitude, softmax terms, stored O, the
   // subnormal counts, P's resolution), plus x_hat's own rounding (kOpUnits)
   // and R subnormal roundings of the row sum.
-  auto param = [&](Field f, const std::vector<LD>& x,
-                   const std::array<std::vector<LD>, kChannels>& ch, int64_t R,
-                   int64_t n) {
+  // sh (weights; may be null): the weight's channels weighted by the rows'
+  // LayerNorm mean shifts (rule.h, "The weight gradient's product"): u_c
+  // times the same channel terms, with one row's units (an n-term sum),
+  // bound the product of x_hat's shift and dx_tilde's own error.
+  using Channels = std::array<std::vector<LD>, kChannels>;
+  auto param = [&](Field f, const std::vector<LD>& x, const Channels& ch,
+                   int64_t R, int64_t n, const Channels* sh) {
     if (x.empty()) return;
     ToleranceTable t = table(f, wf, 1, 1, 1, static_cast<int64_t>(x.size()), x);
+    const double row_units = sum_units(static_cast<double>(n)) + kOpUnits + div;
     const double units = sum_units(static_cast<double>(R)) +
                          sum_units(static_cast<double>(n)) + kOpUnits + div;
-    for (size_t e = 0; e < x.size(); ++e) {
-      auto chan = [&](Channel k) { return ch[at(k)][e]; };
-      t.delta[e] =
-          uc * (units * d(chan(Channel::kMagnitude)) +
-                soft * d(chan(Channel::kSoftmaxTerms)) +
-                d(chan(Channel::kLayerShift))) +
-          rs.uo * (units * d(chan(Channel::kMagnitude)) +
-                   times(rs.soft_o, chan(Channel::kSoftmaxTerms)) +
+    // The channel terms of element e of cs, with un units for the sums and
+    // `rows` subnormal roundings of the row sum.
+    auto terms = [&](const Channels& cs, size_t e, double un, double rows) {
+      auto chan = [&](Channel k) { return cs[at(k)][e]; };
+      return uc * (un * d(chan(Channel::kMagnitude)) +
+                   soft * d(chan(Channel::kSoftmaxTerms)) +
                    d(chan(Channel::kLayerShift))) +
-          (rs.co == 0 ? 0
-                      : rs.co * (d(chan(Channel::kSubnormalCount)) +
-                                 static_cast<double>(R + 2))) +
-          times(rs.po, chan(Channel::kPResolution)) +
-          us * d(chan(Channel::kStoredORel)) +
-          o_res * d(chan(Channel::kStoredOAbs)) +
-          c_res *
-              (d(chan(Channel::kSubnormalCount)) + static_cast<double>(R + 2)) +
-          p_res * d(chan(Channel::kPResolution)) +
-          rs.s_rel * d(chan(Channel::kMagnitude)) +
-          (rs.uq + rs.uk + rs.uv) * d(chan(Channel::kMagnitude)) +
-          (2 * rs.logit_abs + rs.up) * d(chan(Channel::kSoftmaxTerms)) +
-          rs.uout * d(chan(Channel::kStoredORel)) +
-          (ch[at(Channel::kRoundingFlip)].empty()
-               ? 0.0
-               : d(chan(Channel::kRoundingFlip)));
-      t.cond[e] = condition(chan(Channel::kMagnitude), x[e]);
+             rs.uo * (un * d(chan(Channel::kMagnitude)) +
+                      times(rs.soft_o, chan(Channel::kSoftmaxTerms)) +
+                      d(chan(Channel::kLayerShift))) +
+             (rs.co == 0 ? 0
+                         : rs.co * (d(chan(Channel::kSubnormalCount)) + rows)) +
+             times(rs.po, chan(Channel::kPResolution)) +
+             us * d(chan(Channel::kStoredORel)) +
+             o_res * d(chan(Channel::kStoredOAbs)) +
+             c_res * (d(chan(Channel::kSubnormalCount)) + rows) +
+             p_res * d(chan(Channel::kPResolution)) +
+             rs.s_rel * d(chan(Channel::kMagnitude)) +
+             (rs.uq + rs.uk + rs.uv) * d(chan(Channel::kMagnitude)) +
+             (2 * rs.logit_abs + rs.up) * d(chan(Channel::kSoftmaxTerms)) +
+             rs.uout * d(chan(Channel::kStoredORel)) +
+             (cs[at(Channel::kRoundingFlip)].empty()
+                  ? 0.0
+                  : d(chan(Channel::kRoundingFlip)));
+    };
+    const bool shifts = sh != nullptr && !(*sh)[0].empty();
+    for (size_t e = 0; e < x.size(); ++e) {
+      t.delta[e] = terms(ch, e, units, static_cast<double>(R + 2));
+      if (shifts) t.delta[e] += uc * terms(*sh, e, row_units, 0);
+      t.cond[e] = condition(ch[at(Channel::kMagnitude)][e], x[e]);
     }
     out.push_back(std::move(t));
   };
   param(Field::kDqWeight, orc.dq_weight, orc.dq_weight_ch, orc.q_param_rows,
-        std::max(rs.Nk, group * rs.Nq));
+        std::max(rs.Nk, group * rs.Nq), &orc.dq_weight_sh_ch);
   param(Field::kDkWeight, orc.dk_weight, orc.dk_weight_ch, orc.k_param_rows,
-        group * rs.Nq);
-  param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, rs.Nk);
+        group * rs.Nq, &orc.dk_weight_sh_ch);
+  param(Field::kDqBias, orc.dq_bias, orc.dq_bias_ch, orc.q_param_rows, rs.Nk,
+        nullptr);
   param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
-        group * rs.Nq);
+        group * rs.Nq, nullptr);
   add_final_ops(&out, c_res + rs.co);
   unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
   return out;

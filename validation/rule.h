@@ -194,6 +194,50 @@
 // 6.2e-16 off where the bound without the term was 5.5e-16 (margin 1.12);
 // the term there is 4.7e-16, below the error it covers
 // (property_tests/soak_findings_test.cc).
+// The weight gradient's product (issue 32; the CI's Zen 3 fuzz run). A
+// weight gradient sums, over the R normalization rows r it reaches,
+// x_hat_r dx_tilde_r (element e dropped). A kernel forms x_hat_r + a_r and
+// dx_tilde_r + b_r, and
+//   (x_hat + a)(dx_tilde + b) - x_hat dx_tilde
+//     = x_hat b + a dx_tilde + a b.
+// The channels bound the first two: |x_hat| |b| through dx_tilde's
+// channels weighted by |x_hat_e| (M, T, ... of the weight), |a| |dx_tilde|
+// through the shift and flip channels (|dx_tilde_e| shr, |dx_tilde_e|
+// phi_e). The third is second order, and negligible beside the first
+// wherever |a| is relative to x_hat (the divisors' units, x_hat's own
+// rounding: u_c |b| |x_hat| beside |x_hat| |b|). LayerNorm's mean shift is
+// not: a_r <= shr_r u_c (shr_r = sum_units(L) (sum |x| / L) / den, per
+// u_c: OperandMagsT::shr, operands.h) however small x_hat is, and where
+// x_e is its row's mean (x_hat_e = 0 exactly: a row of integers, a
+// value repeated) and dx_tilde cancels (|dx_tilde| << its magnitude), the
+// first two terms vanish while a b does not. So the weight adds
+//   u_c sum_r shr_r b_r,  b_r <= delta(dx_tilde_r),
+// dx_tilde_r's bound: the same channel terms as the weight's own, of the
+// channels weighted by shr_r instead of |x_hat_e| (OracleValues::
+// dq_weight_sh_ch, dk_weight_sh_ch; carry_side, oracle_operands.cc), with
+// one row's units (sum_units(n) + kOpUnits + div) and no row-sum counts.
+// Its u_o part covers the oracle's own product (u_o <= u_c). 0 without
+// LayerNorm, so every other bound is bitwise as before. Found by the CI's
+// fixed-seed fuzz run emulating Zen 3: chameleon (layer per head, [H, D]
+// weight, bias), f64, A = 9.6e5; a q row of head 1 whose element 4 is its
+// mean (x_hat = 0, shr = 13.2), dx_tilde = 4.4e-15 of magnitude 2.5e5:
+// reference:f64 and the naive dq_weight -1.5e-28 for 0, bound 6.5e-30
+// (margin 23.1; the term: 1.8e-17). Checked:
+//   - the biases sum dx_tilde_r alone: no product;
+//   - dg = sum dS_ij C_ij scales by dg_scale, whose |C_ij| is taken as
+//     max(1, ||q_a|| ||k_a||), never |C_ij|: C's error times dS's is
+//     u_c (dot + logit_shift) relative to a term already counted;
+//   - Qwen3's flips: a_r = phi_e <= 2 u_s |x_hat_e| is relative to x_hat;
+//     a b is at most 2^-7 (bf16), 2^-10 (f16) of the |x_hat| |b| term,
+//     which its units' lambda = 8 leave room for (not a derivation: an
+//     assumption, as rare as a flip);
+//   - x_hat's absolute resolution (own_res ulp_c(0), per row): a b <=
+//     own_res ulp_c(0) |b|, and |b| <= M / 4 + O(u_c) M wherever the
+//     softmax is resolved (T <= 2 M, soft u_c <= 1/8), beside the
+//     resolution term own_res ulp_c(0) M already there for a dx_tilde:
+//     at most a quarter more, and only where |dx_tilde| = M (no
+//     cancellation) and b is at its bound together; left (an assumption
+//     on the counts' slack, not derived).
 // The sampled verdict (issue 19, validation/sampled.h) judges a sampled row
 // of a long problem on a sub-case of the oracle with the whole case's counts
 // and amplitude (OracleAttention::count_*, amplitude), so by these same
@@ -271,6 +315,8 @@
 //   params  u_c ((sum_units(R_p) + sum_units(n) + kOpUnits + div) M
 //           + soft T + Sh) + u_s R + ulp_s(0) So + ulp_c(0) (Sc + R_p + 2)
 //           + tiny_c Sp + s_rel M + F
+//           + [layer weights] u_c (the same terms of the shift-weighted
+//           channels, units sum_units(n) + kOpUnits + div, no R_p + 2)
 // and every element adds kOpUnits ulp_c(0) (its final operations), and
 // oracle_e (above). Where
 // softmax_units(A) u_c > 1/8 every field but lse is unresolved (delta =
