@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -74,6 +77,36 @@ void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
         }
       }
     }
+}
+
+// Whether query row P[0..n) (with its lse) repeats no earlier row of
+// *seen, whose hash it joins. A repeated row (a repeated token, a padding
+// row) rounds its row sum, log and addition exactly as the first did, so
+// its normalization error is not independent of the first's (rule.h, "The
+// row normalization in the backward"). By a hash of the values as doubles:
+// a collision only takes a row as repeated, which loosens its bound.
+template <class LD>
+bool first_of_its_kind(const LD* P, int64_t n, LD lse,
+                       std::vector<uint64_t>* seen) {
+  uint64_t h = 0x9e3779b97f4a7c15ULL;
+  auto mix = [&h](double x) {
+    uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    h = (h ^ bits) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  };
+  mix(static_cast<double>(lse));
+  for (int64_t j = 0; j < n; ++j) mix(static_cast<double>(P[j]));
+  // Open addressing in *seen (a power of two of slots, 0 empty).
+  h += h == 0;
+  const size_t mask = seen->size() - 1;
+  for (size_t at = h & mask;; at = (at + 1) & mask) {
+    if ((*seen)[at] == h) return false;
+    if ((*seen)[at] == 0) {
+      (*seen)[at] = h;
+      return true;
+    }
+  }
 }
 
 }  // namespace
@@ -339,10 +372,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     const double log_n = std::log(std::max(n_row, 1.0));
     r.row_ties.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
     if (ks) {
-      r.dv_norm_sq_e.assign(v.size(), 0);
-      r.dv_norm_lin_e.assign(v.size(), 0);
-      a.zmax_k.assign(k.size(), 0);
-      a.zlin_k.assign(k.size(), 0);
+      for (auto* x : {&r.dv_norm_sq_e, &r.dv_norm_lin_e, &r.dv_norm_lse_sq_e,
+                      &r.dv_norm_lse_lin_e, &r.dv_norm_rep_e})
+        x->assign(v.size(), 0);
+      for (auto& x : a.zk) x.assign(k.size(), 0);
     }
     std::vector<LD>&sdp = a.sdp, &av = a.av;
     sdp.resize(static_cast<size_t>(Nk));
@@ -350,6 +383,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hq = 0; hq < p.heads; ++hq) {
         const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
+        // The query rows a kv head's dV and dK sum over: a repeated row
+        // rounds its row sum as the first did (below).
+        if (hq % group == 0)
+          a.row_hashes.assign(
+              std::bit_ceil(static_cast<size_t>(2 * group * Nq)), 0);
         LD* dv_mag = ks ? r.dv_mag.data() + bk * Nk * D : nullptr;
         LD* dv_uf = ks ? r.dv_p_sens_e.data() + bk * Nk * D : nullptr;
         for (int64_t i = 0; i < Nq; ++i) {
@@ -406,15 +444,22 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             r.row_ties[row] =
                 static_cast<LD>(row_tie_excess(&t, u_tie, term_units));
           }
-          // dV's row normalization units (rule.h, "Repeated summands"):
-          // w_i for the rows' independent roundings, r_i for each at its
-          // bound.
-          LD w_row = 0, r_row = 0;
+          // dV's and dK's row normalization units (rule.h, "The row
+          // normalization in the backward"): the row sum's Nk roundings,
+          // v_i = Nk + X_i squared units for a Hoeffding bound and tau_i at
+          // its bound; the log's and the addition's, c_i = log^2 Nk +
+          // lse_i^2 squared units and l_i = log Nk + |lse_i|. A repeated
+          // row (its first occurrence's error) is taken at its bound.
+          LD v_row = 0, c_row = 0, tau_row = 0, l_row = 0;
+          bool rep_row = false;
           const LD lse_row = r.lse[row];
           if (ks && std::isfinite(lse_row)) {
             const auto x = static_cast<double>(r.row_ties[row]);
-            w_row = n_row + x + log_n * log_n + lse_row * lse_row;
-            r_row = tie_sum_units(n_row, x) + log_n + std::fabs(lse_row);
+            v_row = n_row + x;
+            c_row = log_n * log_n + lse_row * lse_row;
+            tau_row = tie_sum_units(n_row, x);
+            l_row = log_n + std::fabs(lse_row);
+            rep_row = !first_of_its_kind(pi, Nk, lse_row, &a.row_hashes);
           }
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
@@ -520,15 +565,25 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* dvu = dv_uf + j * D;
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
               add(D, qai, mkj[kSub]);
-              {  // this row's share of dK's M + T, times w_i (its largest:
-                 // dk_rowmax_e) and r_i (their sum: dk_norm_lin_e)
-                LD* zm = a.zmax_k.data() + kj;
-                LD* zl = a.zlin_k.data() + kj;
-                const LD zw = (sw[kMag] + sw[kSoft]) * w_row,
-                         zr = (sw[kMag] + sw[kSoft]) * r_row;
-                for (int64_t d = 0; d < D; ++d) {
-                  zm[d] = std::max(zm[d], zw * qai[d]);
-                  zl[d] += zr * qai[d];
+              if (tau_row > 0) {
+                // This row's share z of dK_hat's move per unit of its
+                // normalization error: P_ij and (if formed from P) delta_i
+                // scale by it, dS_ij by at most P_ij (|dP_ij - delta_i| +
+                // |delta_i|), times s |q_a|.
+                const LD z = s * pij * (std::fabs(dpd) + std::fabs(sdel));
+                if (rep_row) {
+                  axpy(D, z * (tau_row + l_row), qai, a.zk[5].data() + kj);
+                } else {
+                  LD* z0 = a.zk[0].data() + kj;
+                  LD* z1 = a.zk[1].data() + kj;
+                  const LD zw = z * (v_row + c_row), zv = z * v_row;
+                  for (int64_t d = 0; d < D; ++d) {
+                    z0[d] = std::max(z0[d], zw * qai[d]);
+                    z1[d] = std::max(z1[d], zv * qai[d]);
+                  }
+                  axpy(D, z, qai, a.zk[2].data() + kj);
+                  axpy(D, z * tau_row, qai, a.zk[3].data() + kj);
+                  axpy(D, z * l_row, qai, a.zk[4].data() + kj);
                 }
               }
               if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
@@ -537,12 +592,24 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               axpy(D, s_adsv, rq, adk);
               axpy_abs(D, pij, doi, dvm);
               if (pos) add_abs(D, doi, dvu);
-              if (w_row > 0 && pij > 0) {
-                LD* dvs = r.dv_norm_sq_e.data() + (bk * Nk + j) * D;
-                axpy_abs(D, pij * r_row, doi,
-                         r.dv_norm_lin_e.data() + (bk * Nk + j) * D);
-                const LD p2 = pij * pij * w_row;
-                for (int64_t d = 0; d < D; ++d) dvs[d] += p2 * doi[d] * doi[d];
+              if (tau_row > 0 && pij > 0) {
+                const size_t vj0 = static_cast<size_t>((bk * Nk + j) * D);
+                if (rep_row) {
+                  axpy_abs(D, pij * (tau_row + l_row), doi,
+                           r.dv_norm_rep_e.data() + vj0);
+                } else {
+                  LD* sq = r.dv_norm_sq_e.data() + vj0;
+                  LD* lsq = r.dv_norm_lse_sq_e.data() + vj0;
+                  const LD p2 = pij * pij;
+                  for (int64_t d = 0; d < D; ++d) {
+                    const LD x2 = p2 * doi[d] * doi[d];
+                    sq[d] += x2 * v_row;
+                    lsq[d] += x2 * c_row;
+                  }
+                  axpy_abs(D, pij * tau_row, doi, r.dv_norm_lin_e.data() + vj0);
+                  axpy_abs(D, pij * l_row, doi,
+                           r.dv_norm_lse_lin_e.data() + vj0);
+                }
               }
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
@@ -595,8 +662,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     if (counts.k_side) {
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
            &r.dk_weight_ch, &r.dk_bias_ch, dk_out);
-      carry_magnitude(p, km, a.zmax_k, &r.dk_rowmax_e);
-      carry_magnitude(p, km, a.zlin_k, &r.dk_norm_lin_e);
+      const std::array<std::vector<LD>*, 6> zdst = {
+          &r.dk_rowmax_e,   &r.dk_sum_rowmax_e,   &r.dk_norm_z_e,
+          &r.dk_norm_lin_e, &r.dk_norm_lse_lin_e, &r.dk_norm_rep_e};
+      for (size_t z = 0; z < zdst.size(); ++z)
+        carry_magnitude(p, km, a.zk[z], zdst[z]);
     } else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add

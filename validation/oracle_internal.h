@@ -41,8 +41,11 @@ struct OracleArrays {
   std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
       adr_q, adr_k, res_q, res_k, flt_q, flt_k;
   std::vector<double> ties;  // a row's terms (row_tie_excess)
-  // per k element: max over rows, sum over rows (dk_rowmax_e, dk_norm_lin_e)
-  std::vector<T> zmax_k, zlin_k;
+  // per k element, the row normalization's shares before the
+  // normalization backward (dk_rowmax_e ... dk_norm_rep_e, in that order)
+  std::array<std::vector<T>, 6> zk;
+  // the row hashes of one kv head's query rows (repeated rows)
+  std::vector<uint64_t> row_hashes;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is
