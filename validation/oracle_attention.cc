@@ -79,36 +79,6 @@ void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
     }
 }
 
-// Whether query row P[0..n) (with its lse) repeats no earlier row of
-// *seen, whose hash it joins. A repeated row (a repeated token, a padding
-// row) rounds its row sum, log and addition exactly as the first did, so
-// its normalization error is not independent of the first's (rule.h, "The
-// row normalization in the backward"). By a hash of the values as doubles:
-// a collision only takes a row as repeated, which loosens its bound.
-template <class LD>
-bool first_of_its_kind(const LD* P, int64_t n, LD lse,
-                       std::vector<uint64_t>* seen) {
-  uint64_t h = 0x9e3779b97f4a7c15ULL;
-  auto mix = [&h](double x) {
-    uint64_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    h = (h ^ bits) * 0x100000001b3ULL;
-    h ^= h >> 29;
-  };
-  mix(static_cast<double>(lse));
-  for (int64_t j = 0; j < n; ++j) mix(static_cast<double>(P[j]));
-  // Open addressing in *seen (a power of two of slots, 0 empty).
-  h += h == 0;
-  const size_t mask = seen->size() - 1;
-  for (size_t at = h & mask;; at = (at + 1) & mask) {
-    if ((*seen)[at] == h) return false;
-    if ((*seen)[at] == 0) {
-      (*seen)[at] = h;
-      return true;
-    }
-  }
-}
-
 }  // namespace
 
 // The oracle in arithmetic T (oracle_internal.h).
@@ -385,9 +355,33 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
         const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
         // The query rows a kv head's dV and dK sum over: a repeated row
         // rounds its row sum as the first did (below).
-        if (hq % group == 0)
-          a.row_hashes.assign(
-              std::bit_ceil(static_cast<size_t>(2 * group * Nq)), 0);
+        if (hq % group == 0 && ks) {
+          // The kv head's repeated query rows, and each group's signed sum
+          // of dO (its rows' errors are one: dV_jd moves by it times P_ij
+          // |sum dO_id|).
+          RowGroups& rg = a.groups;
+          const auto slots = std::bit_ceil(static_cast<size_t>(2 * group * Nq));
+          rg.slot_hash.assign(slots, 0);
+          rg.slot_group.assign(slots, -1);
+          rg.row_group.assign(static_cast<size_t>(group * Nq), -1);
+          rg.size.clear();
+          a.group_do.clear();
+          for (int64_t h2 = hq; h2 < hq + group; ++h2)
+            for (int64_t i = 0; i < Nq; ++i) {
+              const int64_t rw = (b * p.heads + h2) * Nq + i;
+              const LD l = r.lse[static_cast<size_t>(rw)];
+              if (!std::isfinite(l)) continue;
+              const int32_t g = rg.group_of(probs.data() + rw * Nk, Nk, l);
+              if (static_cast<size_t>(g) == rg.size.size() - 1 &&
+                  rg.size[g] == 0)
+                a.group_do.resize(a.group_do.size() + static_cast<size_t>(D));
+              ++rg.size[static_cast<size_t>(g)];
+              rg.row_group[static_cast<size_t>((h2 - hq) * Nq + i)] = g;
+              axpy(D, LD(1), d_o.data() + rw * D,
+                   a.group_do.data() + static_cast<size_t>(g) * D);
+            }
+          rg.done.assign(rg.size.size(), 0);
+        }
         LD* dv_mag = ks ? r.dv_mag.data() + bk * Nk * D : nullptr;
         LD* dv_uf = ks ? r.dv_p_sens_e.data() + bk * Nk * D : nullptr;
         for (int64_t i = 0; i < Nq; ++i) {
@@ -451,7 +445,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           // lse_i^2 squared units and l_i = log Nk + |lse_i|. A repeated
           // row (its first occurrence's error) is taken at its bound.
           LD v_row = 0, c_row = 0, tau_row = 0, l_row = 0;
-          bool rep_row = false;
+          // A repeated row's group (-1: none); its first row carries the
+          // group's dV share, every row its own dK share.
+          int32_t grp = -1;
+          bool grp_first = false;
           const LD lse_row = r.lse[row];
           if (ks && std::isfinite(lse_row)) {
             const auto x = static_cast<double>(r.row_ties[row]);
@@ -459,7 +456,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             c_row = log_n * log_n + lse_row * lse_row;
             tau_row = tie_sum_units(n_row, x);
             l_row = log_n + std::fabs(lse_row);
-            rep_row = !first_of_its_kind(pi, Nk, lse_row, &a.row_hashes);
+            const int32_t g =
+                a.groups.row_group[static_cast<size_t>((hq % group) * Nq + i)];
+            if (g >= 0 && a.groups.size[static_cast<size_t>(g)] > 1) {
+              grp = g;
+              grp_first = !a.groups.done[static_cast<size_t>(g)];
+              a.groups.done[static_cast<size_t>(g)] = 1;
+            }
           }
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
@@ -571,7 +574,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
                 // scale by it, dS_ij by at most P_ij (|dP_ij - delta_i| +
                 // |delta_i|), times s |q_a|.
                 const LD z = s * pij * (std::fabs(dpd) + std::fabs(sdel));
-                if (rep_row) {
+                if (grp >= 0) {
                   axpy(D, z * (tau_row + l_row), qai, a.zk[5].data() + kj);
                 } else {
                   LD* z0 = a.zk[0].data() + kj;
@@ -594,9 +597,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               if (pos) add_abs(D, doi, dvu);
               if (tau_row > 0 && pij > 0) {
                 const size_t vj0 = static_cast<size_t>((bk * Nk + j) * D);
-                if (rep_row) {
-                  axpy_abs(D, pij * (tau_row + l_row), doi,
-                           r.dv_norm_rep_e.data() + vj0);
+                if (grp >= 0) {
+                  if (grp_first)
+                    axpy_abs(D, pij * (tau_row + l_row),
+                             a.group_do.data() + static_cast<size_t>(grp) * D,
+                             r.dv_norm_rep_e.data() + vj0);
                 } else {
                   LD* sq = r.dv_norm_sq_e.data() + vj0;
                   LD* lsq = r.dv_norm_lse_sq_e.data() + vj0;

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -34,6 +35,42 @@ static_assert(kShift + 1 == kFlip && kFlip + 1 == kChannels,
 template <class T>
 using ChannelArraysT = std::array<std::vector<T>, kChannels>;
 
+// The repeated query rows of one kv head (rule.h, "The row normalization
+// in the backward"): a row whose P row and lse repeat an earlier one's (a
+// repeated token, a padding row) rounds its row sum, log and addition
+// exactly as that one did, so their errors are one error, not independent
+// ones. Groups rows by a hash of those values as doubles (a collision only
+// joins two rows' errors, which loosens their bound), in slots of open
+// addressing (a power of two, hash 0 empty).
+struct RowGroups {
+  std::vector<uint64_t> slot_hash;
+  std::vector<int32_t> slot_group, row_group, size;
+  std::vector<unsigned char> done;  // the group's first row was judged
+  template <class LD>
+  int32_t group_of(const LD* P, int64_t n, LD lse) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    auto mix = [&h](double x) {
+      uint64_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 0x100000001b3ULL;
+      h ^= h >> 29;
+    };
+    mix(static_cast<double>(lse));
+    for (int64_t j = 0; j < n; ++j) mix(static_cast<double>(P[j]));
+    h += h == 0;
+    const size_t mask = slot_hash.size() - 1;
+    for (size_t at = h & mask;; at = (at + 1) & mask) {
+      if (slot_hash[at] == h) return slot_group[at];
+      if (slot_hash[at] == 0) {
+        slot_hash[at] = h;
+        slot_group[at] = static_cast<int32_t>(size.size());
+        size.push_back(0);
+        return slot_group[at];
+      }
+    }
+  }
+};
+
 // The oracle's scratch arrays in its arithmetic T, kept from call to call
 // (OracleWorkspace).
 template <class T>
@@ -44,8 +81,9 @@ struct OracleArrays {
   // per k element, the row normalization's shares before the
   // normalization backward (dk_rowmax_e ... dk_norm_rep_e, in that order)
   std::array<std::vector<T>, 6> zk;
-  // the row hashes of one kv head's query rows (repeated rows)
-  std::vector<uint64_t> row_hashes;
+  // one kv head's repeated query rows and their groups' sums of dO
+  RowGroups groups;
+  std::vector<T> group_do;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is
