@@ -40,6 +40,25 @@ void add_abs(int64_t n, const T* __restrict x, T* __restrict y) {
   for (int64_t d = 0; d < n; ++d) y[d] += std::fabs(x[d]);
 }
 
+// The row sum's relative rounding error per u at most, in any order of its
+// additions (any binary tree: sequential, blocked, pairwise), from its
+// terms t (normalized, sorted ascending: row_tie_excess sorts them): each
+// addition rounds by at most u times its result, and the r-th largest of
+// the n - 1 results is a sum of at most n - r + 1 terms (the results with
+// at least m terms are at most n - m + 1 of a binary tree's internal
+// nodes), so at most the sum S_(n - r + 1) of the n - r + 1 largest:
+// sum_{m=2..n} S_(m) (Higham 4.2's bound with each partial sum at its
+// largest; n - 1 for one dominant term, (n + 1) / 2 for n equal ones),
+// plus kOpUnits for the row's other operations.
+double partial_sum_units(const std::vector<double>& t) {
+  double units = kOpUnits, top = 0;
+  for (size_t k = t.size(); k-- > 0;) {
+    top += t[k];
+    if (k + 1 < t.size()) units += top;
+  }
+  return units;
+}
+
 // Below this, exp in long double returns 0 (half its smallest subnormal):
 // the P_ij > 0 of the long-double oracle, which the channels of a narrower
 // oracle reproduce from S (oracle_in, alive).
@@ -427,6 +446,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           for (int64_t j = 0; j < Nk; ++j)
             if (alive(j)) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
+          // The row sum's deterministic units in any order of its additions
+          // (a sampled sub-case has part of the row: none).
+          double det_row = std::numeric_limits<double>::infinity();
           if (given != nullptr) {
             if (row < given->ties.size())
               r.row_ties[row] = static_cast<LD>(given->ties[row]);
@@ -437,6 +459,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               if (pi[j] > 0) t.push_back(static_cast<double>(pi[j]));
             r.row_ties[row] =
                 static_cast<LD>(row_tie_excess(&t, u_tie, term_units));
+            det_row = partial_sum_units(t);
           }
           // dV's and dK's row normalization units (rule.h, "The row
           // normalization in the backward"): the row sum's Nk roundings,
@@ -454,7 +477,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             const auto x = static_cast<double>(r.row_ties[row]);
             v_row = n_row + x;
             c_row = log_n * log_n + lse_row * lse_row;
-            tau_row = tie_sum_units(n_row, x);
+            tau_row = std::min(tie_sum_units(n_row, x), det_row);
             l_row = log_n + std::fabs(lse_row);
             const int32_t g =
                 a.groups.row_group[static_cast<size_t>((hq % group) * Nq + i)];
