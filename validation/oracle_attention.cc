@@ -384,13 +384,16 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           rg.slot_group.assign(slots, -1);
           rg.row_group.assign(static_cast<size_t>(group * Nq), -1);
           rg.size.clear();
+          rg.rep.clear();
+          rg.rep_pos.clear();
           a.group_do.clear();
           for (int64_t h2 = hq; h2 < hq + group; ++h2)
             for (int64_t i = 0; i < Nq; ++i) {
               const int64_t rw = (b * p.heads + h2) * Nq + i;
               const LD l = r.lse[static_cast<size_t>(rw)];
               if (!std::isfinite(l)) continue;
-              const int32_t g = rg.group_of(probs.data() + rw * Nk, Nk, l);
+              const int32_t g = rg.group_of(qm.xt, static_cast<size_t>(rw * D),
+                                            D, p.mask.causal ? i : -1);
               if (static_cast<size_t>(g) == rg.size.size() - 1 &&
                   rg.size[g] == 0)
                 a.group_do.resize(a.group_do.size() + static_cast<size_t>(D));
@@ -621,7 +624,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               if (tau_row > 0 && pij > 0) {
                 const size_t vj0 = static_cast<size_t>((bk * Nk + j) * D);
                 if (grp >= 0) {
-                  if (grp_first)
+                  // A sampled sub-case has no mask: rows of one x_tilde
+                  // at different causal positions group there, and are
+                  // not one error: each row at its bound.
+                  if (given != nullptr)
+                    axpy_abs(D, pij * (tau_row + l_row), doi,
+                             r.dv_norm_rep_e.data() + vj0);
+                  else if (grp_first)
                     axpy_abs(D, pij * (tau_row + l_row),
                              a.group_do.data() + static_cast<size_t>(grp) * D,
                              r.dv_norm_rep_e.data() + vj0);
