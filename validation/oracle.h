@@ -106,8 +106,9 @@ struct OracleValues {
   // |dO_id| over the query rows: over the distinct rows, sum_i x_i^2 v_i
   // and sum_i x_i tau_i (the row sum's roundings: dv_norm_sq_e,
   // dv_norm_lin_e), sum_i x_i^2 c_i and sum_i x_i l_i (the log's and the
-  // addition's: dv_norm_lse_sq_e, dv_norm_lse_lin_e); over the repeated
-  // rows sum_i x_i (tau_i + l_i) (dv_norm_rep_e). v_i, tau_i, c_i and l_i
+  // addition's: dv_norm_lse_sq_e, dv_norm_lse_lin_e); over the groups of
+  // repeated rows P_Gj |sum_{i in G} dO_id| (tau_G + l_G) (dv_norm_rep_e;
+  // a sampled sub-case: each row's x_i (tau_i + l_i)). v_i, tau_i, c_i, l_i
   // are the row's units (oracle_attention.cc).
   // Per element of dK, the same from each query row's share z_i = P_ij
   // (|dP_ij - delta_i| + |delta_i|) s |q_a|, carried like its magnitude:

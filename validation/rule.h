@@ -165,12 +165,14 @@
 //   B_rho = sum_i x_i^2 v_i, B_sigma = sum_i x_i^2 c_i, L_rho = sum_i x_i
 //   tau_i, L_sigma = sum_i x_i l_i over the distinct rows, H(a, b) =
 //   kSumLambda (sqrt(a + b) - sqrt(a)) (0 for b = 0; each choice holds at
-//   the rule's confidence). Repeated rows are not independent: a query row
-//   whose P row and lse repeat an earlier one's in the same kv head (a
-//   padding row, a repeated token; by a hash, whose collisions only join
-//   errors) rounds exactly as that one, so its group G moves dV_jd by
-//   e_G P_Gj sum_{i in G} dO_id: Rep = sum_G P_Gj |sum_{i in G} dO_id|
-//   (tau_G + l_G), at its bound. dV adds u_c (R + Rep).
+//   the rule's confidence). Repeated rows are not independent: query rows
+//   of one kv head with the same logit operand row x_tilde (and, under a
+//   causal mask, the same position: the same visible keys; a padding row,
+//   a repeated token) compute the same logits, row sum, log and addition,
+//   so a group G of them moves dV_jd by e_G P_Gj sum_{i in G} dO_id: Rep =
+//   sum_G P_Gj |sum_{i in G} dO_id| (tau_G + l_G), at its bound (a sampled
+//   key row's sub-case has no mask, so there each row of a group enters
+//   at its bound: P_ij |dO_id| (tau_i + l_i)). dV adds u_c (R + Rep).
 //   dK's terms dS_ij = P_ij (dP_ij - delta_i) move by at most e_i z_ij,
 //   z_ij = P_ij (|dP_ij - delta_i| + |delta_i|) (P scales by e_i, and
 //   delta_i with it where a kernel forms it from P; dO_i . O_i of the
