@@ -76,8 +76,11 @@ AttentionCase paper_case(int64_t Nq, int64_t Nk, int64_t D, double g,
 // rule before them).
 OracleAttention without_terms(OracleAttention o) {
   o.row_ties.clear();
-  o.dv_norm_sq_e.clear();
-  o.dv_norm_lin_e.clear();
+  for (auto* x : {&o.dv_norm_sq_e, &o.dv_norm_lin_e, &o.dv_norm_lse_sq_e,
+                  &o.dv_norm_lse_lin_e, &o.dv_norm_rep_e, &o.dk_rowmax_e,
+                  &o.dk_sum_rowmax_e, &o.dk_norm_z_e, &o.dk_norm_lin_e,
+                  &o.dk_norm_lse_lin_e, &o.dk_norm_rep_e})
+    x->clear();
   return o;
 }
 

@@ -102,15 +102,25 @@ struct OracleValues {
   // rule_terms.h; 0 without ties, and on a sampled key row's sub-case,
   // which holds part of each row only). Per element of dV, its sensitivity
   // to the row normalizations' rounding (the stored lse the backward's P
-  // reads): sum_i (P_ij |dO_id|)^2 w_i (dv_norm_sq_e, independent across
-  // rows) and sum_i P_ij |dO_id| r_i (dv_norm_lin_e, every row at its
-  // bound), w_i and r_i the row's units (oracle_attention.cc).
-  // Per element of dK, carried like its magnitude and softmax terms (whose
-  // sum dk_mag + dk_ds_mag sums each query row's share y_i): max_i w_i y_i
-  // (dk_rowmax_e, the Hoeffding bound's sum_i w_i y_i^2 <= it times the
-  // sum) and sum_i r_i y_i (dk_norm_lin_e).
-  std::vector<T> row_ties, dv_norm_sq_e, dv_norm_lin_e, dk_rowmax_e,
-      dk_norm_lin_e;
+  // reads; rule.h, "The row normalization in the backward"), x_i = P_ij
+  // |dO_id| over the query rows: over the distinct rows, sum_i x_i^2 v_i
+  // and sum_i x_i tau_i (the row sum's roundings: dv_norm_sq_e,
+  // dv_norm_lin_e), sum_i x_i^2 c_i and sum_i x_i l_i (the log's and the
+  // addition's: dv_norm_lse_sq_e, dv_norm_lse_lin_e); over the groups of
+  // repeated rows P_Gj |sum_{i in G} dO_id| (tau_G + l_G) (dv_norm_rep_e;
+  // a sampled sub-case: each row's x_i (tau_i + l_i)). v_i, tau_i, c_i, l_i
+  // are the row's units (oracle_attention.cc).
+  // Per element of dK, the same from each query row's share z_i = P_ij
+  // (|dP_ij - delta_i| + |delta_i|) s |q_a|, carried like its magnitude:
+  // max_i (v_i + c_i) z_i and max_i v_i z_i (dk_rowmax_e,
+  // dk_sum_rowmax_e: the Hoeffding bounds' sum_i w_i z_i^2 <= max_i w_i
+  // z_i sum_i z_i), sum_i z_i (dk_norm_z_e), sum_i tau_i z_i
+  // (dk_norm_lin_e), sum_i l_i z_i (dk_norm_lse_lin_e), all over the
+  // distinct rows, and the repeated rows' sum_i (tau_i + l_i) z_i
+  // (dk_norm_rep_e).
+  std::vector<T> row_ties, dv_norm_sq_e, dv_norm_lin_e, dv_norm_lse_sq_e,
+      dv_norm_lse_lin_e, dv_norm_rep_e, dk_rowmax_e, dk_sum_rowmax_e,
+      dk_norm_z_e, dk_norm_lin_e, dk_norm_lse_lin_e, dk_norm_rep_e;
   // The formulation's parameter gradients (issue 16; empty when it has
   // none) and, per element, the same seven channels as dq's, indexed by
   // Channel (validation/field.h: at(Channel::kMagnitude) ...), and the

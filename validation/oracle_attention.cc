@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -35,6 +38,25 @@ void axpy_abs(int64_t n, T a, const T* __restrict x, T* __restrict y) {
 template <class T>
 void add_abs(int64_t n, const T* __restrict x, T* __restrict y) {
   for (int64_t d = 0; d < n; ++d) y[d] += std::fabs(x[d]);
+}
+
+// The row sum's relative rounding error per u at most, in any order of its
+// additions (any binary tree: sequential, blocked, pairwise), from its
+// terms t (normalized, sorted ascending: row_tie_excess sorts them): each
+// addition rounds by at most u times its result, and the r-th largest of
+// the n - 1 results is a sum of at most n - r + 1 terms (the results with
+// at least m terms are at most n - m + 1 of a binary tree's internal
+// nodes), so at most the sum S_(n - r + 1) of the n - r + 1 largest:
+// sum_{m=2..n} S_(m) (Higham 4.2's bound with each partial sum at its
+// largest; n - 1 for one dominant term, (n + 1) / 2 for n equal ones),
+// plus kOpUnits for the row's other operations.
+double partial_sum_units(const std::vector<double>& t) {
+  double units = kOpUnits, top = 0;
+  for (size_t k = t.size(); k-- > 0;) {
+    top += t[k];
+    if (k + 1 < t.size()) units += top;
+  }
+  return units;
 }
 
 // Below this, exp in long double returns 0 (half its smallest subnormal):
@@ -339,10 +361,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     const double log_n = std::log(std::max(n_row, 1.0));
     r.row_ties.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
     if (ks) {
-      r.dv_norm_sq_e.assign(v.size(), 0);
-      r.dv_norm_lin_e.assign(v.size(), 0);
-      a.zmax_k.assign(k.size(), 0);
-      a.zlin_k.assign(k.size(), 0);
+      for (auto* x : {&r.dv_norm_sq_e, &r.dv_norm_lin_e, &r.dv_norm_lse_sq_e,
+                      &r.dv_norm_lse_lin_e, &r.dv_norm_rep_e})
+        x->assign(v.size(), 0);
+      for (auto& x : a.zk) x.assign(k.size(), 0);
     }
     std::vector<LD>&sdp = a.sdp, &av = a.av;
     sdp.resize(static_cast<size_t>(Nk));
@@ -350,6 +372,38 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t hq = 0; hq < p.heads; ++hq) {
         const int64_t bh = b * p.heads + hq, bk = b * Hk + hq / group;
+        // The query rows a kv head's dV and dK sum over: a repeated row
+        // rounds its row sum as the first did (below).
+        if (hq % group == 0 && ks) {
+          // The kv head's repeated query rows, and each group's signed sum
+          // of dO (its rows' errors are one: dV_jd moves by it times P_ij
+          // |sum dO_id|).
+          RowGroups& rg = a.groups;
+          const auto slots = std::bit_ceil(static_cast<size_t>(2 * group * Nq));
+          rg.slot_hash.assign(slots, 0);
+          rg.slot_group.assign(slots, -1);
+          rg.row_group.assign(static_cast<size_t>(group * Nq), -1);
+          rg.size.clear();
+          rg.rep.clear();
+          rg.rep_pos.clear();
+          a.group_do.clear();
+          for (int64_t h2 = hq; h2 < hq + group; ++h2)
+            for (int64_t i = 0; i < Nq; ++i) {
+              const int64_t rw = (b * p.heads + h2) * Nq + i;
+              const LD l = r.lse[static_cast<size_t>(rw)];
+              if (!std::isfinite(l)) continue;
+              const int32_t g = rg.group_of(qm.xt, static_cast<size_t>(rw * D),
+                                            D, p.mask.causal ? i : -1);
+              if (static_cast<size_t>(g) == rg.size.size() - 1 &&
+                  rg.size[g] == 0)
+                a.group_do.resize(a.group_do.size() + static_cast<size_t>(D));
+              ++rg.size[static_cast<size_t>(g)];
+              rg.row_group[static_cast<size_t>((h2 - hq) * Nq + i)] = g;
+              axpy(D, LD(1), d_o.data() + rw * D,
+                   a.group_do.data() + static_cast<size_t>(g) * D);
+            }
+          rg.done.assign(rg.size.size(), 0);
+        }
         LD* dv_mag = ks ? r.dv_mag.data() + bk * Nk * D : nullptr;
         LD* dv_uf = ks ? r.dv_p_sens_e.data() + bk * Nk * D : nullptr;
         for (int64_t i = 0; i < Nq; ++i) {
@@ -395,6 +449,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           for (int64_t j = 0; j < Nk; ++j)
             if (alive(j)) p_del += av[static_cast<size_t>(j)];
           const size_t row = static_cast<size_t>(bh * Nq + i);
+          // The row sum's deterministic units in any order of its additions
+          // (a sampled sub-case has part of the row: none).
+          double det_row = std::numeric_limits<double>::infinity();
           if (given != nullptr) {
             if (row < given->ties.size())
               r.row_ties[row] = static_cast<LD>(given->ties[row]);
@@ -405,16 +462,33 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               if (pi[j] > 0) t.push_back(static_cast<double>(pi[j]));
             r.row_ties[row] =
                 static_cast<LD>(row_tie_excess(&t, u_tie, term_units));
+            det_row = partial_sum_units(t);
           }
-          // dV's row normalization units (rule.h, "Repeated summands"):
-          // w_i for the rows' independent roundings, r_i for each at its
-          // bound.
-          LD w_row = 0, r_row = 0;
+          // dV's and dK's row normalization units (rule.h, "The row
+          // normalization in the backward"): the row sum's Nk roundings,
+          // v_i = Nk + X_i squared units for a Hoeffding bound and tau_i at
+          // its bound; the log's and the addition's, c_i = log^2 Nk +
+          // lse_i^2 squared units and l_i = log Nk + |lse_i|. A repeated
+          // row (its first occurrence's error) is taken at its bound.
+          LD v_row = 0, c_row = 0, tau_row = 0, l_row = 0;
+          // A repeated row's group (-1: none); its first row carries the
+          // group's dV share, every row its own dK share.
+          int32_t grp = -1;
+          bool grp_first = false;
           const LD lse_row = r.lse[row];
           if (ks && std::isfinite(lse_row)) {
             const auto x = static_cast<double>(r.row_ties[row]);
-            w_row = n_row + x + log_n * log_n + lse_row * lse_row;
-            r_row = tie_sum_units(n_row, x) + log_n + std::fabs(lse_row);
+            v_row = n_row + x;
+            c_row = log_n * log_n + lse_row * lse_row;
+            tau_row = std::min(tie_sum_units(n_row, x), det_row);
+            l_row = log_n + std::fabs(lse_row);
+            const int32_t g =
+                a.groups.row_group[static_cast<size_t>((hq % group) * Nq + i)];
+            if (g >= 0 && a.groups.size[static_cast<size_t>(g)] > 1) {
+              grp = g;
+              grp_first = !a.groups.done[static_cast<size_t>(g)];
+              a.groups.done[static_cast<size_t>(g)] = 1;
+            }
           }
           if (given != nullptr) {  // the whole row's, not the sub-case's
             del = given->del[row];
@@ -520,15 +594,25 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* dvu = dv_uf + j * D;
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);
               add(D, qai, mkj[kSub]);
-              {  // this row's share of dK's M + T, times w_i (its largest:
-                 // dk_rowmax_e) and r_i (their sum: dk_norm_lin_e)
-                LD* zm = a.zmax_k.data() + kj;
-                LD* zl = a.zlin_k.data() + kj;
-                const LD zw = (sw[kMag] + sw[kSoft]) * w_row,
-                         zr = (sw[kMag] + sw[kSoft]) * r_row;
-                for (int64_t d = 0; d < D; ++d) {
-                  zm[d] = std::max(zm[d], zw * qai[d]);
-                  zl[d] += zr * qai[d];
+              if (tau_row > 0) {
+                // This row's share z of dK_hat's move per unit of its
+                // normalization error: P_ij and (if formed from P) delta_i
+                // scale by it, dS_ij by at most P_ij (|dP_ij - delta_i| +
+                // |delta_i|), times s |q_a|.
+                const LD z = s * pij * (std::fabs(dpd) + std::fabs(sdel));
+                if (grp >= 0) {
+                  axpy(D, z * (tau_row + l_row), qai, a.zk[5].data() + kj);
+                } else {
+                  LD* z0 = a.zk[0].data() + kj;
+                  LD* z1 = a.zk[1].data() + kj;
+                  const LD zw = z * (v_row + c_row), zv = z * v_row;
+                  for (int64_t d = 0; d < D; ++d) {
+                    z0[d] = std::max(z0[d], zw * qai[d]);
+                    z1[d] = std::max(z1[d], zv * qai[d]);
+                  }
+                  axpy(D, z, qai, a.zk[2].data() + kj);
+                  axpy(D, z * tau_row, qai, a.zk[3].data() + kj);
+                  axpy(D, z * l_row, qai, a.zk[4].data() + kj);
                 }
               }
               if (layer) axpy(D, s_adsv, qsh, mkj[kShift]);
@@ -537,12 +621,32 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               axpy(D, s_adsv, rq, adk);
               axpy_abs(D, pij, doi, dvm);
               if (pos) add_abs(D, doi, dvu);
-              if (w_row > 0 && pij > 0) {
-                LD* dvs = r.dv_norm_sq_e.data() + (bk * Nk + j) * D;
-                axpy_abs(D, pij * r_row, doi,
-                         r.dv_norm_lin_e.data() + (bk * Nk + j) * D);
-                const LD p2 = pij * pij * w_row;
-                for (int64_t d = 0; d < D; ++d) dvs[d] += p2 * doi[d] * doi[d];
+              if (tau_row > 0 && pij > 0) {
+                const size_t vj0 = static_cast<size_t>((bk * Nk + j) * D);
+                if (grp >= 0) {
+                  // A sampled sub-case has no mask: rows of one x_tilde
+                  // at different causal positions group there, and are
+                  // not one error: each row at its bound.
+                  if (given != nullptr)
+                    axpy_abs(D, pij * (tau_row + l_row), doi,
+                             r.dv_norm_rep_e.data() + vj0);
+                  else if (grp_first)
+                    axpy_abs(D, pij * (tau_row + l_row),
+                             a.group_do.data() + static_cast<size_t>(grp) * D,
+                             r.dv_norm_rep_e.data() + vj0);
+                } else {
+                  LD* sq = r.dv_norm_sq_e.data() + vj0;
+                  LD* lsq = r.dv_norm_lse_sq_e.data() + vj0;
+                  const LD p2 = pij * pij;
+                  for (int64_t d = 0; d < D; ++d) {
+                    const LD x2 = p2 * doi[d] * doi[d];
+                    sq[d] += x2 * v_row;
+                    lsq[d] += x2 * c_row;
+                  }
+                  axpy_abs(D, pij * tau_row, doi, r.dv_norm_lin_e.data() + vj0);
+                  axpy_abs(D, pij * l_row, doi,
+                           r.dv_norm_lse_lin_e.data() + vj0);
+                }
               }
             }
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
@@ -597,8 +701,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     if (counts.k_side) {
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
            &r.dk_weight_ch, &r.dk_bias_ch, &r.dk_weight_sh_ch, dk_out);
-      carry_magnitude(p, km, a.zmax_k, &r.dk_rowmax_e);
-      carry_magnitude(p, km, a.zlin_k, &r.dk_norm_lin_e);
+      const std::array<std::vector<LD>*, 6> zdst = {
+          &r.dk_rowmax_e,   &r.dk_sum_rowmax_e,   &r.dk_norm_z_e,
+          &r.dk_norm_lin_e, &r.dk_norm_lse_lin_e, &r.dk_norm_rep_e};
+      for (size_t z = 0; z < zdst.size(); ++z)
+        carry_magnitude(p, km, a.zk[z], zdst[z]);
     } else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add

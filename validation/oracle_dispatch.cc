@@ -39,8 +39,14 @@ void each_value(A& a, B& b, F&& f) {
   f(a.dq_p_sens_e, b.dq_p_sens_e), f(a.dk_p_sens_e, b.dk_p_sens_e);
   f(a.dg_p_sens, b.dg_p_sens);
   f(a.row_ties, b.row_ties), f(a.dv_norm_sq_e, b.dv_norm_sq_e);
-  f(a.dv_norm_lin_e, b.dv_norm_lin_e), f(a.dk_rowmax_e, b.dk_rowmax_e);
+  f(a.dv_norm_lin_e, b.dv_norm_lin_e);
+  f(a.dv_norm_lse_sq_e, b.dv_norm_lse_sq_e);
+  f(a.dv_norm_lse_lin_e, b.dv_norm_lse_lin_e);
+  f(a.dv_norm_rep_e, b.dv_norm_rep_e), f(a.dk_rowmax_e, b.dk_rowmax_e);
+  f(a.dk_sum_rowmax_e, b.dk_sum_rowmax_e), f(a.dk_norm_z_e, b.dk_norm_z_e);
   f(a.dk_norm_lin_e, b.dk_norm_lin_e);
+  f(a.dk_norm_lse_lin_e, b.dk_norm_lse_lin_e);
+  f(a.dk_norm_rep_e, b.dk_norm_rep_e);
   f(a.dq_weight, b.dq_weight), f(a.dk_weight, b.dk_weight);
   f(a.dq_bias, b.dq_bias), f(a.dk_bias, b.dk_bias);
   for (size_t ch = 0; ch < kChannels; ++ch) {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -34,6 +35,54 @@ static_assert(kShift + 1 == kFlip && kFlip + 1 == kChannels,
 template <class T>
 using ChannelArraysT = std::array<std::vector<T>, kChannels>;
 
+// The repeated query rows of one kv head (rule.h, "The row normalization
+// in the backward"): rows with the same logit operand row x_tilde (in the
+// same kv head: the same keys) and, under a causal mask, the same position
+// compute the same logits, row sum, log and addition, so their
+// normalization errors are one error, not independent ones. Grouped by a
+// hash, each hit checked value by value (a group holds identical rows
+// only: its dV term sums their dO with signs), in slots of open
+// addressing (a power of two, hash 0 empty). The same rows group in a
+// sampled key row's sub-case, which holds every query row's x_tilde.
+struct RowGroups {
+  std::vector<uint64_t> slot_hash;
+  std::vector<int32_t> slot_group, row_group, size;
+  std::vector<size_t> rep;  // a group's first row (its x_tilde's offset)
+  std::vector<int64_t> rep_pos;
+  std::vector<unsigned char> done;  // the group's first row was judged
+  template <class LD>
+  int32_t group_of(const std::vector<LD>& xt, size_t off, int64_t D,
+                   int64_t pos) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(pos);
+    for (int64_t d = 0; d < D; ++d) {
+      const auto x = static_cast<double>(xt[off + static_cast<size_t>(d)]);
+      uint64_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 0x100000001b3ULL;
+      h ^= h >> 29;
+    }
+    h += h == 0;
+    const size_t mask = slot_hash.size() - 1;
+    for (size_t at = h & mask;; at = (at + 1) & mask) {
+      if (slot_hash[at] == 0) {
+        slot_hash[at] = h;
+        slot_group[at] = static_cast<int32_t>(size.size());
+        size.push_back(0);
+        rep.push_back(off);
+        rep_pos.push_back(pos);
+        return slot_group[at];
+      }
+      if (slot_hash[at] != h) continue;
+      const auto g = static_cast<size_t>(slot_group[at]);
+      bool same = rep_pos[g] == pos;
+      for (int64_t d = 0; same && d < D; ++d)
+        same = xt[rep[g] + static_cast<size_t>(d)] ==
+               xt[off + static_cast<size_t>(d)];
+      if (same) return slot_group[at];
+    }
+  }
+};
+
 // The oracle's scratch arrays in its arithmetic T, kept from call to call
 // (OracleWorkspace).
 template <class T>
@@ -41,8 +90,12 @@ struct OracleArrays {
   std::vector<T> q, k, v, d_o, probs, logits, sdp, av, du_q, du_k, ads_q, ads_k,
       adr_q, adr_k, res_q, res_k, flt_q, flt_k;
   std::vector<double> ties;  // a row's terms (row_tie_excess)
-  // per k element: max over rows, sum over rows (dk_rowmax_e, dk_norm_lin_e)
-  std::vector<T> zmax_k, zlin_k;
+  // per k element, the row normalization's shares before the
+  // normalization backward (dk_rowmax_e ... dk_norm_rep_e, in that order)
+  std::array<std::vector<T>, 6> zk;
+  // one kv head's repeated query rows and their groups' sums of dO
+  RowGroups groups;
+  std::vector<T> group_do;
   OperandMagsT<T> qm, km;
   ChannelArraysT<T> mq, mk;
   // The result of an oracle narrower than long double before it is

@@ -51,6 +51,20 @@ double hoeffding_more(LD a, LD b) {
   return d(static_cast<LD>(kSumLambda) * b / (std::sqrt(a + b) + std::sqrt(a)));
 }
 
+// The row normalization's units in dV and dK (rule.h, "The row
+// normalization in the backward"), per u_c: the distinct rows' row sums
+// (b_sum squared units beside the element's own sum's a, or lin_sum at
+// their bound) and their log's and addition's roundings (b_lse, lin_lse),
+// jointly (b_all >= b_sum + b_lse where not their sum) or either at its
+// bound, whichever is smallest; the repeated rows at their bound (rep).
+double row_norm_units(LD a, LD b_all, LD b_sum, LD b_lse, LD lin_sum,
+                      LD lin_lse, LD rep) {
+  const double ls = d(lin_sum), ll = d(lin_lse);
+  return std::min({hoeffding_more(a, b_all), hoeffding_more(a, b_sum) + ll,
+                   ls + hoeffding_more(a, b_lse), ls + ll}) +
+         d(rep);
+}
+
 // Query row i's tied-pair excess (OracleValues::row_ties; 0 if not formed).
 double row_ties(const OracleAttention& orc, size_t i) {
   return i < orc.row_ties.size() ? d(orc.row_ties[i]) : 0.0;
@@ -421,16 +435,17 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                                 n, row_ties(orc, e / static_cast<size_t>(D))) -
                             sum_units(n))
               : base;
-      // dK's rows by r_i (P_ij |dP_ij - delta_i| + P_ij |delta_i| <= T + M
-      // per row): Hoeffding over the rows' roundings beside the sum's own
-      // (sum_i w_i y_i^2 <= max_i w_i y_i sum_i y_i), or every row at its
-      // bound, the smaller.
+      // dK's rows by their normalization error times their share z_i
+      // (rule.h, "The row normalization in the backward"; sum_i w_i z_i^2
+      // <= max_i w_i z_i sum_i z_i).
       double norm = 0;
-      if (row_norm && e < orc.dk_rowmax_e.size()) {
-        const LD m = mag[e], mt = m + ds_mag[e];
-        const LD a = static_cast<LD>(n + static_cast<double>(L)) * m * m;
-        norm = std::min(hoeffding_more(a, orc.dk_rowmax_e[e] * mt),
-                        d(orc.dk_norm_lin_e[e]));
+      if (row_norm && e < orc.dk_norm_rep_e.size()) {
+        const LD m = mag[e], z = orc.dk_norm_z_e[e];
+        const LD all = orc.dk_rowmax_e[e] * z;
+        norm = row_norm_units(
+            static_cast<LD>(n + static_cast<double>(L)) * m * m, all,
+            orc.dk_sum_rowmax_e[e] * z, all, orc.dk_norm_lin_e[e],
+            orc.dk_norm_lse_lin_e[e], orc.dk_norm_rep_e[e]);
       }
       t.delta[e] =
           uc * (units * d(mag[e]) + soft * d(ds_mag[e]) + d(shift[e])) +
@@ -474,16 +489,16 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                    rs.u_given * orc.given_soft_units * d(orc.dv_mag[e]) +
                    (2 * rs.logit_abs + rs.up) * d(orc.dv_mag[e]);
       // The backward's P reads the stored lse: each row normalization's
-      // rounding (rule.h, "Repeated summands"; 0 where not formed).
-      // Hoeffding over the rows' roundings beside the sum's own (G Nq
-      // additions of at most M each), or every row at its bound.
-      if (e < orc.dv_norm_lin_e.size()) {
+      // rounding (rule.h, "The row normalization in the backward"; 0 where
+      // not formed), beside the sum's own G Nq additions of at most M each.
+      if (e < orc.dv_norm_rep_e.size()) {
         const LD m = orc.dv_mag[e];
-        const double norm =
-            std::min(hoeffding_more(static_cast<LD>(group * nq) * m * m,
-                                    orc.dv_norm_sq_e[e]),
-                     d(orc.dv_norm_lin_e[e]));
-        t.delta[e] += (uc + rs.uo) * norm;
+        const LD bs = orc.dv_norm_sq_e[e], bl = orc.dv_norm_lse_sq_e[e];
+        t.delta[e] +=
+            (uc + rs.uo) * row_norm_units(static_cast<LD>(group * nq) * m * m,
+                                          bs + bl, bs, bl, orc.dv_norm_lin_e[e],
+                                          orc.dv_norm_lse_lin_e[e],
+                                          orc.dv_norm_rep_e[e]);
       }
       t.cond[e] = condition(orc.dv_mag[e], orc.dv[e]);
     }

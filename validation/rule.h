@@ -133,29 +133,61 @@
 //   . O_i both move with the row sum). X_i = 0 (no two terms tie) leaves
 //   every one of those bounds bitwise as before.
 //   The row normalization in the backward. A kernel's backward reads P_ij =
-//   exp(S_ij - lse_i) through its stored lse, which is off by the row sum's
-//   rounding, the log's (log Nk) and the addition's (|lse_i|; lse is
-//   formed and kept in the compute format, so its storage adds nothing):
-//   r_i = tie_sum_units(Nk, X_i) + log Nk + |lse_i| units, the same for
-//   every P_ij of the row (the subtraction S_ij - lse_i rounds per element,
-//   as the exp does: the softmax terms'). The logits' part of lse's error is in
-//   soft already. dQ's own Nk-term units cover it; dV's and dK's sums run
-//   over the queries, and at decode (Nq = 1, Nk = 4096, D = 64, g = 0.01)
+//   exp(S_ij - lse_i) through its stored lse, which is off by e_i: the row
+//   sum's rounding (rho_i), the log's (log Nk) and the addition's (|lse_i|;
+//   lse is formed and kept in the compute format, so its storage adds
+//   nothing) (sigma_i), the same for every P_ij of the row (the
+//   subtraction S_ij - lse_i rounds per element, as the exp does: the
+//   softmax terms'). The logits' part of lse's error is in soft already.
+//   dQ's own Nk-term units cover it; dV's and dK's sums run over the
+//   queries, and at decode (Nq = 1, Nk = 4096, D = 64, g = 0.01)
 //   reference:f64's dV was 1.95 bounds off (24 u_c: P's error, dV_j =
-//   P_1j dO_1 being one term). Every row's roundings and the sum's own
-//   are independent, so one Hoeffding bound holds them all: the sum's G Nq
-//   additions of at most M_e each and row i's w_i = Nk + X_i + log^2 Nk +
-//   lse_i^2 squared units at its share. dV_jd (share x_i = P_ij |dO_id|)
-//   moves by u_c min(H(G Nq M^2, Nv2_e), Nv1_e) beyond its own sum's
-//   bound, H(a, b) = kSumLambda (sqrt(a + b) - sqrt(a)) (0 for b = 0),
-//   Nv2_e = sum_i x_i^2 w_i, Nv1_e = sum_i x_i r_i (every row at its
-//   bound; the smaller at D = 1). dK's terms dS_ij move by r_i u_c P_ij
-//   (|dP_ij - delta_i| + |delta_i|) <= r_i u_c (T + M) (P and delta_i =
-//   dO_i . O_i both move), carried like T and M: min(H((G Nq + L) M^2,
-//   Y_e (M + T)), Nk1_e), Y_e = max_i w_i y_i (sum_i w_i y_i^2 <= Y_e
-//   sum_i y_i) and Nk1_e = sum_i r_i y_i, y_i row i's share of M + T,
-//   carried the same way (oracle: dk_rowmax_e, dk_norm_lin_e; D = 2
-//   decode: reference:f64's dK 1.51 bounds off without it).
+//   P_1j dO_1 being one term). Per row, in units of u_c:
+//     rho_i: Nk roundings of at most one unit each (the normalized
+//       partial sums are at most 1), variance v_i = Nk + X_i (the ties'
+//       covariance); at its bound tau_i = min(tie_sum_units(Nk, X_i),
+//       sum_{m=2..n} S_(m) + kOpUnits), the second deterministic in any
+//       order of additions (each addition rounds by at most u_c times its
+//       result, and the r-th largest of a summation tree's n - 1 results
+//       holds at most n - r + 1 terms, so at most S_(n - r + 1), the sum
+//       of the n - r + 1 largest normalized terms: n - 1 for a dominant
+//       term, (n + 1) / 2 for n equal ones; a sampled sub-case, which has
+//       part of the row, keeps tie_sum_units);
+//     sigma_i: two roundings, c_i = log^2 Nk + lse_i^2 squared units; at
+//       its bound l_i = log Nk + |lse_i|.
+//   dV_jd = sum_i P_ij dO_id moves by sum_i e_i x_i, x_i = P_ij |dO_id|.
+//   Beside the sum's own G Nq additions of at most M each (Hoeffding's a =
+//   G Nq M^2, which sum_units(G Nq) already allows), distinct rows round
+//   independently: the smallest of the four bounds that take rho and
+//   sigma each by Hoeffding jointly with the sum's own or at its bound,
+//     R(a, B_rho, B_sigma, L_rho, L_sigma) = min(H(a, B_rho + B_sigma),
+//       H(a, B_rho) + L_sigma, L_rho + H(a, B_sigma), L_rho + L_sigma),
+//   B_rho = sum_i x_i^2 v_i, B_sigma = sum_i x_i^2 c_i, L_rho = sum_i x_i
+//   tau_i, L_sigma = sum_i x_i l_i over the distinct rows, H(a, b) =
+//   kSumLambda (sqrt(a + b) - sqrt(a)) (0 for b = 0; each choice holds at
+//   the rule's confidence). Repeated rows are not independent: query rows
+//   of one kv head with the same logit operand row x_tilde (and, under a
+//   causal mask, the same position: the same visible keys; a padding row,
+//   a repeated token) compute the same logits, row sum, log and addition,
+//   so a group G of them moves dV_jd by e_G P_Gj sum_{i in G} dO_id: Rep =
+//   sum_G P_Gj |sum_{i in G} dO_id| (tau_G + l_G), at its bound (a sampled
+//   key row's sub-case has no mask, so there each row of a group enters
+//   at its bound: P_ij |dO_id| (tau_i + l_i)). dV adds u_c (R + Rep).
+//   dK's terms dS_ij = P_ij (dP_ij - delta_i) move by at most e_i z_ij,
+//   z_ij = P_ij (|dP_ij - delta_i| + |delta_i|) (P scales by e_i, and
+//   delta_i with it where a kernel forms it from P; dO_i . O_i of the
+//   stored O does not move), through g q_hat_i and the normalization
+//   backward as dK's magnitude is (oracle: carry_magnitude); per element,
+//   z_i is row i's share. The Hoeffding sums are not linear through that
+//   map, so sum_i w_i z_i^2 <= max_i w_i z_i sum_i z_i, carried: dK adds
+//   u_c (R((G Nq + L) M^2, Yw Z, Yv Z, Yw Z, Lk_rho, Lk_sigma) + Rep_k),
+//   Yw = max_i (v_i + c_i) z_i, Yv = max_i v_i z_i, Z = sum_i z_i,
+//   Lk_rho = sum_i tau_i z_i, Lk_sigma = sum_i l_i z_i over the distinct
+//   rows, Rep_k = sum_i (tau_i + l_i) z_i over the repeated ones (every
+//   row of a group at its bound; oracle: dk_rowmax_e ... dk_norm_rep_e; D
+//   = 2 decode: reference:f64's dK 1.51 bounds off without it). The row's
+//   share was M + T before (2 to 5 times z on Gaussian rows): 13 rows of
+//   qknorm-check power one grid step coarser than without the term, 2 now.
 //   A sampled key row's sub-case holds part of each query row: its X_i
 //   come from the pass in double (GivenRows::ties), its n and lse are the
 //   whole row's. Not covered: contracts with a compute point coarser than
@@ -303,9 +335,8 @@
 //   dq, dk  u_c ((sum_units(n + L) + div + N) M + soft T + Sh + K)
 //           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + s_rel M
 //           + u_f64 (given M + given_soft T) + F
-//           (N: dq 2 E_i, dk 0; K: dk min(H((G Nq + L) M^2, Y (M + T)),
-//           Nk1), dq 0)
-//   dv      u_c ((sum_units(G Nq) + soft) M + min(H(G Nq M^2, Nv2), Nv1))
+//           (N: dq 2 E_i, dk 0; K: dk R(...) + Rep_k as above, dq 0)
+//   dv      u_c ((sum_units(G Nq) + soft) M + R(G Nq M^2, ...) + Rep)
 //           + tiny_c Sp + ulp_c(0) (G Nq + 2) + u_f64 given_soft M
 //   dg      u_c (sum_units(B H Nq Nk) + sum_units(D) + div + soft
 //           + 2 E_max) M
