@@ -508,6 +508,168 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
 
 }  // namespace
 
+// The subcommands' options. They live here, beside the app, and not in
+// their subcommands' files: CLI11 (2.1, header-only) compiles ~200 KB of
+// code into every file that includes it, ~7 CPU s of GCC -O3 each (mutants.cc
+// 10.8 -> 4.0 s without it), paid again by the Clang sanitizer build: the
+// CI's time (issue 32). Only this file includes CLI11.
+
+void add_power_options(CLI::App& app, PowerOptions& o) {
+  app.add_option("--trials", o.trials,
+                 "Trials per (precision, distribution, field, granularity), "
+                 "each a random target (default 8; --quick: 3)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--field", o.fields,
+                 "Fields to corrupt (repeatable): o, dq, dk, dv, lse, dg "
+                 "(default o dq dk dv)")
+      ->type_name("FIELD");
+  app.add_option("--granularity", o.granularities,
+                 "What to corrupt (repeatable): element, row (the D elements "
+                 "of one [b,h,n]), head (every row of one [b,h]), field "
+                 "(default all four)")
+      ->type_name("GRAN");
+  app.add_option("--r-min", o.r_min, "Smallest injected relative error")
+      ->capture_default_str();
+  app.add_option("--r-max", o.r_max, "Largest injected relative error")
+      ->capture_default_str();
+  app.add_option("--per-decade", o.per_decade,
+                 "Grid points per decade (the issue's targets are added)")
+      ->capture_default_str();
+  app.add_option("--sign", o.sign,
+                 "Sign of the injected error: random (per element) or plus")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"random", "plus"}));
+  app.add_option("--out", o.out,
+                 "Also write PREFIX.csv, PREFIX.dat, PREFIX.gp and PREFIX.png")
+      ->type_name("PREFIX");
+  app.add_flag("--no-plot", o.no_plot, "With --out: the CSV only (no gnuplot)");
+  app.add_flag("--quick", o.quick,
+               "CI subset: f32, zerorows, the causal case, 3 trials (options "
+               "given explicitly still win)");
+  app.add_option("--torch-dump", o.torch_dump,
+                 "Write arrays and this tool's assert_close verdicts to DIR "
+                 "for scripts/power_assert_close_check.py")
+      ->type_name("DIR");
+}
+
+void add_sweep_options(CLI::App& app, SweepOptions& o) {
+  app.add_option("--over", o.over,
+                 "What to sweep: seq (n = 8..1024, g = g_init(n) unless --g), "
+                 "g (0..30), "
+                 "magnitude (q, k scaled by 1e-20..1e20), "
+                 "tiles (n on the tile boundaries 2^k +- 1 and block +- 1 "
+                 "up to 32768, shape 1x2xnx128 causal, judged by the sampled "
+                 "oracle; cli/README.md)")
+      ->required()
+      ->check(CLI::IsMember({"seq", "g", "magnitude", "tiles"}));
+  app.add_option("--from", o.from,
+                 "First swept value (default per --over; tiles: 1, and "
+                 "--from N --to N runs the one length N)");
+  app.add_option("--to", o.to,
+                 "Last swept value (default per --over; tiles: 32768)");
+  app.add_option(
+         "--points", o.points,
+         "Number of values (seq default: powers of 2 from --from to --to)")
+      ->check(CLI::Range(2, 200));
+  app.add_option("--out", o.out,
+                 "Output prefix: writes OUT.csv, OUT.dat, OUT.gp, OUT.png")
+      ->capture_default_str();
+  app.add_flag("--no-plot", o.no_plot, "Write the CSV only (no gnuplot)");
+  app.add_flag("--no-sdpa", o.no_sdpa, "Leave out the sdpa baseline lines");
+  app.add_option("--sample", o.sample,
+                 "--over tiles: query rows and key rows (each, at least) the "
+                 "sampled oracle computes per length (validation/sampled.h)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+}
+
+void add_compare_options(CLI::App& app, CompareOptions& o) {
+  app.add_option(
+         "--inputs", o.inputs,
+         "Input files: q.npy k.npy v.npy g.npy [dO.npy] (ScaleNorm: x.npy "
+         "g.npy [dy.npy]), or one .safetensors (keys q, k, v, g, dO; x, g, "
+         "dy), or NAME=PATH")
+      ->required()
+      ->type_name("FILE");
+  app.add_option(
+         "--outputs", o.outputs,
+         "The framework's outputs: O.npy [dQ.npy dK.npy dV.npy dg.npy] "
+         "(ScaleNorm: y.npy [dx.npy dg.npy]), or one .safetensors (keys O, "
+         "dQ, dK, dV, dg; y, dx, dg), or NAME=PATH")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--compute", o.compute,
+                 "Alias of --contract: f32 is f32-accumulate, storage is "
+                 "storage")
+      ->check(CLI::IsMember({"f32", "storage"}))
+      ->capture_default_str();
+  app.add_option(
+         "--contract", o.contract,
+         "The framework's compute contract: where it rounds its "
+         "intermediates, and to what (validation/rule.h derives the bound "
+         "for it). f32-accumulate (default): f32 compute (f64 for f64 "
+         "files), only the outputs rounded to the files' dtype; storage: "
+         "every intermediate rounded to the files' dtype, as PyTorch's "
+         "bfloat16 CPU autograd does; or rounding points KEY=FORMAT,... "
+         "after an optional preset, KEY one of q (q at the dot product), kv "
+         "(k_hat and v as cached), logits, p (P before P.V), pv_acc (the "
+         "P.V accumulator), out (O before it is stored), compute (all other "
+         "arithmetic), FORMAT one of f64, f32, bf16, f16, storage, compute; "
+         "e.g. pv_acc=f16 or q=f16,p=f16")
+      ->check(
+          [](const std::string& spec) {
+            ComputeContract c;
+            std::string why;
+            return parse_contract(spec, &c, &why) ? std::string() : why;
+          },
+          "")
+      ->type_name("SPEC");
+  // The rounding points one by one, the same as KEY=FORMAT items of
+  // --contract (qknorm/contract.h).
+  for (int r = 0; r < 6; ++r) {
+    const std::string k(key(static_cast<RoundingPoint>(r)));
+    std::string flag = "--round-" + k;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    app.add_option(flag, o.round_points[static_cast<size_t>(r)],
+                   "Rounding point " + k +
+                       " of the compute contract: the format FORMAT (f64, "
+                       "f32, bf16, f16, storage, compute) the framework "
+                       "rounds it to; overrides --contract's " +
+                       k)
+        ->check(
+            [k](const std::string& f) {
+              ComputeContract c;
+              std::string why;
+              return parse_contract(k + "=" + f, &c, &why) ? std::string()
+                                                           : why;
+            },
+            "")
+        ->type_name("FORMAT");
+  }
+  app.add_option("--kind", o.kind,
+                 "What the files hold: attention, scalenorm, or auto (x, y, "
+                 "dy or dx present and no attention tensor: scalenorm)")
+      ->check(CLI::IsMember({"auto", "attention", "scalenorm"}))
+      ->capture_default_str();
+}
+
+void add_mutants_options(CLI::App& app, MutantsOptions& o) {
+  app.add_option("--jobs", o.jobs,
+                 "Mutants / controls judged at once, one thread each (0: one "
+                 "per core)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+void add_coverage_options(CLI::App& app, CoverageOptions& o) {
+  app.add_flag("--pairs", o.pairs,
+               "List every unreached pair (default: the first 10 per entry)");
+  app.add_option("--json", o.json,
+                 "Also write the coverage section as JSON to FILE ('-': "
+                 "stdout, replacing the text)")
+      ->type_name("FILE");
+}
+
 int run_cli(const std::vector<std::string>& args, std::ostream& out,
             std::ostream& err, bool progress) {
   CLI::App app{

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -125,76 +124,6 @@ void require_finite(const char* name, const std::vector<double>& v,
 }
 
 }  // namespace
-
-void add_compare_options(CLI::App& app, CompareOptions& o) {
-  app.add_option(
-         "--inputs", o.inputs,
-         "Input files: q.npy k.npy v.npy g.npy [dO.npy] (ScaleNorm: x.npy "
-         "g.npy [dy.npy]), or one .safetensors (keys q, k, v, g, dO; x, g, "
-         "dy), or NAME=PATH")
-      ->required()
-      ->type_name("FILE");
-  app.add_option(
-         "--outputs", o.outputs,
-         "The framework's outputs: O.npy [dQ.npy dK.npy dV.npy dg.npy] "
-         "(ScaleNorm: y.npy [dx.npy dg.npy]), or one .safetensors (keys O, "
-         "dQ, dK, dV, dg; y, dx, dg), or NAME=PATH")
-      ->required()
-      ->type_name("FILE");
-  app.add_option("--compute", o.compute,
-                 "Alias of --contract: f32 is f32-accumulate, storage is "
-                 "storage")
-      ->check(CLI::IsMember({"f32", "storage"}))
-      ->capture_default_str();
-  app.add_option(
-         "--contract", o.contract,
-         "The framework's compute contract: where it rounds its "
-         "intermediates, and to what (validation/rule.h derives the bound "
-         "for it). f32-accumulate (default): f32 compute (f64 for f64 "
-         "files), only the outputs rounded to the files' dtype; storage: "
-         "every intermediate rounded to the files' dtype, as PyTorch's "
-         "bfloat16 CPU autograd does; or rounding points KEY=FORMAT,... "
-         "after an optional preset, KEY one of q (q at the dot product), kv "
-         "(k_hat and v as cached), logits, p (P before P.V), pv_acc (the "
-         "P.V accumulator), out (O before it is stored), compute (all other "
-         "arithmetic), FORMAT one of f64, f32, bf16, f16, storage, compute; "
-         "e.g. pv_acc=f16 or q=f16,p=f16")
-      ->check(
-          [](const std::string& spec) {
-            ComputeContract c;
-            std::string why;
-            return parse_contract(spec, &c, &why) ? std::string() : why;
-          },
-          "")
-      ->type_name("SPEC");
-  // The rounding points one by one, the same as KEY=FORMAT items of
-  // --contract (qknorm/contract.h).
-  for (int r = 0; r < 6; ++r) {
-    const std::string k(key(static_cast<RoundingPoint>(r)));
-    std::string flag = "--round-" + k;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    app.add_option(flag, o.round_points[static_cast<size_t>(r)],
-                   "Rounding point " + k +
-                       " of the compute contract: the format FORMAT (f64, "
-                       "f32, bf16, f16, storage, compute) the framework "
-                       "rounds it to; overrides --contract's " +
-                       k)
-        ->check(
-            [k](const std::string& f) {
-              ComputeContract c;
-              std::string why;
-              return parse_contract(k + "=" + f, &c, &why) ? std::string()
-                                                           : why;
-            },
-            "")
-        ->type_name("FORMAT");
-  }
-  app.add_option("--kind", o.kind,
-                 "What the files hold: attention, scalenorm, or auto (x, y, "
-                 "dy or dx present and no attention tensor: scalenorm)")
-      ->check(CLI::IsMember({"auto", "attention", "scalenorm"}))
-      ->capture_default_str();
-}
 
 std::map<std::string, HostTensor> load_tensors(
     const std::vector<std::string>& specs, const std::string& flag) {
@@ -644,10 +573,15 @@ ComputeContract CompareOptions::resolved_contract() const {
   }
   // The --round-* flags, each a KEY=FORMAT item on top of the preset.
   std::string spec = c.describe();
+  // Appended piece by piece: GCC 12's -O3 flagged `"," + std::string(...)`
+  // here with a false -Wrestrict (GCC bug 105329) once CLI11 left the file.
   for (size_t r = 0; r < round_points.size(); ++r)
-    if (!round_points[r].empty())
-      spec += "," + std::string(key(static_cast<RoundingPoint>(r))) + "=" +
-              round_points[r];
+    if (!round_points[r].empty()) {
+      spec += ',';
+      spec += key(static_cast<RoundingPoint>(r));
+      spec += '=';
+      spec += round_points[r];
+    }
   if (!parse_contract(spec, &c, &why)) throw Error("--round-*", {}, why);
   return c;
 }

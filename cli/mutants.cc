@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -167,14 +166,6 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 }  // namespace
-
-void add_mutants_options(CLI::App& app, MutantsOptions& o) {
-  app.add_option("--jobs", o.jobs,
-                 "Mutants / controls judged at once, one thread each (0: one "
-                 "per core)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-}
 
 int run_mutants(const MutantsOptions& o, const SuiteOptions& so,
                 std::ostream& out, std::ostream& err, bool progress) {

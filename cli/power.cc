@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -543,44 +542,6 @@ double power_target(Precision p, Granularity g, Field f) {
       return NAN;
   }
   return NAN;
-}
-
-void add_power_options(CLI::App& app, PowerOptions& o) {
-  app.add_option("--trials", o.trials,
-                 "Trials per (precision, distribution, field, granularity), "
-                 "each a random target (default 8; --quick: 3)")
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--field", o.fields,
-                 "Fields to corrupt (repeatable): o, dq, dk, dv, lse, dg "
-                 "(default o dq dk dv)")
-      ->type_name("FIELD");
-  app.add_option("--granularity", o.granularities,
-                 "What to corrupt (repeatable): element, row (the D elements "
-                 "of one [b,h,n]), head (every row of one [b,h]), field "
-                 "(default all four)")
-      ->type_name("GRAN");
-  app.add_option("--r-min", o.r_min, "Smallest injected relative error")
-      ->capture_default_str();
-  app.add_option("--r-max", o.r_max, "Largest injected relative error")
-      ->capture_default_str();
-  app.add_option("--per-decade", o.per_decade,
-                 "Grid points per decade (the issue's targets are added)")
-      ->capture_default_str();
-  app.add_option("--sign", o.sign,
-                 "Sign of the injected error: random (per element) or plus")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"random", "plus"}));
-  app.add_option("--out", o.out,
-                 "Also write PREFIX.csv, PREFIX.dat, PREFIX.gp and PREFIX.png")
-      ->type_name("PREFIX");
-  app.add_flag("--no-plot", o.no_plot, "With --out: the CSV only (no gnuplot)");
-  app.add_flag("--quick", o.quick,
-               "CI subset: f32, zerorows, the causal case, 3 trials (options "
-               "given explicitly still win)");
-  app.add_option("--torch-dump", o.torch_dump,
-                 "Write arrays and this tool's assert_close verdicts to DIR "
-                 "for scripts/power_assert_close_check.py")
-      ->type_name("DIR");
 }
 
 int run_power(const PowerOptions& o, const SuiteOptions& s, int threads,

@@ -4,7 +4,6 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -120,37 +119,6 @@ int run_gnuplot(const std::string& script) {
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) return 127;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-void add_sweep_options(CLI::App& app, SweepOptions& o) {
-  app.add_option("--over", o.over,
-                 "What to sweep: seq (n = 8..1024, g = g_init(n) unless --g), "
-                 "g (0..30), "
-                 "magnitude (q, k scaled by 1e-20..1e20), "
-                 "tiles (n on the tile boundaries 2^k +- 1 and block +- 1 "
-                 "up to 32768, shape 1x2xnx128 causal, judged by the sampled "
-                 "oracle; cli/README.md)")
-      ->required()
-      ->check(CLI::IsMember({"seq", "g", "magnitude", "tiles"}));
-  app.add_option("--from", o.from,
-                 "First swept value (default per --over; tiles: 1, and "
-                 "--from N --to N runs the one length N)");
-  app.add_option("--to", o.to,
-                 "Last swept value (default per --over; tiles: 32768)");
-  app.add_option(
-         "--points", o.points,
-         "Number of values (seq default: powers of 2 from --from to --to)")
-      ->check(CLI::Range(2, 200));
-  app.add_option("--out", o.out,
-                 "Output prefix: writes OUT.csv, OUT.dat, OUT.gp, OUT.png")
-      ->capture_default_str();
-  app.add_flag("--no-plot", o.no_plot, "Write the CSV only (no gnuplot)");
-  app.add_flag("--no-sdpa", o.no_sdpa, "Leave out the sdpa baseline lines");
-  app.add_option("--sample", o.sample,
-                 "--over tiles: query rows and key rows (each, at least) the "
-                 "sampled oracle computes per length (validation/sampled.h)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 }
 
 std::vector<Precision> precisions_of(

@@ -200,14 +200,20 @@ fuzz_one() {
   return 0
 }
 
-# CI mode runs FUZZ_PARALLEL targets at a time (default: one per core). Each
-# target is one single-threaded libFuzzer process whose executions are counted,
-# so running them side by side changes nothing of what they execute; run one
-# after the other, they left the second core idle for the whole stage (issue
-# 32: ~300 s on 2 cores). The longest target starts first (the order of
-# the target list, attention_fuzzer first). The campaign runs one target at
-# a time: each already runs FUZZ_JOBS workers.
-lanes=${FUZZ_PARALLEL:-$(nproc 2>/dev/null || echo 1)}
+# CI mode runs FUZZ_PARALLEL targets at a time (default: all of them, at
+# least one per core). Each target is one single-threaded libFuzzer process
+# whose executions are counted, so running them side by side changes nothing
+# of what they execute; run one after the other, they left the second core
+# idle for the whole stage (issue 32: ~300 s on 2 cores). Three targets in
+# two lanes left a core idle too: at the sixth session's landing CI
+# (f819fa9), attention took 156 s in one lane while scalenorm (117 s) then
+# tensor_io (114 s) took 231 s in the other, 356 CPU s in 231 s wall (1.54
+# cores). All three at once share
+# the two cores until the shortest ends: ~(156 + 117 + 114) / 2 = 194 s plus
+# the last one's tail, ~210 s. The campaign runs one target at a time: each
+# already runs FUZZ_JOBS workers.
+cores=$(nproc 2>/dev/null || echo 1)
+lanes=${FUZZ_PARALLEL:-$(( ${#targets[@]} > cores ? ${#targets[@]} : cores ))}
 [[ -n "$seconds" ]] && lanes=1
 stage_start=$(date +%s)
 status=0

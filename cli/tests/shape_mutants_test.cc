@@ -1,8 +1,8 @@
 // Issue 33's shape mutants (mutants/mutants.h, MutantInfo::region): each is
 // wrong only in one region of the shape model (validation/coverage.h) and
 // the unmutated copy bit for bit elsewhere. One test per mutant, named after
-// its dimension, proves on the default run (build_suite() of no options:
-// the default cases and the covering array) that
+// its dimension, proves on the default run (`qknorm-check` of no options:
+// the default cases and the budgeted covering array) that
 //   (a) the run reaches the region and its verdict FAILs the mutant there,
 //   (b) the mutant PASSes every case of the run outside the region;
 // and one ...OnlyInItsRegion test per mutant runs `qknorm-check mutants` on
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -81,16 +82,25 @@ const Backend& mutant(const std::string& name) {
 }
 
 // The default run's suite (`qknorm-check` without options: the default
-// cases and the covering cases of the registry's model, cli/coverage.h) and
-// the rows of the nine shape mutants and the unmutated copy on it, judged in
-// one case-major run_suite call as `qknorm-check mutants` judges them (one
-// thread per entry call, every core judging; at most one case's oracles
-// per core alive).
+// cases and the budgeted covering cases of the registry's model,
+// cli/coverage.h) and the rows of the nine shape mutants and the unmutated
+// copy on it, judged in one case-major run_suite call as `qknorm-check
+// mutants` judges them (one thread per entry call, every core judging; at
+// most one case's oracles per core alive).
+// QKNORM_SHAPE_MUTANTS_COVERING=full judges the full array (--covering)
+// instead: ctest -C FullArray -R cli_shape_mutants_full (cli/CMakeLists.txt;
+// ~3x the CPU, out of the CI's default ctest).
+Covering covering_mode() {
+  const char* v = std::getenv("QKNORM_SHAPE_MUTANTS_COVERING");
+  return v != nullptr && std::string(v) == "full" ? Covering::kFull
+                                                  : Covering::kBudget;
+}
+
 struct DefaultRun {
   DefaultRun() {
     int covering = 0;
     SuiteOptions so;
-    so.covering = Covering::kFull;  // --covering: the full array
+    so.covering = covering_mode();
     suite = default_run_suite(so, all_backends().entries(), 0, &covering);
     EXPECT_GT(covering, 0);
     std::vector<const Backend*> entries = {
@@ -166,9 +176,12 @@ void expect_caught_only_in_region(const std::string& name,
   EXPECT_GT(caught, 0) << m.name() << " PASSes every case of its region";
   EXPECT_FALSE(row.pass);
   std::printf(
-      "%s: default run %zu attention cases, %d in its region, %d FAIL "
-      "there, worst margin %.3g; every case outside PASSes\n",
-      m.name().c_str(), suite.attention.size(), inside, caught, margin);
+      "%s: default run (%s covering array) %zu attention cases, %d in its "
+      "region, %d FAIL there, worst margin %.3g; every case outside "
+      "PASSes\n",
+      m.name().c_str(),
+      covering_mode() == Covering::kFull ? "full" : "budgeted",
+      suite.attention.size(), inside, caught, margin);
 }
 
 TEST(ShapeMutants, HeadDim256Batch2IsCaughtByDefaultRun) {
