@@ -47,8 +47,9 @@ double softmax_units(double amplitude, double dot_units);
 // The cosine's units of the case (rule.h, dot): kDotUnits plus, for logit
 // operand rows concentrated on a few dominant channels, min(kSumLambda
 // sqrt(D), D - 1) times the largest over the case's (q row, k row) pairs of
-// |C| (s_q + s_k) / 2 + T (s: the rows' dominant shares, T: the dominant
-// channels' products).
+// |C| (s_q + s_k) / 2 + T + 2 e (s: the rows' dominant shares, T: the
+// dominant channels' products, e: the coherent excess max(0, |C| -
+// kSumLambda / sqrt(D)) of pairs whose products share a sign).
 double cosine_units(const AttentionCase& c);
 
 // The logit amplitude A of the rule for the (rounded) case: |g| (the
