@@ -43,7 +43,7 @@
 //                  dot = kDotUnits + lambda_D max_ij (|C_ij| (s_i + s_j) / 2
 //                        + T_ij + 2 e_ij),
 //                  lambda_D = min(kSumLambda sqrt(D), D - 1),
-//                  e_ij = max(0, |C_ij| - kSumLambda / sqrt(D)).
+//                  e_ij = max(0, |C_ij| - kChanceCosine / sqrt(D)).
 //                kDotUnits covers rows whose partial sums (of ||x||^2 and
 //                of q_hat . k_hat) grow gradually: a spread row's norm error
 //                reaches C through |C| ~ 1/sqrt(D), and its products' random
@@ -83,15 +83,16 @@
 //                paper's q and k, the formulations' magnitudes x_a, sdpa's
 //                q and k); above 2^27 multiply-adds (the sampled verdict's
 //                long cases) |C| <= 1, T <= (s_i + s_j) / 2 (Cauchy-
-//                Schwarz) and e <= 1 - kSumLambda / sqrt(D) bound it from
+//                Schwarz) and e <= 1 - kChanceCosine / sqrt(D) bound it from
 //                the rows alone. Measured (the f32
 //                entries' logit errors through their probabilities hook,
 //                tests/cosine_test.cc, B=1 H=2 N=64 g=20, 3 seeds, in
 //                |g| u_c, D = 16 64 128 256): gaussian 3.1 2.2 2.5 2.2 (dot
-//                4), heavy 3.2 3.1 2.6 2.7 (dot 32 72 81 77), sink
+//                4), heavy 3.2 3.1 2.6 2.7 (dot 32 72 81 88), sink
 //                3.1 2.2 2.5 2.2, outliers 2.5 2.3 2.1 2.3 (dot 4), channels
-//                4.7 7.8 10.7 23.7 (dot 34 130 237 385;
-//                the coherent excess adds at D = 128 and 256); reference:f32
+//                4.7 7.8 10.7 23.7 (dot 34 161 269 417, the coherent
+//                excess below included: before it 34 130 185 258, heavy
+//                77 at D = 256); reference:f32
 //                FAILed two channels cases under dot = kDotUnits (lse 1.10
 //                at D = 64; o 1.07 and lse 1.56 at D = 128; 0.08 now).
 //                The coherent excess e_ij (issue 33: parallel rows, rows of
@@ -107,22 +108,26 @@
 //                lanes: 4, 5, 6), growing as sqrt(D) |C|; correct entries
 //                FAILed lse and O (tests/cosine_test.cc, SameSignRowsPass:
 //                margins up to 2.6; model-drawn property shapes at D = 192
-//                to 576). For unit rows of random signs P(|C| > t) <= 2
-//                exp(-D t^2 / 2) (Hoeffding; the sphere's cap), so the
-//                cosine of a random-sign pair stays within kSumLambda /
-//                sqrt(D) with the probability of sum_units' lambda (2.5e-14
-//                per pair): that part is kDotUnits' (measured: Gaussian
-//                pairs reach |C| ~ 5 / sqrt(D) in the largest cases). The
-//                rest, e_ij, shares a sign beyond chance: its partial sums
-//                may stand at full size through all D additions, costing
+//                to 576; reference:f64 lse 1.03 at D = 64). For unit rows
+//                of random signs P(|C| > t) <= 2 exp(-D t^2 / 2)
+//                (Hoeffding; the sphere's cap): a random-sign pair's cosine
+//                exceeds kChanceCosine / sqrt(D) = 6 / sqrt(D) with
+//                probability 3e-8, and below that kDotUnits covers it (an
+//                assumption, measured: Gaussian pairs reach |C| ~ 5 /
+//                sqrt(D) in the largest cases, the max of ~1e5 normal
+//                cosines; kSumLambda's 8 / sqrt(D) would leave parallel
+//                rows at D <= 64 to kDotUnits, where they FAIL). The rest,
+//                e_ij, shares a sign beyond chance: its partial sums may
+//                stand at full size through all D additions, costing
 //                lambda_D e_ij in the dot and lambda_D e_ij / 2 through each
 //                norm (the dominant channels' argument with s = 1, T = e):
 //                2 lambda_D e_ij. Order-free (no kernel's summation order
-//                is assumed), and 0 wherever D <= kSumLambda^2 = 64 (|C| <=
-//                1) or the cosines stay at chance: Gaussian, uniform, sink
-//                and outlier rows keep dot = kDotUnits at every D; parallel
-//                rows get 132 units at D = 256 and 260 at D = 576 (6 and 9
-//                times the sequential f32 errors above). C_ij is the signed
+//                is assumed), and 0 wherever D <= kChanceCosine^2 = 36
+//                (|C| <= 1) or the cosines stay at chance: Gaussian,
+//                uniform, sink and outlier rows keep dot = kDotUnits at
+//                every D; parallel rows get 35.5 units at D = 64, 164 at
+//                256 and 292 at 576 (3.5, 7.5 and 10 times the sequential
+//                f32 errors above). C_ij is the signed
 //                cosine of the logit operand rows (the formulations':
 //                x_tilde over the norms of x_a, as A scales it); the two
 //                terms add (a concentrated row's spread rest may share a

@@ -161,9 +161,9 @@ double cosine_units(const AttentionCase& c) {
     }
   }
   const auto dd = static_cast<double>(D);
-  // Random-sign pairs' cosines stay within kSumLambda / sqrt(D) (rule.h):
-  // below kSumLambda^2 channels no cosine exceeds it.
-  const double chance = kSumLambda / std::sqrt(dd);
+  // Random-sign pairs' cosines stay within kChanceCosine / sqrt(D)
+  // (rule.h): below kChanceCosine^2 channels no cosine exceeds it.
+  const double chance = kChanceCosine / std::sqrt(dd);
   const bool coherent = chance < 1;
   if (smax[0] == 0 && smax[1] == 0 && !coherent) return kDotUnits;
   const double lambda_d = std::min(kSumLambda * std::sqrt(dd), dd - 1);
