@@ -173,7 +173,7 @@ double cosine_units(const AttentionCase& c) {
   if (static_cast<double>(B * H) * static_cast<double>(Nq) *
           static_cast<double>(Nk) * dd >
       kCosinePairWork) {
-    worst = smax[0] + smax[1] + (coherent ? 2 * (1 - chance) : 0);
+    worst = std::max<LD>(smax[0] + smax[1], coherent ? 2 * (1 - chance) : 0);
   } else {
     const std::vector<LD>& sx0 = mags ? y[0] : x[0];
     const std::vector<LD>& sx1 = mags ? y[1] : x[1];
@@ -207,7 +207,9 @@ double cosine_units(const AttentionCase& c) {
               }
               e = std::max<LD>(0, std::fabs(sc) - chance);
             }
-            worst = std::max(worst, std::fabs(cos) * s / 2 + t + 2 * e);
+            // Two bounds of the same partial sums' full-size part (rule.h):
+            // the larger holds.
+            worst = std::max({worst, std::fabs(cos) * s / 2 + t, 2 * e});
           }
         }
   }
