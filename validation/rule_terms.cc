@@ -177,6 +177,11 @@ double cosine_units(const AttentionCase& c) {
   } else {
     const std::vector<LD>& sx0 = mags ? y[0] : x[0];
     const std::vector<LD>& sx1 = mags ? y[1] : x[1];
+    // The signed unit rows in double for the pairs without dominant
+    // channels (most of them): their cosine is only compared with the
+    // chance threshold, and long double's loop cost the default run 5% CPU.
+    const std::vector<double> sd0(sx0.begin(), sx0.end()),
+        sd1(sx1.begin(), sx1.end());
     std::vector<unsigned char> in_q(static_cast<size_t>(D));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
@@ -190,7 +195,16 @@ double cosine_units(const AttentionCase& c) {
             const auto rk =
                 static_cast<size_t>((b * Hk + h / (H / Hk)) * Nk + j);
             const LD s = share[0][rq] + share[1][rk];
-            if (s == 0 && !coherent) continue;
+            if (s == 0) {
+              if (!coherent || !unit[0][rq] || !unit[1][rk]) continue;
+              const double* qd = sd0.data() + rq * static_cast<size_t>(D);
+              const double* kd = sd1.data() + rk * static_cast<size_t>(D);
+              double sc = 0;
+              for (int64_t d = 0; d < D; ++d) sc += qd[d] * kd[d];
+              worst = std::max<LD>(worst,
+                                   2 * std::max(0.0, std::fabs(sc) - chance));
+              continue;
+            }
             const LD* kr = x[1].data() + rk * static_cast<size_t>(D);
             LD cos = 0, t = 0;
             for (int64_t d = 0; d < D; ++d) cos += qr[d] * kr[d];
