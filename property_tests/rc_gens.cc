@@ -23,7 +23,7 @@ namespace qknorm::property {
 bool model_shapes_default() {
   static const bool on = [] {
     const char* v = std::getenv("QKNORM_MODEL_SHAPES");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
+    return v == nullptr || std::string(v) != "0";
   }();
   return on;
 }

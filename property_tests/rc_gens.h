@@ -77,8 +77,8 @@ struct ScaleNormSpec {
   std::string describe() const;
 };
 
-// SpecOptions::model_shapes' default: true iff the environment sets
-// QKNORM_MODEL_SHAPES to anything but "" or "0" (read once).
+// SpecOptions::model_shapes' default: true unless the environment sets
+// QKNORM_MODEL_SHAPES=0 (read once).
 bool model_shapes_default();
 
 // What a property needs from the generator.
@@ -98,11 +98,11 @@ struct SpecOptions {
   // back to forward-only checks for them (AttentionSpec::saturated()).
   bool saturating_sdpa = false;
   // Shapes from the entry's shape model (rc_gens.cc, draw_shape) where true;
-  // the small shapes of before otherwise. Off by default until the rule
-  // stops failing correct entries on the model's shapes (issue 33 triage,
-  // README "Shape coverage": rule false alarms at long rows of small
-  // head_dim, lse at head_dim 256..576 with parallel rows, GradientSums at
-  // kv_len 2303); QKNORM_MODEL_SHAPES=1 turns it on (model_shapes_default).
+  // the small shapes of before otherwise. On by default since the rule's
+  // false alarms on the model's shapes are fixed (issue 33: long rows of
+  // small head_dim, GradientSums at kv_len 2303, lse at head_dim 256..576
+  // with parallel rows: the cosine units' coherent excess, rule.h);
+  // QKNORM_MODEL_SHAPES=0 turns it off (model_shapes_default).
   bool model_shapes = model_shapes_default();
   // kv_heads < heads may be drawn (where the entry supports GQA): false for
   // a property that indexes k and v by the query heads.

@@ -142,5 +142,44 @@ TEST(Cosine, ChannelsCasesPass) {
   }
 }
 
+// Same-sign rows (issue 33; rule.h, the cosine units' coherent excess):
+// every q entry positive and every key row a power-of-two multiple of a
+// query row, so every product q_e k_e of every pair shares a sign (C = 1 on
+// the parallel pairs, ~2/pi on the others) and the partial sums of the dot
+// and of both norms grow to full size. Nk = 4 keeps the lse's own sum
+// small: its bound is the logits' (dot |A|). Under the former units
+// (kDotUnits alone) correct entries FAILed o and lse in every one of these
+// six cases (largest margins at D = 256 / 576: f32 1.52 / 1.44, bf16
+// 1.39 / 2.62, f16 1.59 / 1.85); every correct entry PASSes them now.
+TEST(Cosine, SameSignRowsPass) {
+  for (int64_t D : {256, 576})
+    for (Precision s : {Precision::kF32, Precision::kBF16, Precision::kF16}) {
+      AttentionCase c0 = make_attention_case(
+          attention_shape(1, 2, 4, 4, D, 12.0), Distribution::kGaussian, 2);
+      for (double& x : c0.q) x = std::fabs(x);
+      for (size_t r = 0; r < c0.k.size(); r += static_cast<size_t>(D))
+        for (int64_t d = 0; d < D; ++d)
+          c0.k[r + d] = (r / D % 2 ? 2.0 : 0.5) * c0.q[r + d];
+      const AttentionCase c = round_inputs(c0, s);
+      const OracleAttention orc = oracle_attention(c);
+      const std::string glob = "*:" + std::string(name(s));
+      double worst = 0;
+      std::string who;
+      for (const Backend* e : all_backends().match(glob)) {
+        const AgreementReport r = judge_attention(
+            c, s, orc, run_attention(*e, c), nullptr, false, e->name(), "");
+        EXPECT_TRUE(r.pass)
+            << e->name() << " D=" << D << ": " << r.failure_message();
+        if (r.margin > worst)
+          worst = r.margin, who = e->name() + " " + r.worst_field;
+      }
+      std::printf(
+          "same-sign %-4s D=%3lld: cosine units %.1f, largest margin "
+          "%.3f (%s)\n",
+          std::string(name(s)).c_str(), static_cast<long long>(D),
+          orc.cosine_units, worst, who.c_str());
+    }
+}
+
 }  // namespace
 }  // namespace qknorm::validation

@@ -40,8 +40,10 @@
 //                element by that times M_e. A = |g| (qknorm) or max||q||
 //                max||k|| / sqrt(D) (sdpa);
 //   dot          the case's cosine units (cosine_units, rule_terms.h):
-//                  dot = kDotUnits + lambda_D max_ij (|C_ij| (s_i + s_j) / 2
-//                        + T_ij),  lambda_D = min(kSumLambda sqrt(D), D - 1).
+//                  dot = kDotUnits + lambda_D max_ij max(|C_ij| (s_i + s_j)
+//                        / 2 + T_ij, 2 e_ij),
+//                  lambda_D = min(kSumLambda sqrt(D), D - 1),
+//                  e_ij = max(0, |C_ij| - kChanceCosine / sqrt(D)).
 //                kDotUnits covers rows whose partial sums (of ||x||^2 and
 //                of q_hat . k_hat) grow gradually: a spread row's norm error
 //                reaches C through |C| ~ 1/sqrt(D), and its products' random
@@ -80,16 +82,58 @@
 //                logit operand rows (the
 //                paper's q and k, the formulations' magnitudes x_a, sdpa's
 //                q and k); above 2^27 multiply-adds (the sampled verdict's
-//                long cases) |C| <= 1 and T <= (s_i + s_j) / 2 (Cauchy-
-//                Schwarz) bound it from the rows alone. Measured (the f32
+//                long cases) |C| <= 1, T <= (s_i + s_j) / 2 (Cauchy-
+//                Schwarz) and e <= 1 - kChanceCosine / sqrt(D) bound it from
+//                the rows alone. Measured (the f32
 //                entries' logit errors through their probabilities hook,
 //                tests/cosine_test.cc, B=1 H=2 N=64 g=20, 3 seeds, in
 //                |g| u_c, D = 16 64 128 256): gaussian 3.1 2.2 2.5 2.2 (dot
 //                4), heavy 3.2 3.1 2.6 2.7 (dot 32 72 81 77), sink
 //                3.1 2.2 2.5 2.2, outliers 2.5 2.3 2.1 2.3 (dot 4), channels
-//                4.7 7.8 10.7 23.7 (dot 34 130 185 258); reference:f32
+//                4.7 7.8 10.7 23.7 (dot 34 130 185 258, unchanged by the
+//                coherent excess below); reference:f32
 //                FAILed two channels cases under dot = kDotUnits (lse 1.10
-//                at D = 64; o 1.07 and lse 1.56 at D = 128; 0.08 now);
+//                at D = 64; o 1.07 and lse 1.56 at D = 128; 0.08 now).
+//                The coherent excess e_ij (issue 33: parallel rows, rows of
+//                one sign). kDotUnits also assumes the products' signs are
+//                random: a pair's partial sums then drift by at most about
+//                |C| ~ 1/sqrt(D) (a sum in any order independent of the
+//                values reaches k/D of C after k terms) and the norms'
+//                errors reach C scaled by |C|. Products that share a sign
+//                make |C| large (parallel rows: C = +-1) and every one of
+//                the three sums (||q||^2, ||k||^2 and the dot) grows to full
+//                size: f32 dots of parallel Gaussian rows, added in order,
+//                err by up to 10 u_c at D = 64, 22 at 256, 28 at 576 (8
+//                lanes: 4, 5, 6), growing as sqrt(D) |C|; correct entries
+//                FAILed lse and O (tests/cosine_test.cc, SameSignRowsPass:
+//                margins up to 2.6; model-drawn property shapes at D = 192
+//                to 576; reference:f64 lse 1.03 at D = 64). For unit rows
+//                of random signs P(|C| > t) <= 2 exp(-D t^2 / 2)
+//                (Hoeffding; the sphere's cap): a random-sign pair's cosine
+//                exceeds kChanceCosine / sqrt(D) = 6 / sqrt(D) with
+//                probability 3e-8, and below that kDotUnits covers it (an
+//                assumption, measured: Gaussian pairs reach |C| ~ 5 /
+//                sqrt(D) in the largest cases, the max of ~1e5 normal
+//                cosines; kSumLambda's 8 / sqrt(D) would leave parallel
+//                rows at D <= 64 to kDotUnits, where they FAIL). The rest,
+//                e_ij, shares a sign beyond chance: its partial sums may
+//                stand at full size through all D additions, costing
+//                lambda_D e_ij in the dot and lambda_D e_ij / 2 through each
+//                norm (the dominant channels' argument with s = 1, T = e):
+//                2 lambda_D e_ij. Order-free (no kernel's summation order
+//                is assumed), and 0 wherever D <= kChanceCosine^2 = 36
+//                (|C| <= 1) or the cosines stay at chance: Gaussian,
+//                uniform, sink and outlier rows keep dot = kDotUnits at
+//                every D; parallel rows get 35.5 units at D = 64, 164 at
+//                256 and 292 at 576 (3.5, 7.5 and 10 times the sequential
+//                f32 errors above). C_ij is the signed
+//                cosine of the logit operand rows (the formulations':
+//                x_tilde over the norms of x_a, as A scales it). The two
+//                terms bound the same partial sums' full-size part two ways
+//                (the dominant channels' products are part of C), so the
+//                larger holds; adding them double-counted the channels
+//                rows' shared dominant channels (power: nine f32 channels
+//                thresholds one grid step worse at D = 64);
 //   R_e          the gradient's sensitivity to a relative error u_s in the
 //                stored O that the backward reads (delta_i = dO_i . O_i):
 //                the terms P_ij |dO_i|.|O_i| carried like M_e;

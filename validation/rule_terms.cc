@@ -116,34 +116,56 @@ LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
 // formulations' x_a = |x_hat| |w| + |beta| (their cosine of magnitudes
 // bounds |C|) and sdpa's q and k, per head row of D; every pair of a q row
 // and a k row of the same head (masked pairs too: a maximum over more pairs
-// bounds the visible ones').
+// bounds the visible ones'). The coherent excess reads the signed cosine:
+// the same rows, and for the formulations x_tilde over the x_a row's norm.
 double cosine_units(const AttentionCase& c) {
   const AttentionProblem& p = c.problem;
   const int64_t D = p.head_dim;
   if (D <= 1) return kDotUnits;
-  std::vector<LD> x[2];
-  if (p.variant == Variant::kQKNorm && !is_paper_formulation(p)) {
-    x[0] = operand_mags(c, 0).xa;
-    x[1] = operand_mags(c, 1).xa;
+  const bool mags = p.variant == Variant::kQKNorm && !is_paper_formulation(p);
+  std::vector<LD> x[2], y[2];  // y: signed rows (formulations only)
+  if (mags) {
+    for (int side = 0; side < 2; ++side) {
+      const OperandMags m = operand_mags(c, side);
+      x[side] = m.xa;
+      y[side] = m.xt;
+    }
   } else {
     x[0].assign(c.q.begin(), c.q.end());
     x[1].assign(c.k.begin(), c.k.end());
   }
   std::vector<LD> share[2];
   std::vector<std::vector<int64_t>> dom[2];
+  // unit[side][r]: the row was scaled to unit length (a zero or
+  // non-finite row is not, and has no coherent excess).
+  std::vector<unsigned char> unit[2];
   LD smax[2] = {0, 0};
   for (int side = 0; side < 2; ++side) {
     const size_t n = x[side].size() / static_cast<size_t>(D);
     share[side].assign(n, 0);
     dom[side].assign(n, {});
+    unit[side].assign(n, 0);
     for (size_t r = 0; r < n; ++r) {
-      share[side][r] = dominant_channels(
-          x[side].data() + r * static_cast<size_t>(D), D, &dom[side][r]);
+      LD* xr = x[side].data() + r * static_cast<size_t>(D);
+      LD norm = 0;
+      for (int64_t d = 0; d < D; ++d) norm += xr[d] * xr[d];
+      norm = std::sqrt(norm);
+      unit[side][r] = norm > 0 && std::isfinite(norm);
+      share[side][r] = dominant_channels(xr, D, &dom[side][r]);
       smax[side] = std::max(smax[side], share[side][r]);
+      if (mags) {
+        LD* yr = y[side].data() + r * static_cast<size_t>(D);
+        for (int64_t d = 0; d < D; ++d)
+          yr[d] = unit[side][r] ? yr[d] / norm : 0;
+      }
     }
   }
-  if (smax[0] == 0 && smax[1] == 0) return kDotUnits;
   const auto dd = static_cast<double>(D);
+  // Random-sign pairs' cosines stay within kChanceCosine / sqrt(D)
+  // (rule.h): below kChanceCosine^2 channels no cosine exceeds it.
+  const double chance = kChanceCosine / std::sqrt(dd);
+  const bool coherent = chance < 1;
+  if (smax[0] == 0 && smax[1] == 0 && !coherent) return kDotUnits;
   const double lambda_d = std::min(kSumLambda * std::sqrt(dd), dd - 1);
   const int64_t B = p.batch, H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len,
                 Nk = p.kv_len;
@@ -151,28 +173,57 @@ double cosine_units(const AttentionCase& c) {
   if (static_cast<double>(B * H) * static_cast<double>(Nq) *
           static_cast<double>(Nk) * dd >
       kCosinePairWork) {
-    worst = smax[0] + smax[1];
+    worst = std::max<LD>(smax[0] + smax[1], coherent ? 2 * (1 - chance) : 0);
   } else {
+    const std::vector<LD>& sx0 = mags ? y[0] : x[0];
+    const std::vector<LD>& sx1 = mags ? y[1] : x[1];
+    // The signed unit rows in double for the pairs without dominant
+    // channels (most of them): their cosine is only compared with the
+    // chance threshold, and long double's loop cost the default run 5% CPU.
+    const std::vector<double> sd0(sx0.begin(), sx0.end()),
+        sd1(sx1.begin(), sx1.end());
     std::vector<unsigned char> in_q(static_cast<size_t>(D));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < Nq; ++i) {
           const auto rq = static_cast<size_t>((b * H + h) * Nq + i);
           const LD* qr = x[0].data() + rq * static_cast<size_t>(D);
+          const LD* qs = sx0.data() + rq * static_cast<size_t>(D);
           std::fill(in_q.begin(), in_q.end(), 0);
           for (int64_t d : dom[0][rq]) in_q[static_cast<size_t>(d)] = 1;
           for (int64_t j = 0; j < Nk; ++j) {
             const auto rk =
                 static_cast<size_t>((b * Hk + h / (H / Hk)) * Nk + j);
             const LD s = share[0][rq] + share[1][rk];
-            if (s == 0) continue;
+            if (s == 0) {
+              if (!coherent || !unit[0][rq] || !unit[1][rk]) continue;
+              const double* qd = sd0.data() + rq * static_cast<size_t>(D);
+              const double* kd = sd1.data() + rk * static_cast<size_t>(D);
+              double sc = 0;
+              for (int64_t d = 0; d < D; ++d) sc += qd[d] * kd[d];
+              worst = std::max<LD>(worst,
+                                   2 * std::max(0.0, std::fabs(sc) - chance));
+              continue;
+            }
             const LD* kr = x[1].data() + rk * static_cast<size_t>(D);
             LD cos = 0, t = 0;
             for (int64_t d = 0; d < D; ++d) cos += qr[d] * kr[d];
             for (int64_t d : dom[0][rq]) t += std::fabs(qr[d] * kr[d]);
             for (int64_t d : dom[1][rk])
               if (!in_q[static_cast<size_t>(d)]) t += std::fabs(qr[d] * kr[d]);
-            worst = std::max(worst, std::fabs(cos) * s / 2 + t);
+            LD e = 0;  // the coherent excess of the signed cosine
+            if (coherent && unit[0][rq] && unit[1][rk]) {
+              LD sc = cos;
+              if (mags) {
+                const LD* ks = sx1.data() + rk * static_cast<size_t>(D);
+                sc = 0;
+                for (int64_t d = 0; d < D; ++d) sc += qs[d] * ks[d];
+              }
+              e = std::max<LD>(0, std::fabs(sc) - chance);
+            }
+            // Two bounds of the same partial sums' full-size part (rule.h):
+            // the larger holds.
+            worst = std::max({worst, std::fabs(cos) * s / 2 + t, 2 * e});
           }
         }
   }

@@ -26,6 +26,10 @@ inline constexpr double kIllConditioned = 100.0;
 // kDominantRatio times the mean square of the row's smaller channels
 // (cosine_units; rule.h).
 inline constexpr double kDominantRatio = 64.0;
+// A pair's cosine is taken as one of random-sign products up to
+// kChanceCosine / sqrt(D); beyond, its excess shares a sign (cosine_units,
+// the coherent excess; rule.h).
+inline constexpr double kChanceCosine = 6.0;
 
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
 // error of an n-term sum plus the few roundings around it (rule.h).
@@ -47,8 +51,9 @@ double softmax_units(double amplitude, double dot_units);
 // The cosine's units of the case (rule.h, dot): kDotUnits plus, for logit
 // operand rows concentrated on a few dominant channels, min(kSumLambda
 // sqrt(D), D - 1) times the largest over the case's (q row, k row) pairs of
-// |C| (s_q + s_k) / 2 + T (s: the rows' dominant shares, T: the dominant
-// channels' products).
+// |C| (s_q + s_k) / 2 + T + 2 e (s: the rows' dominant shares, T: the
+// dominant channels' products, e: the coherent excess max(0, |C| -
+// kChanceCosine / sqrt(D)) of pairs whose products share a sign).
 double cosine_units(const AttentionCase& c);
 
 // The logit amplitude A of the rule for the (rounded) case: |g| (the
