@@ -319,8 +319,9 @@ TEST(OraclePrecision, StorageEquivalentOraclesJudgeAlike) {
         const OracleAttention oa = oracle_attention(ca);
         const OracleAttention ob = oracle_attention(cb);
         if (!same) {
-          if (a == Precision::kF32)
+          if (a == Precision::kF32) {
             EXPECT_NE(oa.unit_roundoff, ob.unit_roundoff);
+          }
           continue;
         }
         const auto ta = attention_tolerances(cb, b, oa, false);
