@@ -6,8 +6,10 @@
 // every entry on long rows of repeated or near-equal summands.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,57 @@ TEST(RowTieExcess, AWiderTermErrorOnlyAddsPairs) {
   EXPECT_EQ(narrow, 0.0);
   EXPECT_GT(wide, 0.0);
   EXPECT_LE(wide, 50.0 * 49);
+}
+
+// Long rows (from 256 terms row_tie_excess sorts by radix, below by
+// comparison): the excess equals the pairwise definition, every ordered
+// pair (a, b) of the ascending order tied where t_b - t_a <= c u (t_a + t_b)
+// + 2 u, each counting w_a w_b; on rows with exact repeats, near-equal runs,
+// zeros of both signs, subnormals and values that span the exponents (a
+// misordered sort moves pairs in or out of the sweep's window).
+TEST(RowTieExcess, LongRowsMatchThePairwiseDefinition) {
+  constexpr double u = 0x1p-24, cu = 4 * u;
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> uni(0, 1);
+  for (int n : {256, 300, 1000, 4099}) {
+    std::vector<double> t;
+    for (int i = 0; i < n; ++i) {
+      const double x = uni(rng);
+      switch (i % 7) {
+        case 0:
+          t.push_back(0.25);
+          break;  // repeats
+        case 1:
+          t.push_back(1e-3 * (1 + 1e-7 * i));
+          break;  // near-equal
+        case 2:
+          t.push_back(i % 2 ? 0.0 : -0.0);
+          break;
+        case 3:
+          t.push_back(4.9e-324 * (1 + i % 5));
+          break;
+        case 4:
+          t.push_back(std::ldexp(x, -(i % 60)));
+          break;
+        default:
+          t.push_back(x / n);
+          break;
+      }
+    }
+    std::vector<double> s = t;
+    std::sort(s.begin(), s.end());
+    double pairs = 0;
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b)
+        if (s[b] * (1 - cu) <= s[a] * (1 + cu) + 2 * u)
+          pairs += std::min(1.0, s[a] / u) * std::min(1.0, s[b] / u);
+    std::vector<double> shuffled = t;
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    const double got = row_tie_excess(&shuffled, u, 4);
+    EXPECT_NEAR(got, 2 * pairs, 1e-12 * 2 * pairs) << "n = " << n;
+    EXPECT_TRUE(std::is_sorted(shuffled.begin(), shuffled.end()))
+        << "n = " << n;
+  }
 }
 
 AttentionCase paper_case(int64_t Nq, int64_t Nk, int64_t D, double g,

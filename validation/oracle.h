@@ -14,6 +14,7 @@
 
 #include "validation/case.h"
 #include "validation/field.h"
+#include "validation/rule_terms.h"
 
 namespace qknorm::validation {
 
@@ -35,6 +36,9 @@ class SharedOperands {
  public:
   explicit SharedOperands(const AttentionCase& whole);
   ~SharedOperands();
+  // The whole case's cosine rows (rule_terms.h): its cosine_units, and
+  // each sub-case's own (oracle_in) without re-sorting its rows.
+  const CosineRows& cosine() const;
   struct Impl;
   std::unique_ptr<Impl> impl;
 };
@@ -239,6 +243,12 @@ OracleAttention oracle_attention(const AttentionCase& c,
                                  const RowCounts& counts = {},
                                  OracleWorkspace* ws = nullptr,
                                  const OracleOptions& options = {});
+// The same into *out, whose arrays keep their memory from its last use
+// (the sampled verdict's sub-cases: one per thread; the same values as a
+// fresh result, and no page faults of fresh arrays per sub-case).
+void oracle_attention_into(const AttentionCase& c, const GivenRows* given,
+                           const RowCounts& counts, OracleWorkspace* ws,
+                           const OracleOptions& options, OracleAttention* out);
 OracleScaleNorm oracle_scalenorm(const ScaleNormCase& c);
 // True iff oracle_attention gives the same result on two cases of problem
 // p that differ only in their storage, a and b (the same rounded values):

@@ -201,7 +201,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
   // below): O(B H Nq Nk D) where rows have dominant channels, as the logits.
   // (A sub-case's own, for its row sums' ties: the whole case's are the
   // caller's.)
-  const double case_cos_units = cosine_units(c);
+  // (A sampled row's sub-case reads its pairs from the whole case's rows.)
+  const double case_cos_units =
+      sub.shared == nullptr
+          ? cosine_units(c)
+          : sub.shared->cosine().units({p.batch, p.heads, kv_heads_of(p),
+                                        p.q_len, p.kv_len, sub.b, sub.q_head,
+                                        sub.q_row, sub.k_head, sub.k_row});
   // dg sums dS_ij C_ij with dS_ij = P_ij (dP_ij - delta_i): the rounding
   // error of those terms scales with P_ij (|dP_ij| + |delta_i|), not with
   // |dS_ij|, which cancels to ~0 when the visible v_j are alike (found by the

@@ -164,25 +164,43 @@ bool run_oracle(const AttentionCase& c, const GivenRows* given,
 
 }  // namespace
 
-OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
-                                 const RowCounts& counts, OracleWorkspace* ws,
-                                 const OracleOptions& options) {
+// Empties r for reuse: each value array cleared (its memory kept), every
+// other member as a fresh OracleAttention's.
+void reset_keeping_memory(OracleAttention* r) {
+  OracleValues<long double> values =
+      std::move(static_cast<OracleValues<long double>&>(*r));
+  each_value(values, values, [](auto& x, auto&) {
+    using X = std::decay_t<decltype(x)>;
+    if constexpr (std::is_arithmetic_v<X>) {
+      x = X{};
+    } else {
+      x.clear();
+    }
+  });
+  *r = OracleAttention{};
+  static_cast<OracleValues<long double>&>(*r) = std::move(values);
+}
+
+void oracle_attention_into(const AttentionCase& c, const GivenRows* given,
+                           const RowCounts& counts, OracleWorkspace* ws,
+                           const OracleOptions& options, OracleAttention* out) {
   OracleWorkspace own;
   OracleWorkspace::Arrays& a = ws != nullptr ? *ws->arrays : *own.arrays;
-  OracleAttention r;
+  OracleAttention& r = *out;
+  reset_keeping_memory(&r);
   // Forced precisions report what they computed, finite or not (tests).
   switch (options.precision) {
     case OraclePrecision::kFloat:
       if (!run_oracle<float>(c, given, counts, options.sub, a, &r))
         widen_values(a.f32.out, &r);
-      return r;
+      return;
     case OraclePrecision::kDouble:
       if (!run_oracle<double>(c, given, counts, options.sub, a, &r))
         widen_values(a.f64.out, &r);
-      return r;
+      return;
     case OraclePrecision::kLongDouble:
       run_oracle<long double>(c, given, counts, options.sub, a, &r);
-      return r;
+      return;
     case OraclePrecision::kAuto:
       break;
   }
@@ -190,10 +208,17 @@ OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
   // normalized in (SharedOperands).
   const bool f64 = options.sub.shared != nullptr ? options.sub.shared->impl->f64
                                                  : use_double(c);
-  if (f64 && run_oracle<double>(c, given, counts, options.sub, a, &r)) return r;
-  r = OracleAttention{};
+  if (f64 && run_oracle<double>(c, given, counts, options.sub, a, &r)) return;
+  reset_keeping_memory(&r);
   run_oracle<long double>(c, given, counts, f64 ? SubCaseOf{} : options.sub, a,
                           &r);
+}
+
+OracleAttention oracle_attention(const AttentionCase& c, const GivenRows* given,
+                                 const RowCounts& counts, OracleWorkspace* ws,
+                                 const OracleOptions& options) {
+  OracleAttention r;
+  oracle_attention_into(c, given, counts, ws, options, &r);
   return r;
 }
 
@@ -223,7 +248,9 @@ SharedOperands::SharedOperands(const AttentionCase& whole)
   } else {
     fill(impl->ld);
   }
+  impl->cosine = std::make_unique<CosineRows>(whole);
 }
 SharedOperands::~SharedOperands() = default;
+const CosineRows& SharedOperands::cosine() const { return *impl->cosine; }
 
 }  // namespace qknorm::validation

@@ -129,6 +129,7 @@ struct SharedOperands::Impl {
   bool f64 = false;  // which of the two holds the operands
   OperandMagsT<long double> ld[2];
   OperandMagsT<double> dbl[2];
+  std::unique_ptr<CosineRows> cosine;
 };
 
 // The whole case's side `side` in arithmetic T, or null (none shared, or

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "validation/case.h"
 #include "validation/operands.h"
@@ -11,6 +13,57 @@
 namespace qknorm::validation {
 
 double sum_units(double n) { return kSumLambda * std::sqrt(n) + kOpUnits; }
+
+namespace {
+
+// Sorts *x ascending, the same values in the same order as std::sort (the
+// order of equal values aside, which no caller reads): an LSD radix sort on
+// the order-preserving bit keys of doubles (11-bit digits, the passes whose
+// digit every key shares skipped) from 256 values up. The sampled pass sorts
+// every query row's probabilities (row_tie_excess), n log n comparisons that
+// were 23% of issue 32's 32768-key run.
+void sort_ascending(std::vector<double>* x) {
+  const size_t n = x->size();
+  if (n < 256) {
+    std::sort(x->begin(), x->end());
+    return;
+  }
+  constexpr int kBits = 11, kPasses = 6;  // 66 >= 64 bits
+  constexpr size_t kBuckets = size_t{1} << kBits;
+  thread_local std::vector<uint64_t> a, b;
+  thread_local std::vector<size_t> count;
+  a.resize(n);
+  b.resize(n);
+  count.assign(kPasses * kBuckets, 0);
+  constexpr uint64_t kSign = uint64_t{1} << 63;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t bits;
+    std::memcpy(&bits, &(*x)[i], sizeof bits);
+    a[i] = bits & kSign ? ~bits : bits | kSign;
+    for (int p = 0; p < kPasses; ++p)
+      ++count[p * kBuckets + ((a[i] >> (p * kBits)) & (kBuckets - 1))];
+  }
+  for (int p = 0; p < kPasses; ++p) {
+    size_t* c = count.data() + p * kBuckets;
+    if (c[(a[0] >> (p * kBits)) & (kBuckets - 1)] == n) continue;
+    size_t sum = 0;
+    for (size_t d = 0; d < kBuckets; ++d) {
+      const size_t k = c[d];
+      c[d] = sum;
+      sum += k;
+    }
+    for (size_t i = 0; i < n; ++i)
+      b[c[(a[i] >> (p * kBits)) & (kBuckets - 1)]++] = a[i];
+    a.swap(b);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t key = a[i];
+    const uint64_t bits = key & kSign ? key & ~kSign : ~key;
+    std::memcpy(&(*x)[i], &bits, sizeof bits);
+  }
+}
+
+}  // namespace
 
 // The derivation is rule.h's ("Repeated summands"). Terms t_a <= t_b tie
 // when t_b - t_a <= u (2 + term_units (t_a + t_b)): within the spacing of
@@ -25,7 +78,7 @@ double row_tie_excess(std::vector<double>* terms, double u, double term_units) {
   std::vector<double>& t = *terms;
   const size_t n = t.size();
   if (n < 2) return 0;
-  std::sort(t.begin(), t.end());
+  sort_ascending(&t);
   const double cu = term_units * u;
   if (!(cu < 0.5)) {  // every term within every other's error: all tied
     double w = 0, w2 = 0;
@@ -75,8 +128,10 @@ constexpr double kCosinePairWork = 1 << 27;
 // dominant channels, sorted descending by square the top m for the largest
 // m <= D / 2 whose m-th square is at least kDominantRatio times the mean of
 // the rest (order-free), into *dom; returns their share of the row's sum of
-// squares (0: none). Then scales x to unit length.
-LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
+// squares (0: none). Then scales x to unit length (by *scaled_by; 0: a zero
+// or non-finite row, not scaled).
+LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom,
+                     LD* scaled_by) {
   std::vector<int64_t> idx(static_cast<size_t>(D));
   for (int64_t d = 0; d < D; ++d) idx[static_cast<size_t>(d)] = d;
   // Ties by index: the order of a stable sort, without its temporary
@@ -92,6 +147,7 @@ LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
     total += v * v;
   }
   dom->clear();
+  *scaled_by = 0;
   if (!(total > 0) || !std::isfinite(total)) return 0;
   LD rest = total, head = 0, share = 0;
   int64_t count = 0;
@@ -105,11 +161,41 @@ LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
   }
   dom->assign(idx.begin(), idx.begin() + count);
   const LD norm = std::sqrt(total);
+  *scaled_by = norm;
   for (int64_t d = 0; d < D; ++d) x[d] /= norm;
   return std::min<LD>(share / total, 1);
 }
 
 }  // namespace
+
+// The per-row facts of cosine_units (rule_terms.h, CosineRows): each
+// logit operand row's dominant share and channels (the sort), its norms and
+// its signed unit row in double; the rows scaled to unit length in long
+// double are formed on demand (pairs with a dominant row only).
+struct CosineRows::Impl {
+  struct Side {
+    const std::vector<double>* src = nullptr;  // paper, sdpa: c.q or c.k
+    std::vector<LD> xa, xt;                    // formulations: |x| and x~
+    std::vector<LD> share;
+    std::vector<LD> xnorm;  // sqrt of the sorted sum of squares; 0: unscaled
+    std::vector<LD> ynorm;  // the natural-order norm (the unit test, x~)
+    std::vector<std::vector<int64_t>> dom;
+    std::vector<unsigned char> unit;
+    std::vector<double> sd;  // the signed unit rows in double
+    // Row r of x scaled to unit length (dominant_channels' scaling).
+    void scaled(size_t r, int64_t D, LD* out) const {
+      const auto off = r * static_cast<size_t>(D);
+      for (int64_t d = 0; d < D; ++d) {
+        const LD x = src != nullptr ? static_cast<LD>((*src)[off + d])
+                                    : xa[off + static_cast<size_t>(d)];
+        out[d] = xnorm[r] > 0 ? x / xnorm[r] : x;
+      }
+    }
+  };
+  int64_t D = 0, B = 0, H = 0, Hk = 0, Nq = 0, Nk = 0;
+  bool mags = false;
+  Side side[2];
+};
 
 // The derivation is rule.h's (the cosine units dot): the logit operand rows
 // are the paper's q and k (q_hat has q's shares and cosines), the
@@ -118,47 +204,99 @@ LD dominant_channels(LD* x, int64_t D, std::vector<int64_t>* dom) {
 // and a k row of the same head (masked pairs too: a maximum over more pairs
 // bounds the visible ones'). The coherent excess reads the signed cosine:
 // the same rows, and for the formulations x_tilde over the x_a row's norm.
-double cosine_units(const AttentionCase& c) {
+CosineRows::CosineRows(const AttentionCase& c)
+    : impl(std::make_unique<Impl>()) {
   const AttentionProblem& p = c.problem;
-  const int64_t D = p.head_dim;
-  if (D <= 1) return kDotUnits;
-  const bool mags = p.variant == Variant::kQKNorm && !is_paper_formulation(p);
-  std::vector<LD> x[2], y[2];  // y: signed rows (formulations only)
-  if (mags) {
-    for (int side = 0; side < 2; ++side) {
-      const OperandMags m = operand_mags(c, side);
-      x[side] = m.xa;
-      y[side] = m.xt;
+  Impl& m = *impl;
+  m.D = p.head_dim;
+  m.B = p.batch;
+  m.H = p.heads;
+  m.Hk = kv_heads_of(p);
+  m.Nq = p.q_len;
+  m.Nk = p.kv_len;
+  const int64_t D = m.D;
+  if (D <= 1) return;
+  m.mags = p.variant == Variant::kQKNorm && !is_paper_formulation(p);
+  std::vector<LD> row(static_cast<size_t>(D));
+  for (int s = 0; s < 2; ++s) {
+    Impl::Side& sd = m.side[s];
+    size_t len = 0;
+    if (m.mags) {
+      OperandMags o = operand_mags(c, s);
+      sd.xa = std::move(o.xa);
+      sd.xt = std::move(o.xt);
+      len = sd.xa.size();
+    } else {
+      sd.src = s == 0 ? &c.q : &c.k;
+      len = sd.src->size();
     }
-  } else {
-    x[0].assign(c.q.begin(), c.q.end());
-    x[1].assign(c.k.begin(), c.k.end());
-  }
-  std::vector<LD> share[2];
-  std::vector<std::vector<int64_t>> dom[2];
-  // unit[side][r]: the row was scaled to unit length (a zero or
-  // non-finite row is not, and has no coherent excess).
-  std::vector<unsigned char> unit[2];
-  LD smax[2] = {0, 0};
-  for (int side = 0; side < 2; ++side) {
-    const size_t n = x[side].size() / static_cast<size_t>(D);
-    share[side].assign(n, 0);
-    dom[side].assign(n, {});
-    unit[side].assign(n, 0);
+    const size_t n = len / static_cast<size_t>(D);
+    sd.share.assign(n, 0);
+    sd.xnorm.assign(n, 0);
+    sd.ynorm.assign(n, 0);
+    sd.dom.assign(n, {});
+    sd.unit.assign(n, 0);
+    sd.sd.resize(len);
     for (size_t r = 0; r < n; ++r) {
-      LD* xr = x[side].data() + r * static_cast<size_t>(D);
+      const auto off = r * static_cast<size_t>(D);
+      for (int64_t d = 0; d < D; ++d)
+        row[static_cast<size_t>(d)] = sd.src != nullptr
+                                          ? static_cast<LD>((*sd.src)[off + d])
+                                          : sd.xa[off + static_cast<size_t>(d)];
       LD norm = 0;
-      for (int64_t d = 0; d < D; ++d) norm += xr[d] * xr[d];
+      for (int64_t d = 0; d < D; ++d) norm += row[d] * row[d];
       norm = std::sqrt(norm);
-      unit[side][r] = norm > 0 && std::isfinite(norm);
-      share[side][r] = dominant_channels(xr, D, &dom[side][r]);
-      smax[side] = std::max(smax[side], share[side][r]);
-      if (mags) {
-        LD* yr = y[side].data() + r * static_cast<size_t>(D);
-        for (int64_t d = 0; d < D; ++d)
-          yr[d] = unit[side][r] ? yr[d] / norm : 0;
+      sd.unit[r] = norm > 0 && std::isfinite(norm);
+      sd.ynorm[r] = norm;
+      sd.share[r] = dominant_channels(row.data(), D, &sd.dom[r], &sd.xnorm[r]);
+      // The signed unit row: x scaled (paper, sdpa) or x~ over x_a's norm.
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t e = off + static_cast<size_t>(d);
+        sd.sd[e] = static_cast<double>(
+            m.mags ? (sd.unit[r] ? sd.xt[e] / norm : 0) : row[d]);
       }
     }
+  }
+}
+CosineRows::~CosineRows() = default;
+
+double CosineRows::units() const {
+  const Impl& m = *impl;
+  return units({m.B, m.H, m.Hk, m.Nq, m.Nk});
+}
+
+double CosineRows::units(const Pairs& r) const {
+  const Impl& m = *impl;
+  const int64_t D = m.D;
+  if (D <= 1) return kDotUnits;
+  const Impl::Side &qs = m.side[0], &ks = m.side[1];
+  const int64_t group = m.H / m.Hk;
+  for (int64_t h = r.q_head; h < r.q_head + r.heads; ++h)
+    if (h / group < r.k_head || h / group >= r.k_head + r.kv_heads)
+      throw Error("cosine_units", {},
+                  "query head " + std::to_string(h) + " reads kv head " +
+                      std::to_string(h / group) +
+                      ", outside the pairs' kv "
+                      "heads [" +
+                      std::to_string(r.k_head) + ", " +
+                      std::to_string(r.k_head + r.kv_heads) + ")");
+  // The whole case's rows of the pairs' query and key rows.
+  auto qrow = [&](int64_t b, int64_t h, int64_t i) {
+    return static_cast<size_t>(((r.b + b) * m.H + r.q_head + h) * m.Nq +
+                               r.q_row + i);
+  };
+  auto krow = [&](int64_t b, int64_t hk, int64_t j) {
+    return static_cast<size_t>(((r.b + b) * m.Hk + r.k_head + hk) * m.Nk +
+                               r.k_row + j);
+  };
+  LD smax[2] = {0, 0};
+  for (int64_t b = 0; b < r.batch; ++b) {
+    for (int64_t h = 0; h < r.heads; ++h)
+      for (int64_t i = 0; i < r.q_len; ++i)
+        smax[0] = std::max(smax[0], qs.share[qrow(b, h, i)]);
+    for (int64_t h = 0; h < r.kv_heads; ++h)
+      for (int64_t j = 0; j < r.kv_len; ++j)
+        smax[1] = std::max(smax[1], ks.share[krow(b, h, j)]);
   }
   const auto dd = static_cast<double>(D);
   // Random-sign pairs' cosines stay within kChanceCosine / sqrt(D)
@@ -167,68 +305,89 @@ double cosine_units(const AttentionCase& c) {
   const bool coherent = chance < 1;
   if (smax[0] == 0 && smax[1] == 0 && !coherent) return kDotUnits;
   const double lambda_d = std::min(kSumLambda * std::sqrt(dd), dd - 1);
-  const int64_t B = p.batch, H = p.heads, Hk = kv_heads_of(p), Nq = p.q_len,
-                Nk = p.kv_len;
   LD worst = 0;
-  if (static_cast<double>(B * H) * static_cast<double>(Nq) *
-          static_cast<double>(Nk) * dd >
+  if (static_cast<double>(r.batch * r.heads) * static_cast<double>(r.q_len) *
+          static_cast<double>(r.kv_len) * dd >
       kCosinePairWork) {
     worst = std::max<LD>(smax[0] + smax[1], coherent ? 2 * (1 - chance) : 0);
-  } else {
-    const std::vector<LD>& sx0 = mags ? y[0] : x[0];
-    const std::vector<LD>& sx1 = mags ? y[1] : x[1];
-    // The signed unit rows in double for the pairs without dominant
-    // channels (most of them): their cosine is only compared with the
-    // chance threshold, and long double's loop cost the default run 5% CPU.
-    const std::vector<double> sd0(sx0.begin(), sx0.end()),
-        sd1(sx1.begin(), sx1.end());
-    std::vector<unsigned char> in_q(static_cast<size_t>(D));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < Nq; ++i) {
-          const auto rq = static_cast<size_t>((b * H + h) * Nq + i);
-          const LD* qr = x[0].data() + rq * static_cast<size_t>(D);
-          const LD* qs = sx0.data() + rq * static_cast<size_t>(D);
-          std::fill(in_q.begin(), in_q.end(), 0);
-          for (int64_t d : dom[0][rq]) in_q[static_cast<size_t>(d)] = 1;
-          for (int64_t j = 0; j < Nk; ++j) {
-            const auto rk =
-                static_cast<size_t>((b * Hk + h / (H / Hk)) * Nk + j);
-            const LD s = share[0][rq] + share[1][rk];
-            if (s == 0) {
-              if (!coherent || !unit[0][rq] || !unit[1][rk]) continue;
-              const double* qd = sd0.data() + rq * static_cast<size_t>(D);
-              const double* kd = sd1.data() + rk * static_cast<size_t>(D);
-              double sc = 0;
-              for (int64_t d = 0; d < D; ++d) sc += qd[d] * kd[d];
-              worst = std::max<LD>(worst,
-                                   2 * std::max(0.0, std::fabs(sc) - chance));
-              continue;
-            }
-            const LD* kr = x[1].data() + rk * static_cast<size_t>(D);
-            LD cos = 0, t = 0;
-            for (int64_t d = 0; d < D; ++d) cos += qr[d] * kr[d];
-            for (int64_t d : dom[0][rq]) t += std::fabs(qr[d] * kr[d]);
-            for (int64_t d : dom[1][rk])
-              if (!in_q[static_cast<size_t>(d)]) t += std::fabs(qr[d] * kr[d]);
-            LD e = 0;  // the coherent excess of the signed cosine
-            if (coherent && unit[0][rq] && unit[1][rk]) {
-              LD sc = cos;
-              if (mags) {
-                const LD* ks = sx1.data() + rk * static_cast<size_t>(D);
-                sc = 0;
-                for (int64_t d = 0; d < D; ++d) sc += qs[d] * ks[d];
-              }
-              e = std::max<LD>(0, std::fabs(sc) - chance);
-            }
-            // Two bounds of the same partial sums' full-size part (rule.h):
-            // the larger holds.
-            worst = std::max({worst, std::fabs(cos) * s / 2 + t, 2 * e});
-          }
-        }
+    return kDotUnits + lambda_d * static_cast<double>(worst);
   }
+  const bool mags = m.mags;
+  const auto Du = static_cast<size_t>(D);
+  // The rows in long double (unit x, and for the formulations x~ over the
+  // x_a row's norm), formed once per row on demand (the pairs with a
+  // dominant row): one query row at a time, the key rows cached.
+  const size_t kw = mags ? 2 * Du : Du;  // a key row's cache slot
+  thread_local std::vector<LD> qbuf, kbuf;
+  thread_local std::vector<unsigned char> kdone;
+  qbuf.resize(kw);
+  const auto nk_rows = static_cast<size_t>(r.batch * r.kv_heads * r.kv_len);
+  if (kbuf.size() < nk_rows * kw) kbuf.resize(nk_rows * kw);
+  kdone.assign(nk_rows, 0);
+  auto form = [&](const Impl::Side& s, size_t row, LD* out) {
+    s.scaled(row, D, out);
+    if (mags)
+      for (size_t d = 0; d < Du; ++d)
+        out[Du + d] = s.unit[row] ? s.xt[row * Du + d] / s.ynorm[row] : 0;
+  };
+  std::vector<unsigned char> in_q(Du);
+  for (int64_t b = 0; b < r.batch; ++b)
+    for (int64_t h = 0; h < r.heads; ++h) {
+      const int64_t hk = (r.q_head + h) / group - r.k_head;
+      for (int64_t i = 0; i < r.q_len; ++i) {
+        const size_t rq = qrow(b, h, i);
+        bool q_formed = false;
+        const double* qd = qs.sd.data() + rq * Du;
+        std::fill(in_q.begin(), in_q.end(), 0);
+        for (int64_t d : qs.dom[rq]) in_q[static_cast<size_t>(d)] = 1;
+        for (int64_t j = 0; j < r.kv_len; ++j) {
+          const size_t rk = krow(b, hk, j);
+          const LD s = qs.share[rq] + ks.share[rk];
+          if (s == 0) {
+            if (!coherent || !qs.unit[rq] || !ks.unit[rk]) continue;
+            const double* kd = ks.sd.data() + rk * Du;
+            double sc = 0;
+            for (int64_t d = 0; d < D; ++d) sc += qd[d] * kd[d];
+            worst =
+                std::max<LD>(worst, 2 * std::max(0.0, std::fabs(sc) - chance));
+            continue;
+          }
+          if (!q_formed) {
+            form(qs, rq, qbuf.data());
+            q_formed = true;
+          }
+          const auto slot =
+              static_cast<size_t>((b * r.kv_heads + hk) * r.kv_len + j);
+          LD* kr = kbuf.data() + slot * kw;
+          if (!kdone[slot]) {
+            form(ks, rk, kr);
+            kdone[slot] = 1;
+          }
+          const LD* qr = qbuf.data();
+          LD cos = 0, t = 0;
+          for (int64_t d = 0; d < D; ++d) cos += qr[d] * kr[d];
+          for (int64_t d : qs.dom[rq]) t += std::fabs(qr[d] * kr[d]);
+          for (int64_t d : ks.dom[rk])
+            if (!in_q[static_cast<size_t>(d)]) t += std::fabs(qr[d] * kr[d]);
+          LD e = 0;  // the coherent excess of the signed cosine
+          if (coherent && qs.unit[rq] && ks.unit[rk]) {
+            LD sc = cos;
+            if (mags) {
+              sc = 0;
+              for (size_t d = 0; d < Du; ++d) sc += qr[Du + d] * kr[Du + d];
+            }
+            e = std::max<LD>(0, std::fabs(sc) - chance);
+          }
+          // Two bounds of the same partial sums' full-size part (rule.h):
+          // the larger holds.
+          worst = std::max({worst, std::fabs(cos) * s / 2 + t, 2 * e});
+        }
+      }
+    }
   return kDotUnits + lambda_d * static_cast<double>(worst);
 }
+
+double cosine_units(const AttentionCase& c) { return CosineRows(c).units(); }
 
 // x_hat's absolute resolution per ulp_c(0) in one normalization row of
 // length L and divisor den (exact: m.den), below the compute format's

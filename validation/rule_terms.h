@@ -7,6 +7,7 @@
 #define QKNORM_VALIDATION_RULE_TERMS_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "qknorm/backend.h"
@@ -55,6 +56,33 @@ double softmax_units(double amplitude, double dot_units);
 // dominant channels' products, e: the coherent excess max(0, |C| -
 // kChanceCosine / sqrt(D)) of pairs whose products share a sign).
 double cosine_units(const AttentionCase& c);
+// The same from each logit operand row's facts (its dominant share and
+// channels, its norms and its signed unit row), formed once per case: the
+// whole case's units(), and the units of any of its pairs' sub-blocks
+// (Pairs: batches [b, b + batch), query heads [q_head, q_head + heads) with
+// rows [q_row, q_row + q_len), and the key rows [k_row, k_row + kv_len) of
+// kv heads [k_head, k_head + kv_heads), which must hold the query heads'
+// kv heads), bitwise cosine_units of the sub-case holding those rows. A
+// sampled row's sub-case reads its own this way (oracle_attention.cc): it
+// re-sorted every row's channels once per sub-case, 38% of issue 32's
+// 32768-key run. Reads c's q and k: c must outlive it.
+class CosineRows {
+ public:
+  explicit CosineRows(const AttentionCase& c);
+  ~CosineRows();
+  CosineRows(const CosineRows&) = delete;
+  CosineRows& operator=(const CosineRows&) = delete;
+  struct Pairs {
+    int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0;
+    int64_t b = 0, q_head = 0, q_row = 0, k_head = 0, k_row = 0;
+  };
+  double units() const;
+  double units(const Pairs& pairs) const;
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl;
+};
 
 // The logit amplitude A of the rule for the (rounded) case: |g| (the
 // paper's qknorm), |scale| max ||q_a|| max ||k_a|| over the logit operands'

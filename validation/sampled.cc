@@ -48,17 +48,16 @@ struct Heads {
 };
 
 // Copies rows [n0, n0 + n) of heads hs of batch b from a dense [B, Hx, N, D]
-// tensor.
-std::vector<double> slice(const std::vector<double>& x, int64_t Hx, int64_t N,
-                          int64_t D, int64_t b, Heads hs, int64_t n0,
-                          int64_t n) {
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(hs.count * n * D));
+// tensor into *out (its memory kept).
+void slice(const std::vector<double>& x, int64_t Hx, int64_t N, int64_t D,
+           int64_t b, Heads hs, int64_t n0, int64_t n,
+           std::vector<double>* out) {
+  out->clear();
+  out->reserve(static_cast<size_t>(hs.count * n * D));
   for (int64_t h = hs.first; h < hs.first + hs.count; ++h) {
     const auto* src = x.data() + ((b * Hx + h) * N + n0) * D;
-    out.insert(out.end(), src, src + n * D);
+    out->insert(out->end(), src, src + n * D);
   }
-  return out;
 }
 
 // A weight or bias of the side restricted to heads hs ([heads_x, D] shaped
@@ -81,11 +80,13 @@ std::vector<double> slice_param(const AttentionProblem& p,
 // every key padded away) or nq = 0 (key j0 that no query sees, with every
 // query): the full oracle's subnormal counts cover every pair, masked or
 // not, and so do these.
-AttentionCase sub_case(const AttentionCase& c, int64_t b, Heads qh, Heads kh,
-                       int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+// Into *out, whose tensors keep their memory from its last use (one per
+// thread: a key row's sub-case holds every query row of its heads).
+void sub_case(const AttentionCase& c, int64_t b, Heads qh, Heads kh, int64_t i0,
+              int64_t nq, int64_t j0, int64_t nk, AttentionCase* out) {
   const AttentionProblem& p = c.problem;
   const int64_t D = p.head_dim, Hk = kv_heads_of(p);
-  AttentionCase s;
+  AttentionCase& s = *out;
   s.problem = p;
   s.problem.batch = 1;
   s.problem.heads = qh.count;
@@ -102,10 +103,10 @@ AttentionCase sub_case(const AttentionCase& c, int64_t b, Heads qh, Heads kh,
   }
   s.problem.q_len = nq;
   s.problem.kv_len = nk;
-  s.q = slice(c.q, p.heads, p.q_len, D, b, qh, i0, nq);
-  s.d_o = slice(c.d_o, p.heads, p.q_len, D, b, qh, i0, nq);
-  s.k = slice(c.k, Hk, p.kv_len, D, b, kh, j0, nk);
-  s.v = slice(c.v, Hk, p.kv_len, D, b, kh, j0, nk);
+  slice(c.q, p.heads, p.q_len, D, b, qh, i0, nq, &s.q);
+  slice(c.d_o, p.heads, p.q_len, D, b, qh, i0, nq, &s.d_o);
+  slice(c.k, Hk, p.kv_len, D, b, kh, j0, nk, &s.k);
+  slice(c.v, Hk, p.kv_len, D, b, kh, j0, nk, &s.v);
   s.q_weight = slice_param(p, c.q_weight, qh);
   s.q_bias = slice_param(p, c.q_bias, qh);
   s.k_weight = slice_param(p, c.k_weight, kh);
@@ -113,7 +114,6 @@ AttentionCase sub_case(const AttentionCase& c, int64_t b, Heads qh, Heads kh,
   s.storage = c.storage;
   s.seed = c.seed;
   s.dist = c.dist;
-  return s;
 }
 
 // Appends element e of table `from` to `to`, as element `full` of the whole
@@ -152,7 +152,10 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   // pass) LayerNorm's mean-shift logit change: every sampled row's tables
   // use them, as the full verdict does.
   so.amplitude = logit_amplitude(c);
-  const double dot = cosine_units(c);
+  // Every head's q and k rows normalized once for all sub-cases (each
+  // reads its rows' slice; SharedOperands), with the rows' cosine facts.
+  const SharedOperands shared(c);
+  const double dot = shared.cosine().units();
   double flip = 0, operand_flip = 0;
   if (p.variant == Variant::kQKNorm && p.norm.round_before_weight &&
       (s == Precision::kBF16 || s == Precision::kF16)) {
@@ -188,9 +191,15 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   // not once per sub-case.
   std::vector<OracleWorkspace> workspaces(
       static_cast<size_t>(std::max(1, opt.threads)));
-  // Every head's q and k rows normalized once for all sub-cases (each
-  // reads its rows' slice; SharedOperands).
-  const SharedOperands shared(c);
+  // So are its sub-case, oracle result and given rows (a key row's sub-case
+  // holds every query row of its heads: fresh arrays of that size, each
+  // page faulted in, were a fifth of the rows' time at n = 32768).
+  struct Scratch {
+    AttentionCase sc;
+    OracleAttention o;
+    GivenRows g;
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(std::max(1, opt.threads)));
   auto of = [&](int64_t b, Heads qh, int64_t q_row, Heads kh, int64_t k_row) {
     OracleOptions o;
     o.sub = {&shared, b, qh.first, q_row, kh.first, k_row};
@@ -199,6 +208,8 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   const auto items = static_cast<int64_t>(nqr + nkr);
   parallel_for(items, opt.threads, [&](int64_t w, int t) {
     OracleWorkspace* ws = &workspaces[static_cast<size_t>(t)];
+    AttentionCase& sc = scratch[static_cast<size_t>(t)].sc;
+    OracleAttention& o = scratch[static_cast<size_t>(t)].o;
     const double cpu0 = thread_cpu_seconds();
     try {
       if (static_cast<size_t>(w) < nqr) {
@@ -206,9 +217,9 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         const Heads qh = all_heads ? Heads{0, H} : Heads{r.h, 1};
         const Heads kh = all_heads ? Heads{0, Hk} : Heads{r.h / group, 1};
         const int64_t n = visible_keys(p, r.b, r.n);
-        const AttentionCase sc = sub_case(c, r.b, qh, kh, r.n, 1, 0, n);
-        OracleAttention o = oracle_attention(sc, nullptr, {Nq, Nk, true, false},
-                                             ws, of(r.b, qh, r.n, kh, 0));
+        sub_case(c, r.b, qh, kh, r.n, 1, 0, n, &sc);
+        oracle_attention_into(sc, nullptr, {Nq, Nk, true, false}, ws,
+                              of(r.b, qh, r.n, kh, 0), &o);
         scope(&o);
         sub[static_cast<size_t>(w)] =
             attention_tolerances(sc, s, o, false, opt.contract);
@@ -218,10 +229,13 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
         const Heads qh = all_heads ? Heads{0, H} : Heads{r.h * group, group};
         const Heads kh = all_heads ? Heads{0, Hk} : Heads{r.h, 1};
         const int64_t i0 = first_query(p, r.b, r.n);
-        const AttentionCase sc = sub_case(c, r.b, qh, kh, i0, Nq - i0, r.n, 1);
-        OracleAttention o;
+        sub_case(c, r.b, qh, kh, i0, Nq - i0, r.n, 1, &sc);
         if (i0 < Nq) {
-          GivenRows g;
+          GivenRows& g = scratch[static_cast<size_t>(t)].g;
+          for (std::vector<long double>* x :
+               {&g.lse, &g.delta, &g.del, &g.ds_l1, &g.o_abs, &g.p_del,
+                &g.ties})
+            x->clear();
           g.units = pass.rows.units;
           g.soft_units = pass.rows.soft_units;
           for (int64_t h = qh.first; h < qh.first + qh.count; ++h)
@@ -235,11 +249,11 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
               g.p_del.push_back(p_del[row]);
               g.ties.push_back(pass.rows.ties[row]);
             }
-          o = oracle_attention(sc, &g, {Nq, Nk, false, true}, ws,
-                               of(r.b, qh, i0, kh, r.n));
+          oracle_attention_into(sc, &g, {Nq, Nk, false, true}, ws,
+                                of(r.b, qh, i0, kh, r.n), &o);
         } else {  // no query sees the key: the sub-case holds every query
-          o = oracle_attention(sc, nullptr, {Nq, Nk, false, true}, ws,
-                               of(r.b, qh, 0, kh, r.n));
+          oracle_attention_into(sc, nullptr, {Nq, Nk, false, true}, ws,
+                                of(r.b, qh, 0, kh, r.n), &o);
         }
         scope(&o);
         sub[static_cast<size_t>(w)] =
