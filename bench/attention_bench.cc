@@ -272,7 +272,8 @@ void register_attention(const Backend* e, const Options& o, bool sanity) {
       for (const std::string& mask : o.masks) {
         for (const std::string& dir : o.dirs) {
           for (int64_t t : ts) {
-            const Shape s{8, n, d, mask == "causal"};
+            Shape s;
+            s.heads = 8, s.n = n, s.d = d, s.causal = mask == "causal";
             const bool bwd = dir == "bwd";
             benchmark::RegisterBenchmark(
                 attn_name(*e, dir, s, t).c_str(),
@@ -337,7 +338,8 @@ void register_anchors(const Options& o) {
     for (int64_t n : ns) {
       for (int64_t t : o.threads) {
         for (GemmOp op : ops) {
-          const Shape s{8, n, d, false};
+          Shape s;
+          s.heads = 8, s.n = n, s.d = d;
           const std::string name = std::string("gemm/") + gemm_op_name(op) +
                                    "/d:" + std::to_string(d) +
                                    "/n:" + std::to_string(n) +

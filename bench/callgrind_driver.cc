@@ -35,7 +35,8 @@ void count(const std::string& label, F&& call) {
 
 int run(int argc, char** argv) {
   std::string globs = "simd:*,blas:*,reference:*";
-  Shape shape{2, 256, 64, false};
+  Shape shape;
+  shape.heads = 2, shape.n = 256, shape.d = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto num = [&](const char* flag, int64_t* out) {

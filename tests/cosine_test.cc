@@ -15,6 +15,7 @@
 #include "qknorm/backend.h"
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
+#include "tests/test_support.h"
 #include "validation/buffers.h"
 #include "validation/case.h"
 #include "validation/judge.h"
@@ -184,49 +185,6 @@ TEST(Cosine, SameSignRowsPass) {
     }
 }
 
-// The sub-case of batch b's query rows [i0, i0 + nq) of heads [h0, h0 +
-// nh) and key rows [j0, j0 + nk) of kv heads [hk0, hk0 + nhk), unmasked
-// (as the sampled verdict's; written here independently of sampled.cc).
-AttentionCase block_of(const AttentionCase& c, int64_t b, int64_t h0,
-                       int64_t nh, int64_t i0, int64_t nq, int64_t hk0,
-                       int64_t nhk, int64_t j0, int64_t nk) {
-  const AttentionProblem& p = c.problem;
-  const int64_t D = p.head_dim, Hk = kv_heads_of(p);
-  AttentionCase s = c;
-  s.problem.batch = 1;
-  s.problem.heads = nh;
-  s.problem.kv_heads = nhk;
-  s.problem.q_len = nq;
-  s.problem.kv_len = nk;
-  s.problem.mask = Mask{};
-  auto rows = [&](const std::vector<double>& x, int64_t H, int64_t N,
-                  int64_t first, int64_t heads, int64_t n0, int64_t n) {
-    std::vector<double> out;
-    for (int64_t h = first; h < first + heads; ++h)
-      for (int64_t i = n0; i < n0 + n; ++i)
-        for (int64_t d = 0; d < D; ++d)
-          out.push_back(x[static_cast<size_t>(((b * H + h) * N + i) * D + d)]);
-    return out;
-  };
-  s.q = rows(c.q, p.heads, p.q_len, h0, nh, i0, nq);
-  s.d_o = rows(c.d_o, p.heads, p.q_len, h0, nh, i0, nq);
-  s.k = rows(c.k, Hk, p.kv_len, hk0, nhk, j0, nk);
-  s.v = rows(c.v, Hk, p.kv_len, hk0, nhk, j0, nk);
-  auto heads_of = [&](const std::vector<double>& w, int64_t first,
-                      int64_t count) {
-    if (w.empty() || p.norm.weight != ParamShape::kHeadDim ||
-        p.norm.axis == NormAxis::kAllHeads)
-      return w;
-    return std::vector<double>(w.begin() + first * D,
-                               w.begin() + (first + count) * D);
-  };
-  s.q_weight = heads_of(c.q_weight, h0, nh);
-  s.q_bias = heads_of(c.q_bias, h0, nh);
-  s.k_weight = heads_of(c.k_weight, hk0, nhk);
-  s.k_bias = heads_of(c.k_bias, hk0, nhk);
-  return s;
-}
-
 // CosineRows (rule_terms.h): the units of any block of a case's pairs, read
 // from the whole case's rows, are bitwise those of the sub-case holding the
 // block (a sampled row's sub-case reads its own this way): a query row
@@ -264,8 +222,8 @@ TEST(Cosine, RowsGiveEachBlocksUnits) {
             {0, H, 0, Hk, 0, p.q_len, 5, 1}};                  // all heads
         for (const auto& k : blocks) {
           if (all && k[1] != H) continue;  // its sub-cases keep every head
-          const AttentionCase sub =
-              block_of(c, b, k[0], k[1], k[4], k[5], k[2], k[3], k[6], k[7]);
+          const AttentionCase sub = test_support::block_of(
+              c, b, k[0], k[1], k[4], k[5], k[2], k[3], k[6], k[7]);
           const double want = cosine_units(sub);
           const double got = rows.units(
               {1, k[1], k[3], k[5], k[7], b, k[0], k[4], k[2], k[6]});

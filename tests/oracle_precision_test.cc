@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qknorm/formulation.h"
+#include "tests/test_support.h"
 #include "validation/case.h"
 #include "validation/oracle.h"
 #include "validation/rule.h"
@@ -215,19 +216,6 @@ TEST(OraclePrecision, F64EntryAgainstDoubleOracleWidensTheChannel) {
   EXPECT_GT(checked, 100);
 }
 
-// Rows [n0, n0 + n) of heads [h0, h0 + hn) of batch b of a dense [B, Hx,
-// N, D] tensor.
-std::vector<double> rows_of(const std::vector<double>& x, int64_t Hx, int64_t N,
-                            int64_t D, int64_t b, int64_t h0, int64_t hn,
-                            int64_t n0, int64_t n) {
-  std::vector<double> out;
-  for (int64_t h = h0; h < h0 + hn; ++h) {
-    const double* src = x.data() + ((b * Hx + h) * N + n0) * D;
-    out.insert(out.end(), src, src + n * D);
-  }
-  return out;
-}
-
 // A sub-case oracle reading its operands from the whole case's
 // (SharedOperands: the sampled verdict's sub-cases) gives the same bits as
 // one that normalizes its own, per head and across heads, in double and in
@@ -243,30 +231,12 @@ TEST(OraclePrecision, SharedOperandsGiveTheSubCasesOwnBits) {
       if (!across) p.kv_heads = 2;
       const AttentionCase c =
           round_inputs(make_attention_case(p, Distribution::kGaussian, 11), s);
-      const int64_t D = p.head_dim, Hk = kv_heads_of(p), b = 1;
+      const int64_t Hk = kv_heads_of(p), b = 1;
       const int64_t qh0 = across ? 0 : 2, qhn = across ? p.heads : 2;
       const int64_t kh0 = across ? 0 : 1, khn = across ? Hk : 1;
       const int64_t i0 = 5, nq = 4, j0 = 3, nk = 11;
-      AttentionCase sc = c;
-      sc.problem.batch = 1;
-      sc.problem.heads = qhn;
-      sc.problem.kv_heads = khn;
-      sc.problem.q_len = nq;
-      sc.problem.kv_len = nk;
-      sc.q = rows_of(c.q, p.heads, p.q_len, D, b, qh0, qhn, i0, nq);
-      sc.d_o = rows_of(c.d_o, p.heads, p.q_len, D, b, qh0, qhn, i0, nq);
-      sc.k = rows_of(c.k, Hk, p.kv_len, D, b, kh0, khn, j0, nk);
-      sc.v = rows_of(c.v, Hk, p.kv_len, D, b, kh0, khn, j0, nk);
-      auto heads = [&](const std::vector<double>& w, int64_t h0, int64_t hn) {
-        if (w.empty() || p.norm.weight != ParamShape::kHeadDim || across)
-          return w;
-        return std::vector<double>(w.begin() + h0 * D,
-                                   w.begin() + (h0 + hn) * D);
-      };
-      sc.q_weight = heads(c.q_weight, qh0, qhn);
-      sc.k_weight = heads(c.k_weight, kh0, khn);
-      sc.q_bias = heads(c.q_bias, qh0, qhn);
-      sc.k_bias = heads(c.k_bias, kh0, khn);
+      const AttentionCase sc =
+          test_support::block_of(c, b, qh0, qhn, i0, nq, kh0, khn, j0, nk);
       const SharedOperands shared(c);
       OracleOptions opt;
       opt.sub = {&shared, b, qh0, i0, kh0, j0};

@@ -90,8 +90,9 @@ TEST(Precision, Bf16MatchesNearestCandidate) {
     ASSERT_EQ(bf16_from_f32(x), bf16_nearest(x)) << "bits " << b;
     const float tie =
         std::bit_cast<float>((b & 0xffff0000u) | 0x8000u);  // exact halfway
-    if (!std::isnan(tie))
+    if (!std::isnan(tie)) {
       ASSERT_EQ(bf16_from_f32(tie), bf16_nearest(tie)) << "tie " << b;
+    }
   }
 }
 
@@ -151,8 +152,9 @@ TEST(Precision, RoundToConsistent) {
     for (Precision p : kAllPrecisions) {
       const double r = round_to(p, x);
       EXPECT_EQ(round_to(p, r), r);
-      if (std::isfinite(r))
+      if (std::isfinite(r)) {
         EXPECT_LE(std::fabs(r - x), 0.5 * ulp(p, x) * (1 + 1e-15)) << name(p);
+      }
     }
   }
 }

@@ -10,11 +10,60 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "qknorm/backend.h"
+#include "validation/case.h"
 #include "validation/gradcheck.h"
 
 namespace qknorm::test_support {
+
+// The sub-case of batch b's query rows [i0, i0 + nq) of heads [h0, h0 + nh)
+// and key rows [j0, j0 + nk) of kv heads [hk0, hk0 + nhk), unmasked, as the
+// sampled verdict forms its sub-cases (written here independently of
+// validation/sampled.cc): the rows copied, [heads, head_dim] weights and
+// biases restricted to the heads (other shapes, and across-heads norms,
+// kept whole).
+inline validation::AttentionCase block_of(const validation::AttentionCase& c,
+                                          int64_t b, int64_t h0, int64_t nh,
+                                          int64_t i0, int64_t nq, int64_t hk0,
+                                          int64_t nhk, int64_t j0, int64_t nk) {
+  const AttentionProblem& p = c.problem;
+  const int64_t D = p.head_dim, Hk = kv_heads_of(p);
+  validation::AttentionCase s = c;
+  s.problem.batch = 1;
+  s.problem.heads = nh;
+  s.problem.kv_heads = nhk;
+  s.problem.q_len = nq;
+  s.problem.kv_len = nk;
+  s.problem.mask = Mask{};
+  auto rows = [&](const std::vector<double>& x, int64_t H, int64_t N,
+                  int64_t first, int64_t heads, int64_t n0, int64_t n) {
+    std::vector<double> out;
+    for (int64_t h = first; h < first + heads; ++h) {
+      const double* src = x.data() + ((b * H + h) * N + n0) * D;
+      out.insert(out.end(), src, src + n * D);
+    }
+    return out;
+  };
+  s.q = rows(c.q, p.heads, p.q_len, h0, nh, i0, nq);
+  s.d_o = rows(c.d_o, p.heads, p.q_len, h0, nh, i0, nq);
+  s.k = rows(c.k, Hk, p.kv_len, hk0, nhk, j0, nk);
+  s.v = rows(c.v, Hk, p.kv_len, hk0, nhk, j0, nk);
+  auto heads_of = [&](const std::vector<double>& w, int64_t first,
+                      int64_t count) {
+    if (w.empty() || p.norm.weight != ParamShape::kHeadDim ||
+        p.norm.axis == NormAxis::kAllHeads)
+      return w;
+    return std::vector<double>(w.begin() + first * D,
+                               w.begin() + (first + count) * D);
+  };
+  s.q_weight = heads_of(c.q_weight, h0, nh);
+  s.q_bias = heads_of(c.q_bias, h0, nh);
+  s.k_weight = heads_of(c.k_weight, hk0, nhk);
+  s.k_bias = heads_of(c.k_bias, hk0, nhk);
+  return s;
+}
 
 inline const Backend& ref64() { return *all_backends().find("reference:f64"); }
 

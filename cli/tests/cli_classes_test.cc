@@ -124,8 +124,9 @@ TEST(InputClasses, VerdictPerClassAndSelection) {
   for (const std::string& l : lines)
     if (l.find("PASS realistic") != std::string::npos) {
       ++with_classes;
-      if (l.find("attention") != std::string::npos)
+      if (l.find("attention") != std::string::npos) {
         EXPECT_NE(l.find(line), std::string::npos) << l;
+      }
     }
   EXPECT_EQ(with_classes, 2) << table.str();
   EXPECT_NE(table.str().find("[extreme-range] "), std::string::npos)
