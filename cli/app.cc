@@ -138,6 +138,9 @@ void add_common(CLI::App& app, Common& c) {
   app.add_option("--scale", s.scale,
                  "Fixed logit scale instead of the learned g (0: as the "
                  "preset)");
+  app.add_option("--softcap", s.softcap,
+                 "Logit softcap: S' = cap tanh(S / cap) before the mask "
+                 "(Gemma 2: 50; 0: off). Entries without it are skipped");
   app.add_option("--scalenorm", s.scalenorm,
                  "ScaleNorm shape ROWSxDIM (repeatable)")
       ->type_name("SHAPE");

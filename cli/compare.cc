@@ -251,6 +251,7 @@ void reject_attention_options(const SuiteOptions& s,
   no(!s.weight.empty(), "--weight");
   no(!s.flags.empty(), "--norm-flags");
   no(s.scale != 0, "--scale");
+  no(s.softcap != 0, "--softcap");
   if (!contract.is_default())
     throw Error(
         contract == ComputeContract::storage() ? "--compute" : "--contract", {},
@@ -390,6 +391,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
     f.kv_heads = 0;  // the files' shapes give it
     apply_formulation(f, s.formulations.empty() ? "" : s.formulations[0], &p);
   }
+  p.softcap = s.softcap;
   if (s.g.size() > 1) throw Error("--g", {}, "compare takes one g");
   if (!s.g.empty()) {
     p.g = s.g[0];

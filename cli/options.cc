@@ -123,7 +123,7 @@ bool custom_suite(const SuiteOptions& o) {
          o.eps != kDefaultQKNormEps || !o.scalenorm.empty() ||
          !o.formulations.empty() || o.kv_heads != 0 || !o.norm.empty() ||
          !o.norm_axis.empty() || !o.weight.empty() || !o.flags.empty() ||
-         o.scale != 0;
+         o.scale != 0 || o.softcap != 0;
 }
 
 void apply_formulation(const SuiteOptions& o, const std::string& preset,
@@ -177,6 +177,7 @@ void apply_formulation(const SuiteOptions& o, const std::string& preset,
     p->scale = o.scale;
   }
   if (o.kv_heads != 0) p->kv_heads = o.kv_heads;
+  if (o.softcap != 0) p->softcap = o.softcap;
   validate_problem(*p);
 }
 

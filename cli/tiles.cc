@@ -85,6 +85,7 @@ std::string reproducer(const SweepOptions& o, const SuiteOptions& s, int64_t n,
   opt("--weight", s.weight);
   opt("--norm-flags", s.flags);
   if (s.scale != 0) opt("--scale", fmt::format("{:.17g}", s.scale));
+  if (s.softcap != 0) opt("--softcap", fmt::format("{:.17g}", s.softcap));
   return c + " --out tiles-repro";
 }
 

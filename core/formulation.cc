@@ -113,7 +113,9 @@ std::string formulation_name(const AttentionProblem& p) {
 }
 
 std::string describe_formulation(const AttentionProblem& p) {
-  if (p.variant == Variant::kSDPA) return "sdpa";
+  char cap[48] = "";
+  if (p.softcap != 0) std::snprintf(cap, sizeof cap, " softcap=%.17g", p.softcap);
+  if (p.variant == Variant::kSDPA) return std::string("sdpa") + cap;
   static const char* kinds[] = {"l2", "rms", "layer", "none"};
   static const char* shapes[] = {"none", "[D]", "[H,D]"};
   const Normalization& n = p.norm;
@@ -130,11 +132,11 @@ std::string describe_formulation(const AttentionProblem& p) {
   std::string s = buf;
   if (kv_heads_of(p) != p.heads)
     s += " kv_heads=" + std::to_string(kv_heads_of(p));
-  return s;
+  return s + cap;
 }
 
 bool is_paper_formulation(const AttentionProblem& p) {
-  if (kv_heads_of(p) != p.heads) return false;
+  if (kv_heads_of(p) != p.heads || p.softcap != 0) return false;
   if (p.variant == Variant::kSDPA) return true;
   const Normalization& n = p.norm;
   return n.kind == NormKind::kL2 && n.axis == NormAxis::kHead &&

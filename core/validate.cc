@@ -175,6 +175,10 @@ void validate_problem(const AttentionProblem& p) {
           "fixed logit scale must be finite (got " + num(p.scale) + ")");
     check_normalization(p);
   }
+  if (!(std::isfinite(p.softcap) && p.softcap >= 0))
+    throw Error("softcap", {},
+                "must be finite and >= 0 (0: off; got " + num(p.softcap) +
+                    ")");
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
     if (static_cast<int64_t>(kl.size()) != p.batch)

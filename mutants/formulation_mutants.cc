@@ -342,8 +342,10 @@ class FormulationBackend final : public Backend {
                      Bug bug, bool active)
       : Backend(family, name, precision), bug_(bug), active_(active) {}
 
-  // Every formulation of attention.h (and sdpa).
-  bool supports(const AttentionProblem&) const override { return true; }
+  // Every formulation of attention.h (and sdpa), without the softcap.
+  bool supports(const AttentionProblem& p) const override {
+    return p.softcap == 0;
+  }
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig&) const override {

@@ -279,19 +279,32 @@ T logit_scale(const AttentionProblem& p) {
 // inputs are outside the representable domain and their values are not
 // judged (fuzz in_domain), but every output must stay finite. Unreachable
 // in the long-double oracle from double inputs (|c| <= 1e617 there).
+// With a softcap (attention.h) the clamped logit x becomes cap tanh(x / cap)
+// in T, on visible keys only (a masked key is skipped, never capped).
 template <class T>
 int64_t logits_row(const AttentionProblem& p, const T* qt, const T* kt, T scale,
                    int64_t b, int64_t i, T* s) {
   const int64_t D = p.head_dim;
   const T big = std::numeric_limits<T>::max();
+  const T cap = static_cast<T>(p.softcap);
   int64_t m = 0;
   for (int64_t j = 0; j < p.kv_len; ++j) {
     if (!visible(p.mask, b, i, j, p.q_len, p.kv_len)) continue;
     const T x = scale * dot(qt + i * D, kt + j * D, D);
     s[j] = std::isnan(x) ? -big : std::clamp(x, -big, big);
+    if (cap > 0) s[j] = cap * std::tanh(s[j] / cap);
     ++m;
   }
   return m;
+}
+
+// The softcap's derivative at a capped logit s = cap tanh(x / cap):
+// d s / d x = 1 - (s / cap)^2 (1 without a cap).
+template <class T>
+T softcap_slope(const AttentionProblem& p, T s) {
+  if (p.softcap == 0) return 1;
+  const T t = s / static_cast<T>(p.softcap);
+  return 1 - t * t;
 }
 
 }  // namespace
@@ -531,7 +544,8 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
           if (dvb)
             for (int64_t d = 0; d < D; ++d) dvb[j * D + d] += pij * doi[d];
           const T dp = dot(doi, vb + j * D, D);
-          const T dsij = pij * (dp - delta);
+          // dS' = P (dP - delta) of the capped logit, through the cap.
+          const T dsij = pij * (dp - delta) * softcap_slope(p, si[j]);
           if (ds_row) ds_row[j] = dsij;
           const T* ktj = kt + j * D;
           if (learned) dg_sum += dsij * dot(qti, ktj, D);

@@ -67,7 +67,7 @@ const long double kWideExpFloor =
 
 // P_ij = exp(S_ij - lse_i) with the given lse (0 where masked), and S_ij
 // (where S is not null) as the reference's backward forms it: the scale
-// times the D-term dot of the logit operands.
+// times the D-term dot of the logit operands (capped: attention.h softcap).
 template <class LD>
 void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
                          const OperandMagsT<LD>& km, const std::vector<LD>& lse,
@@ -90,9 +90,13 @@ void given_probabilities(const AttentionCase& c, const OperandMagsT<LD>& qm,
           const LD* kt = km.xt.data() + (bk * Nk + j) * D;
           for (int64_t d = 0; d < D; ++d) t += qt[d] * kt[d];
           const auto e = static_cast<size_t>((bh * Nq + i) * Nk + j);
-          probs[e] =
-              visible(p.mask, b, i, j, Nq, Nk) ? std::exp(sc * t - l) : 0;
-          if (S != nullptr) S[e] = sc * t;
+          LD x = sc * t;
+          if (p.softcap > 0) {
+            const auto cap = static_cast<LD>(p.softcap);
+            x = cap * std::tanh(x / cap);
+          }
+          probs[e] = visible(p.mask, b, i, j, Nq, Nk) ? std::exp(x - l) : 0;
+          if (S != nullptr) S[e] = x;
         }
       }
     }
@@ -356,11 +360,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     }
     // Repeated summands (rule.h): each row sum's tied term pairs beyond
     // distinct terms (row_tie_excess: at the compute format's u, with a
-    // kernel's term error of cosine_units |A| + kOpUnits units), and
+    // kernel's term error of cosine_units |A| + kOpUnits units, the
+    // softcap's kSoftcapLogitUnits |A| more with a cap), and
     // dV's sensitivity to the row normalizations' rounding. A sampled key
     // row's sub-case (given) holds part of each row: the pass's ties.
     const double u_tie = compute_roundoff(c.storage);
-    const double cos_u = case_cos_units;
+    const double cos_u =
+        case_cos_units + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0);
     const double term_units = cos_u * std::fabs(logit_amplitude(c)) + kOpUnits;
     const auto n_row =
         static_cast<double>(counts.kv_len > 0 ? counts.kv_len : Nk);

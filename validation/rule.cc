@@ -140,6 +140,10 @@ struct RuleScalars {
   int64_t Nq = 1, Nk = 1;  // the counts the rule uses (the whole case's)
   double us = 0, uc = 0, A = 0, div = 0, soft = 0;
   double dot = kDotUnits;  // the case's cosine_units
+  // The logit softcap (rule.h, "The logit softcap"): the logits' units per
+  // |A| (dot, plus kSoftcapLogitUnits with a cap) and the cap's slope's
+  // units on every gradient term of dS (0 without a cap).
+  double dot_s = kDotUnits, slope = 0;
   double o_res = 0, c_res = 0, p_res = 0;
   // A pass in double whose error joins the bounds (OracleAttention::
   // given_units): the f64 unit roundoff.
@@ -240,6 +244,11 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.us = unit_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
   r.dot = orc.cosine_units > 0 ? orc.cosine_units : cosine_units(c);
+  r.dot_s = r.dot;
+  if (p.softcap > 0) {
+    r.dot_s += kSoftcapLogitUnits;
+    r.slope = softcap_slope_units(r.A, r.dot, p.softcap);
+  }
   r.wf = compute_format(s);
   contract_units(contract, s, std::fabs(r.A), &r);
   {
@@ -275,12 +284,12 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
     return static_cast<double>(norm_rows(p, side).len() - 1) / 2 + kOpUnits;
   };
   r.div = div_units(0) + div_units(1);
-  r.soft = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
+  r.soft = softmax_units(r.A, r.dot_s) + 2 * std::fabs(r.A) * r.div +
            2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
   r.uo = orc.unit_roundoff;
   r.co = orc.resolution;
   r.po = orc.tiny;
-  r.soft_o = softmax_units(r.A, r.dot) + 2 * std::fabs(r.A) * r.div +
+  r.soft_o = softmax_units(r.A, r.dot_s) + 2 * std::fabs(r.A) * r.div +
              2 * orc.logit_shift;
   r.Hk = kv_heads_of(p);
   r.group = p.heads / r.Hk;
@@ -318,7 +327,7 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
   ToleranceTable t = table(Field::kDg, r.wf, 1, 1, 1, 1, {orc.dg});
   const double n = static_cast<double>(r.B * r.H * r.Nq * r.Nk);
   const double units =
-      sum_units(n) + sum_units(static_cast<double>(r.D)) + r.div;
+      sum_units(n) + sum_units(static_cast<double>(r.D)) + r.div + r.slope;
   t.delta[0] =
       r.uc * (units + r.soft) * d(orc.dg_scale) +
       r.uo * (times(units + r.soft_o, orc.dg_scale) + d(orc.dg_shift)) +
@@ -393,7 +402,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] = (uc + rs.uo) * ((rs.dot + div) * std::fabs(A) +
+      t.delta[e] = (uc + rs.uo) * ((rs.dot_s + div) * std::fabs(A) +
                                    tie_sum_units(nk, row_ties(orc, e)) +
                                    2 * d(std::fabs(x)) + orc.logit_shift) +
                    orc.logit_flip + rs.logit_abs;
@@ -424,7 +433,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   const std::vector<LD>& p_sens, const std::vector<LD>& shift,
                   const std::vector<LD>& flip, bool rows_tie, bool row_norm) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
-    const double base = sum_units(n + static_cast<double>(L)) + div;
+    const double base = sum_units(n + static_cast<double>(L)) + div + rs.slope;
     for (size_t e = 0; e < x.size(); ++e) {
       // The terms dS_ij = P_ij (dP_ij - delta_i) move with their row's
       // normalization, twice (P and delta; rule.h, "Repeated summands"):
@@ -521,9 +530,11 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                    int64_t R, int64_t n, const Channels* sh) {
     if (x.empty()) return;
     ToleranceTable t = table(f, wf, 1, 1, 1, static_cast<int64_t>(x.size()), x);
-    const double row_units = sum_units(static_cast<double>(n)) + kOpUnits + div;
+    const double row_units =
+        sum_units(static_cast<double>(n)) + kOpUnits + div + rs.slope;
     const double units = sum_units(static_cast<double>(R)) +
-                         sum_units(static_cast<double>(n)) + kOpUnits + div;
+                         sum_units(static_cast<double>(n)) + kOpUnits + div +
+                         rs.slope;
     // The channel terms of element e of cs, with un units for the sums and
     // `rows` subnormal roundings of the row sum.
     auto terms = [&](const Channels& cs, size_t e, double un, double rows) {

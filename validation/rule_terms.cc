@@ -116,6 +116,11 @@ double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }
 
+double softcap_slope_units(double amplitude, double dot_units, double cap) {
+  return 2 * std::fabs(amplitude) * (dot_units + kSoftcapLogitUnits) / cap +
+         20;
+}
+
 namespace {
 
 // Above this many multiply-adds (B H Nq Nk D) cosine_units bounds every

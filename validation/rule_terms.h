@@ -31,6 +31,11 @@ inline constexpr double kDominantRatio = 64.0;
 // kChanceCosine / sqrt(D); beyond, its excess shares a sign (cosine_units,
 // the coherent excess; rule.h).
 inline constexpr double kChanceCosine = 6.0;
+// The logit softcap (rule.h, "The logit softcap"): a capped logit's own
+// units beyond the cosine's (per |A| u_c), and its slope's (per u_c, times
+// the magnitude of dS' = P (dP - delta)).
+inline constexpr double kSoftcapLogitUnits = 11.0;
+double softcap_slope_units(double amplitude, double dot_units, double cap);
 
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
 // error of an n-term sum plus the few roundings around it (rule.h).

@@ -112,6 +112,15 @@ struct AttentionProblem {
   // which case it is `scale` and dg is 0. sdpa: always 1/sqrt(head_dim).
   bool fixed_scale = false;
   double scale = 1.0;
+  // Logit softcap (Gemma 2, Grok; issue 34): 0 is off; otherwise every
+  // visible logit S (the scaled dot above, either variant) becomes
+  //   S' = softcap * tanh(S / softcap)
+  // before the mask and the softmax, so |S'| <= softcap, and the backward
+  // carries dS' through dS = dS' (1 - (S' / softcap)^2). Masked keys stay
+  // masked (probability exactly 0): the cap applies to visible logits only.
+  // Must be finite and >= 0. Entries declare it through supports() (the
+  // default refuses it).
+  double softcap = 0.0;
 };
 
 // kv_heads with 0 resolved to heads.
@@ -119,7 +128,8 @@ inline int64_t kv_heads_of(const AttentionProblem& p) {
   return p.kv_heads > 0 ? p.kv_heads : p.heads;
 }
 // The paper's formulation (l2 per head, no weight or bias, learned g, no
-// GQA) or sdpa without GQA: what every entry has always supported.
+// GQA) or sdpa without GQA, neither with a softcap: what every entry has
+// always supported.
 bool is_paper_formulation(const AttentionProblem& p);
 // Number of elements of the q (side 0) or k (side 1) weight (and bias): 0
 // when the formulation has none (k with a shared weight: 0).

@@ -44,7 +44,7 @@ const Preset* find_preset(std::string_view name);
 void apply_preset(std::string_view name, AttentionProblem* p);
 // "paper", "qwen3", ... or "custom" when p matches no preset.
 std::string formulation_name(const AttentionProblem& p);
-// One line: kind, axis, weight, bias, eps, scale, kv_heads.
+// One line: kind, axis, weight, bias, eps, scale, kv_heads, softcap.
 std::string describe_formulation(const AttentionProblem& p);
 
 }  // namespace qknorm
