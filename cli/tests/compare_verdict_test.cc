@@ -11,6 +11,7 @@
 //   passed: a zero q row (f32) with every other dQ row of head 0 off by 10%
 //   or head 1 negated, an outlier q row with one ordinary dQ row off by 30%,
 //   and one f16 dQ element off by 100% on Gaussian data: all FAIL;
+// - a softcap dump passes under its cap only (issue 34);
 // - a NaN in an input file is an input error (exit 3) naming the tensor.
 #include <gtest/gtest.h>
 
@@ -119,7 +120,11 @@ Judged judge(const Dump& d, const std::string& label,
   try {
     SuiteOptions s;
     for (size_t i = 0; i + 1 < extra.size(); i += 2)
-      if (extra[i] == "--mask") s.masks = {extra[i + 1]};
+      if (extra[i] == "--mask") {
+        s.masks = {extra[i + 1]};
+      } else if (extra[i] == "--softcap") {
+        s.softcap = std::stod(extra[i + 1]);
+      }
     const std::vector<std::string> a = args(dir.path());
     const auto split = std::find(a.begin(), a.end(), "--outputs");
     std::string desc;
@@ -292,6 +297,22 @@ TEST(CompareVerdict, OneF16ElementWrongBy100PercentFails) {
   d.dq[i] = round_to(prec, 2 * d.dq[i]);
   expect_fail(d, "f16 gaussian, dq[0,1,6,10] x2",
               {"field dq: 1 of 512 elements fail", "worst dq[0,1,6,10]"});
+}
+
+// The logit softcap (issue 34): a dump of capped attention passes under
+// --softcap with its cap and fails without it (the uncapped problem), and
+// the uncapped outputs fail under the cap (sglang #33915's dropped cap).
+TEST(CompareVerdict, SoftcapDumpsAreJudgedUnderTheirCap) {
+  const Precision prec = Precision::kF32;
+  validation::AttentionCase c = gaussian_case(prec, 17);
+  const Dump plain = make_dump(c, prec);
+  c.problem.softcap = 2;
+  const Dump capped = make_dump(c, prec);
+  expect_pass(capped, "f32 gaussian, softcap 2", {"--softcap", "2"});
+  expect_fail(capped, "f32 gaussian, softcap 2 judged without it",
+              {"field o:", "fail"});
+  expect_fail(plain, "f32 gaussian, uncapped judged under softcap 2",
+              {"field o:", "fail"}, {"--softcap", "2"});
 }
 
 TEST(CompareVerdict, NonFiniteInputIsAnInputErrorNamingTheTensor) {
