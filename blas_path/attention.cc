@@ -167,8 +167,26 @@ double logit_scale(const AttentionProblem& p) {
   return p.fixed_scale ? p.scale : p.g;
 }
 
+// The logit softcap (attention.h): the row's cosines c[0, m) become the
+// capped logits cap tanh(s c / cap) in natural units, in T (three roundings
+// and tanh's, as rule.h's "The logit softcap" counts them). The row kernels
+// then take alpha = kLogE (the logits are already scaled). A logit that
+// overflows T is clamped to +-max and a NaN one (a cosine of inf - inf:
+// terms overflowing with both signs) becomes -max first, as the reference's
+// logits_row does, so the cap stays finite (+-cap).
+template <class T>
+void softcap_row(T* c, int64_t m, T scale, T cap) {
+  const T big = std::numeric_limits<T>::max();
+  for (int64_t j = 0; j < m; ++j) {
+    const T x = scale * c[j];
+    c[j] = cap * std::tanh((std::isnan(x) ? -big : std::clamp(x, -big, big)) /
+                           cap);
+  }
+}
+
 template <class T>
 T logit_alpha(const AttentionProblem& p) {
+  if (p.softcap > 0) return static_cast<T>(kLogE<T>);
   return static_cast<T>(p.variant == Variant::kQKNorm
                             ? logit_scale(p) * kLogE<T>
                             : kLogE<T> /
@@ -227,6 +245,7 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   // up to 2|alpha| in magnitude and carry a rounding of u * 2|alpha| each
   // (measured: 3.5x the naive error of O at g = 12.32, two keys).
   const double scale_d = logit_scale(p);
+  const bool capped = p.softcap > 0;
   const int64_t bq = std::min(query_block(Nk, sizeof(T)), Nq),
                 ld = block_ld(Nk);
   T* s = ws.blk0.get(static_cast<size_t>(bq * ld));
@@ -259,17 +278,19 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
       for (int64_t r = t.r0; r < t.r1; ++r) {
         const int64_t i = i0 + r, m = vis(i);
         T* sr = s + r * ld;
+        if (capped)
+          softcap_row(sr, m, static_cast<T>(scale_d), static_cast<T>(p.softcap));
         const T cm = alpha >= 0 ? row_max(sr, m) : row_min(sr, m);
         // Zeroes [m, t.c1): the leaf's P V GEMM reads them.
         const T sum = exp_affine_row(sr, m, t.c1, alpha, alpha * cm);
         rowsum[r] = static_cast<double>(sum);
         // lse in natural units from the extreme logit itself (scale * C in
-        // double: one rounding, as the naive g * dot) plus log(sum) in
-        // double, rounded to T once.
+        // double: one rounding, as the naive g * dot; capped: the logit
+        // itself) plus log(sum) in double, rounded to T once.
         if (lse)
-          lse[i] = static_cast<double>(
-              static_cast<T>(scale_d * static_cast<double>(cm) +
-                             std::log(static_cast<double>(sum))));
+          lse[i] = static_cast<double>(static_cast<T>(
+              (capped ? 1.0 : scale_d) * static_cast<double>(cm) +
+              std::log(static_cast<double>(sum))));
         if (probs) {
           double* pr = probs + i * Nk;
           for (int64_t j = 0; j < Nk; ++j)
@@ -358,6 +379,10 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
                 ld = block_ld(Nk);
   T* c = ws.blk0.get(static_cast<size_t>(bq * ld));
   T* dp = ws.blk1.get(static_cast<size_t>(bq * ld));
+  // Softcap: a row's cosines and capped logits (the row kernel overwrites c).
+  const bool capped = p.softcap > 0;
+  const T cap = static_cast<T>(p.softcap);
+  T* raw = capped ? ws.cap.get(static_cast<size_t>(2 * ld)) : nullptr;
   double dg = 0;
   for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
     const int64_t brows = std::min(bq, Nq - b0);
@@ -379,9 +404,30 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
     for (const Tile& t : tiles) {
       if (!t.leaf) continue;
       // Zeroes P and dS in [m, t.c1): the leaf's GEMMs below read them.
-      for (int64_t r = t.r0; r < t.r1; ++r)
-        dg += static_cast<double>(softmax_backward_row(
-            c + r * ld, dp + r * ld, vis(i0 + r), t.c1, alpha2, scale));
+      for (int64_t r = t.r0; r < t.r1; ++r) {
+        if (!capped) {
+          dg += static_cast<double>(softmax_backward_row(
+              c + r * ld, dp + r * ld, vis(i0 + r), t.c1, alpha2, scale));
+          continue;
+        }
+        // Capped: the forward's capped logits (bit for bit), dS' of them
+        // (scale 1), then dS = dS' (1 - (S' / cap)^2), dp = s dS and the
+        // row's dg share sum dS C from the cosines.
+        const int64_t m = vis(i0 + r);
+        T *cr = c + r * ld, *dr = dp + r * ld, *sp = raw + ld;
+        std::copy(cr, cr + m, raw);
+        softcap_row(cr, m, scale, cap);
+        std::copy(cr, cr + m, sp);
+        softmax_backward_row(cr, dr, m, t.c1, alpha2, T(1));
+        double share = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          const T tj = sp[j] / cap;
+          const T ds = dr[j] * (1 - tj * tj);
+          share += static_cast<double>(ds) * static_cast<double>(raw[j]);
+          dr[j] = scale * ds;
+        }
+        dg += share;
+      }
     }
     // c now holds P, dp holds s dS (row_kernels.h): the GEMMs below take
     // alpha = 1, so no product dS x_tilde' the exact gradient does not need

@@ -145,9 +145,11 @@ struct Scratch {
   Buffer<RowNorm> qn, kn;
   Buffer<double> row0;
   Buffer<double> frow;  // formulations: one normalization row, 2 or 3 times
+  Buffer<T> cap;        // softcap backward: a row's cosines and capped logits
   size_t bytes() const {
     return qh.bytes() + kh.bytes() + dkh.bytes() + dqh.bytes() + blk0.bytes() +
-           blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes() + frow.bytes();
+           blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes() + frow.bytes() +
+           cap.bytes();
   }
 };
 

@@ -19,11 +19,9 @@ class BlasBackend final : public Backend {
   explicit BlasBackend(Precision p) : Backend("blas", "-", p) {}
 
   // Every formulation (issue 16: normalization kind and axis, weights,
-  // biases, fixed or learned scale) and GQA, forward and backward; not yet
-  // the logit softcap (issue 34: the reference has it first).
-  bool supports(const AttentionProblem& p) const override {
-    return p.softcap == 0;
-  }
+  // biases, fixed or learned scale), GQA and the logit softcap, forward and
+  // backward.
+  bool supports(const AttentionProblem&) const override { return true; }
   // Query blocks of query_block() rows; rows padded to multiples of 16;
   // under a causal mask, staircase tiles of kCausalTileRows rows in each
   // block (attention.h, Masks).
