@@ -175,6 +175,8 @@ struct AttnShape {
   bool learned;            // qknorm with the learned g (dg is computed)
   float scale;  // g or the fixed scale (qknorm), 1/sqrt(D) (sdpa), in f32
   float eps;
+  // The logit softcap (attention.h; 0: none), in f32, and fl(1 / cap).
+  float cap, inv_cap;
 };
 
 inline AttnShape MakeShape(const AttentionProblem& p) {
@@ -193,6 +195,8 @@ inline AttnShape MakeShape(const AttentionProblem& p) {
   s.scale = s.qk ? static_cast<float>(p.fixed_scale ? p.scale : p.g)
                  : 1.0f / std::sqrt(static_cast<float>(s.D));
   s.eps = EpsF32(p.eps);
+  s.cap = static_cast<float>(p.softcap);
+  s.inv_cap = s.cap > 0 ? 1.0f / s.cap : 0.0f;
   return s;
 }
 
@@ -300,6 +304,35 @@ HWY_INLINE VF Logit(VF c, VF vscale) {
   const VF hi = hn::Set(df, std::numeric_limits<float>::max());
   return hn::Min(hn::Max(hn::Mul(c, vscale), lo), hi);
 }
+
+// The logits of a problem: Logit, then the softcap where it has one
+// (attention.h): S' = cap Tanh(S fl(1 / cap)), Highway's Tanh within 4 ulp
+// (the roundings rule.h's "The logit softcap" counts). A clamped logit caps
+// to +-cap, so S' stays finite. |S'| <= |S|: a fixed shift B_i >= |S| of
+// the uncapped logits (top of file) bounds the capped ones too.
+struct Logits {
+  VF vscale, vcap, vinv;
+  bool capped;
+  explicit Logits(const AttnShape& s) {
+    const DF df;
+    vscale = hn::Set(df, s.scale);
+    vcap = hn::Set(df, s.cap);
+    vinv = hn::Set(df, s.inv_cap);
+    capped = s.cap > 0;
+  }
+  HWY_INLINE VF operator()(VF c) const {
+    const VF x = Logit(c, vscale);
+    if (!capped) return x;
+    const DF df;
+    return hn::Mul(vcap, hn::Tanh(df, hn::Mul(x, vinv)));
+  }
+  // d S' / d S = 1 - (S' / cap)^2 at the capped logit sc (capped only).
+  HWY_INLINE VF Slope(VF sc) const {
+    const DF df;
+    const VF t = hn::Mul(sc, vinv);
+    return hn::NegMulAdd(t, t, hn::Set(df, 1.0f));
+  }
+};
 
 // exp(x) for x in [-86, 88] (the fixed-shift softmax's arguments S - B_i,
 // >= -2 B_i >= -2 kFixedShiftMax up to rounding): hn::Exp's range reduction and
@@ -545,7 +578,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   });
 
   const VF neg_inf = hn::Set(df, kNegInf);
-  const VF vscale = hn::Set(df, s.scale);
+  const Logits logit(s);
   const BoundFactors bf = MakeBoundFactors(s.scale, Dp);
   float* row_shift =
       probs ? ws.row_shift.Get(static_cast<size_t>(s.BH) * Nq) : nullptr;
@@ -622,7 +655,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
           const VF vshift = hn::Set(df, shift[r]);
           VF vsum = hn::Zero(df);
           for (size_t j = 0; j < kvv; j += N) {
-            const VF x = Logit(hn::LoadU(df, sr + j), vscale);
+            const VF x = logit(hn::LoadU(df, sr + j));
             // A row's only visible key: keep its logit for the epilogue.
             if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
             const VF e = MaskColumns(ExpBounded(hn::Sub(x, vshift)), j, kv,
@@ -643,7 +676,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // otherwise cost ~7% of the forward at n = 128, measured).
         VF vmax = neg_inf;
         for (size_t j = 0; j < kvv; j += N) {
-          const VF x = Logit(hn::LoadU(df, sr + j), vscale);
+          const VF x = logit(hn::LoadU(df, sr + j));
           hn::StoreU(x, df, sr + j);
           vmax = hn::Max(vmax, MaskColumns(x, j, kv, neg_inf));
         }
@@ -720,7 +753,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         float* sr = S + r * Kb;
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
-          const VF x = hn::Sub(Logit(hn::LoadU(df, sr + j), vscale), vm);
+          const VF x = hn::Sub(logit(hn::LoadU(df, sr + j)), vm);
           // Fixed rows: x <= 0 up to rounding on the visible keys; the
           // lanes of masked keys (past kv, never copied out) may fall
           // outside ExpBounded's domain and hold garbage.
@@ -861,6 +894,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vtb = vt + bk * s.Nkp * Dp;
     const VF vscale = hn::Set(df, s.scale);
+    const Logits logit(s);
     size_t kvr[kQueryBlock], klo[kKeyBlock];
     double dg = 0;
     for (size_t kb = g; kb < s.nkb; kb += G) {
@@ -917,9 +951,12 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
             const VF vd = hn::Set(df, delta[bh * Nq + i]);
             for (size_t j = 0; j < kvv; j += N) {
               const VF c = hn::LoadU(df, sr + j);
-              const VF x = hn::Sub(hn::Sub(Logit(c, vscale), vhi), vlo);
+              const VF sc = logit(c);
+              const VF x = hn::Sub(hn::Sub(sc, vhi), vlo);
               const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
-              const VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
+              VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
+              // Capped: dS = dS' (1 - (S' / cap)^2), the cosine's gradient.
+              if (logit.capped) ds = hn::Mul(ds, logit.Slope(sc));
               vdg = hn::MulAdd(ds, c, vdg);
               hn::StoreU(pr, df, sr + j);
               // s dS, not dS: the products below would otherwise form dS

@@ -56,11 +56,9 @@ class SimdBackend final : public Backend {
       : Backend("simd", t.name, p), target_(t) {}
 
   // Every formulation of attention.h (issue 16), forward and backward:
-  // the paper's and sdpa as before, the others through formulation-inl.h.
-  // Not yet the logit softcap (issue 34: the reference has it first).
-  bool supports(const AttentionProblem& p) const override {
-    return p.softcap == 0;
-  }
+  // the paper's and sdpa as before, the others through formulation-inl.h,
+  // and the logit softcap (attention-inl.h, Logits).
+  bool supports(const AttentionProblem&) const override { return true; }
   // attention-inl.h: kQueryBlock = kKeyBlock = 64 rows, micro-GEMM panels of
   // kGemmRows = 6 rows; formulation-inl.h: kRowBlock = 64.
   std::vector<int64_t> block_sizes(const AttentionProblem&) const override {

@@ -405,18 +405,20 @@
 //
 // The logit softcap (issue 34; attention.h: S' = cap tanh(S / cap) on the
 // visible logits). A correct kernel forms S to |S^ - S| <= A dot u_c (the
-// model above), then y = S^ / cap in at most two roundings (a division, or
-// a product with fl(1 / cap)), tau = tanh(y) to 4 ulp (<= 8 u_c |tau|:
-// Highway's Tanh, glibc's tanhf and tanh are within that) and S'^ = fl(cap
-// tau). tanh is 1-Lipschitz and |tanh y| <= |y|, so
-//   |S'^ - S'| <= |S^ - S| + 2 u_c |S^| + (8 + 1) u_c |S^|
-//              <= A (dot + kSoftcapLogitUnits) u_c,   kSoftcapLogitUnits = 11
+// model above), then y = S^ / cap in at most three roundings (the cap
+// rounded to the compute format, its reciprocal, the product; or a
+// division), tau = tanh(y) to 4 ulp (<= 8 u_c |tau|: Highway's Tanh,
+// glibc's tanhf and tanh are within that) and S'^ = fl(cap tau) (the
+// rounded cap and the product: two more). tanh is 1-Lipschitz and |tanh y|
+// <= |y|, so
+//   |S'^ - S'| <= |S^ - S| + 3 u_c |S^| + 8 u_c |S^| + 2 u_c |S^|
+//              <= A (dot + kSoftcapLogitUnits) u_c,   kSoftcapLogitUnits = 13
 // (|S^| <= A to first order): the cap is a logit error like the cosine's,
 // and every use of dot above (soft, soft_o, lse, the ties' term units)
-// reads dot + 11 with a cap (RuleScalars::dot_s). The backward multiplies
+// reads dot + 13 with a cap (RuleScalars::dot_s). The backward multiplies
 // dS' = P (dP - delta) by the slope sigma = 1 - t^2, t = S' / cap, which a
 // kernel forms from tau or from S'^ / cap, either way to
-//   |t^ - t| <= (A (dot + 11) / cap + 8) u_c,
+//   |t^ - t| <= (A (dot + 13) / cap + 8) u_c,
 // so sigma^ = fl(1 - fl(t^ t^)) is off by at most 2 |t^ - t| + 2 u_c
 // (absolute: sigma <= 1 and |t| <= 1), and dS = fl(dS' sigma^) by at most
 // sigma err(dS') + |dS'| (that + 2 u_c) (one more rounding for either order
@@ -424,7 +426,7 @@
 // rest is relative to |dS'| <= P_ij (|dP_ij| + |delta_i|), the terms every
 // gradient's magnitude M_e already sums: dQ, dK, dg and the parameter
 // gradients add
-//   slope = softcap_slope_units = 2 A (dot + 11) / cap + 20
+//   slope = softcap_slope_units = 2 A (dot + 13) / cap + 20
 // to their sums' units (RuleScalars::slope). Their magnitudes keep the
 // uncapped terms (sigma <= 1: an upper bound, looser by up to 1 / sigma
 // where the cap saturates). A kernel whose tanh is coarser than 4 ulp (CUDA's

@@ -34,7 +34,7 @@ inline constexpr double kChanceCosine = 6.0;
 // The logit softcap (rule.h, "The logit softcap"): a capped logit's own
 // units beyond the cosine's (per |A| u_c), and its slope's (per u_c, times
 // the magnitude of dS' = P (dP - delta)).
-inline constexpr double kSoftcapLogitUnits = 11.0;
+inline constexpr double kSoftcapLogitUnits = 13.0;
 double softcap_slope_units(double amplitude, double dot_units, double cap);
 
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
