@@ -179,8 +179,8 @@ void softcap_row(T* c, int64_t m, T scale, T cap) {
   const T big = std::numeric_limits<T>::max();
   for (int64_t j = 0; j < m; ++j) {
     const T x = scale * c[j];
-    c[j] = cap * std::tanh((std::isnan(x) ? -big : std::clamp(x, -big, big)) /
-                           cap);
+    c[j] = cap *
+           std::tanh((std::isnan(x) ? -big : std::clamp(x, -big, big)) / cap);
   }
 }
 
@@ -279,7 +279,8 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
         const int64_t i = i0 + r, m = vis(i);
         T* sr = s + r * ld;
         if (capped)
-          softcap_row(sr, m, static_cast<T>(scale_d), static_cast<T>(p.softcap));
+          softcap_row(sr, m, static_cast<T>(scale_d),
+                      static_cast<T>(p.softcap));
         const T cm = alpha >= 0 ? row_max(sr, m) : row_min(sr, m);
         // Zeroes [m, t.c1): the leaf's P V GEMM reads them.
         const T sum = exp_affine_row(sr, m, t.c1, alpha, alpha * cm);

@@ -148,8 +148,8 @@ struct Scratch {
   Buffer<T> cap;        // softcap backward: a row's cosines and capped logits
   size_t bytes() const {
     return qh.bytes() + kh.bytes() + dkh.bytes() + dqh.bytes() + blk0.bytes() +
-           blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes() + frow.bytes() +
-           cap.bytes();
+           blk1.bytes() + qn.bytes() + kn.bytes() + row0.bytes() +
+           frow.bytes() + cap.bytes();
   }
 };
 

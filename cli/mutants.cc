@@ -92,9 +92,17 @@ bool same_on(const Backend& m, const Backend& u, const std::vector<Spec>& specs,
 }
 
 // True if `m` and the unmutated copy of its precision give the same outputs
-// on every case of `suite`.
+// on every case of `suite`. A formulation mutant's unmutated copy is the
+// formulation control (the same wrapper with no bug), the others' the plain
+// copy of the paper-formulation loops.
 bool same_as_unmutated(const Backend& m, const Suite& suite) {
-  const Backend& u = property::unmutated(m.precision());
+  const Backend* control = nullptr;
+  for (const property::MutantInfo& i : property::mutant_list())
+    if (m.target() == i.name && i.formulation != nullptr)
+      control = property::control_registry().find(
+          "control:formulation:" + std::string(name(m.precision())));
+  const Backend& u =
+      control != nullptr ? *control : property::unmutated(m.precision());
   try {
     return same_on(m, u, suite.attention, validation::make_attention_case,
                    validation::run_attention) &&

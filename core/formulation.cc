@@ -114,7 +114,8 @@ std::string formulation_name(const AttentionProblem& p) {
 
 std::string describe_formulation(const AttentionProblem& p) {
   char cap[48] = "";
-  if (p.softcap != 0) std::snprintf(cap, sizeof cap, " softcap=%.17g", p.softcap);
+  if (p.softcap != 0)
+    std::snprintf(cap, sizeof cap, " softcap=%.17g", p.softcap);
   if (p.variant == Variant::kSDPA) return std::string("sdpa") + cap;
   static const char* kinds[] = {"l2", "rms", "layer", "none"};
   static const char* shapes[] = {"none", "[D]", "[H,D]"};

@@ -177,8 +177,7 @@ void validate_problem(const AttentionProblem& p) {
   }
   if (!(std::isfinite(p.softcap) && p.softcap >= 0))
     throw Error("softcap", {},
-                "must be finite and >= 0 (0: off; got " + num(p.softcap) +
-                    ")");
+                "must be finite and >= 0 (0: off; got " + num(p.softcap) + ")");
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
     if (static_cast<int64_t>(kl.size()) != p.batch)

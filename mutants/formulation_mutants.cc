@@ -82,6 +82,8 @@ class FormulationKernel {
     if (on(Bug::kFixedScaleInverted) && p.variant == Variant::kQKNorm &&
         p.fixed_scale && p.scale != 0)
       a.scale = 1 / p.scale;
+    // The mutant: the softcap dropped.
+    if (on(Bug::kSoftcapDropped)) a.softcap = 0;
     return a;
   }
 
@@ -342,10 +344,9 @@ class FormulationBackend final : public Backend {
                      Bug bug, bool active)
       : Backend(family, name, precision), bug_(bug), active_(active) {}
 
-  // Every formulation of attention.h (and sdpa), without the softcap.
-  bool supports(const AttentionProblem& p) const override {
-    return p.softcap == 0;
-  }
+  // Every formulation of attention.h (and sdpa), with the softcap (the
+  // reference's loops apply it).
+  bool supports(const AttentionProblem&) const override { return true; }
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace*, const ExecConfig&) const override {

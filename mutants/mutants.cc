@@ -850,7 +850,8 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
       active &&
       (bug == Bug::kGqaNoGroupSum || bug == Bug::kRmsEpsOutsideRsqrt ||
        bug == Bug::kGemmaWNotOnePlusW || bug == Bug::kOlmo2NormPerHead ||
-       bug == Bug::kQwen3WeightBeforeCast || bug == Bug::kFixedScaleInverted);
+       bug == Bug::kQwen3WeightBeforeCast || bug == Bug::kFixedScaleInverted ||
+       bug == Bug::kSoftcapDropped);
   if (formulation_bug || control == Control::kFormulation)
     return make_formulation_entry(family, name, precision, bug, active);
   if (precision == Precision::kF64)
@@ -1057,6 +1058,14 @@ const std::vector<MutantInfo>& mutant_list() {
        "head_dim ** -0.5): Qwen3's 1/sqrt(D) becomes sqrt(D), logits D times "
        "too large and the softmax saturated beyond the formulation's bound",
        Precision::kF32, MutantKind::kFormula, nullptr, "qwen3"},
+      // Issue 34's first variant: its cases are the softcap's (mutation_test.cc
+      // caps its formulations' cases; FormulationSoftcapAgreement draws caps).
+      {Bug::kSoftcapDropped, "softcap_dropped",
+       "the logit softcap not applied, forward and backward (sglang #33915: "
+       "a backend silently dropped Gemma 2's logit softcap on one path): "
+       "logits |S| instead of cap tanh(S / cap), the softmax sharper than the "
+       "model's",
+       Precision::kF32, MutantKind::kFormula, nullptr, "softcap"},
       // --- Shape bugs (issue 33): wrong only in one region of the shape
       // model, the unmutated copy bit for bit elsewhere ---
       {Bug::kStaleDqHeadDim256, "stale_dq_head_dim_256",

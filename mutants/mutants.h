@@ -69,6 +69,7 @@ enum class Bug {
   kOlmo2NormPerHead,       // OLMo2's across-heads RMSNorm done per head
   kQwen3WeightBeforeCast,  // round_s(x_hat w) instead of round_s(x_hat) w
   kFixedScaleInverted,     // fixed logit scale s applied as 1 / s
+  kSoftcapDropped,         // the logit softcap not applied (issue 34)
   // Shape bugs (issue 33): each is wrong only in one region of the shape
   // model (validation/coverage.h) and bit for bit the unmutated copy
   // elsewhere; only the default run's covering array reaches them.

@@ -197,6 +197,7 @@ struct FormulationCase {
   validation::Distribution dist;
   bool causal;
   uint64_t seed;
+  double softcap = 0;
 };
 
 validation::AttentionCase formulation_case(const FormulationCase& f,
@@ -213,6 +214,7 @@ validation::AttentionCase formulation_case(const FormulationCase& f,
   p.kv_heads = pr->gqa ? kv_heads : 0;
   p.mask.causal = f.causal;
   if (!f.causal) p.mask.key_lengths = {19};
+  p.softcap = f.softcap;
   return validation::make_attention_case(p, f.dist, f.seed, s);
 }
 
@@ -260,13 +262,17 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
     const MutantInfo* info = info_of(*m);
     if (info == nullptr || info->formulation == nullptr) continue;
     const std::string f = info->formulation;
-    // gqa_no_group_sum: every GQA preset; the others: their preset.
+    // gqa_no_group_sum: every GQA preset; softcap_dropped: the paper's and
+    // Qwen3's cases capped at 5; the others: their preset.
     const std::vector<const char*> presets =
         f == "gqa"
             ? std::vector<const char*>{"qwen3", "gemma3", "olmo2", "chameleon"}
-            : std::vector<const char*>{info->formulation};
+        : f == "softcap" ? std::vector<const char*>{"paper", "qwen3"}
+                         : std::vector<const char*>{info->formulation};
     // More seeds where only some cases can catch the bug (correct_when).
-    const auto cases = cases_for(presets, info->correct_when ? 8 : 2);
+    auto cases = cases_for(presets, info->correct_when ? 8 : 2);
+    if (f == "softcap")
+      for (FormulationCase& c : cases) c.softcap = 5;
     const Margins mm = judge_all(*m, cases);
     const Margins cm =
         judge_all(*control_registry().find("control:formulation:" +

@@ -461,13 +461,11 @@ void non_saturation(const Backend& b) {
   if (!v.empty()) RC_FAIL(entry_and_case(b, spec.describe()) + ": " + v);
 }
 
-// The formulations (issue 16): agreement with the oracle on every field
-// (the parameter gradients included) of a drawn preset or free combination,
-// GQA included; 16-bit cases whose gradients the format cannot hold judge
-// the forward only, as attention_agreement.
-void formulation_agreement(const Backend& b) {
+// Agreement with the oracle on every field of spec's case (the parameter
+// gradients included); 16-bit cases whose gradients the format cannot hold
+// judge the forward only, as attention_agreement.
+void agreement_on(const Backend& b, const AttentionSpec& spec) {
   const Precision s = b.precision();
-  const AttentionSpec spec = draw_formulation_spec(s);
   if (!b.supports(spec.problem))
     RC_FAIL("entry " + b.name() + " does not implement " +
             describe_formulation(spec.problem));
@@ -475,6 +473,21 @@ void formulation_agreement(const Backend& b) {
   const AttentionCase c = build_case(spec, s, false, &backward_fits);
   const auto rep = validation::check_attention(b, c, {}, !backward_fits);
   if (!rep.pass) RC_FAIL(rep.failure_message() + "  (" + spec.describe() + ")");
+}
+
+// The formulations (issue 16): a drawn preset or free combination, GQA
+// included.
+void formulation_agreement(const Backend& b) {
+  agreement_on(b, draw_formulation_spec(b.precision()));
+}
+
+// The logit softcap (issue 34): a drawn formulation whose logits are capped
+// at a drawn cap, from one that saturates them (0.5) to Gemma 2's 50.
+void formulation_softcap_agreement(const Backend& b) {
+  AttentionSpec spec = draw_formulation_spec(b.precision());
+  spec.problem.softcap =
+      *rc::gen::elementOf(std::vector<double>{0.5, 2, 5, 20, 50});
+  agreement_on(b, spec);
 }
 
 // Non-saturation under a formulation: the bound of validation/nonsaturation.h
@@ -1266,6 +1279,7 @@ const std::vector<Property>& entry_properties() {
       {"Determinism", determinism, 160},
       {"FormulationAgreement", formulation_agreement, 160},
       {"FormulationNonSaturation", formulation_non_saturation, 80},
+      {"FormulationSoftcapAgreement", formulation_softcap_agreement, 60},
       {"LongSequence", long_sequence, 2},
       {"ShapeCoverage", shape_coverage, 1},
   };

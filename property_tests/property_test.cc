@@ -80,6 +80,9 @@ TEST_P(EntryProperty, FormulationAgreement) { Check("FormulationAgreement"); }
 TEST_P(EntryProperty, FormulationNonSaturation) {
   Check("FormulationNonSaturation");
 }
+TEST_P(EntryProperty, FormulationSoftcapAgreement) {
+  Check("FormulationSoftcapAgreement");
+}
 TEST_P(EntryProperty, LongSequence) { Check("LongSequence"); }
 TEST_P(EntryProperty, ShapeCoverage) { Check("ShapeCoverage"); }
 

@@ -99,8 +99,8 @@ void attention_forward(const AttentionProblem& p, const T* q, const T* k,
 
 // ds (optional, may be null): receives dS, dense [B,H,q_len,kv_len], for the
 // invariant tests (rows of dS sum to 0; with a softcap dS is the gradient of
-// the logit before the cap, whose rows do not). dg receives sum over b, h (0 for a
-// fixed logit scale).
+// the logit before the cap, whose rows do not). dg receives sum over b, h (0
+// for a fixed logit scale).
 template <class T>
 void attention_backward(const AttentionProblem& p, const T* q, const T* k,
                         const T* v, const T* o, const T* d_o, const T* lse,

@@ -1,6 +1,8 @@
 // Plug-in entries (include/qknorm/plugin.h): a Backend that forwards every
 // call across the C ABI, the loader, and --isolate (each call in a child
 // process). Nothing here computes attention: the plug-in does.
+#include "qknorm/plugin_loader.h"
+
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -23,7 +25,6 @@
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/plugin.h"
-#include "qknorm/plugin_loader.h"
 
 namespace qknorm {
 namespace {

@@ -59,7 +59,8 @@ AttentionProblem capped(const char* form, double cap, int mask, int64_t Nq = 5,
 }
 
 TEST(Softcap, InvalidCapsNameTheField) {
-  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+  for (double bad :
+       {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     AttentionProblem p = capped("paper", bad, 0);
     const std::string msg = error_of([&] { validate_problem(p); });
     EXPECT_NE(msg.find("softcap"), std::string::npos) << msg;
@@ -114,17 +115,18 @@ TEST(Softcap, EveryGradientMatchesFiniteDifferences) {
   tally.print("finite differences, softcap");
 }
 
-// Every entry (reference, simd on every target, blas) passes the verdict on capped cases of every input class the
-// default run draws (spread, wide, outlier and zero rows), both variants,
-// masks and presets: the rule's softcap units do not cry wolf.
+// Every entry (reference, simd on every target, blas) passes the verdict on
+// capped cases of every input class the default run draws (spread, wide,
+// outlier and zero rows), both variants, masks and presets: the rule's softcap
+// units do not cry wolf.
 TEST(Softcap, EveryEntryWithItPassesTheVerdict) {
   int n = 0, judged = 0;
   std::map<std::string, double> worst;
   for (const char* form : {"paper", "sdpa", "qwen3", "gemma3"})
     for (Precision prec : kAllPrecisions)
-      for (Distribution d : {Distribution::kGaussian, Distribution::kWideMagnitude,
-                             Distribution::kOutlierRows,
-                             Distribution::kZeroRows})
+      for (Distribution d :
+           {Distribution::kGaussian, Distribution::kWideMagnitude,
+            Distribution::kOutlierRows, Distribution::kZeroRows})
         for (double cap : {2.0, 30.0})
           for (int mask : {0, 3}) {
             const AttentionCase c = validation::make_attention_case(
@@ -198,9 +200,10 @@ TEST(Softcap, ProbabilitiesSpreadLessThanTwiceTheCap) {
         widest_off = std::max(widest_off, row_log_spread(Poff, off, 0, bh, i));
       }
     EXPECT_GT(widest_off, 2 * p.softcap) << "the uncapped case would pass too";
-    std::printf("mask %d: widest log-spread %.3f capped, %.3f uncapped (2 cap "
-                "= %.1f)\n",
-                mask, widest, widest_off, 2 * p.softcap);
+    std::printf(
+        "mask %d: widest log-spread %.3f capped, %.3f uncapped (2 cap "
+        "= %.1f)\n",
+        mask, widest, widest_off, 2 * p.softcap);
   }
 }
 
@@ -277,12 +280,14 @@ class CapAfterMask final : public validation::ForwardingBackend {
             const double e = std::exp(s[static_cast<size_t>(j)] - m);
             l += e;
             const double* v = row(a.v, b, h, j);
-            for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += e * v[d];
+            for (int64_t d = 0; d < D; ++d)
+              o[static_cast<size_t>(d)] += e * v[d];
           }
           double* out = static_cast<double*>(a.o.data) +
                         b * a.o.layout.batch_stride +
                         h * a.o.layout.head_stride + i * a.o.layout.row_stride;
-          for (int64_t d = 0; d < D; ++d) out[d] = o[static_cast<size_t>(d)] / l;
+          for (int64_t d = 0; d < D; ++d)
+            out[d] = o[static_cast<size_t>(d)] / l;
           a.lse[(b * p.heads + h) * Nq + i] = m + std::log(l);
         }
   }

@@ -117,8 +117,7 @@ double softmax_units(double amplitude, double dot_units) {
 }
 
 double softcap_slope_units(double amplitude, double dot_units, double cap) {
-  return 2 * std::fabs(amplitude) * (dot_units + kSoftcapLogitUnits) / cap +
-         20;
+  return 2 * std::fabs(amplitude) * (dot_units + kSoftcapLogitUnits) / cap + 20;
 }
 
 namespace {
