@@ -358,6 +358,12 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
     // model (issue 33; cli/coverage.h).
     suite = default_run_suite(c.suite, entries, c.threads, &covering,
                               custom_suite(c.suite) ? nullptr : &case_cap);
+    // The sampled oracle has no softcap (validation/sampled.cc): a usage
+    // error up front, not an errored (FAILing) entry per case.
+    if (c.sample > 0 && c.suite.softcap != 0)
+      throw Error("--sample", {},
+                  "the sampled oracle does not take a logit softcap "
+                  "(--softcap) yet; judge capped cases without --sample");
   } catch (const Error& e) {
     err << "qknorm-check: " << e.what() << "\n";
     return kExitUsage;

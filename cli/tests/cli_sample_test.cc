@@ -131,6 +131,12 @@ TEST(CliSample, BadSampleOptionsAreUsageErrors) {
   const testing::CliRun r = run({"--sample", "8", "power"});
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_NE(r.err.find("default run only"), std::string::npos) << r.err;
+  // The sampled oracle has no softcap (issue 34): refused before any case
+  // runs, so no entry is reported as failing.
+  const testing::CliRun cap = run({"--sample", "8", "--softcap", "5", "--shape",
+                                   "1x2x64x32", "--backend", "reference:f64"});
+  EXPECT_EQ(cap.code, kExitUsage) << cap.out << cap.err;
+  EXPECT_NE(cap.err.find("softcap"), std::string::npos) << cap.err;
 }
 
 // Past the budget the stop message suggests --sample with that run's own
