@@ -175,9 +175,13 @@ void validate_problem(const AttentionProblem& p) {
           "fixed logit scale must be finite (got " + num(p.scale) + ")");
     check_normalization(p);
   }
-  if (!(std::isfinite(p.softcap) && p.softcap >= 0))
+  // A cap is 0 (off) or a normal number: a subnormal one would not be held
+  // to the relative rounding the rule counts (rule.h, "The logit softcap").
+  if (!(std::isfinite(p.softcap) &&
+        (p.softcap == 0 || p.softcap >= std::numeric_limits<double>::min())))
     throw Error("softcap", {},
-                "must be finite and >= 0 (0: off; got " + num(p.softcap) + ")");
+                "must be 0 (off) or a finite normal number > 0 (got " +
+                    num(p.softcap) + ")");
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
     if (static_cast<int64_t>(kl.size()) != p.batch)
@@ -267,6 +271,16 @@ void validate_problem_and_qkv(const AttentionProblem& p, const ConstTensor4& q,
   validate_problem(p);
   if (p.variant == Variant::kQKNorm)
     check_compute_range(p.fixed_scale ? p.scale : p.g, p.eps, prec);
+  // The cap in the compute format: f32 for the f32 and 16-bit entries, where
+  // a cap outside f32's normal range would become inf or 0.
+  if (p.softcap > 0 && prec != Precision::kF64) {
+    const auto cap = static_cast<float>(p.softcap);
+    if (!(cap >= std::numeric_limits<float>::min() && std::isfinite(cap)))
+      throw Error("softcap", {},
+                  "outside the f32 normal range, the compute precision of " +
+                      std::string(name(prec)) + " entries (got " +
+                      num(p.softcap) + ")");
+  }
   const int64_t B = p.batch, H = p.heads, D = p.head_dim, Hk = kv_heads_of(p);
   in4("q", q, B, H, p.q_len, D, prec);
   in4("k", k, B, Hk, p.kv_len, D, prec);

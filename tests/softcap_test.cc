@@ -60,13 +60,32 @@ AttentionProblem capped(const char* form, double cap, int mask, int64_t Nq = 5,
 
 TEST(Softcap, InvalidCapsNameTheField) {
   for (double bad :
-       {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+       {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e-310}) {
     AttentionProblem p = capped("paper", bad, 0);
     const std::string msg = error_of([&] { validate_problem(p); });
     EXPECT_NE(msg.find("softcap"), std::string::npos) << msg;
   }
   validate_problem(capped("paper", 0, 0));  // 0: off
   validate_problem(capped("paper", 50, 0));
+  // A cap outside f32's normal range is refused for the entries that compute
+  // in f32 (it would become inf or 0 there), and taken by the f64 ones.
+  for (double cap : {1e39, 1e-39}) {
+    for (Precision prec : {Precision::kF32, Precision::kBF16}) {
+      const AttentionCase c = validation::make_attention_case(
+          capped("paper", cap, 1), Distribution::kGaussian, 3, prec);
+      const Backend& b =
+          *all_backends().find("reference:" + std::string(qknorm::name(prec)));
+      const std::string msg =
+          error_of([&] { validation::run_attention(b, c); });
+      EXPECT_NE(msg.find("softcap"), std::string::npos) << cap << ": " << msg;
+    }
+    const AttentionCase c = validation::make_attention_case(
+        capped("paper", cap, 1), Distribution::kGaussian, 3);
+    EXPECT_TRUE(validation::check_attention(
+                    *all_backends().find("reference:f64"), c, {}, false, false)
+                    .pass)
+        << cap;
+  }
 }
 
 // Every entry of the registry (reference, simd on every target, blas)

@@ -269,8 +269,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     // The logit operands of both sides (x_tilde signed, and its magnitude
     // before cancellation |x_hat| |w| + |beta|), x_hat and each row's
     // divisor (OperandMags).
-    const LD s = qk ? std::fabs(static_cast<LD>(p.fixed_scale ? p.scale : p.g))
-                    : 1 / std::sqrt(static_cast<LD>(D));
+    const LD s_signed = qk ? static_cast<LD>(p.fixed_scale ? p.scale : p.g)
+                           : 1 / std::sqrt(static_cast<LD>(D));
+    const LD s = std::fabs(s_signed);
+    const auto cap = static_cast<LD>(p.softcap);
     const bool learned = qk && !p.fixed_scale;
     const bool layer = qk && p.norm.kind == NormKind::kLayer;
     LD logit_shift = 0;
@@ -560,6 +562,16 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             }
             const LD* vj = v.data() + (bk * Nk + j) * D;
             const LD dsv = pij * dpd;
+            // The signed du below sums the true dS = dS' sigma_ij (softcap,
+            // rule.h: sigma = 1 - (S' / cap)^2, which breaks the cancellation
+            // of dS' rows); the magnitudes keep |dS'| >= |dS|.
+            LD dsv_signed = dsv;
+            if (cap > 0 && dsv != 0) {
+              LD c = 0;
+              for (int64_t d = 0; d < D; ++d) c += qti[d] * ktj[d];
+              const LD th = std::tanh(s_signed * c / cap);
+              dsv_signed = dsv * (1 - th * th);
+            }
             // Each term below is (s w) x: s times the pair's weight formed
             // once per pair instead of once per element (the same product,
             // so the same sums; the element loops were 40% of a sub-case at
@@ -568,7 +580,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             // every operand magnitude are finite (shift_zero).
             LD sw[kCh];
             for (int ch = 0; ch < kCh; ++ch) sw[ch] = s * wt[ch];
-            const LD s_dsv = s * dsv, s_adsv = s * std::fabs(dsv);
+            const LD s_dsv = s * dsv_signed, s_adsv = s * std::fabs(dsv);
             const int nch = shift_zero ? static_cast<int>(kShift) : kCh;
             // layer: dx_tilde = s sum dS x_tilde' of shifted x' (kLayerShift);
             // pij > 0: P_ij's absolute resolution (smallest normal).

@@ -244,11 +244,7 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.us = unit_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
   r.dot = orc.cosine_units > 0 ? orc.cosine_units : cosine_units(c);
-  r.dot_s = r.dot;
-  if (p.softcap > 0) {
-    r.dot_s += kSoftcapLogitUnits;
-    r.slope = softcap_slope_units(r.A, r.dot, p.softcap);
-  }
+  r.dot_s = r.dot + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0);
   r.wf = compute_format(s);
   contract_units(contract, s, std::fabs(r.A), &r);
   {
@@ -291,6 +287,10 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.po = orc.tiny;
   r.soft_o = softmax_units(r.A, r.dot_s) + 2 * std::fabs(r.A) * r.div +
              2 * orc.logit_shift;
+  // The slope reads every logit error the rule grants (soft / 2 per u_c,
+  // and the contract's absolute logit_abs).
+  if (p.softcap > 0)
+    r.slope = softcap_slope_units(r.soft / 2 + r.logit_abs / r.uc, p.softcap);
   r.Hk = kv_heads_of(p);
   r.group = p.heads / r.Hk;
   r.Lq = norm_rows(p, 0).len();

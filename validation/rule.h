@@ -418,18 +418,24 @@
 // reads dot + 13 with a cap (RuleScalars::dot_s). The backward multiplies
 // dS' = P (dP - delta) by the slope sigma = 1 - t^2, t = S' / cap, which a
 // kernel forms from tau or from S'^ / cap, either way to
-//   |t^ - t| <= (A (dot + 13) / cap + 8) u_c,
-// so sigma^ = fl(1 - fl(t^ t^)) is off by at most 2 |t^ - t| + 2 u_c
+//   |t^ - t| <= (E / cap + 8) u_c,
+// E u_c the logit's whole error the rule grants: soft / 2 (A (dot + 13),
+// the RMS / LayerNorm divisors' A div, LayerNorm's shift, Qwen3's flips)
+// plus the contract's absolute logit_abs / u_c. So sigma^ = fl(1 - fl(t^
+// t^)) is off by at most 2 |t^ - t| + 2 u_c
 // (absolute: sigma <= 1 and |t| <= 1), and dS = fl(dS' sigma^) by at most
 // sigma err(dS') + |dS'| (that + 2 u_c) (one more rounding for either order
 // of the product). sigma <= 1 keeps err(dS') within the terms above; the
 // rest is relative to |dS'| <= P_ij (|dP_ij| + |delta_i|), the terms every
 // gradient's magnitude M_e already sums: dQ, dK, dg and the parameter
 // gradients add
-//   slope = softcap_slope_units = 2 A (dot + 13) / cap + 20
+//   slope = softcap_slope_units = 2 E / cap + 20
 // to their sums' units (RuleScalars::slope). Their magnitudes keep the
 // uncapped terms (sigma <= 1: an upper bound, looser by up to 1 / sigma
-// where the cap saturates). A kernel whose tanh is coarser than 4 ulp (CUDA's
+// where the cap saturates); the oracle's signed dx_tilde (the LayerNorm
+// shift and flip terms read it) sums the true dS' sigma. A cap is 0 or a
+// normal number of the compute format (validate.h), so rounding it costs
+// u_c relatively. A kernel whose tanh is coarser than 4 ulp (CUDA's
 // tanh.approx.f32, about 2^-11 relative) is outside this model until its
 // contract can declare it (qknorm/contract.h). The sampled verdict refuses
 // a cap (its pass forms uncapped logits).

@@ -116,8 +116,8 @@ double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }
 
-double softcap_slope_units(double amplitude, double dot_units, double cap) {
-  return 2 * std::fabs(amplitude) * (dot_units + kSoftcapLogitUnits) / cap + 20;
+double softcap_slope_units(double logit_units, double cap) {
+  return 2 * logit_units / cap + 20;
 }
 
 namespace {

@@ -35,7 +35,8 @@ inline constexpr double kChanceCosine = 6.0;
 // units beyond the cosine's (per |A| u_c), and its slope's (per u_c, times
 // the magnitude of dS' = P (dP - delta)).
 inline constexpr double kSoftcapLogitUnits = 13.0;
-double softcap_slope_units(double amplitude, double dot_units, double cap);
+// logit_units: a logit's whole error per u_c (rule.h).
+double softcap_slope_units(double logit_units, double cap);
 
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
 // error of an n-term sum plus the few roundings around it (rule.h).

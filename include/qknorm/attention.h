@@ -118,8 +118,9 @@ struct AttentionProblem {
   // before the mask and the softmax, so |S'| <= softcap, and the backward
   // carries dS' through dS = dS' (1 - (S' / softcap)^2). Masked keys stay
   // masked (probability exactly 0): the cap applies to visible logits only.
-  // Must be finite and >= 0. Entries declare it through supports() (the
-  // default refuses it).
+  // Must be 0 or a finite normal number > 0 (in f32 too for the f32 and
+  // 16-bit entries, which compute in f32). Entries declare it through
+  // supports() (the default refuses it).
   double softcap = 0.0;
 };
 
