@@ -164,7 +164,10 @@ TEST(Softcap, EveryEntryWithItPassesTheVerdict) {
             }
           }
   EXPECT_GT(worst.count("blas:f32"), 0u);
-  EXPECT_GT(worst.count("simd:SCALAR:f32"), 0u);
+  // Some simd target (Clang's fallback is EMU128 where GCC's is SCALAR).
+  EXPECT_TRUE(std::any_of(worst.begin(), worst.end(), [](const auto& w) {
+    return w.first.rfind("simd:", 0) == 0;
+  }));
   std::printf("softcap verdict: %d cases, %d judgements, worst margin:", n,
               judged);
   for (const auto& [name, w] : worst) std::printf(" %s %.3f", name.c_str(), w);
