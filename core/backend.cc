@@ -38,6 +38,9 @@ void check_supported(const Backend& b, const AttentionProblem& p) {
         std::to_string(kv_heads_of(p)));
   if (p.mask.causal) add("causal mask");
   if (!p.mask.key_lengths.empty()) add("padding mask");
+  if (has_window(p.mask))
+    add("window (" + std::to_string(p.mask.window_left) + ", " +
+        std::to_string(p.mask.window_right) + ")");
   throw Error("formulation", {},
               "entry " + b.name() + " does not implement " +
                   describe_formulation(p) +

@@ -137,7 +137,8 @@ std::string describe_formulation(const AttentionProblem& p) {
 }
 
 bool is_paper_formulation(const AttentionProblem& p) {
-  if (kv_heads_of(p) != p.heads || p.softcap != 0) return false;
+  if (kv_heads_of(p) != p.heads || p.softcap != 0 || has_window(p.mask))
+    return false;
   if (p.variant == Variant::kSDPA) return true;
   const Normalization& n = p.norm;
   return n.kind == NormKind::kL2 && n.axis == NormAxis::kHead &&

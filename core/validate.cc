@@ -182,6 +182,15 @@ void validate_problem(const AttentionProblem& p) {
     throw Error("softcap", {},
                 "must be 0 (off) or a finite normal number > 0 (got " +
                     num(p.softcap) + ")");
+  // A window side is -1 (unbounded) or a key count >= 0 (attention.h).
+  if (p.mask.window_left < -1)
+    throw Error("mask.window_left", {},
+                "must be -1 (unbounded) or >= 0 (got " +
+                    std::to_string(p.mask.window_left) + ")");
+  if (p.mask.window_right < -1)
+    throw Error("mask.window_right", {},
+                "must be -1 (unbounded) or >= 0 (got " +
+                    std::to_string(p.mask.window_right) + ")");
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
     if (static_cast<int64_t>(kl.size()) != p.batch)

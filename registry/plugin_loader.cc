@@ -183,6 +183,9 @@ std::string describe(const AttentionProblem& p) {
                   " g=" + num(p.g) + " eps=" + num(p.eps);
   if (p.mask.causal) s += " causal";
   if (!p.mask.key_lengths.empty()) s += " padded";
+  if (has_window(p.mask))
+    s += " window=(" + std::to_string(p.mask.window_left) + "," +
+         std::to_string(p.mask.window_right) + ")";
   if (p.variant == Variant::kQKNorm && !is_paper_formulation(p))
     s += " formulation=" + describe_formulation(p);
   return s;
@@ -342,9 +345,10 @@ class PluginBackend : public Backend {
         e_(e) {}
 
   bool supports(const AttentionProblem& p) const override {
-    // The C ABI (plugin.h) carries no softcap yet (issue 34): a plug-in
-    // cannot be told of one, so it is not given such a problem.
-    return p.softcap == 0 && (required_features(p) & ~e_->features) == 0;
+    // The C ABI (plugin.h) carries no softcap and no window yet (issue 34):
+    // a plug-in cannot be told of one, so it is not given such a problem.
+    return p.softcap == 0 && !has_window(p.mask) &&
+           (required_features(p) & ~e_->features) == 0;
   }
   std::unique_ptr<Workspace> make_workspace() const override {
     void* ws = e_->make_workspace ? e_->make_workspace(e_->ctx) : nullptr;

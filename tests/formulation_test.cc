@@ -23,6 +23,8 @@
 namespace qknorm {
 namespace {
 
+using test_support::error_of;
+
 using test_support::ref64;
 using test_support::shape;
 using validation::AttentionCase;
@@ -38,15 +40,6 @@ AttentionProblem preset_problem(const Preset& s, int64_t Nq, int64_t Nk,
   p.mask.causal = mask & 1;
   if (mask & 2) p.mask.key_lengths = {Nk - 1};
   return p;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Formulation, PresetsRoundTrip) {

@@ -28,18 +28,11 @@
 namespace qknorm {
 namespace {
 
+using test_support::error_of;
+
 using test_support::shape;
 using validation::AttentionCase;
 using validation::Distribution;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // A small problem: qknorm (paper or a preset) or sdpa, mask bits 1 causal,
 // 2 padding, and the cap.

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "qknorm/backend.h"
+#include "qknorm/error.h"
 #include "validation/case.h"
 #include "validation/gradcheck.h"
 
@@ -63,6 +65,16 @@ inline validation::AttentionCase block_of(const validation::AttentionCase& c,
   s.k_weight = heads_of(c.k_weight, hk0, nhk);
   s.k_bias = heads_of(c.k_bias, hk0, nhk);
   return s;
+}
+
+// The message of the Error f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 inline const Backend& ref64() { return *all_backends().find("reference:f64"); }

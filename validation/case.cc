@@ -27,6 +27,13 @@ std::string mask_desc(const Mask& m) {
       s += (i ? "," : "") + std::to_string(m.key_lengths[i]);
     s += "]";
   }
+  if (has_window(m)) {
+    if (!s.empty()) s += "+";
+    char w[64];
+    std::snprintf(w, sizeof w, "window(%lld,%lld)", (long long)m.window_left,
+                  (long long)m.window_right);
+    s += w;
+  }
   return s.empty() ? "none" : s;
 }
 
@@ -200,6 +207,12 @@ bool has_fully_masked_rows(const AttentionProblem& p) {
   if (p.mask.causal && p.kv_len < p.q_len) return true;
   for (int64_t len : p.mask.key_lengths)
     if (len <= 0) return true;
+  if (!has_window(p.mask)) return false;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      const KeyRange r = visible_keys(p.mask, b, i, p.q_len, p.kv_len);
+      if (r.begin >= r.end) return true;
+    }
   return false;
 }
 

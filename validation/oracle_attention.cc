@@ -406,8 +406,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               const int64_t rw = (b * p.heads + h2) * Nq + i;
               const LD l = r.lse[static_cast<size_t>(rw)];
               if (!std::isfinite(l)) continue;
-              const int32_t g = rg.group_of(qm.xt, static_cast<size_t>(rw * D),
-                                            D, p.mask.causal ? i : -1);
+              const int32_t g =
+                  rg.group_of(qm.xt, static_cast<size_t>(rw * D), D,
+                              depends_on_position(p.mask) ? i : -1);
               if (static_cast<size_t>(g) == rg.size.size() - 1 &&
                   rg.size[g] == 0)
                 a.group_do.resize(a.group_do.size() + static_cast<size_t>(D));

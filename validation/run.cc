@@ -57,9 +57,8 @@ std::string invalid_backward_input(const AttentionCase& c,
     if (std::isfinite(x)) continue;
     const int64_t b = r / (p.heads * p.q_len), h = r / p.q_len % p.heads,
                   i = r % p.q_len;
-    // The visible keys are a prefix: the row sees keys iff it sees key 0.
-    const bool sees_keys =
-        p.kv_len > 0 && visible(p.mask, b, i, 0, p.q_len, p.kv_len);
+    const KeyRange keys = visible_keys(p.mask, b, i, p.q_len, p.kv_len);
+    const bool sees_keys = keys.begin < keys.end;
     if (x == -std::numeric_limits<double>::infinity() && !sees_keys) continue;
     char buf[160];
     std::snprintf(buf, sizeof buf,

@@ -25,6 +25,7 @@
 #ifndef QKNORM_ATTENTION_H_
 #define QKNORM_ATTENTION_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -41,7 +42,27 @@ inline constexpr double kDefaultQKNormEps = 1e-12;
 // sequence length (L = 72 gives 12.3197). Requires L > 1.
 double g_init(double L);
 
-// Which keys a query sees. Both parts may be combined.
+// Which keys a query sees. All parts may be combined; a key is visible iff
+// every part shows it.
+//
+// Sliding window (issue 34), FlashAttention's window_size = (left, right):
+// bottom-right aligned and inclusive. With o = kv_len - q_len, query i sees
+// key j iff
+//   i + o - window_left <= j <= i + o + window_right,
+// -1 leaving that side unbounded ((-1, -1): no window). Query i sits at key
+// position i + o (the last query row at the last key); for q_len = 4,
+// kv_len = 6 (o = 2) and window (2, 0):
+//          key j:  0 1 2 3 4 5
+//   query 0 (at 2) x x x . . .
+//   query 1 (at 3) . x x x . .
+//   query 2 (at 4) . . x x x .
+//   query 3 (at 5) . . . x x x
+// causal equals window (-1, 0); causal with window (l, r) is window
+// (l, min(r, 0)). A model's "sliding_window = w" is (w - 1, 0) if its mask
+// keeps i - j < w and (w, 0) if it keeps i - j <= w: the off-by-one of
+// transformers #39408; read the model's own mask code to choose.
+// The alignment uses kv_len, never a batch's key length: padded keys are
+// masked keys at the end, not a shorter sequence.
 struct Mask {
   // Key j visible to query i iff j <= i + kv_len - q_len (bottom-right
   // aligned; a square problem gets the usual lower triangle). With
@@ -50,13 +71,45 @@ struct Mask {
   // Empty: no padding. Otherwise one entry per batch, 0 <= len <= kv_len:
   // keys j >= key_lengths[b] are invisible to every query of batch b.
   std::vector<int64_t> key_lengths;
+  int64_t window_left = -1, window_right = -1;  // each -1 or >= 0
 };
+
+inline bool has_window(const Mask& m) {
+  return m.window_left >= 0 || m.window_right >= 0;
+}
+// True iff which keys a query sees depends on its position i (causal or a
+// window); otherwise every query of a batch sees the same keys.
+inline bool depends_on_position(const Mask& m) {
+  return m.causal || has_window(m);
+}
+
+// The keys visible to query i of batch b: the interval [begin, end) of
+// [0, kv_len) (empty iff begin >= end; then begin = end).
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+inline KeyRange visible_keys(const Mask& m, int64_t b, int64_t i, int64_t q_len,
+                             int64_t kv_len) {
+  const int64_t at = i + kv_len - q_len;  // the query's key position
+  int64_t lo = 0, hi = kv_len;            // [lo, hi)
+  if (m.causal) hi = std::min(hi, at + 1);
+  if (m.window_right >= 0) hi = std::min(hi, at + m.window_right + 1);
+  if (m.window_left >= 0) lo = std::max(lo, at - m.window_left);
+  if (!m.key_lengths.empty())
+    hi = std::min(hi, m.key_lengths[static_cast<size_t>(b)]);
+  hi = std::max<int64_t>(hi, 0);
+  return {std::min(lo, hi), hi};
+}
 
 // True iff key j is visible to query i of batch b.
 inline bool visible(const Mask& m, int64_t b, int64_t i, int64_t j,
                     int64_t q_len, int64_t kv_len) {
   if (m.causal && j > i + kv_len - q_len) return false;
   if (!m.key_lengths.empty() && j >= m.key_lengths[static_cast<size_t>(b)])
+    return false;
+  if (m.window_right >= 0 && j > i + kv_len - q_len + m.window_right)
+    return false;
+  if (m.window_left >= 0 && j < i + kv_len - q_len - m.window_left)
     return false;
   return true;
 }
