@@ -68,20 +68,28 @@ T* head_ptr(const MutTensor4& t, int64_t b, int64_t h) {
          h * t.layout.head_stride;
 }
 
-// Keys visible to query i of batch b: the prefix [0, m_i) (attention.h).
-struct VisiblePrefix {
-  int64_t key_limit, causal_offset;
-  bool causal;
-  VisiblePrefix(const AttentionProblem& p, int64_t b)
-      : key_limit(p.mask.key_lengths.empty()
-                      ? p.kv_len
-                      : p.mask.key_lengths[static_cast<size_t>(b)]),
-        causal_offset(p.kv_len - p.q_len + 1),
-        causal(p.mask.causal) {}
+// Keys visible to query i of batch b: the interval [first(i), m_i),
+// m_i = (*this)(i) (attention.h, visible_keys); both bounds non-decreasing
+// in i. Without a window first(i) = 0: a prefix.
+struct VisibleKeys {
+  const Mask* mask;
+  int64_t b, q_len, kv_len;
+  bool window;
+  VisibleKeys(const AttentionProblem& p, int64_t b_)
+      : mask(&p.mask),
+        b(b_),
+        q_len(p.q_len),
+        kv_len(p.kv_len),
+        window(has_window(p.mask)) {}
   int64_t operator()(int64_t i) const {
-    int64_t m = key_limit;
-    if (causal) m = std::min(m, std::max<int64_t>(0, i + causal_offset));
-    return m;
+    return visible_keys(*mask, b, i, q_len, kv_len).end;
+  }
+  int64_t first(int64_t i) const {
+    return window ? visible_keys(*mask, b, i, q_len, kv_len).begin : 0;
+  }
+  bool empty(int64_t i) const {
+    const KeyRange r = visible_keys(*mask, b, i, q_len, kv_len);
+    return r.begin >= r.end;
   }
 };
 
@@ -111,6 +119,13 @@ struct VisiblePrefix {
 // because the leaf's P V, P^T dO, dS K and dS^T Q GEMMs read them. first
 // marks the tiles that write their rows of O (dQ) first: beta = 0 there, so
 // no output row is cleared beforehand.
+// A sliding window (issue 34) starts row r at f_r = vis.first(i0 + r),
+// non-decreasing too: no rect then, only leaves, each over keys
+// [f_{r0}, m_{r1-1}) (a band down the diagonal, so the cost follows the
+// window, not n); entries [f_{r0}, f_r) of a row are set to exactly 0 as
+// [m_r, ext) are. A leaf computes (kTileRows - 1) keys more per row than
+// the row sees at each end (at a window of 128 and 32 rows, about 160 keys
+// for 129).
 constexpr int64_t kTileRows = kCausalTileRows;
 // query_block()'s upper bound.
 constexpr int64_t kMaxBlockRows = 512;
@@ -124,6 +139,13 @@ class BlockTiles {
  public:
   template <class Vis>
   BlockTiles(const Vis& vis, int64_t i0, int64_t rows) {
+    if (vis.window) {
+      for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+        const int64_t r1 = std::min(rows, r0 + kTileRows);
+        t_[n_++] = {r0, r1, vis.first(i0 + r0), vis(i0 + r1 - 1), true, true};
+      }
+      return;
+    }
     const int64_t m0 = vis(i0), mlast = vis(i0 + rows - 1);
     int64_t c0 = 0;
     if (m0 >= kTileRows || m0 == mlast) {
@@ -144,11 +166,20 @@ class BlockTiles {
 };
 
 // Rows at the start of a query block whose queries see no key (m_i is
-// non-decreasing, so they are a prefix of the block).
+// non-decreasing, so they are a prefix of the block), and (with a window)
+// at its end: a row whose window starts at or past the padding's end sees
+// none, and so does every later row (f_i, m_i non-decreasing; a window
+// row in between sees l + r + 1 keys or up to the padding).
 template <class Vis>
 int64_t masked_rows(const Vis& vis, int64_t i0, int64_t rows) {
   int64_t z = 0;
-  while (z < rows && vis(i0 + z) == 0) ++z;
+  while (z < rows && vis.empty(i0 + z)) ++z;
+  return z;
+}
+template <class Vis>
+int64_t masked_tail(const Vis& vis, int64_t i0, int64_t rows) {
+  int64_t z = 0;
+  while (vis.window && z < rows && vis.empty(i0 + rows - 1 - z)) ++z;
   return z;
 }
 
@@ -234,7 +265,7 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
                   int64_t h, int64_t hk, const Operands<T>& op, double* probs,
                   Scratch<T>& ws) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
-  const VisiblePrefix vis(p, b);
+  const VisibleKeys vis(p, b);
   const T alpha = logit_alpha<T>(p);
   // The GEMM computes C = A B^T (alpha = 1); the exp pass evaluates
   // exp2(alpha C - shift) with one FMA, the expression the backward
@@ -259,13 +290,16 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
     const int64_t brows = std::min(bq, Nq - b0);
     // Rows that see no key: O = 0, lse = -inf, P = 0, and no GEMM.
-    const int64_t z = masked_rows(vis, b0, brows);
-    for (int64_t i = b0; i < b0 + z; ++i) {
+    const int64_t z = masked_rows(vis, b0, brows),
+                  zt = z < brows ? masked_tail(vis, b0, brows) : 0;
+    auto no_keys = [&](int64_t i) {
       if (lse) lse[i] = -std::numeric_limits<double>::infinity();
       if (probs) std::fill(probs + i * Nk, probs + (i + 1) * Nk, 0.0);
       if (o) std::fill(o + i * rso, o + i * rso + D, T(0));
-    }
-    const int64_t i0 = b0 + z, rows = brows - z;
+    };
+    for (int64_t i = b0; i < b0 + z; ++i) no_keys(i);
+    for (int64_t i = b0 + brows - zt; i < b0 + brows; ++i) no_keys(i);
+    const int64_t i0 = b0 + z, rows = brows - z - zt;
     if (rows == 0) continue;
     const BlockTiles tiles(vis, i0, rows);
     for (const Tile& t : tiles)
@@ -276,14 +310,18 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
     for (const Tile& t : tiles) {
       if (!t.leaf) continue;
       for (int64_t r = t.r0; r < t.r1; ++r) {
-        const int64_t i = i0 + r, m = vis(i);
+        const int64_t i = i0 + r, f = vis.first(i), m = vis(i);
+        // The row's visible logits [f, m) (f = 0 without a window); the
+        // leaf computed [t.c0, t.c1) and reads all of it below.
         T* sr = s + r * ld;
+        T* sw = sr + f;
         if (capped)
-          softcap_row(sr, m, static_cast<T>(scale_d),
+          softcap_row(sw, m - f, static_cast<T>(scale_d),
                       static_cast<T>(p.softcap));
-        const T cm = alpha >= 0 ? row_max(sr, m) : row_min(sr, m);
-        // Zeroes [m, t.c1): the leaf's P V GEMM reads them.
-        const T sum = exp_affine_row(sr, m, t.c1, alpha, alpha * cm);
+        const T cm = alpha >= 0 ? row_max(sw, m - f) : row_min(sw, m - f);
+        // Zeroes [m, t.c1), then [t.c0, f): the leaf's P V GEMM reads them.
+        const T sum = exp_affine_row(sw, m - f, t.c1 - f, alpha, alpha * cm);
+        std::fill(sr + t.c0, sr + std::max(t.c0, f), T(0));
         rowsum[r] = static_cast<double>(sum);
         // lse in natural units from the extreme logit itself (scale * C in
         // double: one rounding, as the naive g * dot; capped: the logit
@@ -295,7 +333,7 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
         if (probs) {
           double* pr = probs + i * Nk;
           for (int64_t j = 0; j < Nk; ++j)
-            pr[j] = j < m ? static_cast<double>(sr[j] / sum) : 0.0;
+            pr[j] = j >= f && j < m ? static_cast<double>(sr[j] / sum) : 0.0;
         }
       }
     }
@@ -320,7 +358,7 @@ template <class T>
 void forward_head(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
                   int64_t h, double* probs, Scratch<T>& ws) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
-  const int64_t nk_used = VisiblePrefix(p, b)(Nq - 1);  // max_i m_i
+  const int64_t nk_used = VisibleKeys(p, b)(Nq - 1);  // max_i m_i
   const T* q = head_ptr<T>(a.q, b, h);
   const T* k = head_ptr<T>(a.k, b, h);
   const Operands<T> op = head_operands(p, q, blas_ld(a.q.layout, Nq, D), k,
@@ -367,7 +405,7 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
                      T* dbacc, int64_t lddb, T* dv, int64_t rsdv,
                      int64_t* written, Scratch<T>& ws, Sink& sink) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
-  const VisiblePrefix vis(p, b);
+  const VisibleKeys vis(p, b);
   const T* v = head_ptr<T>(a.v, b, hk);
   // O is not read: delta comes from the recomputed P and dP (row_kernels.h).
   // The saved lse is not read either (row_kernels.h, softmax_backward_row).
@@ -387,9 +425,11 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
   double dg = 0;
   for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
     const int64_t brows = std::min(bq, Nq - b0);
-    const int64_t z = masked_rows(vis, b0, brows);
+    const int64_t z = masked_rows(vis, b0, brows),
+                  zt = z < brows ? masked_tail(vis, b0, brows) : 0;
     if (z > 0) sink.masked(b0, z);  // rows that see no key: no gradient
-    const int64_t i0 = b0 + z, rows = brows - z;
+    if (zt > 0) sink.masked(b0 + brows - zt, zt);
+    const int64_t i0 = b0 + z, rows = brows - z - zt;
     if (rows == 0) continue;
     // The forward's tiles: C is bit for bit the forward's logits.
     const BlockTiles tiles(vis, i0, rows);
@@ -404,22 +444,25 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
     }
     for (const Tile& t : tiles) {
       if (!t.leaf) continue;
-      // Zeroes P and dS in [m, t.c1): the leaf's GEMMs below read them.
+      // Zeroes P and dS in [m, t.c1) and [t.c0, f): the leaf's GEMMs below
+      // read them.
       for (int64_t r = t.r0; r < t.r1; ++r) {
+        const int64_t f = vis.first(i0 + r), m = vis(i0 + r) - f;
+        std::fill(c + r * ld + t.c0, c + r * ld + std::max(t.c0, f), T(0));
+        std::fill(dp + r * ld + t.c0, dp + r * ld + std::max(t.c0, f), T(0));
         if (!capped) {
           dg += static_cast<double>(softmax_backward_row(
-              c + r * ld, dp + r * ld, vis(i0 + r), t.c1, alpha2, scale));
+              c + r * ld + f, dp + r * ld + f, m, t.c1 - f, alpha2, scale));
           continue;
         }
         // Capped: the forward's capped logits (bit for bit), dS' of them
         // (scale 1), then dS = dS' (1 - (S' / cap)^2), dp = s dS and the
-        // row's dg share sum dS C from the cosines.
-        const int64_t m = vis(i0 + r);
-        T *cr = c + r * ld, *dr = dp + r * ld, *sp = raw + ld;
+        // row's dg share sum dS C from the cosines (row keys [f, f + m)).
+        T *cr = c + r * ld + f, *dr = dp + r * ld + f, *sp = raw + ld;
         std::copy(cr, cr + m, raw);
         softcap_row(cr, m, scale, cap);
         std::copy(cr, cr + m, sp);
-        softmax_backward_row(cr, dr, m, t.c1, alpha2, T(1));
+        softmax_backward_row(cr, dr, m, t.c1 - f, alpha2, T(1));
         double share = 0;
         for (int64_t j = 0; j < m; ++j) {
           const T tj = sp[j] / cap;
@@ -480,7 +523,7 @@ double backward_head(const AttentionProblem& p, const BackwardArgs& a,
                      int64_t b, int64_t h, Scratch<T>& ws) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
   const bool qk = p.variant == Variant::kQKNorm;
-  const int64_t nk_used = VisiblePrefix(p, b)(Nq - 1);
+  const int64_t nk_used = VisibleKeys(p, b)(Nq - 1);
   const T* q = head_ptr<T>(a.q, b, h);
   const T* k = head_ptr<T>(a.k, b, h);
   T* dq = head_ptr<T>(a.dq, b, h);

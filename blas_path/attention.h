@@ -63,7 +63,12 @@
 // Without a causal mask the block is one tile, one GEMM per product. Rows
 // with m_i = 0 (fully masked) are taken off the block before any GEMM and
 // get O = 0, lse = -inf and no gradient, without evaluating
-// exp(-inf - -inf); keys no query sees get dK = dV = 0.
+// exp(-inf - -inf); keys no query sees get dK = dV = 0. A sliding window
+// (issue 34) starts row i's keys at f_i (non-decreasing): the block is then
+// only staircase tiles, each over keys [f of its first row, m of its last),
+// a band down the diagonal; each row's entries before its own f are set to
+// 0 as those past its m are, and rows that see no key can also end a block
+// (a window past the padding).
 // No output is cleared before a GEMM writes it: the first tile writing a
 // row of O or dQ uses beta = 0; dV and dK take beta = 0 where a tile's keys
 // are all new, and a staircase tile that also adds to older keys clears

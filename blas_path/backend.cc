@@ -19,14 +19,14 @@ class BlasBackend final : public Backend {
   explicit BlasBackend(Precision p) : Backend("blas", "-", p) {}
 
   // Every formulation (issue 16: normalization kind and axis, weights,
-  // biases, fixed or learned scale), GQA and the logit softcap, forward and
-  // backward.
+  // biases, fixed or learned scale), GQA, the logit softcap and the sliding
+  // window, forward and backward.
   bool supports(const AttentionProblem&) const override { return true; }
   // Query blocks of query_block() rows; rows padded to multiples of 16;
-  // under a causal mask, staircase tiles of kCausalTileRows rows in each
-  // block (attention.h, Masks).
+  // under a causal mask or a window, staircase (band) tiles of
+  // kCausalTileRows rows in each block (attention.h, Masks).
   std::vector<int64_t> block_sizes(const AttentionProblem& p) const override {
-    if (p.mask.causal)
+    if (p.mask.causal || has_window(p.mask))
       return {query_block(p.kv_len, sizeof(T)), kCausalTileRows, 16};
     return {query_block(p.kv_len, sizeof(T)), 16};
   }

@@ -98,7 +98,9 @@ void add_common(CLI::App& app, Common& c) {
       ->each([&s](const std::string&) { s.eps_given = true; });
   app.add_option("--mask", s.masks,
                  "Mask (repeatable): none, causal, pad (per-batch key lengths "
-                 "kv_len - b*kv_len/(2B)), pad:L1,L2,..., causal+pad")
+                 "kv_len - b*kv_len/(2B)), pad:L1,L2,..., window:LEFT,RIGHT "
+                 "(FlashAttention's sliding window, -1 unbounded), parts "
+                 "joined with + (causal+pad, causal+window:127,0)")
       ->type_name("MASK");
   app.add_option("--dist", s.dists,
                  "Input distribution (repeatable): gaussian, uniform, heavy "
@@ -364,6 +366,13 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
       throw Error("--sample", {},
                   "the sampled oracle does not take a logit softcap "
                   "(--softcap) yet; judge capped cases without --sample");
+    // Nor a sliding window (its pass takes visible keys as prefixes).
+    for (const auto& sc : suite.attention)
+      if (c.sample > 0 && has_window(sc.problem.mask))
+        throw Error("--sample", {},
+                    "the sampled oracle does not take a sliding window "
+                    "(--mask window:L,R) yet; judge windowed cases without "
+                    "--sample");
   } catch (const Error& e) {
     err << "qknorm-check: " << e.what() << "\n";
     return kExitUsage;

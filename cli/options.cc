@@ -73,10 +73,20 @@ void apply_mask(const std::string& s, AttentionProblem* p) {
                     "'" + s + "' gives " +
                         std::to_string(p->mask.key_lengths.size()) +
                         " key lengths for batch " + std::to_string(p->batch));
+    } else if (part.rfind("window:", 0) == 0) {
+      // FlashAttention's (left, right), -1 unbounded (attention.h).
+      const std::vector<std::string> lr = split(part.substr(7), ',');
+      if (lr.size() != 2)
+        throw Error("--mask", {},
+                    "'" + part + "': a window is window:LEFT,RIGHT (e.g. " +
+                        "window:127,0; -1 leaves a side unbounded)");
+      p->mask.window_left = parse_int("--mask", lr[0]);
+      p->mask.window_right = parse_int("--mask", lr[1]);
     } else {
       throw Error("--mask", {},
                   "unknown mask '" + part +
-                      "' (none, causal, pad, pad:L1,..., causal+pad)");
+                      "' (none, causal, pad, pad:L1,..., window:LEFT,RIGHT, "
+                      "joined with +, e.g. causal+pad or causal+window:127,0)");
     }
   }
   validate_problem(*p);

@@ -84,6 +84,13 @@ class FormulationKernel {
       a.scale = 1 / p.scale;
     // The mutant: the softcap dropped.
     if (on(Bug::kSoftcapDropped)) a.softcap = 0;
+    // The mutants: a window side one key too wide (transformers #39408:
+    // a model's sliding_window = w taken as (w, 0) where its mask keeps
+    // i - j < w, i.e. (w - 1, 0)).
+    if (on(Bug::kWindowLeftOffByOne) && a.mask.window_left >= 0)
+      ++a.mask.window_left;
+    if (on(Bug::kWindowRightOffByOne) && a.mask.window_right >= 0)
+      ++a.mask.window_right;
     return a;
   }
 

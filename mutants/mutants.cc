@@ -851,7 +851,8 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
       (bug == Bug::kGqaNoGroupSum || bug == Bug::kRmsEpsOutsideRsqrt ||
        bug == Bug::kGemmaWNotOnePlusW || bug == Bug::kOlmo2NormPerHead ||
        bug == Bug::kQwen3WeightBeforeCast || bug == Bug::kFixedScaleInverted ||
-       bug == Bug::kSoftcapDropped);
+       bug == Bug::kSoftcapDropped || bug == Bug::kWindowLeftOffByOne ||
+       bug == Bug::kWindowRightOffByOne);
   if (formulation_bug || control == Control::kFormulation)
     return make_formulation_entry(family, name, precision, bug, active);
   if (precision == Precision::kF64)
@@ -1066,6 +1067,22 @@ const std::vector<MutantInfo>& mutant_list() {
        "logits |S| instead of cap tanh(S / cap), the softmax sharper than the "
        "model's",
        Precision::kF32, MutantKind::kFormula, nullptr, "softcap"},
+      // The sliding window's off-by-ones: their cases are windowed
+      // (mutation_test.cc gives its formulations' cases windows;
+      // FormulationWindowAgreement draws them).
+      {Bug::kWindowLeftOffByOne, "window_left_off_by_one",
+       "the sliding window one key too wide on the left, forward and "
+       "backward (transformers #39408, Megatron-Bridge #2656: a model's "
+       "sliding_window = w taken as FlashAttention's (w, 0) where its mask "
+       "keeps i - j < w, which is (w - 1, 0)): each row sees one key more "
+       "than the model",
+       Precision::kF32, MutantKind::kFormula, nullptr, "window"},
+      {Bug::kWindowRightOffByOne, "window_right_off_by_one",
+       "the sliding window one key too wide on the right, forward and "
+       "backward (the (w, w) versus (w - 1, 0) conventions of transformers "
+       "#39408 on the look-ahead side): each row sees one later key than "
+       "the model",
+       Precision::kF32, MutantKind::kFormula, nullptr, "window"},
       // --- Shape bugs (issue 33): wrong only in one region of the shape
       // model, the unmutated copy bit for bit elsewhere ---
       {Bug::kStaleDqHeadDim256, "stale_dq_head_dim_256",

@@ -70,6 +70,8 @@ enum class Bug {
   kQwen3WeightBeforeCast,  // round_s(x_hat w) instead of round_s(x_hat) w
   kFixedScaleInverted,     // fixed logit scale s applied as 1 / s
   kSoftcapDropped,         // the logit softcap not applied (issue 34)
+  kWindowLeftOffByOne,     // the window's left side one key too wide
+  kWindowRightOffByOne,    // the window's right side one key too wide
   // Shape bugs (issue 33): each is wrong only in one region of the shape
   // model (validation/coverage.h) and bit for bit the unmutated copy
   // elsewhere; only the default run's covering array reaches them.

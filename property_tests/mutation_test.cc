@@ -198,6 +198,7 @@ struct FormulationCase {
   bool causal;
   uint64_t seed;
   double softcap = 0;
+  int64_t window_left = -1, window_right = -1;
 };
 
 validation::AttentionCase formulation_case(const FormulationCase& f,
@@ -215,6 +216,8 @@ validation::AttentionCase formulation_case(const FormulationCase& f,
   p.mask.causal = f.causal;
   if (!f.causal) p.mask.key_lengths = {19};
   p.softcap = f.softcap;
+  p.mask.window_left = f.window_left;
+  p.mask.window_right = f.window_right;
   return validation::make_attention_case(p, f.dist, f.seed, s);
 }
 
@@ -263,16 +266,23 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
     if (info == nullptr || info->formulation == nullptr) continue;
     const std::string f = info->formulation;
     // gqa_no_group_sum: every GQA preset; softcap_dropped: the paper's and
-    // Qwen3's cases capped at 5; the others: their preset.
+    // Qwen3's cases capped at 5; the window mutants: the same cases under a
+    // window (5, 2) (the causal ones: (5, 0)); the others: their preset.
+    const bool variant = f == "softcap" || f == "window";
     const std::vector<const char*> presets =
         f == "gqa"
             ? std::vector<const char*>{"qwen3", "gemma3", "olmo2", "chameleon"}
-        : f == "softcap" ? std::vector<const char*>{"paper", "qwen3"}
-                         : std::vector<const char*>{info->formulation};
+        : variant ? std::vector<const char*>{"paper", "qwen3"}
+                  : std::vector<const char*>{info->formulation};
     // More seeds where only some cases can catch the bug (correct_when).
     auto cases = cases_for(presets, info->correct_when ? 8 : 2);
     if (f == "softcap")
       for (FormulationCase& c : cases) c.softcap = 5;
+    if (f == "window")
+      for (FormulationCase& c : cases) {
+        c.window_left = 5;
+        c.window_right = 2;
+      }
     const Margins mm = judge_all(*m, cases);
     const Margins cm =
         judge_all(*control_registry().find("control:formulation:" +

@@ -490,6 +490,20 @@ void formulation_softcap_agreement(const Backend& b) {
   agreement_on(b, spec);
 }
 
+// The sliding window (issue 34): a drawn formulation under a drawn window
+// (each side -1, 0, 1, 2 or 4 keys, at least one side bounded), over the
+// causal mask and padding the spec drew: keys outside the window must get
+// no weight at all and every key inside its share.
+void window_agreement(const Backend& b) {
+  AttentionSpec spec = draw_formulation_spec(b.precision());
+  Mask& m = spec.problem.mask;
+  const std::vector<int64_t> sides{-1, 0, 1, 2, 4};
+  m.window_left = *rc::gen::elementOf(sides);
+  m.window_right = *rc::gen::elementOf(sides);
+  if (m.window_left < 0 && m.window_right < 0) m.window_left = 1;
+  agreement_on(b, spec);
+}
+
 // Non-saturation under a formulation: the bound of validation/nonsaturation.h
 // at the rule's logit amplitude A (|scale| max ||q_a|| max ||k_a||), whose
 // computed logits carry the formulations' error E (the operands' roundings,
@@ -1280,6 +1294,7 @@ const std::vector<Property>& entry_properties() {
       {"FormulationAgreement", formulation_agreement, 160},
       {"FormulationNonSaturation", formulation_non_saturation, 80},
       {"FormulationSoftcapAgreement", formulation_softcap_agreement, 60},
+      {"FormulationWindowAgreement", window_agreement, 60},
       {"LongSequence", long_sequence, 2},
       {"ShapeCoverage", shape_coverage, 1},
   };

@@ -83,6 +83,9 @@ TEST_P(EntryProperty, FormulationNonSaturation) {
 TEST_P(EntryProperty, FormulationSoftcapAgreement) {
   Check("FormulationSoftcapAgreement");
 }
+TEST_P(EntryProperty, FormulationWindowAgreement) {
+  Check("FormulationWindowAgreement");
+}
 TEST_P(EntryProperty, LongSequence) { Check("LongSequence"); }
 TEST_P(EntryProperty, ShapeCoverage) { Check("ShapeCoverage"); }
 

@@ -245,6 +245,17 @@ bool is_formulation_property(const Property& p) {
   return std::string(p.name).rfind("Formulation", 0) == 0;
 }
 
+bool implements_variant_of(const Property& prop, const Backend& b) {
+  AttentionProblem p;
+  p.heads = 2;
+  p.kv_heads = 1;
+  apply_preset("qwen3", &p);
+  const std::string name = prop.name;
+  if (name == "FormulationSoftcapAgreement") p.softcap = 5;
+  if (name == "FormulationWindowAgreement") p.mask.window_left = 1;
+  return b.supports(p);
+}
+
 bool implements_formulations(const Backend& b) {
   AttentionProblem p;
   p.heads = 2;

@@ -99,6 +99,11 @@ bool is_formulation_property(const Property& p);
 // only (the Backend default) fails every formulation property with "does
 // not implement".
 bool implements_formulations(const Backend& b);
+// True if the entry implements the attention variant (issue 34) a
+// formulation property is about: the softcap for FormulationSoftcapAgreement,
+// the window for FormulationWindowAgreement (the qwen3 preset with GQA and
+// that variant); true for the other properties.
+bool implements_variant_of(const Property& prop, const Backend& b);
 
 // QKNORM_SOAK=<n> multiplies every property's case count by n (QKNORM_SOAK=1
 // means 50x) and draws a fresh random seed per run (printed on failure);

@@ -57,6 +57,10 @@ TEST(CliOptions, BadMasks) {
   expect_usage_error({"--shape", "2x1x4x4", "--mask", "pad:3"}, "key lengths");
   // a key length beyond kv_len breaks the problem's rule
   expect_usage_error({"--shape", "1x1x4x4", "--mask", "pad:9"}, "qknorm:");
+  // a window is window:LEFT,RIGHT, each side -1 or >= 0
+  expect_usage_error({"--mask", "window:3"}, "window:LEFT,RIGHT");
+  expect_usage_error({"--mask", "causal+window:-2,0"}, "mask.window_left");
+  expect_usage_error({"--mask", "window:1,x"}, "not an integer");
 }
 
 TEST(CliOptions, BadDistributionPrecisionVariantEps) {

@@ -137,6 +137,12 @@ TEST(CliSample, BadSampleOptionsAreUsageErrors) {
                                    "1x2x64x32", "--backend", "reference:f64"});
   EXPECT_EQ(cap.code, kExitUsage) << cap.out << cap.err;
   EXPECT_NE(cap.err.find("softcap"), std::string::npos) << cap.err;
+  // Nor a sliding window.
+  const testing::CliRun win =
+      run({"--sample", "8", "--mask", "causal+window:7,0", "--shape",
+           "1x2x64x32", "--backend", "reference:f64"});
+  EXPECT_EQ(win.code, kExitUsage) << win.out << win.err;
+  EXPECT_NE(win.err.find("sliding window"), std::string::npos) << win.err;
 }
 
 // Past the budget the stop message suggests --sample with that run's own

@@ -315,6 +315,29 @@ TEST(CompareVerdict, SoftcapDumpsAreJudgedUnderTheirCap) {
               {"field o:", "fail"}, {"--softcap", "2"});
 }
 
+// The sliding window (issue 34): a dump of windowed attention (causal,
+// window (3, 0): each query sees its 4 latest keys) passes under --mask
+// causal+window:3,0 and fails under the window one key wider on either
+// side (transformers #39408's (w, 0) for (w - 1, 0)) and under the causal
+// mask alone (sglang #33915's ignored window), each naming field and
+// element.
+TEST(CompareVerdict, WindowDumpsAreJudgedUnderTheirWindow) {
+  const Precision prec = Precision::kF32;
+  validation::AttentionCase c = gaussian_case(prec, 19);
+  c.problem.mask.causal = true;
+  c.problem.mask.window_left = 3;
+  c.problem.mask.window_right = 0;
+  const Dump d = make_dump(c, prec);
+  expect_pass(d, "f32 gaussian, causal window (3, 0)",
+              {"--mask", "causal+window:3,0"});
+  expect_fail(d, "judged under window (4, 0)", {"field o:", "fail", "o["},
+              {"--mask", "causal+window:4,0"});
+  expect_fail(d, "judged under window (2, 0)", {"field o:", "fail", "o["},
+              {"--mask", "causal+window:2,0"});
+  expect_fail(d, "judged under the causal mask alone",
+              {"field o:", "fail", "o["}, {"--mask", "causal"});
+}
+
 TEST(CompareVerdict, NonFiniteInputIsAnInputErrorNamingTheTensor) {
   const Precision prec = Precision::kF32;
   const validation::AttentionCase c = gaussian_case(prec, 21);
