@@ -17,6 +17,10 @@
 //     combination, and kv_heads); then q, k, v, dO (k and v of kv_heads
 //     heads), then the learned parameters q_weight, k_weight, q_bias,
 //     k_bias (param_size() elements each, scalars like the inputs).
+//   mode even with bits 2 and 6 set (0x44; no corpus file before issue 34
+//     has bit 6 with bit 2): VARIANT (issue 34). As FORMULATION, with a
+//     variant block after the formulation block (decode_variants below:
+//     the logit softcap and the sliding window).
 // flags: bit0 sdpa, bit1 causal, bit2 padding mask, bits3-4 row_pad,
 //   bit5 check bitwise determinism across thread counts (1 vs 2),
 //   bit6 add one key length too many (invalid), bit7 forward only.
@@ -141,6 +145,22 @@ void decode_formulation(ByteReader& r, AttentionProblem* p) {
   }
 }
 
+// The variant block of VARIANT mode (after the formulation block):
+//   v u8. bit 0: a logit softcap follows, a scalar (default 5; any value:
+//     negative, subnormal, non-finite and out-of-f32 caps are invalid);
+//   bit 1: a sliding window follows, two int8 (left, right; -1 unbounded,
+//     below -1 invalid); bit 2 (with bit 1): the causal mask too, whatever
+//     flags bit 1 said.
+void decode_variants(ByteReader& r, AttentionProblem* p) {
+  const uint8_t v = r.u8();
+  if (v & 1) p->softcap = r.scalar(5.0);
+  if (v & 2) {
+    p->mask.window_left = static_cast<int8_t>(r.u8());
+    p->mask.window_right = static_cast<int8_t>(r.u8());
+    if (v & 4) p->mask.causal = true;
+  }
+}
+
 void decode_params(ByteReader& r, uint8_t flags, Decoded* d) {
   AttentionProblem& p = d->p;
   p.variant = (flags & 1) ? Variant::kSDPA : Variant::kQKNorm;
@@ -176,6 +196,12 @@ bool problem_valid(const AttentionProblem& p) {
   if (p.variant == Variant::kQKNorm &&
       (!std::isfinite(p.eps) || !(p.eps > 0) || !std::isfinite(p.g)))
     return false;
+  // Issue 34 (attention.h): a softcap is 0 or a finite normal number > 0;
+  // a window side is -1 or >= 0.
+  if (!(p.softcap == 0 || (std::isfinite(p.softcap) &&
+                           p.softcap >= std::numeric_limits<double>::min())))
+    return false;
+  if (p.mask.window_left < -1 || p.mask.window_right < -1) return false;
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
     if (static_cast<int64_t>(kl.size()) != p.batch) return false;
@@ -206,7 +232,14 @@ bool problem_valid(const AttentionProblem& p) {
 
 // The compute-range rule applies to the logit scale in use: the learned g
 // or the fixed scale.
+// A softcap must also lie in the compute format's normal range (f32 for
+// the f32 and 16-bit entries; attention.h).
 bool qk_range_ok(const AttentionProblem& p, Precision prec) {
+  if (p.softcap != 0 && prec != Precision::kF64) {
+    const auto cap = static_cast<float>(p.softcap);
+    if (!(std::isfinite(cap) && cap >= std::numeric_limits<float>::min()))
+      return false;
+  }
   return p.variant != Variant::kQKNorm ||
          compute_range_ok(p.fixed_scale ? p.scale : p.g, p.eps, prec);
 }
@@ -602,8 +635,9 @@ bool same_values(const AttentionCase& a, const AttentionCase& b) {
 }
 
 // formulation: FORMULATION mode (H up to 4, the formulation block, k and v
-// of kv_heads heads, the learned parameters after dO).
-void differential(ByteReader& r, bool formulation) {
+// of kv_heads heads, the learned parameters after dO); variants: VARIANT
+// mode (the variant block after the formulation block).
+void differential(ByteReader& r, bool formulation, bool variants) {
   Decoded d;
   AttentionProblem& p = d.p;
   p.batch = 1 + r.u8() % 2;
@@ -613,6 +647,7 @@ void differential(ByteReader& r, bool formulation) {
   p.head_dim = 1 + r.u8() % 16;
   decode_params(r, r.u8(), &d);
   if (formulation) decode_formulation(r, &p);
+  if (variants) decode_variants(r, &p);
   AttentionCase c;
   c.problem = p;
   c.row_pad = d.row_pad;
@@ -964,12 +999,24 @@ extern "C" const char* __asan_default_options() {
   return "quarantine_size_mb=16:malloc_context_size=5";
 }
 
+// QKNORM_FUZZ_MODE=variant decodes every input in VARIANT mode (its first
+// byte's mode bits read as 0x44): an exploration of the variants alone
+// (issue 34's 10^4 executions per seed, fuzz/README.md).
+bool variants_only() {
+  static const bool on = [] {
+    const char* v = std::getenv("QKNORM_FUZZ_MODE");
+    return v != nullptr && std::string(v) == "variant";
+  }();
+  return on;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   qknorm::fuzz::ByteReader r(data, size);
-  const uint8_t mode = r.u8();
+  uint8_t mode = r.u8();
+  if (variants_only()) mode = static_cast<uint8_t>((mode & ~1) | 0x44);
   if (mode & 1)
     qknorm::fuzz::layout(r);
   else if ((mode & 4) == 0 || formulations_enabled())
-    qknorm::fuzz::differential(r, (mode & 4) != 0);
+    qknorm::fuzz::differential(r, (mode & 4) != 0, (mode & 0x44) == 0x44);
   return 0;
 }

@@ -113,6 +113,13 @@ struct AttnForm : Attn {
   uint8_t sel = 0, free_flags = 0;
   double scale = 0;  // written when bit 5 (preset) / bit 2 (free) says so
   uint8_t kv = 0;    // < 0x80: index into the divisors of H
+  // VARIANT mode (issue 34; decode_variants): mode byte 0x44 and the
+  // variant block after kv: bit 0 a softcap (the scalar `softcap`), bit 1 a
+  // window (int8 window_left, window_right), bit 2 the causal mask with it.
+  bool variants = false;
+  uint8_t variant_bits = 0;
+  double softcap = 0;
+  int8_t window_left = -1, window_right = -1;
 
   // The problem the fuzzer decodes (for the element counts).
   AttentionProblem problem() const {
@@ -146,7 +153,7 @@ struct AttnForm : Attn {
 
   std::vector<uint8_t> encode() const {
     ByteWriter w;
-    header(w, 4);
+    header(w, variants ? 0x44 : 4);
     w.u8(sel);
     if (sel < 0x80 && (sel & 0x20)) w.scalar(scale);
     if (sel >= 0x80) {
@@ -154,6 +161,13 @@ struct AttnForm : Attn {
       if (free_flags & 4) w.scalar(scale);
     }
     w.u8(kv);
+    if (variants) {
+      w.u8(variant_bits);
+      if (variant_bits & 1) w.scalar(softcap);
+      if (variant_bits & 2)
+        w.u8(static_cast<uint8_t>(window_left))
+            .u8(static_cast<uint8_t>(window_right));
+    }
     const AttentionProblem p = problem();
     const int64_t nq = B * H * Nq * D, nk = B * kv_heads_of(p) * Nk * D;
     for (int t = 0; t < 4; ++t)
@@ -232,6 +246,53 @@ struct Scale {
 // Values of `base` with tensor `t`'s elements replaced by f(i) when `when`.
 Values with(int t, std::function<double(int64_t)> f, Values base = grid) {
   return [=](int tt, int64_t i) { return tt == t ? f(i) : base(tt, i); };
+}
+
+// VARIANT-mode seeds (issue 34): the logit softcap and the sliding window on
+// presets and sdpa, a decode row, a window past the padding (rows that see
+// no key at a block's end), and invalid ones.
+void variant_seeds(
+    const std::function<void(const std::string&, const std::vector<uint8_t>&)>&
+        add) {
+  auto seed = [](uint8_t sel, uint8_t bits) {
+    AttnForm f;
+    f.variants = true;
+    f.sel = sel;
+    f.kv = 1;  // H = 4: kv_heads = 2
+    f.variant_bits = bits;
+    return f;
+  };
+  AttnForm f = seed(0, 1);  // the paper's, capped at 5, causal
+  f.softcap = 5, f.causal = true, f.kv = 2;
+  add("variant_paper_softcap5_causal", f.encode());
+  f = seed(1, 2 | 4);  // qwen3 (GQA), causal window (3, 0)
+  f.window_left = 3, f.window_right = 0, f.Nq = 9, f.Nk = 12;
+  add("variant_qwen3_causal_window_3_0", f.encode());
+  f = seed(2, 1 | 2);  // gemma3, cap 50 and window (2, 1) over padding
+  f.softcap = 50, f.window_left = 2, f.window_right = 1, f.B = 2;
+  f.key_lengths = {3, 4};
+  add("variant_gemma3_softcap50_window_2_1_padding", f.encode());
+  f = seed(0, 2);  // sdpa, look-ahead only: window (-1, 1)
+  f.sdpa = true, f.kv = 0, f.window_left = -1, f.window_right = 1;
+  add("variant_sdpa_window_right_only", f.encode());
+  f = seed(1, 1 | 2 | 4);  // decode: 1 query, 16 keys, window (7, 0), cap 2
+  f.Nq = 1, f.Nk = 16, f.softcap = 2, f.window_left = 7, f.window_right = 0;
+  add("variant_qwen3_decode_window_7_0_softcap2", f.encode());
+  // Window (0, 0) past a padding of 2 keys: the rows at keys >= 2 see none.
+  f = seed(0, 2);
+  f.kv = 2, f.Nq = 6, f.Nk = 6, f.window_left = 0, f.window_right = 0;
+  f.key_lengths = {2};
+  add("variant_paper_window_past_padding", f.encode());
+  // A cap valid in f64 only (outside f32's normal range).
+  f = seed(0, 1);
+  f.kv = 2, f.softcap = 1e39;
+  add("variant_paper_softcap_beyond_f32", f.encode());
+  f = seed(0, 2);
+  f.kv = 2, f.window_left = -2, f.window_right = 0;
+  add("invalid_variant_window_left_minus_2", f.encode());
+  f = seed(0, 1);
+  f.kv = 2, f.softcap = -5;
+  add("invalid_variant_softcap_negative", f.encode());
 }
 
 // FORMULATION-mode seeds (issue 16): every preset (with GQA where the
@@ -508,6 +569,7 @@ std::vector<Seed> attention_seeds() {
   l.B = int64_t{1} << 10, l.H = int64_t{1} << 10, l.Nq = int64_t{1} << 10;
   add("valid_shape_huge_buffer_short", l.encode());
   formulation_seeds(add);
+  variant_seeds(add);
   return s;
 }
 
