@@ -22,6 +22,39 @@
  * defines the math and the defined results for extreme input: zero rows,
  * fully masked rows, GQA, each formulation).
  *
+ * Input magnitudes: norms must be overflow-safe. The default run of
+ * qknorm-check has `wide` cases (attention cases 1 and 2, ScaleNorm's
+ * 33 x 31: cli/README.md) that scale each q and k row (ScaleNorm: each x
+ * row) by 10^U[-30, 30], clamped to the storage format (validation/case.cc,
+ * max_scale_exponent: row scales up to 1e30 in f64, f32 and bf16, up to
+ * 65504 / (32 sqrt(D)) in f16); the property suite draws such rows too
+ * (1e-30..1e30, clamped likewise). An f32 sum of squares overflows once
+ * ||x|| > 1.8e19, so compute each norm scaled (by the row's largest |x|) or
+ * in a wider format (double suffices for 32- and 16-bit input). An entry
+ * whose norm overflows FAILs those cases, in the extreme-range input class,
+ * with the diagnosis "likely cause: norm overflow", and qknorm-check exits
+ * 1; examples/plugin_c built with -DQKNORM_EXAMPLE_UNSCALED_NORM is such an
+ * entry (ctest plugin.example_unscaled_norm.fails_extreme_range_only).
+ *
+ * The verdict (validation/rule.h): every output element within its own
+ * bound of the long-double oracle. bf16 and f16 entries are judged as f32
+ * compute plus one rounding to the storage format: the bound's u_c is "unit
+ * roundoff of the compute format (f32 for the 16-bit modes)", and the stored
+ * value may differ by "ulp_fmt(|x_e| + delta_e) / 2, the half-spacing of the
+ * field's format". A plug-in is judged under the default compute contract,
+ * f32-accumulate (include/qknorm/contract.h; this ABI declares no other): a
+ * kernel that rounds an intermediate (P, the P.V accumulator, ...) to 16
+ * bits FAILs (examples/plugin_c with -DQKNORM_EXAMPLE_F16_PV).
+ *
+ * Backward's o and lse are the entry's own forward outputs: the suite runs
+ * the forward on the same inputs just before and passes its o and lse as
+ * written (validation/run.cc). Where they are no valid backward input (o not
+ * finite, or lse not finite on a row that sees a key; -inf on a fully masked
+ * row is valid), it passes the oracle's O rounded to storage and lse rounded
+ * to the compute format instead, and the report says so. The backward may
+ * read them or recompute them from q, k and v: its gradients are judged
+ * against the oracle's either way (the example plug-in recomputes).
+ *
  * Errors: every function returns 0 on success; on failure a non-zero code
  * and a NUL-terminated message written into err (at most err_size bytes,
  * truncated). The suite reports "plugin <entry>: <message>" for the case.
@@ -30,8 +63,14 @@
  * entry and the case first); `qknorm-check --isolate` runs each call in a
  * child process instead, so a crash is that entry's FAIL.
  *
- * Thread safety: calls with different workspaces may run concurrently; the
- * suite gives each thread its own workspace (make_workspace, may be NULL).
+ * Thread safety: calls of one entry run concurrently. qknorm-check judges
+ * (case, entry) pairs on --jobs workers (default: one per core), and each
+ * judgement makes its own workspace (make_workspace, or NULL without one)
+ * that its forward, backward and probabilities calls use in turn. So an
+ * entry without make_workspace is called from several threads at once, each
+ * call with workspace NULL: it must keep no mutable state in ctx or in
+ * globals. A workspace is used by one thread at a time. --jobs 1 and
+ * --isolate (one job) call serially.
  * The threads field asks for that many worker threads (0: the entry's
  * choice); results must not depend on it.
  */
@@ -187,9 +226,15 @@ typedef int (*qknorm_attention_backward_fn)(void* entry_ctx, void* workspace,
                                             const qknorm_attention_problem* p,
                                             const qknorm_backward_args* a,
                                             char* err, size_t err_size);
-/* Optional (NULL: no hook): the probabilities the forward computes, dense
- * [B, H, q_len, kv_len] doubles, 0 for masked keys, for the non-saturation
- * property (include/qknorm/backend.h, attention_probabilities). */
+/* The probabilities the forward computes, dense [B, H, q_len, kv_len]
+ * doubles, 0 for masked keys (include/qknorm/backend.h,
+ * attention_probabilities). NULL loads, and qknorm-check's runs never call
+ * it (the fuzzers skip their non-saturation check without it); but the
+ * property suite's NonSaturation and KeySignFlip (and
+ * FormulationNonSaturation for an entry implementing the formulations, the
+ * control NegativeControlSdpaSaturates for one declaring QKNORM_FEATURE_SDPA)
+ * read it and FAIL an entry without it ("no inspection hook"): required to
+ * pass the property suite. */
 typedef int (*qknorm_probabilities_fn)(void* entry_ctx, void* workspace,
                                        const qknorm_attention_problem* p,
                                        const qknorm_forward_args* a,
@@ -203,8 +248,12 @@ typedef int (*qknorm_scalenorm_backward_fn)(
     const qknorm_scalenorm_backward_args* a, char* err, size_t err_size);
 
 typedef struct {
-  /* Entry name: letters, digits, '_', '-', '.'; unique within the plug-in.
-   * The suite names it "plugin:<plugin name>.<entry name>:<precision>". */
+  /* Entry name: 1 to 64 of letters, digits, '_', '-', '.'. The pair (name,
+   * storage) is unique within the plug-in: one name may serve several
+   * storage dtypes, each its own entry. The suite names it
+   * "plugin:<plugin name>.<entry name>:<precision>"; the loader refuses a
+   * plug-in with a repeated pair, or whose full entry names are already
+   * registered (another plug-in of the same name). */
   const char* name;
   int32_t storage; /* qknorm_dtype */
   uint32_t features;
@@ -214,7 +263,7 @@ typedef struct {
   void (*free_workspace)(void* ctx, void* workspace);
   qknorm_attention_forward_fn attention_forward;   /* required */
   qknorm_attention_backward_fn attention_backward; /* required */
-  qknorm_probabilities_fn attention_probabilities; /* optional */
+  qknorm_probabilities_fn attention_probabilities; /* see above */
   qknorm_scalenorm_forward_fn scalenorm_forward;   /* required */
   qknorm_scalenorm_backward_fn scalenorm_backward; /* required */
 } qknorm_plugin_entry;
