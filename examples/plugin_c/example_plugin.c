@@ -16,6 +16,12 @@
  * realistic inputs, wrong on the extreme-range rows: qknorm-check FAILs it
  * and diagnoses the norm overflow.
  *
+ * Built with -DQKNORM_EXAMPLE_NO_PROBS it has no probabilities hook: it
+ * loads and passes qknorm-check, and the property suite's properties that
+ * read the hook FAIL it ("no inspection hook"). Built with
+ * -DQKNORM_EXAMPLE_NO_GET it exports qknorm_get_plugin instead of
+ * qknorm_plugin_get (the loader's missing-symbol test).
+ *
  *   qknorm-check --plugin ./libqknorm_example_plugin.so --backend 'plugin:*'
  */
 #include <math.h>
@@ -32,6 +38,8 @@
 #define PLUGIN_NAME "example_unscaled_norm"
 #elif defined(QKNORM_EXAMPLE_CRASH)
 #define PLUGIN_NAME "example_crash"
+#elif defined(QKNORM_EXAMPLE_NO_PROBS)
+#define PLUGIN_NAME "example_no_probs"
 #else
 #define PLUGIN_NAME "example"
 #endif
@@ -202,6 +210,7 @@ static int attention_forward(void* ctx, void* ws,
   return forward(p, a, NULL, err, n);
 }
 
+#ifndef QKNORM_EXAMPLE_NO_PROBS
 static int attention_probabilities(void* ctx, void* ws,
                                    const qknorm_attention_problem* p,
                                    const qknorm_forward_args* a, double* probs,
@@ -209,6 +218,7 @@ static int attention_probabilities(void* ctx, void* ws,
   (void)ctx, (void)ws;
   return forward(p, a, probs, err, n);
 }
+#endif
 
 /* dx of x_hat = x / max(||x||, eps) from du (in place, one row). */
 static void unit_backward(const double* u, double nrm, double eps, int64_t D,
@@ -365,7 +375,11 @@ static const qknorm_plugin_entry kEntries[] = {{
     NULL,
     attention_forward,
     attention_backward,
+#ifdef QKNORM_EXAMPLE_NO_PROBS
+    NULL,
+#else
     attention_probabilities,
+#endif
     scalenorm_forward,
     scalenorm_backward,
 }};
@@ -378,6 +392,11 @@ static const qknorm_plugin kPlugin = {QKNORM_PLUGIN_ABI_VERSION, PLUGIN_NAME,
 static const qknorm_plugin kFuture = {QKNORM_EXAMPLE_ABI_VERSION, "future", 1,
                                       kEntries};
 const qknorm_plugin* qknorm_plugin_get(void) { return &kFuture; }
+#elif defined(QKNORM_EXAMPLE_NO_GET)
+/* For the loader's own test: the entry point under a wrong name (as a C++
+ * plug-in without extern "C" exports a mangled one). */
+const qknorm_plugin* qknorm_get_plugin(void);
+const qknorm_plugin* qknorm_get_plugin(void) { return &kPlugin; }
 #else
 const qknorm_plugin* qknorm_plugin_get(void) { return &kPlugin; }
 #endif
