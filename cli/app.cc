@@ -82,10 +82,11 @@ void add_common(CLI::App& app, Common& c) {
          "--shape", s.shapes,
          "Attention shape BxHxNxD or BxHxNqxNkxD (repeatable). Giving any of "
          "--shape/--g/--mask/--dist/--eps/--variant replaces the built-in "
-         "suite by "
+         "attention cases by "
          "the product of the lists (defaults 2x8x72x64; g_init(72), 20 "
          "for that shape, g_init(Nk) for a --shape; causal, pad; "
-         "gaussian, wide)")
+         "gaussian, wide); the built-in ScaleNorm cases stay unless "
+         "--scalenorm")
       ->type_name("SHAPE");
   app.add_option("--g", s.g,
                  "QKNorm scale g (repeatable); g_init(L) = log2(L^2 - L), "
@@ -103,7 +104,9 @@ void add_common(CLI::App& app, Common& c) {
                  "joined with + (causal+pad, causal+window:127,0)")
       ->type_name("MASK");
   app.add_option("--dist", s.dists,
-                 "Input distribution (repeatable): gaussian, uniform, heavy "
+                 "Input distribution of the attention cases (repeatable; "
+                 "ScaleNorm's gaussian and wide cases stay unless "
+                 "--scalenorm): gaussian, uniform, heavy "
                  "(Student t3), "
                  "wide (row scales 10^U[-30,30] within the format), zerorows, "
                  "outliers (outlier rows), mixedv (V rows 10^U[-3,3]), sink "
@@ -144,7 +147,9 @@ void add_common(CLI::App& app, Common& c) {
                  "Logit softcap: S' = cap tanh(S / cap) before the mask "
                  "(Gemma 2: 50; 0: off). Entries without it are skipped");
   app.add_option("--scalenorm", s.scalenorm,
-                 "ScaleNorm shape ROWSxDIM (repeatable)")
+                 "ScaleNorm shape ROWSxDIM (repeatable): replaces the built-in "
+                 "ScaleNorm cases (144x512 gaussian, 33x31 wide) by these "
+                 "shapes, gaussian")
       ->type_name("SHAPE");
   app.add_option("--seed", s.seed, "Base seed; case i uses seed + i")
       ->capture_default_str()
