@@ -165,7 +165,9 @@ RunResult run_body(const std::string& name, const std::function<void()>& body,
     ss << "\nseed=" << params.seed << " max_success=" << params.maxSuccess
        << "  (rerun all its cases: RC_PARAMS=\"seed=" << params.seed
        << " max_success=" << params.maxSuccess
-       << "\"; the reproduce=... string above replays just the failing case)";
+       << "\"; the RC_PARAMS=\"reproduce=...\" line rapidcheck prints at the "
+          "end of the run, after GoogleTest's summary, replays just the "
+          "failing cases)";
     r.message = ss.str();
   }
   return r;
