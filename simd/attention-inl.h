@@ -20,21 +20,32 @@
 // finally O /= l and lse = m + log l. The n x n matrix is never formed; per
 // task only one kQueryBlock x kKeyBlock tile exists.
 //
-// Visibility is a prefix per row: key j is visible to query i of batch b iff
-// j < lim(b, i) = clamp(min(kl_b, i + 1 + kv_len - q_len), 0, kv_len) (causal
-// and padding masks of attention.h). Blocks past a row block's largest limit
-// are skipped; inside a block each group of micro-GEMM rows forms S, P and
-// the products only up to its largest limit (GemmLimited, issue 18: a causal
-// diagonal block costs about its visible half), and masked P are 0.
-// lim = 0: O = 0, lse = -inf.
+// Visibility is an interval per row: key j is visible to query i of batch b
+// iff first(b, i) <= j < lim(b, i), attention.h's visible_keys (causal,
+// padding and the sliding window, issue 34); without a window first = 0 and
+// the keys are a prefix, lim = clamp(min(kl_b, i + 1 + kv_len - q_len), 0,
+// kv_len). Both ends are nondecreasing in i. A row block walks only the key
+// blocks from the one holding its smallest first to the one holding its
+// largest lim (a window's cost follows the window, not kv_len); inside a
+// block each group of micro-GEMM rows forms S, P and the products only up
+// to its largest limit (GemmLimited, issue 18: a causal diagonal block
+// costs about its visible half), the columns before a row's first key are
+// masked (S = -inf, P = 0, selected, so a masked key's value never reaches
+// a result) and O += P V starts at the group's smallest first key; masked P
+// are 0. first >= lim (no visible key): O = 0, lse = -inf.
 //
 // Backward (FlashAttention-2 style): P is recomputed tile by tile from the
 // saved lse, P = exp(S - lse); delta = rowsum(dO * O); dS = P (dP - delta).
 // Tasks are (batch, head, key group g): group g owns key blocks g, g+G, ...,
 // accumulates dK, dV for its blocks (written once, at the block's end) and a
-// private partial dQ; a second pass sums the G partials in g order. G depends
-// on the shape only (kTargetTasks), never on the thread count, and every
-// element is a fixed-order FMA chain (gemm-inl.h), so results are bitwise
+// private partial dQ; a second pass sums the G partials in g order. A block
+// walks only the query rows whose interval meets it (rows [i_first, i_end),
+// the ends being nondecreasing); per key, dV and dK sum the rows from the
+// first that sees it to the last whose window starts at or before it. With
+// a window the partial dQ is zeroed up front (the rows of later blocks are
+// no subset of the first block's), without one the first block writes it. G
+// depends on the shape only (kTargetTasks), never on the thread count, and
+// every element is a fixed-order FMA chain (gemm-inl.h), so results are bitwise
 // identical for every thread count. dg = sum dS * C (C = Q_hat K_hat^T, not
 // S / g: g may be 0): f32 per tile, then double per task, tasks summed in
 // order.
@@ -69,7 +80,9 @@
 // The bound, a true upper bound of |S_ij| as computed (LogitBound): let q,
 // k be the f32 operand rows the GEMM reads (x_tilde, zero padded to
 // n = Dp), K = max_j ||k_j|| over the row's visible keys (a prefix: the
-// running max over the kv head's keys, gathered when they are packed),
+// running max over the kv head's keys, gathered when they are packed; with
+// a window, the interval's max by a monotone queue over per-key norms,
+// RangeExtremes; likewise the shift cap below from the interval's min |v|),
 // u = 2^-24, eta = 2^-149 (f32's subnormal spacing, twice any one
 // operation's underflow error). The GEMM's chain c = fl(sum_d q_d k_d)
 // (FMAs, or a multiply and an add without FMA) satisfies
@@ -259,15 +272,18 @@ HWY_INLINE VF MinNonzeroAbs(VF acc, const float* HWY_RESTRICT x, size_t n) {
   return acc;
 }
 
-// lim[b * Nq + i]: number of visible keys (a prefix) of query i, batch b.
-inline void ComputeLimits(const AttentionProblem& p, int64_t* lim) {
+// The visible keys of query i of batch b, an interval [first, lim) of
+// [0, kv_len) (attention.h's visible_keys: causal, padding and the window):
+// lim[b * Nq + i] and first[b * Nq + i], first = lim when the row sees no
+// key. Without a window, first = 0 (a prefix). Both ends are nondecreasing
+// in i within a batch (every mask part's bounds are).
+inline void ComputeLimits(const AttentionProblem& p, int64_t* lim,
+                          int64_t* first) {
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t i = 0; i < p.q_len; ++i) {
-      int64_t L = p.kv_len;
-      if (p.mask.causal) L = std::min(L, i + 1 + p.kv_len - p.q_len);
-      if (!p.mask.key_lengths.empty())
-        L = std::min(L, p.mask.key_lengths[static_cast<size_t>(b)]);
-      lim[b * p.q_len + i] = std::max<int64_t>(L, 0);
+      const KeyRange kr = visible_keys(p.mask, b, i, p.q_len, p.kv_len);
+      lim[b * p.q_len + i] = kr.end;
+      first[b * p.q_len + i] = kr.begin;
     }
 }
 
@@ -275,6 +291,37 @@ inline void ComputeLimits(const AttentionProblem& p, int64_t* lim) {
 inline size_t VisibleInBlock(int64_t lim, size_t j0) {
   const int64_t left = lim - static_cast<int64_t>(j0);
   return left <= 0 ? 0 : std::min(kKeyBlock, static_cast<size_t>(left));
+}
+
+// The first visible column of a row whose first key is `first` inside the
+// key block starting at j0 (0 without a window).
+inline size_t FirstInBlock(int64_t first, size_t j0) {
+  const int64_t left = first - static_cast<int64_t>(j0);
+  return left <= 0 ? 0 : std::min(kKeyBlock, static_cast<size_t>(left));
+}
+
+// ext[r] = the largest (Max) or smallest x over the keys [F[r], L[r]), for
+// every row r < mr with a nonempty interval (others are left as they are);
+// both ends nondecreasing in r over those rows. A monotone queue of key
+// indices (room for the keys spanned, at most kv_len): O(mr + keys). x
+// holds no NaN.
+template <bool Max, class T>
+void RangeExtremes(const T* x, const int64_t* F, const int64_t* L, size_t mr,
+                   int64_t* queue, T* ext) {
+  size_t head = 0, tail = 0;
+  int64_t next = 0;  // the next key to enter the queue
+  for (size_t r = 0; r < mr; ++r) {
+    if (F[r] >= L[r]) continue;
+    next = std::max(next, F[r]);
+    for (; next < L[r]; ++next) {
+      while (tail > head && (Max ? !(x[queue[tail - 1]] > x[next])
+                                 : !(x[queue[tail - 1]] < x[next])))
+        --tail;
+      queue[tail++] = next;
+    }
+    while (queue[head] < F[r]) ++head;  // the back is key L[r] - 1
+    ext[r] = x[queue[head]];
+  }
 }
 
 // Lanes of v at column positions >= kv (row-relative, j is v's first column)
@@ -285,6 +332,16 @@ HWY_INLINE VF MaskColumns(VF v, size_t j, size_t kv, VF fill) {
   if (j + N <= kv) return v;
   if (j >= kv) return fill;
   return hn::IfThenElse(hn::FirstN(df, kv - j), v, fill);
+}
+
+// Lanes of v at column positions < lo (a window's first visible column)
+// replaced by `fill`; v itself when lo <= j (always without a window).
+HWY_INLINE VF MaskColumnsBelow(VF v, size_t j, size_t lo, VF fill) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  if (j >= lo) return v;
+  if (j + N <= lo) return fill;
+  return hn::IfThenElse(hn::FirstN(df, lo - j), fill, v);
 }
 
 // The logit S = RN(scale * c) clamped to [-FLT_MAX, FLT_MAX]; a NaN c (an
@@ -506,11 +563,16 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   float* kh = ws.kh.Get(BHk * Nk * Dp);
   float* kt = ws.kt.Get(BHk * s.Nkp * Dp);
   float* vv = ws.v.Get(BHk * s.Nkp * Dp);
-  int64_t* lim = ws.limits.Get(static_cast<size_t>(s.B) * Nq);
+  int64_t* lim = ws.limits.Get(2 * static_cast<size_t>(s.B) * Nq);
+  int64_t* first = lim + static_cast<size_t>(s.B) * Nq;
+  const bool window = has_window(p.mask);
   // Per worker: S/P tile, O accumulator, m, l, one row.
   const size_t per_worker = (Mq * Kb + Mq * Dp + 2 * Mq + Dp + 15) / 16 * 16;
   float* scratch = ws.scratch.Get(per_worker * static_cast<size_t>(threads));
-  ComputeLimits(p, lim);
+  // Windows: per worker a queue of key indices (RangeExtremes).
+  int64_t* queues =
+      window ? ws.key_queue.Get(Nk * static_cast<size_t>(threads)) : nullptr;
+  ComputeLimits(p, lim, first);
   ThreadPool& pool = ws.pool(threads);
 
   // Generic sides are prepared here (their formulation); raw and unit-l2 k
@@ -523,7 +585,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   // The fixed shift's inputs (top of file), per kv head and key prefix
   // [0, j]: the largest k row norm and the shift cap of v, gathered while
   // the rows are in L1. Prefixes, so that a row's bound depends on its
-  // visible keys only (masked keys change nothing, bitwise).
+  // visible keys only (masked keys change nothing, bitwise). With a window
+  // the rows' keys are intervals: then per key j its own norm (+inf for a
+  // NaN one: the rows that see it stay online) and its min nonzero |v|
+  // (+inf: none), which each task reduces over its rows' intervals.
   const bool bound = !ws.online_softmax;
   double* k_norm = ws.k_norm.Get(BHk * Nk);
   float* shift_cap = ws.shift_cap.Get(BHk * Nk);
@@ -553,7 +618,14 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         }
         LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
                    static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        if (bound) {
+        if (bound && window) {
+          const float vm = hn::GetLane(hn::MinOfLanes(
+              df,
+              MinNonzeroAbs(hn::Set(df, std::numeric_limits<float>::infinity()),
+                            vb + j * Dp, Dp)));
+          capb[j] =
+              std::isnan(vm) ? std::numeric_limits<float>::infinity() : vm;
+        } else if (bound) {
           const float vm = hn::GetLane(hn::MinOfLanes(
               df, MinNonzeroAbs(hn::Set(df, v_min), vb + j * Dp, Dp)));
           if (vm < v_min) v_min = vm, cap = ShiftCap(vm);  // rarely: a log
@@ -570,6 +642,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         const double r2 = sd.k.mode == SideMode::kUnitL2
                               ? kUnitRowNorm * kUnitRowNorm
                               : SumSquaresF64(stage + t * Dp, Dp);
+        if (window) {
+          knb[j0 + t] = std::isnan(r2) ? std::numeric_limits<double>::infinity()
+                                       : std::sqrt(r2);
+          continue;
+        }
         if (!(r2 <= k2) && !std::isnan(k2)) k2 = r2, kn = std::sqrt(r2);
         knb[j0 + t] = kn;
       }
@@ -590,6 +667,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const size_t bk = static_cast<size_t>(b * s.Hk + h / s.group);
     const size_t mr = std::min(Mq, Nq - i0);
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
+    const int64_t* F = first + static_cast<size_t>(b) * Nq + i0;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
     float* O = S + Mq * Kb;
     float* m = O + Mq * Dp;
@@ -604,17 +682,31 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     // Per row: the fixed shift B_i of bounded logits (top of file), or
     // kOnlineRow: the online softmax.
     float shift[kQueryBlock];
-    int64_t max_lim = 0;
+    // Windows: each row's largest k norm and smallest nonzero |v| over its
+    // keys [F, L).
+    double k_max[kQueryBlock];
+    float v_low[kQueryBlock];
+    if (bound && window) {
+      int64_t* queue = queues + Nk * static_cast<size_t>(worker);
+      RangeExtremes<true>(k_norm + bk * Nk, F, L, mr, queue, k_max);
+      RangeExtremes<false>(shift_cap + bk * Nk, F, L, mr, queue, v_low);
+    }
+    // The key blocks [kb_first, nblocks) hold every visible key of the
+    // task's rows (kb_first = 0 without a window).
+    int64_t max_lim = 0, min_first = s.Nk;
     for (size_t r = 0; r < mr; ++r) {
-      max_lim = std::max(max_lim, L[r]);
+      if (L[r] > F[r]) {
+        max_lim = std::max(max_lim, L[r]);
+        min_first = std::min(min_first, F[r]);
+      }
       shift[r] = kOnlineRow;
-      if (bound && L[r] > 0) {
+      if (bound && L[r] > F[r]) {
         const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
         const double qn = sd.q.mode == SideMode::kUnitL2
                               ? kUnitRowNorm
                               : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
-        const float B = LogitBound(bf, qn, k_norm[last]);
-        if (B <= shift_cap[last]) shift[r] = B;
+        const float B = LogitBound(bf, qn, window ? k_max[r] : k_norm[last]);
+        if (B <= (window ? ShiftCap(v_low[r]) : shift_cap[last])) shift[r] = B;
       }
       m[r] = shift[r] >= 0 ? shift[r] : kNegInf;
       l[r] = 0;
@@ -623,15 +715,24 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     const float* ktb = kt + bk * s.Nkp * Dp;
     const float* vb = vv + bk * s.Nkp * Dp;
     const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
+    const size_t kb_first =
+        max_lim > 0 ? static_cast<size_t>(min_first) / Kb : nblocks;
 
-    // Per-row limits of the masked tiles: row r needs the kv[r] first keys
-    // of the block (a prefix); S is formed, exponentiated and multiplied
-    // into V only up to each row group's largest prefix (GemmLimited), so
-    // the blocks on a causal diagonal cost about their visible half.
-    size_t kvr[kQueryBlock], width[kQueryBlock];
-    for (size_t kb = 0; kb < nblocks; ++kb) {
+    // Per-row limits of the masked tiles: row r needs the keys [klo[r],
+    // kvr[r]) of the block (kvr = 0: none; klo = 0 without a window); S is
+    // formed, exponentiated and multiplied into V only up to each row
+    // group's largest kvr (GemmLimited), so the blocks on a causal diagonal
+    // cost about their visible half; the columns before klo are masked (P =
+    // 0) and O += P V starts at the group's smallest klo.
+    size_t kvr[kQueryBlock], klo[kQueryBlock], width[kQueryBlock];
+    for (size_t kb = kb_first; kb < nblocks; ++kb) {
       const size_t j0 = kb * Kb;
-      for (size_t r = 0; r < mr; ++r) kvr[r] = VisibleInBlock(L[r], j0);
+      for (size_t r = 0; r < mr; ++r) {
+        const size_t hi = VisibleInBlock(L[r], j0);
+        const size_t lo = window ? FirstInBlock(F[r], j0) : 0;
+        kvr[r] = lo < hi ? hi : 0;
+        klo[r] = lo < hi ? lo : Kb;
+      }
       // Columns of S each row's group forms (a multiple of N): P is defined
       // (0 past kv) on all of them, the k range of the O += P V group.
       for (size_t r0 = 0; r0 < mr; r0 += kGemmRows) {
@@ -651,15 +752,23 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         for (size_t j = kvv; j < width[r]; j += N)
           hn::StoreU(hn::Zero(df), df, sr + j);
         if (kv == 0) continue;
+        // Window: vectors before the row's first key hold P = 0 (jlo = 0
+        // without a window).
+        const size_t lo = klo[r], jlo = lo / N * N;
+        for (size_t j = 0; j < jlo; j += N)
+          hn::StoreU(hn::Zero(df), df, sr + j);
         if (shift[r] >= 0) {  // P = exp(S - B_i): one pass, no rescaling
           const VF vshift = hn::Set(df, shift[r]);
+          // A row's only visible key: keep its logit for the epilogue.
+          if (L[r] - F[r] == 1 && static_cast<size_t>(F[r]) >= j0)
+            m[r] = hn::GetLane(logit(hn::Set(df, sr[F[r] - j0])));
           VF vsum = hn::Zero(df);
-          for (size_t j = 0; j < kvv; j += N) {
+          for (size_t j = jlo; j < kvv; j += N) {
             const VF x = logit(hn::LoadU(df, sr + j));
-            // A row's only visible key: keep its logit for the epilogue.
-            if (L[r] == 1 && j == 0) m[r] = hn::GetLane(x);
-            const VF e = MaskColumns(ExpBounded(hn::Sub(x, vshift)), j, kv,
-                                     hn::Zero(df));
+            const VF e =
+                MaskColumnsBelow(MaskColumns(ExpBounded(hn::Sub(x, vshift)), j,
+                                             kv, hn::Zero(df)),
+                                 j, lo, hn::Zero(df));
             hn::StoreU(e, df, sr + j);
             vsum = hn::Add(vsum, e);
           }
@@ -675,10 +784,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // them instead of forming them again (the clamp of Logit would
         // otherwise cost ~7% of the forward at n = 128, measured).
         VF vmax = neg_inf;
-        for (size_t j = 0; j < kvv; j += N) {
+        for (size_t j = jlo; j < kvv; j += N) {
           const VF x = logit(hn::LoadU(df, sr + j));
           hn::StoreU(x, df, sr + j);
-          vmax = hn::Max(vmax, MaskColumns(x, j, kv, neg_inf));
+          vmax = hn::Max(vmax, MaskColumnsBelow(MaskColumns(x, j, kv, neg_inf),
+                                                j, lo, neg_inf));
         }
         const float m_new =
             std::max(m[r], hn::GetLane(hn::MaxOfLanes(df, vmax)));
@@ -687,10 +797,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                                               : std::exp(m[r] - m_new);
         const VF vm = hn::Set(df, m_new);
         VF vsum = hn::Zero(df);
-        for (size_t j = 0; j < kvv; j += N) {
-          const VF e =
+        for (size_t j = jlo; j < kvv; j += N) {
+          const VF e = MaskColumnsBelow(
               MaskColumns(hn::Exp(df, hn::Sub(hn::LoadU(df, sr + j), vm)), j,
-                          kv, hn::Zero(df));
+                          kv, hn::Zero(df)),
+              j, lo, hn::Zero(df));
           hn::StoreU(e, df, sr + j);
           vsum = hn::Add(vsum, e);
         }
@@ -701,20 +812,21 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       // O += P V over each group's visible keys (P = 0 on the rest).
       GemmLimited(mr, Dp, Kb, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp,
                   Dp, O, Dp, /*accumulate=*/true,
-                  RowLimits{nullptr, nullptr, kvr});
+                  RowLimits{nullptr, window ? klo : nullptr, kvr});
     }
 
     for (size_t r = 0; r < mr; ++r) {
       const size_t i = i0 + r;
       float* orow = O + r * Dp;
       double lse;
-      if (L[r] == 0) {
+      if (L[r] <= F[r]) {
         std::fill(orow, orow + Dp, 0.0f);
         lse = -std::numeric_limits<double>::infinity();
-      } else if (shift[r] >= 0 && L[r] == 1) {
-        // One visible key (key 0): what the online path gives exactly,
+      } else if (shift[r] >= 0 && L[r] - F[r] == 1) {
+        // One visible key (key F): what the online path gives exactly,
         // O = V, lse = S (held in m), P = exp(S - lse) = 1 in the backward.
-        std::copy(vb, vb + Dp, orow);
+        const float* vf = vb + static_cast<size_t>(F[r]) * Dp;
+        std::copy(vf, vf + Dp, orow);
         lse = static_cast<double>(m[r]);
         m[r] = shift[r];  // the hook's shift (l = exp(S - B_i))
       } else {
@@ -743,13 +855,14 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk;
       std::fill(pr, pr + Nk, 0.0);
     }
-    for (size_t kb = 0; kb < nblocks; ++kb) {
+    for (size_t kb = kb_first; kb < nblocks; ++kb) {
       const size_t j0 = kb * Kb;
       Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, ktb + kb * Dp * Kb,
            Kb, S, Kb, false);
       for (size_t r = 0; r < mr; ++r) {
         const size_t kv = VisibleInBlock(L[r], j0);
-        if (kv == 0) continue;
+        const size_t lo = window ? FirstInBlock(F[r], j0) : 0;
+        if (kv <= lo) continue;
         float* sr = S + r * Kb;
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
         for (size_t j = 0; j < Kb; j += N) {
@@ -761,7 +874,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
-        for (size_t j = 0; j < kv; ++j) pr[j] = static_cast<double>(sr[j]);
+        for (size_t j = lo; j < kv; ++j) pr[j] = static_cast<double>(sr[j]);
       }
     }
   });
@@ -798,11 +911,13 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   float* lse_lo = stats + 2 * BH * Nq;
   float* dq_part = ws.dq_partial.Get(G * BH * Nq * Dp);
   double* task_dg = ws.task_sums.Get(BHk * G);
-  int64_t* lim = ws.limits.Get(static_cast<size_t>(s.B) * Nq);
+  int64_t* lim = ws.limits.Get(2 * static_cast<size_t>(s.B) * Nq);
+  int64_t* first = lim + static_cast<size_t>(s.B) * Nq;
+  const bool window = has_window(p.mask);
   // Per worker: S/P and dP/dS tiles, dK and dV accumulators, two rows.
   const size_t per_worker = (2 * Mq * Kb + 2 * Kb * Dp + 2 * Dp + 15) / 16 * 16;
   float* scratch = ws.scratch.Get(per_worker * static_cast<size_t>(threads));
-  ComputeLimits(p, lim);
+  ComputeLimits(p, lim, first);
   ThreadPool& pool = ws.pool(threads);
 
   // Generic sides here; raw and unit-l2 q rows are loaded (and normalized)
@@ -885,6 +1000,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const int64_t b = static_cast<int64_t>(bk) / s.Hk,
                   hk = static_cast<int64_t>(bk) % s.Hk;
     const int64_t* L = lim + static_cast<size_t>(b) * Nq;
+    const int64_t* F = first + static_cast<size_t>(b) * Nq;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
     float* dP = S + Mq * Kb;
     float* dK = dP + Mq * Kb;
@@ -895,17 +1011,38 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
     const float* vtb = vt + bk * s.Nkp * Dp;
     const VF vscale = hn::Set(df, s.scale);
     const Logits logit(s);
-    size_t kvr[kQueryBlock], klo[kKeyBlock];
+    size_t kvr[kQueryBlock], rlo[kQueryBlock], klo[kKeyBlock], khi[kKeyBlock];
     double dg = 0;
+    // Windows: the rows seeing a block are not a subset of those seeing the
+    // group's first block; the partial dQ is zeroed up front instead and
+    // every block accumulates into it.
+    if (window)
+      for (size_t m = 0; m < group; ++m) {
+        float* dqp = dq_part + (g * BH + bh0 + m) * Nq * Dp;
+        std::fill(dqp, dqp + Nq * Dp, 0.0f);
+      }
     for (size_t kb = g; kb < s.nkb; kb += G) {
       const size_t j0 = kb * Kb, kc = std::min(Kb, Nk - j0);
       size_t i_first = 0;
       while (i_first < Nq && L[i_first] <= static_cast<int64_t>(j0)) ++i_first;
+      // The rows [i_first, i_end) see keys of the block, the others none
+      // (both ends of the rows' intervals are nondecreasing in i); i_end
+      // = Nq without a window.
+      const size_t i_end =
+          window
+              ? static_cast<size_t>(
+                    std::partition_point(F + i_first, F + Nq,
+                                         [&](int64_t f) {
+                                           return f <
+                                                  static_cast<int64_t>(j0 + kc);
+                                         }) -
+                    F)
+              : Nq;
       // No zero fills of the accumulators: the group's first block writes
       // its partial dQ rows [i_first, Nq) (accumulate = false; the later
       // blocks' rows are a subset, the limits being nondecreasing in i) and
       // zeros the rows before; the block's first product writes dK and dV.
-      const bool first_kb = kb == g;
+      const bool first_kb = kb == g && !window;
       bool fresh = true;
       for (size_t m = 0; m < group; ++m) {
         const size_t bh = bh0 + m;
@@ -913,21 +1050,33 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
         const float* dob = dO + bh * Nq * Dp;
         float* dqp = dq_part + (g * BH + bh) * Nq * Dp;
         if (first_kb) std::fill(dqp, dqp + i_first * Dp, 0.0f);
-        for (size_t i0 = i_first; i0 < Nq; i0 += Mq) {
-          const size_t mr = std::min(Mq, Nq - i0);
+        for (size_t i0 = i_first; i0 < i_end; i0 += Mq) {
+          const size_t mr = std::min(Mq, i_end - i0);
           // Masked tiles (issue 18): S and dP are formed per row group up
-          // to its largest visible prefix (GemmLimited); every row of P and
-          // dS is then defined on the whole block (0 past its prefix), and
-          // the products skip the terms that are zero by the mask: key j
-          // of dV, dK sums the rows from the first that sees it (klo), row
-          // r of dQ the keys up to its prefix.
-          for (size_t r = 0; r < mr; ++r)
-            kvr[r] = VisibleInBlock(L[i0 + r], j0);
+          // to its largest visible key (GemmLimited); every row of P and
+          // dS is then defined on the whole block (0 outside its keys
+          // [rlo, kvr)), and the products skip the terms that are zero by
+          // the mask: key j of dV, dK sums the rows from the first that
+          // sees it (klo) to the last whose window starts at or before it
+          // (khi; windows only), row r of dQ the keys [rlo, kvr).
+          for (size_t r = 0; r < mr; ++r) {
+            const size_t hi = VisibleInBlock(L[i0 + r], j0);
+            const size_t lo = window ? FirstInBlock(F[i0 + r], j0) : 0;
+            kvr[r] = lo < hi ? hi : 0;
+            rlo[r] = lo < hi ? lo : Kb;
+          }
           {
             size_t jj = 0;
             for (size_t r = 0; r < mr; ++r)
               while (jj < std::min(kvr[r], kc)) klo[jj++] = r;
             while (jj < kc) klo[jj++] = mr;
+          }
+          if (window) {
+            size_t jj = 0;
+            for (size_t r = 0; r < mr; ++r)
+              if (kvr[r] > 0)
+                while (jj < std::min(rlo[r], kc)) khi[jj++] = r;
+            while (jj < kc) khi[jj++] = mr;
           }
           const RowLimits by_prefix{kvr, nullptr, nullptr};
           GemmLimited(mr, Kb, Dp, qb + i0 * Dp, static_cast<ptrdiff_t>(Dp), 1,
@@ -946,18 +1095,30 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
               hn::StoreU(hn::Zero(df), df, dpr + j);
             }
             if (kv == 0) continue;
+            // Window: P = dS = 0 before the row's first key (jlo = 0
+            // without one); masked lanes select 0, so a masked key's
+            // logit or dP (any value) reaches neither dS nor dg.
+            const size_t lo = rlo[r], jlo = lo / N * N;
+            for (size_t j = 0; j < jlo; j += N) {
+              hn::StoreU(hn::Zero(df), df, sr + j);
+              hn::StoreU(hn::Zero(df), df, dpr + j);
+            }
             const VF vhi = hn::Set(df, lse_hi[bh * Nq + i]);
             const VF vlo = hn::Set(df, lse_lo[bh * Nq + i]);
             const VF vd = hn::Set(df, delta[bh * Nq + i]);
-            for (size_t j = 0; j < kvv; j += N) {
+            for (size_t j = jlo; j < kvv; j += N) {
               const VF c = hn::LoadU(df, sr + j);
               const VF sc = logit(c);
               const VF x = hn::Sub(hn::Sub(sc, vhi), vlo);
-              const VF pr = MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df));
+              const VF pr = MaskColumnsBelow(
+                  MaskColumns(hn::Exp(df, x), j, kv, hn::Zero(df)), j, lo,
+                  hn::Zero(df));
               VF ds = hn::Mul(pr, hn::Sub(hn::LoadU(df, dpr + j), vd));
               // Capped: dS = dS' (1 - (S' / cap)^2), the cosine's gradient.
               if (logit.capped) ds = hn::Mul(ds, logit.Slope(sc));
-              vdg = hn::MulAdd(ds, c, vdg);
+              ds = MaskColumnsBelow(ds, j, lo, hn::Zero(df));
+              vdg =
+                  hn::MulAdd(ds, MaskColumnsBelow(c, j, lo, hn::Zero(df)), vdg);
               hn::StoreU(pr, df, sr + j);
               // s dS, not dS: the products below would otherwise form dS
               // Q_tilde and dS K_tilde unscaled, which overflow to inf for
@@ -971,7 +1132,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           dg += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, vdg)));
           // dV += P^T dO, dK_tilde += (s dS)^T Q_tilde, dQ_tilde partial
           // += (s dS) K_tilde.
-          const RowLimits by_first{nullptr, klo, nullptr};
+          const RowLimits by_first{nullptr, klo, window ? khi : nullptr};
           GemmLimited(kc, Dp, mr, S, 1, static_cast<ptrdiff_t>(Kb),
                       dob + i0 * Dp, Dp, dV, Dp, !fresh, by_first);
           GemmLimited(kc, Dp, mr, dP, 1, static_cast<ptrdiff_t>(Kb),
@@ -979,7 +1140,7 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
           fresh = false;
           GemmLimited(mr, Dp, kc, dP, static_cast<ptrdiff_t>(Kb), 1,
                       khb + j0 * Dp, Dp, dqp + i0 * Dp, Dp, !first_kb,
-                      RowLimits{nullptr, nullptr, kvr});
+                      RowLimits{nullptr, window ? rlo : nullptr, kvr});
         }
       }
       if (fresh) std::fill(dK, dK + 2 * Kb * Dp, 0.0f);  // no query sees it

@@ -71,12 +71,16 @@ class SimdWorkspace final : public Workspace {
   // Operand buffers (f32, rows padded to a multiple of the vector length).
   GrowBuffer<float> qh, kh, kt, v, vt, d_o, row_stats, dq_partial, scratch;
   GrowBuffer<NormInfo> q_info, k_info;
+  // Per batch and query row: the end, then the start, of its visible keys.
   GrowBuffer<int64_t> limits;
   // Per (batch, kv head) and key j, for the fixed-shift softmax
   // (attention-inl.h, "Bounded logits"): over the keys [0, j], the largest
   // ||k_tilde|| and the largest shift their v allow.
+  // With a window (key intervals): per key its own norm and min nonzero
+  // |v| instead, and per thread a queue of key indices (RangeExtremes).
   GrowBuffer<double> k_norm;
   GrowBuffer<float> shift_cap;
+  GrowBuffer<int64_t> key_queue;
   // Written by the probabilities hook's forward only (tests): per query row
   // [B][H][q_len], the fixed shift B_i the row used, -1 for an online row.
   GrowBuffer<float> row_shift;
