@@ -2,6 +2,9 @@
 // (never a hard-coded kernel list) and registers, in one binary and one run:
 //   attn/<entry>/<fwd|bwd>/d:<d>/n:<n>/mask:<none|causal>/T:<threads>
 //       an entry's attention_forward / attention_backward, fp32, B = 1, H = 8;
+//   attn/<entry>/fwd/d:<d>/n:<n>/mask:causal+window<l>/T:1
+//       the sliding window rows (issue 34), best simd target's f32 entry:
+//       window (l, 0) at n, beside the causal row of the reference n;
 //   gemm/<qk|pv|dv|dp|dq|dk>/d:<d>/n:<n>/T:<threads>
 //       the anchors: bare cblas_sgemm on the same attention-shaped GEMMs,
 //       per head, with openblas_set_num_threads(T): the forward's QK^T
@@ -13,7 +16,8 @@
 // Every benchmark reports real (wall) time, since the kernels run their own
 // threads, and a counter "flops" (FLOPs per iteration) plus the rate
 // "GFLOPS". FLOPs follow issue 8: forward 4 n^2 d per head, backward
-// 10 n^2 d, causal counting only the n (n + 1) / 2 visible pairs.
+// 10 n^2 d, causal counting only the n (n + 1) / 2 visible pairs, a window
+// only the pairs it leaves visible.
 //
 // Each benchmark makes one untimed call first (the workspace is warm, pages
 // are touched, backward has this entry's own o and lse). Repetitions and
@@ -41,6 +45,12 @@
 //                          to skip); anchors gemm/*/d:<form_d>/n:<form_n>
 //   --qk_form_n=LIST --qk_form_d=D --qk_form_heads=H,KV
 //                          their shape (defaults 512,2048 / 128 / 32,8)
+//   --qk_window=L@N[,R]    the window rows (issue 34's speed target): the
+//                          best simd target's f32 forward, d --qk_window_d
+//                          (128), one thread, H = 8, at causal window (L, 0)
+//                          and n = N, and causal at n = R (default
+//                          "127@4096,512"; empty to skip); report.py's goal
+//                          compares the two rates
 //   --qk_no_anchors        skip the gemm and fma benchmarks
 //   --qk_list              print the registry with availability and exit
 #include <benchmark/benchmark.h>
@@ -77,6 +87,10 @@ struct Options {
   std::vector<std::string> formulations = {"qwen3"};
   std::vector<int64_t> form_ns = {512, 2048};
   int64_t form_d = 128, form_heads = 32, form_kv = 8;
+  // The window rows: window (window_left, 0) at window_n, the causal
+  // reference at window_ref_n, d window_d (window_left < 0: none).
+  int64_t window_left = 127, window_n = 4096, window_ref_n = 512;
+  int64_t window_d = 128;
 };
 
 std::vector<int64_t> split_ints(const std::string& s) {
@@ -124,6 +138,18 @@ Options parse_options(int* argc, char** argv) {
       const std::vector<int64_t> hk = split_ints(v);
       o.form_heads = hk.at(0);
       o.form_kv = hk.size() > 1 ? hk[1] : 0;
+    } else if (value("--qk_window", &v)) {
+      o.window_left = -1;
+      const std::vector<std::string> w = split_list(v);
+      if (!w.empty()) {
+        const size_t at = w[0].find('@');
+        o.window_left = std::stoll(w[0].substr(0, at));
+        if (at != std::string::npos)
+          o.window_n = std::stoll(w[0].substr(at + 1));
+        if (w.size() > 1) o.window_ref_n = std::stoll(w[1]);
+      }
+    } else if (value("--qk_window_d", &v)) {
+      o.window_d = std::stoll(v);
     } else if (a == "--qk_no_anchors") {
       o.anchors = false;
     } else if (a == "--qk_list") {
@@ -148,6 +174,7 @@ AttentionBuffers& buffers_for(Precision prec, const Shape& s) {
   if (!slot) {
     Shape base = s;
     base.causal = false;
+    base.window_left = -1;
     slot = std::make_unique<AttentionBuffers>(base, prec);
   }
   return *slot;
@@ -162,8 +189,8 @@ AttentionRun& run_for(const Backend* entry) {
 }
 
 // Which mask the forward that last wrote each buffer set's o and lse used
-// (-1: none yet). Backward needs an o and lse of its own mask; which f32
-// entry produced them changes only roundings, not the work backward does.
+// (-1: none yet; mask_key). Backward needs an o and lse of its own mask; which
+// f32 entry produced them changes only roundings, not the work backward does.
 std::map<AttentionBuffers*, int>& o_mask() {
   static std::map<AttentionBuffers*, int> m;
   return m;
@@ -185,6 +212,10 @@ void quiesce_openblas() {
   g_openblas_spinning_threads = 0;
 }
 
+int mask_key(const Shape& s) {
+  return static_cast<int>(s.causal) + 2 * static_cast<int>(s.window_left + 1);
+}
+
 void attention_benchmark(benchmark::State& state, const Backend* entry,
                          bool backward, Shape shape, int threads) {
   if (entry->family() == "blas") {
@@ -197,20 +228,21 @@ void attention_benchmark(benchmark::State& state, const Backend* entry,
   try {
     // One untimed warm-up call (validates the arguments on the way).
     int& mask = o_mask().try_emplace(&buf, -1).first->second;
-    if (!backward || mask != static_cast<int>(shape.causal)) {
-      run.prepare_forward(buf, shape.causal, threads);
-      mask = static_cast<int>(shape.causal);
+    if (!backward || mask != mask_key(shape)) {
+      run.prepare_forward(buf, shape.causal, threads, shape.window_left);
+      mask = mask_key(shape);
     }
-    if (backward) run.prepare_backward(buf, shape.causal, threads);
+    if (backward)
+      run.prepare_backward(buf, shape.causal, threads, shape.window_left);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;
   }
   for (auto _ : state) {
     if (backward) {
-      run.backward(buf, shape.causal, threads);
+      run.backward(buf, shape.causal, threads, shape.window_left);
     } else {
-      run.forward(buf, shape.causal, threads);
+      run.forward(buf, shape.causal, threads, shape.window_left);
     }
     benchmark::ClobberMemory();
   }
@@ -256,7 +288,46 @@ std::string attn_name(const Backend& e, const std::string& dir, const Shape& s,
                       int64_t t) {
   return "attn/" + e.name() + "/" + dir + "/d:" + std::to_string(s.d) +
          "/n:" + std::to_string(s.n) +
-         "/mask:" + (s.causal ? "causal" : "none") + "/T:" + std::to_string(t);
+         "/mask:" + (s.causal ? "causal" : "none") +
+         (s.window_left >= 0 ? "+window" + std::to_string(s.window_left) : "") +
+         "/T:" + std::to_string(t);
+}
+
+template <class T>
+bool contains(const std::vector<T>& v, const T& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// The window rows (issue 34's speed target) of entry e: the forward, one
+// thread, H = 8, d window_d, at causal window (window_left, 0), n =
+// window_n, and the causal reference at n = window_ref_n unless the full
+// grid already has that row (same name, measured once).
+void register_window(const Backend* e, const Options& o, bool sanity) {
+  if (o.window_left < 0) return;
+  // The grid register_attention gave e (sanity: smallest n and d).
+  const int64_t n_min = *std::min_element(o.ns.begin(), o.ns.end());
+  const int64_t d_min = *std::min_element(o.ds.begin(), o.ds.end());
+  const bool ref_in_grid =
+      (sanity ? d_min == o.window_d : contains(o.ds, o.window_d)) &&
+      (sanity ? n_min == o.window_ref_n : contains(o.ns, o.window_ref_n)) &&
+      contains<std::string>(o.masks, "causal") &&
+      contains<std::string>(o.dirs, "fwd") && contains<int64_t>(o.threads, 1);
+  std::vector<Shape> shapes;
+  Shape w;
+  w.heads = 8, w.n = o.window_n, w.d = o.window_d, w.causal = true;
+  w.window_left = o.window_left;
+  shapes.push_back(w);
+  if (!ref_in_grid) {
+    Shape r;
+    r.heads = 8, r.n = o.window_ref_n, r.d = o.window_d, r.causal = true;
+    shapes.push_back(r);
+  }
+  for (const Shape& s : shapes)
+    benchmark::RegisterBenchmark(
+        attn_name(*e, "fwd", s, 1).c_str(),
+        [=](benchmark::State& st) { attention_benchmark(st, e, false, s, 1); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
 }
 
 void register_attention(const Backend* e, const Options& o, bool sanity) {
@@ -398,6 +469,9 @@ int register_entries(const Options& o) {
     if (!o.formulations.empty() && !sanity &&
         (e->family() == "blas" || e->target() == simd_targets.front()))
       register_formulations(e, o);
+    if (e->family() == "simd" && e->target() == simd_targets.front() &&
+        e->precision() == Precision::kF32)
+      register_window(e, o, sanity);
     done.insert(e);
     ++count;
   }

@@ -16,6 +16,7 @@ std::string Shape::describe() const {
   std::ostringstream os;
   os << "H" << heads << " n" << n << " d" << d
      << (causal ? " causal" : " nomask");
+  if (window_left >= 0) os << " window" << window_left;
   if (!formulation.empty())
     os << " " << formulation << " kv" << (kv_heads > 0 ? kv_heads : heads);
   return os.str();
@@ -23,7 +24,17 @@ std::string Shape::describe() const {
 
 double visible_pairs(const Shape& s) {
   const double n = static_cast<double>(s.n);
-  return s.causal ? n * (n + 1) / 2 : n * n;
+  if (s.window_left < 0) return s.causal ? n * (n + 1) / 2 : n * n;
+  Mask m;
+  m.causal = s.causal;
+  m.window_left = s.window_left;
+  m.window_right = 0;
+  double pairs = 0;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const KeyRange kr = visible_keys(m, 0, i, s.n, s.n);
+    pairs += static_cast<double>(kr.end - kr.begin);
+  }
+  return pairs;
 }
 
 double forward_flops(const Shape& s) {
@@ -83,7 +94,8 @@ AttentionBuffers::AttentionBuffers(const Shape& s, Precision prec)
   dkb_.assign(kb_.size(), 0);
 }
 
-AttentionProblem AttentionBuffers::problem(bool causal) const {
+AttentionProblem AttentionBuffers::problem(bool causal,
+                                           int64_t window_left) const {
   AttentionProblem p;
   p.batch = 1;
   p.heads = shape_.heads;
@@ -92,6 +104,10 @@ AttentionProblem AttentionBuffers::problem(bool causal) const {
   p.variant = Variant::kQKNorm;
   p.g = kBenchG;
   p.mask.causal = causal;
+  if (window_left >= 0) {
+    p.mask.window_left = window_left;
+    p.mask.window_right = 0;
+  }
   if (!shape_.formulation.empty()) {
     apply_preset(shape_.formulation, &p);
     p.kv_heads = shape_.kv_heads;
@@ -149,25 +165,29 @@ AttentionRun::AttentionRun(const Backend& entry)
     : entry_(&entry), ws_(entry.make_workspace()) {}
 
 void AttentionRun::prepare_forward(AttentionBuffers& buf, bool causal,
-                                   int threads) {
-  checked_attention_forward(*entry_, buf.problem(causal), buf.forward_args(),
-                            ws_.get(), ExecConfig{threads});
+                                   int threads, int64_t window_left) {
+  checked_attention_forward(*entry_, buf.problem(causal, window_left),
+                            buf.forward_args(), ws_.get(), ExecConfig{threads});
 }
 
 void AttentionRun::prepare_backward(AttentionBuffers& buf, bool causal,
-                                    int threads) {
-  checked_attention_backward(*entry_, buf.problem(causal), buf.backward_args(),
-                             ws_.get(), ExecConfig{threads});
+                                    int threads, int64_t window_left) {
+  checked_attention_backward(*entry_, buf.problem(causal, window_left),
+                             buf.backward_args(), ws_.get(),
+                             ExecConfig{threads});
 }
 
-void AttentionRun::forward(AttentionBuffers& buf, bool causal, int threads) {
-  entry_->attention_forward(buf.problem(causal), buf.forward_args(), ws_.get(),
-                            ExecConfig{threads});
+void AttentionRun::forward(AttentionBuffers& buf, bool causal, int threads,
+                           int64_t window_left) {
+  entry_->attention_forward(buf.problem(causal, window_left),
+                            buf.forward_args(), ws_.get(), ExecConfig{threads});
 }
 
-void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads) {
-  entry_->attention_backward(buf.problem(causal), buf.backward_args(),
-                             ws_.get(), ExecConfig{threads});
+void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads,
+                            int64_t window_left) {
+  entry_->attention_backward(buf.problem(causal, window_left),
+                             buf.backward_args(), ws_.get(),
+                             ExecConfig{threads});
 }
 
 constexpr NamedValue<GemmOp> kGemmOpNames[] = {

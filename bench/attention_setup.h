@@ -24,7 +24,10 @@ struct Shape {
   // as the main grid) and its kv heads (0: = heads).
   std::string formulation;
   int64_t kv_heads = 0;
-  std::string describe() const;  // "H8 n512 d64 causal"
+  // >= 0: a sliding window (window_left, 0) (issue 34; attention.h), with
+  // the causal mask: query i sees keys [i - window_left, i].
+  int64_t window_left = -1;
+  std::string describe() const;  // "H8 n512 d64 causal", "... window127"
 };
 
 // The paper's g0 for L = 72 (shared/NUMERICS.md); the rate does not depend on
@@ -33,7 +36,8 @@ inline constexpr double kBenchG = 12.3197;
 inline constexpr uint64_t kBenchSeed = 20201005;
 
 // Query-key pairs a head evaluates: n^2, or n (n + 1) / 2 with the causal
-// mask (only the visible half is counted, issue 8).
+// mask (only the visible half is counted, issue 8); with a window, the
+// pairs it leaves visible (sum over rows of min(i + 1, window_left + 1)).
 double visible_pairs(const Shape& s);
 // Issue 8's FLOP model per call (all heads): forward 4 d per visible pair
 // (QK^T and PV, 2 d each), backward 10 d per pair (issue 3's 2.5x).
@@ -46,7 +50,7 @@ double backward_flops(const Shape& s);
 class AttentionBuffers {
  public:
   AttentionBuffers(const Shape& s, Precision prec);
-  AttentionProblem problem(bool causal) const;
+  AttentionProblem problem(bool causal, int64_t window_left = -1) const;
   ForwardArgs forward_args();
   BackwardArgs backward_args();
   const Shape& shape() const { return shape_; }
@@ -74,11 +78,16 @@ class AttentionRun {
 
   // Untimed: validate and warm the workspace with one call. Backward reads
   // o and lse from `buf`: a forward of the same mask must have written them.
-  void prepare_forward(AttentionBuffers& buf, bool causal, int threads);
-  void prepare_backward(AttentionBuffers& buf, bool causal, int threads);
+  // window_left >= 0: the causal window (window_left, 0) (Shape).
+  void prepare_forward(AttentionBuffers& buf, bool causal, int threads,
+                       int64_t window_left = -1);
+  void prepare_backward(AttentionBuffers& buf, bool causal, int threads,
+                        int64_t window_left = -1);
   // The timed calls: straight to the virtual kernels, no validation.
-  void forward(AttentionBuffers& buf, bool causal, int threads);
-  void backward(AttentionBuffers& buf, bool causal, int threads);
+  void forward(AttentionBuffers& buf, bool causal, int threads,
+               int64_t window_left = -1);
+  void backward(AttentionBuffers& buf, bool causal, int threads,
+                int64_t window_left = -1);
 
  private:
   const Backend* entry_;

@@ -64,5 +64,28 @@ class Goals(unittest.TestCase):
                           if g["entry"] == "simd:SSE4:f32"])
 
 
+class WindowGoal(unittest.TestCase):
+    def rate(self, entry, n, mask, gflops):
+        r = row(entry, "fwd", n, None, None, None, mask)
+        r.update({"gflops": gflops, "min": gflops, "max": gflops})
+        return r
+
+    def test_ratio_of_the_two_rows(self):
+        goals = report.evaluate_window_goal([
+            self.rate("simd:AVX2:f32", 4096, "causal+window127", 20.0),
+            self.rate("simd:AVX2:f32", 512, "causal", 25.0),
+            self.rate("simd:AVX3:f32", 4096, "causal+window127", 10.0),
+            self.rate("simd:AVX3:f32", 512, "causal", 25.0),
+            self.rate("simd:SSE4:f32", 4096, "causal+window127", 10.0),
+        ])
+        by = {g["entry"]: g for g in goals}
+        self.assertEqual(by["simd:AVX2:f32"]["goal"],
+                         "window 128 at n=4096 / causal n=512 >= 0.67")
+        self.assertEqual(by["simd:AVX2:f32"]["status"], "met")
+        self.assertAlmostEqual(by["simd:AVX2:f32"]["ratio"], 0.8)
+        self.assertEqual(by["simd:AVX3:f32"]["status"], "missed")
+        self.assertEqual(by["simd:SSE4:f32"]["status"], "not measured")
+
+
 if __name__ == "__main__":
     unittest.main()
