@@ -215,6 +215,24 @@ void softcap_row(T* c, int64_t m, T scale, T cap) {
   }
 }
 
+// The row's cosines c[0, m) (raw dots for sdpa) clamped so that alpha c
+// stays finite, a NaN (inf - inf in the dot) becoming the most negative, as
+// the reference's logits_row does: without it an sdpa row of 1e30 (logits
+// of 1e42 in f32) made the row's max inf and exp(inf - inf) a NaN in O
+// (tests/window_test.cc, sdpa `wide`, f32). Finite values within the
+// bound are unchanged. Only where the operands are not unit rows
+// (clamped_logits): the paper's cosines are at most 1 + a few ulp.
+template <class T>
+void clamp_row(T* c, int64_t m, T alpha) {
+  const T big = std::numeric_limits<T>::max() /
+                std::max(T(1), static_cast<T>(std::fabs(alpha)));
+  for (int64_t j = 0; j < m; ++j)
+    c[j] = std::isnan(c[j]) ? -big : std::clamp(c[j], -big, big);
+}
+bool clamped_logits(const AttentionProblem& p) {
+  return p.variant != Variant::kQKNorm || !is_paper_formulation(p);
+}
+
 template <class T>
 T logit_alpha(const AttentionProblem& p) {
   if (p.softcap > 0) return static_cast<T>(kLogE<T>);
@@ -276,7 +294,7 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   // up to 2|alpha| in magnitude and carry a rounding of u * 2|alpha| each
   // (measured: 3.5x the naive error of O at g = 12.32, two keys).
   const double scale_d = logit_scale(p);
-  const bool capped = p.softcap > 0;
+  const bool capped = p.softcap > 0, clamp = clamped_logits(p);
   const int64_t bq = std::min(query_block(Nk, sizeof(T)), Nq),
                 ld = block_ld(Nk);
   T* s = ws.blk0.get(static_cast<size_t>(bq * ld));
@@ -318,6 +336,8 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
         if (capped)
           softcap_row(sw, m - f, static_cast<T>(scale_d),
                       static_cast<T>(p.softcap));
+        else if (clamp)
+          clamp_row(sw, m - f, alpha);
         const T cm = alpha >= 0 ? row_max(sw, m - f) : row_min(sw, m - f);
         // Zeroes [m, t.c1), then [t.c0, f): the leaf's P V GEMM reads them.
         const T sum = exp_affine_row(sw, m - f, t.c1 - f, alpha, alpha * cm);
@@ -419,7 +439,7 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
   T* c = ws.blk0.get(static_cast<size_t>(bq * ld));
   T* dp = ws.blk1.get(static_cast<size_t>(bq * ld));
   // Softcap: a row's cosines and capped logits (the row kernel overwrites c).
-  const bool capped = p.softcap > 0;
+  const bool capped = p.softcap > 0, clamp = clamped_logits(p);
   const T cap = static_cast<T>(p.softcap);
   T* raw = capped ? ws.cap.get(static_cast<size_t>(2 * ld)) : nullptr;
   double dg = 0;
@@ -451,6 +471,7 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
         std::fill(c + r * ld + t.c0, c + r * ld + std::max(t.c0, f), T(0));
         std::fill(dp + r * ld + t.c0, dp + r * ld + std::max(t.c0, f), T(0));
         if (!capped) {
+          if (clamp) clamp_row(c + r * ld + f, m, alpha2);
           dg += static_cast<double>(softmax_backward_row(
               c + r * ld + f, dp + r * ld + f, m, t.c1 - f, alpha2, scale));
           continue;

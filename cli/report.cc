@@ -50,6 +50,9 @@ std::string ratio_text(const EntryRow& r) {
   if (r.family == "reference") return "self";
   if (!r.has_naive) return "-";  // not run (sampled mode)
   if (!std::isfinite(r.ratio)) return "inf";
+  // A naive baseline almost exact where the entry is not (an out-of-range
+  // case judged against its clamp) gives ratios of 1e53: keep the column.
+  if (r.ratio >= 1e4) return fmt::format("{:.3g}", r.ratio);
   return fmt::format("{:.2f}", r.ratio);
 }
 

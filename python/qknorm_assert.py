@@ -248,7 +248,8 @@ def assert_qknorm_attention(q, k, v, g, out, grads=None, mask=None, **options):
     grads: {"dO": upstream gradient, "dQ", "dK", "dV", "dg" (and a
     formulation's "dq_weight", ...): the gradients to judge}; dO is needed
     when any gradient is given. mask: compare's --mask text ("causal",
-    "pad:L1,L2,...", "causal+pad"; None: no mask). g may be None for a
+    "pad:L1,L2,...", "causal+pad", a sliding window "window:LEFT,RIGHT",
+    e.g. "causal+window:127,0"; None: no mask). g may be None for a
     fixed-scale formulation. Returns the report on PASS; raises
     AssertionError (FAIL) or QKNormInputError (bad input)."""
     inputs = {"q": q, "k": k, "v": v}
@@ -268,7 +269,8 @@ def assert_qknorm_attention(q, k, v, g, out, grads=None, mask=None, **options):
     if mask is not None:
         if not isinstance(mask, str):
             raise TypeError("mask must be compare's --mask text: none, causal, "
-                            "pad, pad:L1,L2,... or causal+pad")
+                            "pad, pad:L1,L2,..., window:LEFT,RIGHT, joined "
+                            "with +")
         flags += ["--mask", mask]
     return _run(inputs, outputs, flags, options)
 

@@ -120,6 +120,48 @@ class AttentionTest(unittest.TestCase):
         self.assertIn("FAIL", str(cm.exception))
 
 
+def window_attention(q, k, v, g, eps, w):
+    """QKNorm attention in which each query sees its w latest keys (i - j < w,
+    j <= i: FlashAttention's window (w - 1, 0)), the mask written with
+    torch.triu / torch.tril as model code builds it."""
+    qh = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
+    kh = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
+    s = g * (qh @ kh.transpose(-1, -2))
+    n = s.shape[-1]
+    inf = torch.full((n, n), float("-inf"), dtype=s.dtype)
+    mask = torch.triu(inf, diagonal=1) + torch.tril(inf, diagonal=-w)
+    return torch.softmax(s + mask, dim=-1) @ v
+
+
+@unittest.skipIf(torch is None, "needs torch and numpy")
+class WindowTest(unittest.TestCase):
+    """The sliding window (issue 34): torch's windowed attention passes under
+    its window and FAILs under the window one key wider (transformers
+    #39408's (w, 0) for (w - 1, 0)) or without it, naming the element."""
+
+    def test_window_is_judged_under_its_convention(self):
+        binary_or_skip(self)
+        torch.manual_seed(3)
+        shape = (1, 2, 16, 16)
+        q, k, v = (torch.randn(*shape, dtype=torch.float64,
+                               requires_grad=True) for _ in range(3))
+        g = torch.tensor(12.3197, dtype=torch.float64, requires_grad=True)
+        d_o = torch.randn(*shape, dtype=torch.float64)
+        out = window_attention(q, k, v, g, 1e-12, 4)
+        out.backward(d_o)
+        grads = {"dO": d_o, "dQ": q.grad, "dK": k.grad, "dV": v.grad,
+                 "dg": g.grad}
+        report = qa.assert_qknorm_attention(q, k, v, g, out, grads=grads,
+                                            mask="causal+window:3,0")
+        self.assertIn("PASS", report)
+        for wrong in ("causal+window:4,0", "causal+window:2,0", "causal"):
+            with self.assertRaises(AssertionError) as cm:
+                qa.assert_qknorm_attention(q, k, v, g, out, grads=grads,
+                                           mask=wrong)
+            self.assertIn("FAIL", str(cm.exception))
+            self.assertIn("worst o[", str(cm.exception))
+
+
 @unittest.skipIf(torch is None, "needs torch and numpy")
 class ScaleNormTest(unittest.TestCase):
     def setUp(self):

@@ -143,14 +143,16 @@ TEST(Window, EveryGradientMatchesFiniteDifferences) {
 }
 
 // The windowed problems every entry must pass: small rows (9 x 12) with
-// windows on either side, decode (2 queries against 150 keys) and a long
-// window case (70 x 300, window (40, 0): whole key blocks of the simd and
-// blas kernels lie outside every row's window).
+// windows on either side and, for the paper's formulation (the kernels'
+// block walk does not depend on the formulation), decode (2 queries against
+// 150 keys) and a long window case (70 x 300, window (40, 0): whole key
+// blocks of the simd and blas kernels lie outside every row's window).
 std::vector<AttentionProblem> verdict_problems(const char* form) {
   std::vector<AttentionProblem> out;
   for (auto [l, r] : {std::pair<int64_t, int64_t>{3, 0}, {0, 2}, {4, 1}})
     for (int mask : {0, 3})
       out.push_back(windowed(form, l, r, mask, 9, 12, 16));
+  if (std::string(form) != "paper") return out;
   out.push_back(windowed(form, 31, 0, 1, 2, 150, 16));
   out.push_back(windowed(form, 40, 0, 2, 70, 300, 16));
   return out;
@@ -168,6 +170,11 @@ TEST(Window, EveryEntryWithItPassesTheVerdict) {
         for (Distribution d :
              {Distribution::kGaussian, Distribution::kWideMagnitude,
               Distribution::kOutlierRows, Distribution::kZeroRows}) {
+          // The long cases on two input classes (their cost is the
+          // oracle's and the entries' O(n^2) work).
+          if (base.kv_len > 100 && (d == Distribution::kWideMagnitude ||
+                                    d == Distribution::kZeroRows))
+            continue;
           AttentionProblem p = base;
           if (n % 5 == 4) p.softcap = 5;
           const AttentionCase c =

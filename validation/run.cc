@@ -155,9 +155,20 @@ BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
       return f;
     }
   }
-  // lse as the entry keeps it, in its compute format (-inf stays).
-  for (size_t e = 0; e < lse.size(); ++e)
+  // lse as the entry keeps it, in its compute format (-inf stays). An lse
+  // beyond the compute format's range (sdpa rows of 1e30: logits of 1e42
+  // in f32) is no backward input either: the backward's front door refuses
+  // +inf (found by tests/window_test.cc: blas:f32, sdpa, `wide`, whose
+  // forward rightly returned lse = +inf, not representable in f32).
+  for (size_t e = 0; e < lse.size(); ++e) {
     lse[e] = round_to(compute_format(s), static_cast<double>(x.lse[e]));
+    if (std::isnan(lse[e]) ||
+        lse[e] == std::numeric_limits<double>::infinity()) {
+      f.note += "; the oracle's lse overflows " +
+                std::string(name(compute_format(s)));
+      return f;
+    }
+  }
   bufs->o.store(o);
   bufs->lse.store(lse);
   f.input = BackwardInput::kOracle;
