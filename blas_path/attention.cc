@@ -70,7 +70,8 @@ T* head_ptr(const MutTensor4& t, int64_t b, int64_t h) {
 
 // Keys visible to query i of batch b: the interval [first(i), m_i),
 // m_i = (*this)(i) (attention.h, visible_keys); both bounds non-decreasing
-// in i. Without a window first(i) = 0: a prefix.
+// in i. Without a window's left side first(i) = 0: a prefix, and the
+// causal tiling applies (a window (-1, r) is a shifted causal mask).
 struct VisibleKeys {
   const Mask* mask;
   int64_t b, q_len, kv_len;
@@ -80,7 +81,7 @@ struct VisibleKeys {
         b(b_),
         q_len(p.q_len),
         kv_len(p.kv_len),
-        window(has_window(p.mask)) {}
+        window(p.mask.window_left >= 0) {}
   int64_t operator()(int64_t i) const {
     return visible_keys(*mask, b, i, q_len, kv_len).end;
   }

@@ -176,6 +176,16 @@ TileLengths lengths_of(const SweepOptions& o, const SuiteOptions& s,
                 "does not apply to --over tiles (the lengths are the tile "
                 "boundaries)");
   if (o.sample < 1) throw Error("--sample", {}, "must be >= 1");
+  // The sweep judges with the sampled oracle, which takes neither.
+  if (s.softcap != 0)
+    throw Error("--softcap", {},
+                "--over tiles judges with the sampled oracle, which does not "
+                "take a logit softcap yet");
+  for (const std::string& m : s.masks)
+    if (m.find("window:") != std::string::npos)
+      throw Error("--mask", {},
+                  "--over tiles judges with the sampled oracle, which does "
+                  "not take a sliding window yet");
   const auto problem_at = [&](int64_t n) { return tile_problem(s, n); };
   TileLengths L = tile_lengths(static_cast<int64_t>(from),
                                static_cast<int64_t>(to), entries, problem_at);

@@ -267,7 +267,8 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
     const std::string f = info->formulation;
     // gqa_no_group_sum: every GQA preset; softcap_dropped: the paper's and
     // Qwen3's cases capped at 5; the window mutants: the same cases under a
-    // window (5, 2) (the causal ones: (5, 0)); the others: their preset.
+    // window (5, 2) (which the causal ones see as (5, 0)); the others: their
+    // preset.
     const bool variant = f == "softcap" || f == "window";
     const std::vector<const char*> presets =
         f == "gqa"

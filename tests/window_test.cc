@@ -152,6 +152,8 @@ std::vector<AttentionProblem> verdict_problems(const char* form) {
   for (auto [l, r] : {std::pair<int64_t, int64_t>{3, 0}, {0, 2}, {4, 1}})
     for (int mask : {0, 3})
       out.push_back(windowed(form, l, r, mask, 9, 12, 16));
+  // kv_len < q_len: the right side leaves the first rows without keys.
+  out.push_back(windowed(form, 2, 1, 0, 12, 8, 16));
   if (std::string(form) != "paper") return out;
   out.push_back(windowed(form, 31, 0, 1, 2, 150, 16));
   out.push_back(windowed(form, 40, 0, 2, 70, 300, 16));
@@ -224,6 +226,34 @@ TEST(Window, KeysOutsideTheWindowGetZeroProbability) {
             else
               EXPECT_EQ(x, 0) << "b " << b << " row " << i << " key " << j;
           }
+  }
+}
+
+// A window wider than the sequence on both sides is no mask: the verdict
+// (the oracle, its per-element bounds and a mask-agnostic entry's outputs)
+// is the same number for number. Its repeated rows (zero rows, a repeated
+// token) see the same keys from every position and group as one error
+// (rule.h, "Repeated rows"); grouped by position they were judged as
+// independent rows, under a smaller dV bound (the review of the window).
+TEST(Window, WiderThanTheSequenceIsNoMask) {
+  const Backend& r32 = *all_backends().find("reference:f32");
+  for (Distribution d : {Distribution::kZeroRows, Distribution::kGaussian}) {
+    AttentionProblem open = windowed("paper", -1, -1, 0, 24, 24, 16);
+    AttentionProblem wide = windowed("paper", 100, 100, 0, 24, 24, 16);
+    const auto a = validation::check_attention(
+        r32, validation::make_attention_case(open, d, 31, Precision::kF32), {},
+        false, false);
+    const auto b = validation::check_attention(
+        r32, validation::make_attention_case(wide, d, 31, Precision::kF32), {},
+        false, false);
+    EXPECT_TRUE(a.pass && b.pass);
+    EXPECT_EQ(a.margin, b.margin) << validation::name(d);
+    ASSERT_EQ(a.fields.size(), b.fields.size());
+    for (size_t f = 0; f < a.fields.size(); ++f)
+      EXPECT_EQ(a.fields[f].margin, b.fields[f].margin)
+          << validation::name(d) << " field " << f;
+    std::printf("%s: margin %.6g without a mask and under window (100, 100)\n",
+                validation::name(d), b.margin);
   }
 }
 

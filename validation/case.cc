@@ -30,7 +30,7 @@ std::string mask_desc(const Mask& m) {
   if (has_window(m)) {
     if (!s.empty()) s += "+";
     char w[64];
-    std::snprintf(w, sizeof w, "window(%lld,%lld)", (long long)m.window_left,
+    std::snprintf(w, sizeof w, "window:%lld,%lld", (long long)m.window_left,
                   (long long)m.window_right);
     s += w;
   }
@@ -210,7 +210,7 @@ bool has_fully_masked_rows(const AttentionProblem& p) {
   if (!has_window(p.mask)) return false;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t i = 0; i < p.q_len; ++i) {
-      const KeyRange r = visible_keys(p.mask, b, i, p.q_len, p.kv_len);
+      const KeyRange r = qknorm::visible_keys(p.mask, b, i, p.q_len, p.kv_len);
       if (r.begin >= r.end) return true;
     }
   return false;

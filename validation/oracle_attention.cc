@@ -406,9 +406,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               const int64_t rw = (b * p.heads + h2) * Nq + i;
               const LD l = r.lse[static_cast<size_t>(rw)];
               if (!std::isfinite(l)) continue;
-              const int32_t g =
-                  rg.group_of(qm.xt, static_cast<size_t>(rw * D), D,
-                              depends_on_position(p.mask) ? i : -1);
+              // Rows group by the keys they see (their visible interval),
+              // not their position: rows past a padding under a causal
+              // mask, or under a window wider than the sequence, see the
+              // same keys from different positions.
+              const KeyRange kr = visible_keys(p.mask, b, i, Nq, Nk);
+              const int32_t g = rg.group_of(qm.xt, static_cast<size_t>(rw * D),
+                                            D, kr.begin * (Nk + 1) + kr.end);
               if (static_cast<size_t>(g) == rg.size.size() - 1 &&
                   rg.size[g] == 0)
                 a.group_do.resize(a.group_do.size() + static_cast<size_t>(D));

@@ -37,8 +37,8 @@ using ChannelArraysT = std::array<std::vector<T>, kChannels>;
 
 // The repeated query rows of one kv head (rule.h, "The row normalization
 // in the backward"): rows with the same logit operand row x_tilde (in the
-// same kv head: the same keys) and, under a causal mask or a window
-// (depends_on_position), the same position
+// same kv head and the same visible keys: under a causal mask or a window
+// the same visible interval, whatever their positions)
 // compute the same logits, row sum, log and addition, so their
 // normalization errors are one error, not independent ones. Grouped by a
 // hash, each hit checked value by value (a group holds identical rows

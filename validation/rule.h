@@ -210,9 +210,10 @@
 //   tau_i, L_sigma = sum_i x_i l_i over the distinct rows, H(a, b) =
 //   kSumLambda (sqrt(a + b) - sqrt(a)) (0 for b = 0; each choice holds at
 //   the rule's confidence). Repeated rows are not independent: query rows
-//   of one kv head with the same logit operand row x_tilde (and, under a
-//   causal mask or a window, the same position: the same visible keys; a
-//   padding row,
+//   of one kv head with the same logit operand row x_tilde and the same
+//   visible keys (under a causal mask or a window: the same visible
+//   interval, which rows at different positions share past a padding or
+//   under a window wider than the sequence; a padding row,
 //   a repeated token) compute the same logits, row sum, log and addition,
 //   so a group G of them moves dV_jd by e_G P_Gj sum_{i in G} dO_id: Rep =
 //   sum_G P_Gj |sum_{i in G} dO_id| (tau_G + l_G), at its bound (a sampled

@@ -57,7 +57,7 @@ std::string invalid_backward_input(const AttentionCase& c,
     if (std::isfinite(x)) continue;
     const int64_t b = r / (p.heads * p.q_len), h = r / p.q_len % p.heads,
                   i = r % p.q_len;
-    const KeyRange keys = visible_keys(p.mask, b, i, p.q_len, p.kv_len);
+    const KeyRange keys = qknorm::visible_keys(p.mask, b, i, p.q_len, p.kv_len);
     const bool sees_keys = keys.begin < keys.end;
     if (x == -std::numeric_limits<double>::infinity() && !sees_keys) continue;
     char buf[160];
@@ -155,15 +155,17 @@ BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
       return f;
     }
   }
-  // lse as the entry keeps it, in its compute format (-inf stays). An lse
-  // beyond the compute format's range (sdpa rows of 1e30: logits of 1e42
-  // in f32) is no backward input either: the backward's front door refuses
-  // +inf (found by tests/window_test.cc: blas:f32, sdpa, `wide`, whose
-  // forward rightly returned lse = +inf, not representable in f32).
+  // lse as the entry keeps it, in its compute format (-inf stays where the
+  // oracle's is -inf: a fully masked row). An lse beyond the compute
+  // format's range (sdpa rows of 1e30: logits of +-1e42 in f32) is no
+  // backward input either: the backward's front door refuses +inf, and -inf
+  // on a row that sees keys makes P = exp(S - lse) infinite (found by
+  // tests/window_test.cc: blas:f32, sdpa, `wide`, whose forward rightly
+  // returned lse = +inf, not representable in f32).
   for (size_t e = 0; e < lse.size(); ++e) {
     lse[e] = round_to(compute_format(s), static_cast<double>(x.lse[e]));
-    if (std::isnan(lse[e]) ||
-        lse[e] == std::numeric_limits<double>::infinity()) {
+    if (std::isnan(lse[e]) || (!std::isfinite(lse[e]) &&
+                               std::isfinite(static_cast<double>(x.lse[e])))) {
       f.note += "; the oracle's lse overflows " +
                 std::string(name(compute_format(s)));
       return f;

@@ -151,7 +151,7 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
   // The pass's blocks take every row's visible keys as a prefix (a common
   // prefix, then each row's ragged rest): a window's rows start later.
   if (has_window(p.mask))
-    throw Error("mask.window_left", {},
+    throw Error("mask", {},
                 "the sampled oracle (--sample) does not take a sliding window "
                 "yet; judge this case with the full oracle (no --sample)");
   SampledOracle so;

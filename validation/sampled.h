@@ -114,7 +114,9 @@ struct PassCost {
 };
 PassCost pass_cost(const AttentionCase& c, int threads);
 
-// The number of visible keys of query row i of batch b (a prefix [0, n)).
+// The number of visible keys of query row i of batch b (a prefix [0, n)
+// without a window, which the sampled pass requires; with one, the size of
+// the interval: what cli/cost.cc counts).
 int64_t visible_keys(const AttentionProblem& p, int64_t b, int64_t i);
 
 }  // namespace qknorm::validation

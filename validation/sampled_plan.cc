@@ -13,11 +13,8 @@
 namespace qknorm::validation {
 
 int64_t visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
-  int64_t n = p.kv_len;
-  if (p.mask.causal) n = std::min(n, i + p.kv_len - p.q_len + 1);
-  if (!p.mask.key_lengths.empty())
-    n = std::min(n, p.mask.key_lengths[static_cast<size_t>(b)]);
-  return std::max<int64_t>(n, 0);
+  const KeyRange r = qknorm::visible_keys(p.mask, b, i, p.q_len, p.kv_len);
+  return r.end - r.begin;
 }
 
 // The first query row of batch b that sees key j (q_len: none does).

@@ -118,6 +118,24 @@ TEST(TileSweep, EstimateFirstAndBudgetStop) {
       << small.err;
 }
 
+// The sweep judges with the sampled oracle, which refuses a softcap and a
+// window: a usage error up front naming the option, not a FAIL per length.
+TEST(TileSweep, VariantsTheSampledOracleRefusesAreUsageErrors) {
+  testing::TempDir dir;
+  const std::string prefix = dir.file("tiles");
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--mask", "causal+window:7,0"},
+        std::vector<std::string>{"--softcap", "5"}}) {
+    std::vector<std::string> args{"sweep",    "--over", "tiles", "--from",
+                                  "17",       "--to",   "17",    "--backend",
+                                  "blas:f32", "--out",  prefix,  "--no-plot"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const testing::CliRun r = testing::run(args);
+    EXPECT_EQ(r.code, kExitUsage) << r.out << r.err;
+    EXPECT_NE(r.err.find(extra[0]), std::string::npos) << r.err;
+  }
+}
+
 // A tail-block bug is seen at the lengths it breaks (q_len > 16, q_len % 16
 // != 0) and only there, and its reproducer (--from n --to n) judges the
 // same inputs and sample: the same margin.

@@ -88,13 +88,20 @@ inline bool depends_on_position(const Mask& m) {
 struct KeyRange {
   int64_t begin = 0, end = 0;
 };
+// A window side counts up to q_len + kv_len (a wider one sees as much), so
+// that a side near INT64_MAX cannot overflow the arithmetic below.
+inline int64_t window_side(int64_t side, int64_t q_len, int64_t kv_len) {
+  return std::min(side, q_len + kv_len);
+}
 inline KeyRange visible_keys(const Mask& m, int64_t b, int64_t i, int64_t q_len,
                              int64_t kv_len) {
   const int64_t at = i + kv_len - q_len;  // the query's key position
   int64_t lo = 0, hi = kv_len;            // [lo, hi)
   if (m.causal) hi = std::min(hi, at + 1);
-  if (m.window_right >= 0) hi = std::min(hi, at + m.window_right + 1);
-  if (m.window_left >= 0) lo = std::max(lo, at - m.window_left);
+  if (m.window_right >= 0)
+    hi = std::min(hi, at + window_side(m.window_right, q_len, kv_len) + 1);
+  if (m.window_left >= 0)
+    lo = std::max(lo, at - window_side(m.window_left, q_len, kv_len));
   if (!m.key_lengths.empty())
     hi = std::min(hi, m.key_lengths[static_cast<size_t>(b)]);
   hi = std::max<int64_t>(hi, 0);
@@ -107,9 +114,11 @@ inline bool visible(const Mask& m, int64_t b, int64_t i, int64_t j,
   if (m.causal && j > i + kv_len - q_len) return false;
   if (!m.key_lengths.empty() && j >= m.key_lengths[static_cast<size_t>(b)])
     return false;
-  if (m.window_right >= 0 && j > i + kv_len - q_len + m.window_right)
+  if (m.window_right >= 0 &&
+      j > i + kv_len - q_len + window_side(m.window_right, q_len, kv_len))
     return false;
-  if (m.window_left >= 0 && j < i + kv_len - q_len - m.window_left)
+  if (m.window_left >= 0 &&
+      j < i + kv_len - q_len - window_side(m.window_left, q_len, kv_len))
     return false;
   return true;
 }
