@@ -1,7 +1,10 @@
 #include "qknorm/formulation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <string>
 
 #include "qknorm/error.h"
 
@@ -133,11 +136,86 @@ std::string describe_formulation(const AttentionProblem& p) {
   std::string s = buf;
   if (kv_heads_of(p) != p.heads)
     s += " kv_heads=" + std::to_string(kv_heads_of(p));
+  if (has_rope(p)) s += " rope=" + rope_spec(p.rope);
   return s + cap;
 }
 
+std::string rope_spec(const Rope& r) {
+  if (r.rotary_dim <= 0) return "off";
+  std::string s = std::to_string(r.rotary_dim);
+  s += r.pairing == RopePairing::kHalf ? ",half" : ",interleaved";
+  s += r.order == RopeOrder::kAfterNorm ? ",after" : ",before";
+  if (r.inv_freq.empty()) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, ",theta=%.17g", r.theta);
+    s += buf;
+  } else {
+    s += ",inv_freq[" + std::to_string(r.inv_freq.size()) + "]";
+  }
+  if (r.position_offset != 0)
+    s += ",offset=" + std::to_string(r.position_offset);
+  if (r.angle_f32) s += ",angle_f32";
+  if (r.cos_sin_storage) s += ",cos_sin_storage";
+  return s;
+}
+
+Rope parse_rope(std::string_view spec) {
+  Rope r;
+  auto bad = [&](const std::string& why) {
+    return Error("rope", {},
+                 "'" + std::string(spec) + "': " + why +
+                     " (expected DIM[,half|interleaved][,after|before]"
+                     "[,theta=X][,offset=N][,angle_f32][,cos_sin_storage])");
+  };
+  size_t at = 0;
+  bool first = true;
+  while (at <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string item(spec.substr(at, comma - at));
+    at = comma + 1;
+    auto number = [&](const std::string& text, bool integer) {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = integer ? static_cast<double>(std::stoll(text, &used))
+                    : std::stod(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size())
+        throw bad("'" + text + "' is not " +
+                  (integer ? "an integer" : "a number"));
+      return v;
+    };
+    if (first) {
+      r.rotary_dim = static_cast<int64_t>(number(item, true));
+      first = false;
+    } else if (item == "half") {
+      r.pairing = RopePairing::kHalf;
+    } else if (item == "interleaved") {
+      r.pairing = RopePairing::kInterleaved;
+    } else if (item == "after") {
+      r.order = RopeOrder::kAfterNorm;
+    } else if (item == "before") {
+      r.order = RopeOrder::kBeforeNorm;
+    } else if (item.rfind("theta=", 0) == 0) {
+      r.theta = number(item.substr(6), false);
+    } else if (item.rfind("offset=", 0) == 0) {
+      r.position_offset = static_cast<int64_t>(number(item.substr(7), true));
+    } else if (item == "angle_f32") {
+      r.angle_f32 = true;
+    } else if (item == "cos_sin_storage") {
+      r.cos_sin_storage = true;
+    } else {
+      throw bad("unknown item '" + item + "'");
+    }
+  }
+  return r;
+}
+
 bool is_paper_formulation(const AttentionProblem& p) {
-  if (kv_heads_of(p) != p.heads || p.softcap != 0 || has_window(p.mask))
+  if (kv_heads_of(p) != p.heads || p.softcap != 0 || has_window(p.mask) ||
+      has_rope(p))
     return false;
   if (p.variant == Variant::kSDPA) return true;
   const Normalization& n = p.norm;

@@ -1,5 +1,6 @@
 #include "qknorm/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -151,6 +152,56 @@ void check_params(const AttentionProblem& p, const NormParams& a) {
   check_param("k_bias", a.k_bias.data, a.k_bias.size, bias ? nk : 0, true);
 }
 
+void check_rope(const AttentionProblem& p) {
+  const Rope& r = p.rope;
+  if (r.rotary_dim == 0) return;
+  if (r.rotary_dim < 0 || r.rotary_dim % 2 != 0 || r.rotary_dim > p.head_dim)
+    throw Error("rope.rotary_dim", {},
+                "must be 0 (off) or even and <= head_dim=" +
+                    std::to_string(p.head_dim) + " (got " +
+                    std::to_string(r.rotary_dim) + ")");
+  const int64_t pairs = r.rotary_dim / 2;
+  if (r.inv_freq.empty()) {
+    if (!(std::isfinite(r.theta) && r.theta > 1))
+      throw Error("rope.theta", {},
+                  "must be finite and > 1 (got " + num(r.theta) + ")");
+  } else {
+    if (static_cast<int64_t>(r.inv_freq.size()) != pairs)
+      throw Error("rope.inv_freq", {},
+                  "needs rotary_dim / 2 = " + std::to_string(pairs) +
+                      " values (got " + std::to_string(r.inv_freq.size()) +
+                      ")");
+    for (int64_t e = 0; e < pairs; ++e)
+      if (!(std::isfinite(r.inv_freq[e]) && r.inv_freq[e] >= 0 &&
+            r.inv_freq[e] <= 1))
+        throw Error("rope.inv_freq", {e},
+                    "must be finite and in [0, 1] (got " +
+                        num(r.inv_freq[e]) + ")");
+  }
+  // Positions exact in f32 (an f32 angle's position) and angles whose
+  // error the rule can state: |pos| <= 2^24.
+  constexpr int64_t kMaxPos = int64_t{1} << 24;
+  const int64_t lo = std::min<int64_t>(0, p.kv_len - p.q_len);
+  const int64_t hi = p.kv_len - 1;
+  if (r.position_offset < -kMaxPos || r.position_offset > kMaxPos ||
+      lo + r.position_offset < -kMaxPos || hi + r.position_offset > kMaxPos)
+    throw Error("rope.position_offset", {},
+                "positions must stay within +-2^24 (offset " +
+                    std::to_string(r.position_offset) + ", kv_len " +
+                    std::to_string(p.kv_len) + ")");
+  if (r.order == RopeOrder::kBeforeNorm && p.variant == Variant::kQKNorm) {
+    const Normalization& n = p.norm;
+    if (n.kind == NormKind::kLayer || n.weight != ParamShape::kNone || n.bias)
+      throw Error("rope.order", {},
+                  "RoPE before the normalization is modelled for l2, rms "
+                  "and none without weight or bias (Llama 4's L2Norm); "
+                  "this formulation has " +
+                      std::string(n.kind == NormKind::kLayer ? "layer norm"
+                                                             : "a weight or "
+                                                               "bias"));
+  }
+}
+
 }  // namespace
 
 void validate_problem(const AttentionProblem& p) {
@@ -182,6 +233,7 @@ void validate_problem(const AttentionProblem& p) {
     throw Error("softcap", {},
                 "must be 0 (off) or a finite normal number > 0 (got " +
                     num(p.softcap) + ")");
+  check_rope(p);
   // A window side is -1 (unbounded) or a key count >= 0 (attention.h).
   if (p.mask.window_left < -1)
     throw Error("mask.window_left", {},

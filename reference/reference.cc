@@ -204,6 +204,11 @@ struct SideOperand {
   }
 };
 
+// RoPE before the normalization (and sdpa): x rotated into *buf (below).
+template <class T>
+const T* rope_input(const AttentionProblem& p, int side, const T* x,
+                    const NormArgs<T>& w, std::vector<T>* buf);
+
 template <class T>
 void side_operand(const AttentionProblem& p, int side, const T* x,
                   const NormArgs<T>& w, SideOperand<T>* out) {
@@ -223,11 +228,28 @@ void side_operand(const AttentionProblem& p, int side, const T* x,
 // dx, and the parameter gradients accumulated into dweight / dbias (may be
 // null).
 template <class T>
-void side_operand_backward(const AttentionProblem& p, int side, const T* x,
+void side_operand_backward(const AttentionProblem& p, int side, const T* x_in,
                            const NormArgs<T>& w, const OperandView<T>& op,
-                           const T* dxt, T* dx, T* dweight, T* dbias) {
+                           const T* dxt_in, T* dx, T* dweight, T* dbias) {
   const NormRows& sh = op.rows;
   const int64_t L = sh.len();
+  // RoPE: the rotation's transpose on the way back, before the
+  // normalization backward (after the normalization) or after it (before
+  // it, which also reads the rotated x; sdpa: either).
+  const bool rope = has_rope(p);
+  const bool rope_first =
+      rope && (p.variant != Variant::kQKNorm ||
+               p.rope.order == RopeOrder::kAfterNorm);
+  RopeTable<T> table;
+  if (rope) table = rope_table<T>(p, side, w.storage, w.exact_rope);
+  std::vector<T> dxt_rot, rotated;
+  const T* dxt = dxt_in;
+  if (rope_first) {
+    dxt_rot.assign(dxt_in, dxt_in + sh.rows() * L);
+    rope_rotate(p, side, table, dxt_rot.data(), true);
+    dxt = dxt_rot.data();
+  }
+  const T* x = rope_first ? x_in : rope_input(p, side, x_in, w, &rotated);
   if (p.variant != Variant::kQKNorm) {
     for (int64_t i = 0; i < sh.rows() * L; ++i) dx[i] = dxt[i];
     return;
@@ -259,7 +281,7 @@ void side_operand_backward(const AttentionProblem& p, int side, const T* x,
                            op.stats[static_cast<size_t>(r)],
                            static_cast<T>(p.eps), L, du.data());
     for (int64_t e = 0; e < L; ++e) dx[sh.at(r, e)] = du[e];
-  }
+  }  if (rope && !rope_first) rope_rotate(p, side, table, dx, true);
 }
 
 template <class T>
@@ -328,12 +350,115 @@ bool rounds_x_hat(const AttentionProblem& p, Precision storage) {
 }
 
 template <class T>
-void prepare_operand(const AttentionProblem& p, int side, const T* x,
+RopeTable<T> rope_table(const AttentionProblem& p, int side, Precision storage,
+                        bool exact) {
+  RopeTable<T> t;
+  const Rope& r = p.rope;
+  if (!has_rope(p)) return t;
+  t.pairs = r.rotary_dim / 2;
+  const int64_t N = side == 0 ? p.q_len : p.kv_len;
+  const auto size = static_cast<size_t>(N * t.pairs);
+  t.cos.resize(size);
+  t.sin.resize(size);
+  const bool round_cs =
+      !exact && r.cos_sin_storage &&
+      (storage == Precision::kBF16 || storage == Precision::kF16);
+  for (int64_t e = 0; e < t.pairs; ++e) {
+    // The claimed f32 angle: Hugging Face's inv_freq = 1 / theta^(2e / r)
+    // in f32 and pos * inv_freq in f32.
+    float inv32 = 0;
+    if (!exact && r.angle_f32)
+      inv32 = r.inv_freq.empty()
+                  ? 1.0f / std::pow(static_cast<float>(r.theta),
+                                    static_cast<float>(2 * e) /
+                                        static_cast<float>(r.rotary_dim))
+                  : static_cast<float>(r.inv_freq[static_cast<size_t>(e)]);
+    const T inv = rope_inv_freq<T>(r, e);
+    const double inv64 = rope_inv_freq<double>(r, e);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t pos = rope_position(p, side, n);
+      T c, s;
+      if (exact) {
+        const T a = static_cast<T>(pos) * inv;
+        c = std::cos(a);
+        s = std::sin(a);
+      } else if (r.angle_f32) {
+        const float a = static_cast<float>(pos) * inv32;
+        c = static_cast<T>(std::cos(a));
+        s = static_cast<T>(std::sin(a));
+      } else {
+        const double a = static_cast<double>(pos) * inv64;
+        c = static_cast<T>(std::cos(a));
+        s = static_cast<T>(std::sin(a));
+      }
+      if (round_cs) {
+        c = static_cast<T>(round_to(storage, static_cast<double>(c)));
+        s = static_cast<T>(round_to(storage, static_cast<double>(s)));
+      }
+      t.cos[static_cast<size_t>(n * t.pairs + e)] = c;
+      t.sin[static_cast<size_t>(n * t.pairs + e)] = s;
+    }
+  }
+  return t;
+}
+
+template <class T>
+void rope_rotate(const AttentionProblem& p, int side, const RopeTable<T>& t,
+                 T* x, bool inverse) {
+  if (t.pairs == 0) return;
+  const int64_t D = p.head_dim, N = side == 0 ? p.q_len : p.kv_len;
+  const int64_t rows =
+      p.batch * (side == 0 ? p.heads : kv_heads_of(p)) * N;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = x + r * D;
+    const size_t at = static_cast<size_t>((r % N) * t.pairs);
+    for (int64_t e = 0; e < t.pairs; ++e) {
+      const RopePair pr = rope_pair(p.rope, e);
+      const T c = t.cos[at + static_cast<size_t>(e)];
+      const T s = inverse ? -t.sin[at + static_cast<size_t>(e)]
+                          : t.sin[at + static_cast<size_t>(e)];
+      const T xa = row[pr.a], xb = row[pr.b];
+      row[pr.a] = xa * c - xb * s;
+      row[pr.b] = xb * c + xa * s;
+    }
+  }
+}
+
+namespace {
+// x rotated (RoPE before the normalization) into *buf, else x itself.
+template <class T>
+const T* rope_input(const AttentionProblem& p, int side, const T* x,
+                    const NormArgs<T>& w, std::vector<T>* buf) {
+  if (!has_rope(p) ||
+      (p.variant == Variant::kQKNorm && p.rope.order != RopeOrder::kBeforeNorm))
+    return x;
+  const NormRows sh = norm_rows(p, side);
+  buf->assign(x, x + sh.rows() * sh.len());
+  rope_rotate(p, side, rope_table<T>(p, side, w.storage, w.exact_rope),
+              buf->data(), false);
+  return buf->data();
+}
+// RoPE after the normalization: x_tilde rotated in place.
+template <class T>
+void rope_output(const AttentionProblem& p, int side, const NormArgs<T>& w,
+                 T* xt) {
+  if (!has_rope(p) || p.variant != Variant::kQKNorm ||
+      p.rope.order != RopeOrder::kAfterNorm)
+    return;
+  rope_rotate(p, side, rope_table<T>(p, side, w.storage, w.exact_rope), xt,
+              false);
+}
+}  // namespace
+
+template <class T>
+void prepare_operand(const AttentionProblem& p, int side, const T* x_in,
                      const NormArgs<T>& w, T* xh_out, T* xu_out, T* xt_out,
                      RowStats<T>* stats) {
   const NormRows sh = norm_rows(p, side);
   const int64_t L = sh.len();
   for (int64_t r = 0; r < sh.rows(); ++r) stats[r] = RowStats<T>{};
+  std::vector<T> rotated;
+  const T* x = rope_input(p, side, x_in, w, &rotated);
   if (p.variant != Variant::kQKNorm) {
     std::copy(x, x + sh.rows() * L, xh_out);
     std::copy(x, x + sh.rows() * L, xt_out);
@@ -365,7 +490,7 @@ void prepare_operand(const AttentionProblem& p, int side, const T* x,
       xt_out[o] = xt;
       if (xu_out) xu_out[o] = rh[e];
     }
-  }
+  }  rope_output(p, side, w, xt_out);
 }
 
 template <class T>
@@ -604,6 +729,10 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
 
 #define QKNORM_REFERENCE_INSTANTIATE(T)                                       \
   template T nrm2<T>(const T*, int64_t);                                      \
+  template RopeTable<T> rope_table<T>(const AttentionProblem&, int,           \
+                                      Precision, bool);                       \
+  template void rope_rotate<T>(const AttentionProblem&, int,                  \
+                               const RopeTable<T>&, T*, bool);                \
   template void attention_forward<T>(const AttentionProblem&, const T*,       \
                                      const T*, const T*, T*, T*,              \
                                      const NormArgs<T>&);                     \

@@ -25,6 +25,8 @@
 #ifndef QKNORM_REFERENCE_REFERENCE_H_
 #define QKNORM_REFERENCE_REFERENCE_H_
 
+#include <vector>
+
 #include "qknorm/attention.h"
 #include "qknorm/precision.h"
 #include "qknorm/scalenorm.h"
@@ -46,6 +48,12 @@ struct NormArgs {
   const T *q_weight = nullptr, *k_weight = nullptr, *q_bias = nullptr,
           *k_bias = nullptr;
   Precision storage = Precision::kF64;
+  // RoPE (attention.h, Rope): false rotates as the problem's claims say a
+  // kernel may (an f32 angle from an f32 inverse frequency, as Hugging
+  // Face forms it; cos and sin rounded to storage), the naive baseline's
+  // way; true rotates exactly in T (the oracle: angle pos * inv_freq and
+  // cos, sin all in T).
+  bool exact_rope = false;
 };
 // Their gradients (null where the formulation has none).
 template <class T>
@@ -83,10 +91,30 @@ struct OperandView {
 // differ and need two arrays).
 bool rounds_x_hat(const AttentionProblem& p, Precision storage);
 
+// RoPE's cos and sin of side `side` (attention.h, Rope): [N, rotary_dim / 2]
+// each, N the side's rows (q_len or kv_len), pair e of row n at n * pairs +
+// e; empty without RoPE. exact: NormArgs::exact_rope.
+template <class T>
+struct RopeTable {
+  int64_t pairs = 0;
+  std::vector<T> cos, sin;
+};
+template <class T>
+RopeTable<T> rope_table(const AttentionProblem& p, int side, Precision storage,
+                        bool exact);
+// Rotates every [D] row of the dense side tensor x ([B, H_x, N, D]) in
+// place by its position's table entries (inverse: by the opposite angle,
+// the backward's transpose).
+template <class T>
+void rope_rotate(const AttentionProblem& p, int side, const RopeTable<T>& t,
+                 T* x, bool inverse);
+
 // Fills side `side`'s x_hat (xh), x_tilde (xt), the row statistics and,
 // where xu is not null, the unrounded x_hat (the same values as xh unless
 // rounds_x_hat). xh, xu, xt: as many elements as x; stats: norm_rows(p,
-// side).rows().
+// side).rows(). With RoPE after the normalization (and sdpa) xt is the
+// rotated x_tilde, xh and xu unrotated; before it, xh, xu and xt are those
+// of the rotated x (RopeOrder::kBeforeNorm).
 template <class T>
 void prepare_operand(const AttentionProblem& p, int side, const T* x,
                      const NormArgs<T>& w, T* xh, T* xu, T* xt,

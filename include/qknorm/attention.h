@@ -25,6 +25,7 @@
 #ifndef QKNORM_ATTENTION_H_
 #define QKNORM_ATTENTION_H_
 
+#include <cmath>
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -158,6 +159,50 @@ struct Normalization {
   bool round_before_weight = false;
 };
 
+// Rotary position embedding (RoPE; issue 34) of the logit operands.
+// rotary_dim 0 is off; otherwise the first rotary_dim dims (even, <=
+// head_dim; the rest pass unchanged: partial rotary) of every q and k row
+// form rotary_dim / 2 pairs, pair e of dims
+//   half-split (NeoX, HF rotate_half):  (e, e + rotary_dim / 2)
+//   interleaved (GPT-J, Meta's llama):  (2e, 2e + 1)
+// each rotated by the angle t = pos * inv_freq_e:
+//   y_a = x_a cos t - x_b sin t,   y_b = x_b cos t + x_a sin t,
+// inv_freq_e = theta^(-2e / rotary_dim), or the given table inv_freq
+// (rotary_dim / 2 values: linear, Llama 3 and YaRN scalings precompute it).
+// Positions (rope_position): k row j at j + position_offset, q row i at
+// kv_len - q_len + i + position_offset, the bottom-right alignment of the
+// causal mask (decode: the one query sits at the last key). The rotation
+// acts on each head's head_dim slice of the dense [B, H, N, D] tensor, per
+// head whatever the normalization's axis.
+//   after the normalization (kAfterNorm; Qwen3, Gemma 3, OLMo2, Chameleon):
+//     the logit operand is R x_tilde (x_tilde = x_hat w + beta below);
+//   before it (kBeforeNorm; Llama 4's weightless "L2Norm" on its RoPE
+//     layers, TransformerEngine's default qk_norm_before_rope = False):
+//     x_hat is the normalization of R x. Modelled for l2, rms and none
+//     without weight or bias (validate refuses the rest);
+//   sdpa: the raw q and k are rotated (order does not matter).
+// Rounding points an entry may claim (the rule widens its bound for them,
+// validation/rule.h "RoPE"; the oracle rotates exactly either way, and an
+// entry that rounds where it does not claim to FAILs at long positions):
+//   angle_f32        the angle formed in f32 (pos and inv_freq in f32, as
+//                    Hugging Face's rotary embedding does); else in double;
+//   cos_sin_storage  cos and sin rounded to the storage format (HF casts
+//                    them to the model dtype; vLLM's cos_sin_cache); a
+//                    no-op claim for f32 and f64 storage.
+// Positions stay within +-2^24 (exact in f32).
+enum class RopePairing { kHalf, kInterleaved };
+enum class RopeOrder { kAfterNorm, kBeforeNorm };
+struct Rope {
+  int64_t rotary_dim = 0;  // 0: no RoPE
+  RopePairing pairing = RopePairing::kHalf;
+  RopeOrder order = RopeOrder::kAfterNorm;
+  double theta = 10000.0;        // used when inv_freq is empty
+  std::vector<double> inv_freq;  // empty, or rotary_dim / 2 values
+  int64_t position_offset = 0;
+  bool angle_f32 = false;
+  bool cos_sin_storage = false;
+};
+
 struct AttentionProblem {
   int64_t batch = 1, heads = 1, q_len = 1, kv_len = 1;
   int64_t head_dim = 1;  // also the value dimension
@@ -184,15 +229,40 @@ struct AttentionProblem {
   // 16-bit entries, which compute in f32). Entries declare it through
   // supports() (the default refuses it).
   double softcap = 0.0;
+  Rope rope;  // above; off by default
 };
 
 // kv_heads with 0 resolved to heads.
 inline int64_t kv_heads_of(const AttentionProblem& p) {
   return p.kv_heads > 0 ? p.kv_heads : p.heads;
 }
+inline bool has_rope(const AttentionProblem& p) {
+  return p.rope.rotary_dim > 0;
+}
+// The position of row n of side 0 (q) or 1 (k): Rope above.
+inline int64_t rope_position(const AttentionProblem& p, int side, int64_t n) {
+  return n + p.rope.position_offset + (side == 0 ? p.kv_len - p.q_len : 0);
+}
+// The two dims of pair e (0 <= e < rotary_dim / 2).
+struct RopePair {
+  int64_t a = 0, b = 0;
+};
+inline RopePair rope_pair(const Rope& r, int64_t e) {
+  if (r.pairing == RopePairing::kHalf) return {e, e + r.rotary_dim / 2};
+  return {2 * e, 2 * e + 1};
+}
+// inv_freq_e in T's arithmetic (the problem's value; an entry claiming f32
+// angles forms its own f32 value and is allowed that error).
+template <class T>
+T rope_inv_freq(const Rope& r, int64_t e) {
+  if (!r.inv_freq.empty()) return static_cast<T>(r.inv_freq[e]);
+  using std::pow;
+  return pow(static_cast<T>(r.theta),
+             -static_cast<T>(2 * e) / static_cast<T>(r.rotary_dim));
+}
 // The paper's formulation (l2 per head, no weight or bias, learned g, no
-// GQA) or sdpa without GQA, neither with a softcap: what every entry has
-// always supported.
+// GQA) or sdpa without GQA, neither with a softcap, a window or RoPE: what
+// every entry has always supported.
 bool is_paper_formulation(const AttentionProblem& p);
 // Number of elements of the q (side 0) or k (side 1) weight (and bias): 0
 // when the formulation has none (k with a shared weight: 0).

@@ -46,6 +46,15 @@ void apply_preset(std::string_view name, AttentionProblem* p);
 std::string formulation_name(const AttentionProblem& p);
 // One line: kind, axis, weight, bias, eps, scale, kv_heads, softcap.
 std::string describe_formulation(const AttentionProblem& p);
+// RoPE (attention.h, Rope) as the text --rope takes and prints:
+//   DIM[,half|interleaved][,after|before][,theta=X][,offset=N][,angle_f32]
+//   [,cos_sin_storage]
+// (defaults: half, after, theta=10000, offset=0; "off" for rotary_dim 0; a
+// given inv_freq table prints as inv_freq[n] and does not parse back).
+// parse_rope throws Error naming "rope" on anything else; validate() checks
+// the values.
+std::string rope_spec(const Rope& r);
+Rope parse_rope(std::string_view spec);
 
 }  // namespace qknorm
 
