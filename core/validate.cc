@@ -174,9 +174,9 @@ void check_rope(const AttentionProblem& p) {
     for (int64_t e = 0; e < pairs; ++e)
       if (!(std::isfinite(r.inv_freq[e]) && r.inv_freq[e] >= 0 &&
             r.inv_freq[e] <= 1))
-        throw Error("rope.inv_freq", {e},
-                    "must be finite and in [0, 1] (got " +
-                        num(r.inv_freq[e]) + ")");
+        throw Error(
+            "rope.inv_freq", {e},
+            "must be finite and in [0, 1] (got " + num(r.inv_freq[e]) + ")");
   }
   // Positions exact in f32 (an f32 angle's position) and angles whose
   // error the rule can state: |pos| <= 2^24.

@@ -237,9 +237,8 @@ void side_operand_backward(const AttentionProblem& p, int side, const T* x_in,
   // normalization backward (after the normalization) or after it (before
   // it, which also reads the rotated x; sdpa: either).
   const bool rope = has_rope(p);
-  const bool rope_first =
-      rope && (p.variant != Variant::kQKNorm ||
-               p.rope.order == RopeOrder::kAfterNorm);
+  const bool rope_first = rope && (p.variant != Variant::kQKNorm ||
+                                   p.rope.order == RopeOrder::kAfterNorm);
   RopeTable<T> table;
   if (rope) table = rope_table<T>(p, side, w.storage, w.exact_rope);
   std::vector<T> dxt_rot, rotated;
@@ -281,7 +280,8 @@ void side_operand_backward(const AttentionProblem& p, int side, const T* x_in,
                            op.stats[static_cast<size_t>(r)],
                            static_cast<T>(p.eps), L, du.data());
     for (int64_t e = 0; e < L; ++e) dx[sh.at(r, e)] = du[e];
-  }  if (rope && !rope_first) rope_rotate(p, side, table, dx, true);
+  }
+  if (rope && !rope_first) rope_rotate(p, side, table, dx, true);
 }
 
 template <class T>
@@ -407,8 +407,7 @@ void rope_rotate(const AttentionProblem& p, int side, const RopeTable<T>& t,
                  T* x, bool inverse) {
   if (t.pairs == 0) return;
   const int64_t D = p.head_dim, N = side == 0 ? p.q_len : p.kv_len;
-  const int64_t rows =
-      p.batch * (side == 0 ? p.heads : kv_heads_of(p)) * N;
+  const int64_t rows = p.batch * (side == 0 ? p.heads : kv_heads_of(p)) * N;
   for (int64_t r = 0; r < rows; ++r) {
     T* row = x + r * D;
     const size_t at = static_cast<size_t>((r % N) * t.pairs);
@@ -490,7 +489,8 @@ void prepare_operand(const AttentionProblem& p, int side, const T* x_in,
       xt_out[o] = xt;
       if (xu_out) xu_out[o] = rh[e];
     }
-  }  rope_output(p, side, w, xt_out);
+  }
+  rope_output(p, side, w, xt_out);
 }
 
 template <class T>
@@ -727,38 +727,38 @@ void scalenorm_backward(const ScaleNormProblem& p, const T* x, const T* dy,
   *dg = dg_sum;
 }
 
-#define QKNORM_REFERENCE_INSTANTIATE(T)                                       \
-  template T nrm2<T>(const T*, int64_t);                                      \
-  template RopeTable<T> rope_table<T>(const AttentionProblem&, int,           \
-                                      Precision, bool);                       \
-  template void rope_rotate<T>(const AttentionProblem&, int,                  \
-                               const RopeTable<T>&, T*, bool);                \
-  template void attention_forward<T>(const AttentionProblem&, const T*,       \
-                                     const T*, const T*, T*, T*,              \
-                                     const NormArgs<T>&);                     \
-  template void attention_backward<T>(                                        \
-      const AttentionProblem&, const T*, const T*, const T*, const T*,        \
-      const T*, const T*, T*, T*, T*, T*, T*, const NormArgs<T>&,             \
-      const NormGrads<T>&);                                                   \
-  template void attention_probabilities<T>(const AttentionProblem&, const T*, \
-                                           const T*, T*, const NormArgs<T>&); \
-  template void normalized_operand<T>(const AttentionProblem&, int, const T*, \
-                                      const NormArgs<T>&, T*);                \
-  template void prepare_operand<T>(const AttentionProblem&, int, const T*,    \
-                                   const NormArgs<T>&, T*, T*, T*,            \
-                                   RowStats<T>*);                             \
-  template void attention_forward<T>(                                         \
-      const AttentionProblem&, const OperandView<T>&, const OperandView<T>&,  \
-      const T*, T*, T*, T*, T*);                                              \
-  template void attention_backward<T>(                                        \
-      const AttentionProblem&, const T*, const T*, const OperandView<T>&,     \
-      const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,  \
-      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&, const T*);         \
-  template void attention_probabilities<T>(const AttentionProblem&,           \
-                                           const OperandView<T>&,             \
-                                           const OperandView<T>&, T*);        \
-  template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);  \
-  template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,      \
+#define QKNORM_REFERENCE_INSTANTIATE(T)                                        \
+  template T nrm2<T>(const T*, int64_t);                                       \
+  template RopeTable<T> rope_table<T>(const AttentionProblem&, int, Precision, \
+                                      bool);                                   \
+  template void rope_rotate<T>(const AttentionProblem&, int,                   \
+                               const RopeTable<T>&, T*, bool);                 \
+  template void attention_forward<T>(const AttentionProblem&, const T*,        \
+                                     const T*, const T*, T*, T*,               \
+                                     const NormArgs<T>&);                      \
+  template void attention_backward<T>(                                         \
+      const AttentionProblem&, const T*, const T*, const T*, const T*,         \
+      const T*, const T*, T*, T*, T*, T*, T*, const NormArgs<T>&,              \
+      const NormGrads<T>&);                                                    \
+  template void attention_probabilities<T>(const AttentionProblem&, const T*,  \
+                                           const T*, T*, const NormArgs<T>&);  \
+  template void normalized_operand<T>(const AttentionProblem&, int, const T*,  \
+                                      const NormArgs<T>&, T*);                 \
+  template void prepare_operand<T>(const AttentionProblem&, int, const T*,     \
+                                   const NormArgs<T>&, T*, T*, T*,             \
+                                   RowStats<T>*);                              \
+  template void attention_forward<T>(                                          \
+      const AttentionProblem&, const OperandView<T>&, const OperandView<T>&,   \
+      const T*, T*, T*, T*, T*);                                               \
+  template void attention_backward<T>(                                         \
+      const AttentionProblem&, const T*, const T*, const OperandView<T>&,      \
+      const OperandView<T>&, const T*, const T*, const T*, const T*, T*, T*,   \
+      T*, T*, T*, const NormArgs<T>&, const NormGrads<T>&, const T*);          \
+  template void attention_probabilities<T>(const AttentionProblem&,            \
+                                           const OperandView<T>&,              \
+                                           const OperandView<T>&, T*);         \
+  template void scalenorm_forward<T>(const ScaleNormProblem&, const T*, T*);   \
+  template void scalenorm_backward<T>(const ScaleNormProblem&, const T*,       \
                                       const T*, T*, T*);
 QKNORM_REFERENCE_INSTANTIATE(float)
 QKNORM_REFERENCE_INSTANTIATE(double)

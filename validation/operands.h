@@ -37,10 +37,19 @@ using LD = long double;
 //
 // T: the oracle's arithmetic (oracle.h, OraclePrecision): long double for
 // the rule's terms and the f64 entries' oracle, double for the others'.
+//
+// RoPE (attention.h, Rope; rule.h "RoPE"): xt is the rotated logit operand.
+// After the normalization xh, xa, wv, sh and fl stay in the unrotated
+// coordinates the normalization and the weight use, and xar holds the
+// rotated operand's magnitude before cancellation, |cos| xa_a + |sin| xa_b
+// per pair (>= |xt| element by element); before it (and for sdpa) every
+// array is already in the rotated coordinates and xar is empty.
+// logit_mag() is the magnitude in the logits' coordinates.
 template <class T>
 struct OperandMagsT {
   NormRows rows;
-  std::vector<T> xh, xt, xa, wv, den, shr, sh, xr, fl;
+  std::vector<T> xh, xt, xa, wv, den, shr, sh, xr, fl, xar;
+  const std::vector<T>& logit_mag() const { return xar.empty() ? xa : xar; }
   std::vector<reference::RowStats<T>> stats;
   T wmax = 1;
   bool xa_finite = true;  // every element of xa
@@ -73,6 +82,23 @@ inline std::vector<LD> widen(const std::vector<double>& x) {
 
 // The normalization row (NormRows) holding dense element offset o.
 size_t row_of(const NormRows& nr, size_t o);
+
+// RoPE's maps between the rotated and the unrotated coordinates of a dense
+// side array ([B, H_x, N, D], side 0 q or 1 k), no-ops without RoPE:
+// rope_pair_sum sets both elements of every rotated pair to their sum (an
+// element-wise magnitude of a rotation's result: |R x|_a <= |x_a| + |x_b|),
+// rope_unrotate applies the exact transpose rotation in T (the oracle's
+// signed gradients).
+template <class T>
+void rope_pair_sum(const AttentionProblem& p, std::vector<T>* x);
+template <class T>
+void rope_unrotate(const AttentionProblem& p, int side, std::vector<T>* x);
+// True where the rotation follows the normalization (kAfterNorm) or there is
+// none (sdpa): the backward unrotates before the normalization backward.
+inline bool rope_before_norm_backward(const AttentionProblem& p) {
+  return has_rope(p) && (p.variant != Variant::kQKNorm ||
+                         p.rope.order == RopeOrder::kAfterNorm);
+}
 
 }  // namespace qknorm::validation
 

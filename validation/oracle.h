@@ -93,6 +93,11 @@ struct OracleValues {
   // dk the terms P_ij (|dP_ij - delta_i| + sum_k P_ik |dP_ik - delta_i| / 2)
   // carried through the same sums as dq_mag (rule.cc).
   std::vector<T> o_dev_mag, dq_ds_mag, dk_ds_mag;
+  // RoPE before the normalization (rule.h, "RoPE"): the magnitude the
+  // rotation's error reaches dq, dk through (dq_mag's sums pair-summed, the
+  // normalization backward's magnitudes, pair-summed again); empty
+  // otherwise (after the normalization it is dq_mag, dk_mag).
+  std::vector<T> dq_rope_mag, dk_rope_mag;
   // Sensitivities to the compute format's absolute resolution of each
   // probability P_ij, per unit of its smallest normal (an exp may flush a
   // result below the normal range to 0; validation/rule.h): O, dV: sum

@@ -346,11 +346,21 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
         flt_q[e] = qm.fl[e] * std::fabs(qm.wv[e]);
       for (size_t e = 0; e < flt_k.size(); ++e)
         flt_k[e] = km.fl[e] * std::fabs(km.wv[e]);
+      // RoPE after the normalization: a flip of x_tilde_a moves the rotated
+      // pair's elements by |cos| and |sin| times it (rule.h, "RoPE").
+      if (!qm.xar.empty()) rope_pair_sum(p, &flt_q);
+      if (!km.xar.empty()) rope_pair_sum(p, &flt_k);
     }
     // The other side's operand resolution, for the side that reads it.
     std::vector<LD>&res_q = a.res_q, &res_k = a.res_k;
     if (ks) operand_resolution(p, qm, &res_q);
     if (qs) operand_resolution(p, km, &res_k);
+    // RoPE: a rotated element is resolved to its pair's resolutions
+    // (|cos| res_a + |sin| res_b <= res_a + res_b).
+    if (rope_before_norm_backward(p)) {
+      rope_pair_sum(p, &res_q);
+      rope_pair_sum(p, &res_k);
+    }
     if (qs) {
       r.o_mag.assign(q.size(), 0);
       r.o_dev_mag.assign(q.size(), 0);
@@ -368,7 +378,8 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     // row's sub-case (given) holds part of each row: the pass's ties.
     const double u_tie = compute_roundoff(c.storage);
     const double cos_u =
-        case_cos_units + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0);
+        case_cos_units + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0) +
+        rope_units(p, c.storage, u_tie, unit_roundoff(Precision::kF64)).logit;
     const double term_units = cos_u * std::fabs(logit_amplitude(c)) + kOpUnits;
     const auto n_row =
         static_cast<double>(counts.kv_len > 0 ? counts.kv_len : Nk);
@@ -440,7 +451,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
                     static_cast<long double>(si[j]) - li > kWideExpFloor);
           };
           const LD* qti = qm.xt.data() + qi;
-          const LD* qai = qm.xa.data() + qi;
+          const LD* qai = qm.logit_mag().data() + qi;
           const LD qan = norm2(qai);
           LD* omag = qs ? r.o_mag.data() + qi : nullptr;
           LD del = 0, do_l1 = 0, sdel = 0;
@@ -538,7 +549,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
                 0};  // kRoundingFlip: added below, from the flips
             const size_t kj = static_cast<size_t>((bk * Nk + j) * D);
             const LD* ktj = km.xt.data() + kj;
-            const LD* kaj = km.xa.data() + kj;
+            const LD* kaj = km.logit_mag().data() + kj;
             // The layer mean shifts' change of C_ij = q_tilde . k_tilde (per
             // u_c, first order): a shift d of q's row moves it by d sum_e
             // w_e k_tilde_je (signed: 0 for a layer-normed k with a uniform
@@ -685,14 +696,45 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       }
     // Through the weight and the normalization backward, per side row
     // (carry_side, oracle_operands.cc).
+    // RoPE (rule.h, "RoPE"): the sums above are in the rotated
+    // coordinates the logits use. After the normalization (and sdpa) the
+    // backward unrotates before the normalization backward: the signed du
+    // exactly, every magnitude by its pair's sum (|R^T y|_a <= |y_a| +
+    // |y_b|). Before it, the normalization backward runs in the rotated
+    // coordinates and its results are pair-summed; the rotation's error
+    // there reaches the gradient through the normalization's rows (its
+    // own magnitude, rope_mag: pair sums before and after, rule.h).
+    const bool unrotate_first = rope_before_norm_backward(p);
+    const bool unrotate_after = has_rope(p) && !unrotate_first;
     auto side = [&](int sd, const OperandMagsT<LD>& m,
-                    ChannelArraysT<LD>& ch_in, const std::vector<LD>& du,
-                    const std::vector<LD>& ads, const std::vector<LD>& adr,
+                    ChannelArraysT<LD>& ch_in, std::vector<LD>& du,
+                    std::vector<LD>& ads, const std::vector<LD>& adr,
                     int64_t terms, const std::array<std::vector<LD>*, kCh>& dst,
                     ChannelArraysT<LD>* dw, ChannelArraysT<LD>* db,
-                    ChannelArraysT<LD>* dws, LD* out_max) {
+                    ChannelArraysT<LD>* dws, LD* out_max,
+                    std::vector<LD>* rope_mag) {
+      rope_mag->clear();
+      if (unrotate_first) {
+        rope_unrotate(p, sd, &du);
+        rope_pair_sum(p, &ads);
+        for (int ch = 0; ch < kCh; ++ch) rope_pair_sum(p, &ch_in[ch]);
+      }
+      std::vector<LD> mag_ps;
+      if (unrotate_after) {
+        mag_ps = ch_in[kMag];
+        rope_pair_sum(p, &mag_ps);
+      }
       carry_side(p, s, sd, m, ch_in, du, ads, adr, terms, dst, dw, db, dws,
                  out_max);
+      if (unrotate_after) {
+        for (int ch = 0; ch < kCh; ++ch) rope_pair_sum(p, dst[ch]);
+        for (int ch = 0; ch <= static_cast<int>(kSub); ++ch) {
+          out_max[ch] = 0;
+          for (LD x : *dst[ch]) out_max[ch] = std::max(out_max[ch], x);
+        }
+        carry_magnitude(p, m, mag_ps, rope_mag);
+        rope_pair_sum(p, rope_mag);
+      }
     };
     LD dq_out[3] = {}, dk_out[3] = {};
     std::array<std::vector<LD>*, kCh> dq_dst = {
@@ -724,17 +766,21 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     };
     if (counts.q_side)
       side(0, qm, mq, du_q, ads_q, adr_q, nk_terms, dq_dst, &r.dq_weight_ch,
-           &r.dq_bias_ch, &r.dq_weight_sh_ch, dq_out);
+           &r.dq_bias_ch, &r.dq_weight_sh_ch, dq_out, &r.dq_rope_mag);
     else
       zero_side(0, dq_dst, q, &r.dq_weight_ch, &r.dq_bias_ch);
     if (counts.k_side) {
       side(1, km, mk, du_k, ads_k, adr_k, group * nq_terms, dk_dst,
-           &r.dk_weight_ch, &r.dk_bias_ch, &r.dk_weight_sh_ch, dk_out);
+           &r.dk_weight_ch, &r.dk_bias_ch, &r.dk_weight_sh_ch, dk_out,
+           &r.dk_rope_mag);
       const std::array<std::vector<LD>*, 6> zdst = {
           &r.dk_rowmax_e,   &r.dk_sum_rowmax_e,   &r.dk_norm_z_e,
           &r.dk_norm_lin_e, &r.dk_norm_lse_lin_e, &r.dk_norm_rep_e};
-      for (size_t z = 0; z < zdst.size(); ++z)
+      for (size_t z = 0; z < zdst.size(); ++z) {
+        if (unrotate_first) rope_pair_sum(p, &a.zk[z]);
         carry_magnitude(p, km, a.zk[z], zdst[z]);
+        if (unrotate_after) rope_pair_sum(p, zdst[z]);
+      }
     } else
       zero_side(1, dk_dst, k, &r.dk_weight_ch, &r.dk_bias_ch);
     if (shared) {  // one weight: both sides' channels add

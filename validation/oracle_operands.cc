@@ -26,6 +26,7 @@ reference::NormArgs<T> norm_args(const AttentionCase& c,
   w.q_bias = ptr((*store)[2]);
   w.k_bias = ptr((*store)[3]);
   w.storage = c.storage;
+  w.exact_rope = true;  // the oracle rotates exactly (rule.h, "RoPE")
   return w;
 }
 
@@ -132,6 +133,49 @@ void fill_operand_mags(const AttentionCase& c, int side, const T* x,
   m.wmax = wmax;
   m.xa_finite = xa_finite;
   rounding_flips(c, m, &m.fl);
+  // RoPE after the normalization: the rotated operand's magnitude.
+  m.xar.clear();
+  if (qk && has_rope(p) && p.rope.order == RopeOrder::kAfterNorm) {
+    const reference::RopeTable<T> t =
+        reference::rope_table<T>(p, side, c.storage, true);
+    m.xar = m.xa;
+    const int64_t D = p.head_dim, N = side == 0 ? p.q_len : p.kv_len;
+    for (size_t r = 0; r * static_cast<size_t>(D) < size; ++r) {
+      const size_t at = static_cast<size_t>(static_cast<int64_t>(r) % N) *
+                        static_cast<size_t>(t.pairs);
+      const size_t off = r * static_cast<size_t>(D);
+      for (int64_t e = 0; e < t.pairs; ++e) {
+        const RopePair pr = rope_pair(p.rope, e);
+        const LD ca = std::fabs(t.cos[at + static_cast<size_t>(e)]);
+        const LD sa = std::fabs(t.sin[at + static_cast<size_t>(e)]);
+        const LD xa = m.xa[off + static_cast<size_t>(pr.a)];
+        const LD xb = m.xa[off + static_cast<size_t>(pr.b)];
+        m.xar[off + static_cast<size_t>(pr.a)] = ca * xa + sa * xb;
+        m.xar[off + static_cast<size_t>(pr.b)] = ca * xb + sa * xa;
+      }
+    }
+  }
+}
+
+template <class T>
+void rope_pair_sum(const AttentionProblem& p, std::vector<T>* x) {
+  if (!has_rope(p)) return;
+  const auto D = static_cast<size_t>(p.head_dim);
+  for (size_t off = 0; off + D <= x->size(); off += D)
+    for (int64_t e = 0; e < p.rope.rotary_dim / 2; ++e) {
+      const RopePair pr = rope_pair(p.rope, e);
+      T& a = (*x)[off + static_cast<size_t>(pr.a)];
+      T& b = (*x)[off + static_cast<size_t>(pr.b)];
+      a = b = a + b;
+    }
+}
+
+template <class T>
+void rope_unrotate(const AttentionProblem& p, int side, std::vector<T>* x) {
+  if (!has_rope(p) || x->empty()) return;
+  reference::rope_rotate<T>(
+      p, side, reference::rope_table<T>(p, side, Precision::kF64, true),
+      x->data(), true);
 }
 
 OperandMags operand_mags(const AttentionCase& c, int side) {
@@ -172,6 +216,7 @@ void slice_operand_mags(const OperandMagsT<T>& whole, int64_t b, int64_t h0,
   elements(whole.sh, &m.sh);
   elements(whole.xr, &m.xr);
   elements(whole.fl, &m.fl);
+  elements(whole.xar, &m.xar);
   m.den.resize(nrows);
   m.shr.resize(nrows);
   m.stats.resize(nrows);
@@ -472,6 +517,9 @@ void carry_side(const AttentionProblem& p, T s, int sd,
                                      const reference::NormArgs<T>&,         \
                                      OperandMagsT<T>*);                     \
   template reference::OperandView<T> OperandMagsT<T>::view() const;         \
+  template void rope_pair_sum<T>(const AttentionProblem&, std::vector<T>*); \
+  template void rope_unrotate<T>(const AttentionProblem&, int,              \
+                                 std::vector<T>*);                          \
   template void slice_operand_mags<T>(const OperandMagsT<T>&, int64_t,      \
                                       int64_t, int64_t, const NormRows&,    \
                                       OperandMagsT<T>*);                    \

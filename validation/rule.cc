@@ -144,6 +144,9 @@ struct RuleScalars {
   // |A| (dot, plus kSoftcapLogitUnits with a cap) and the cap's slope's
   // units on every gradient term of dS (0 without a cap).
   double dot_s = kDotUnits, slope = 0;
+  // RoPE (rule.h, "RoPE"): the rotation's logit units (per |A|, in dot_s)
+  // and its gradient units (per u_c on dq, dk and the parameters).
+  RopeUnits rope;
   double o_res = 0, c_res = 0, p_res = 0;
   // A pass in double whose error joins the bounds (OracleAttention::
   // given_units): the f64 unit roundoff.
@@ -244,9 +247,10 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   r.us = unit_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
   r.dot = orc.cosine_units > 0 ? orc.cosine_units : cosine_units(c);
-  r.dot_s = r.dot + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0);
   r.wf = compute_format(s);
   contract_units(contract, s, std::fabs(r.A), &r);
+  r.rope = rope_units(p, s, r.uc, orc.unit_roundoff);
+  r.dot_s = r.dot + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0) + r.rope.logit;
   {
     const double sc = p.variant != Variant::kQKNorm ? 0
                       : p.fixed_scale               ? p.scale
@@ -431,7 +435,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                   const std::vector<LD>& ds_mag, const std::vector<LD>& o_rel,
                   const std::vector<LD>& o_sens, const std::vector<LD>& uf,
                   const std::vector<LD>& p_sens, const std::vector<LD>& shift,
-                  const std::vector<LD>& flip, bool rows_tie, bool row_norm) {
+                  const std::vector<LD>& flip, bool rows_tie, bool row_norm,
+                  const std::vector<LD>& rope_mag) {
     ToleranceTable t = table(f, s, B, heads, rows, D, x);
     const double base = sum_units(n + static_cast<double>(L)) + div + rs.slope;
     for (size_t e = 0; e < x.size(); ++e) {
@@ -467,7 +472,8 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
                         orc.given_soft_units * d(ds_mag[e])) +
           rs.s_rel * d(mag[e]) + (rs.uq + rs.uk + rs.uv) * d(mag[e]) +
           (2 * rs.logit_abs + rs.up) * d(ds_mag[e]) + rs.uout * d(o_rel[e]) +
-          (flip.empty() ? 0.0 : d(flip[e]));
+          (flip.empty() ? 0.0 : d(flip[e])) +
+          uc * rs.rope.grad * d(rope_mag.empty() ? mag[e] : rope_mag[e]);
       t.cond[e] = condition(mag[e], x[e]);
     }
     return t;
@@ -476,12 +482,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
     out.push_back(grad(Field::kDq, orc.dq, H, Nq, nk, Lq, orc.dq_mag,
                        orc.dq_ds_mag, orc.dq_o_rel_e, orc.dq_o_sens_e,
                        orc.dq_uf_sens_e, orc.dq_p_sens_e, orc.dq_shift_e,
-                       orc.dq_flip_e, true, false));
+                       orc.dq_flip_e, true, false, orc.dq_rope_mag));
   if (!orc.dk_mag.empty())
     out.push_back(grad(Field::kDk, orc.dk, Hk, Nk, group * nq, Lk, orc.dk_mag,
                        orc.dk_ds_mag, orc.dk_o_rel_e, orc.dk_o_sens_e,
                        orc.dk_uf_sens_e, orc.dk_p_sens_e, orc.dk_shift_e,
-                       orc.dk_flip_e, false, true));
+                       orc.dk_flip_e, false, true, orc.dk_rope_mag));
   // dV_jd = sum_i P_ij dO_id: an Nq-term sum; P carries the softmax's
   // conditioning.
   if (!orc.dv_mag.empty()) {
@@ -534,7 +540,7 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
         sum_units(static_cast<double>(n)) + kOpUnits + div + rs.slope;
     const double units = sum_units(static_cast<double>(R)) +
                          sum_units(static_cast<double>(n)) + kOpUnits + div +
-                         rs.slope;
+                         rs.slope + rs.rope.grad;
     // The channel terms of element e of cs, with un units for the sums and
     // `rows` subnormal roundings of the row sum.
     auto terms = [&](const Channels& cs, size_t e, double un, double rows) {

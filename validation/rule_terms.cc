@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -116,6 +117,49 @@ double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }
 
+double rope_angle_units(const Rope& r) {
+  return r.inv_freq.empty() ? std::log(r.theta) + 4 : 2.0;
+}
+
+double rope_max_angle(const AttentionProblem& p) {
+  if (!has_rope(p)) return 0;
+  const int64_t lo = std::min<int64_t>(0, p.kv_len - p.q_len);
+  const auto pos = static_cast<double>(
+      std::max(std::llabs(lo + p.rope.position_offset),
+               std::llabs(p.kv_len - 1 + p.rope.position_offset)));
+  double f = 0;
+  for (int64_t e = 0; e < p.rope.rotary_dim / 2; ++e)
+    f = std::max(f, std::fabs(rope_inv_freq<double>(p.rope, e)));
+  return pos * f;
+}
+
+// The derivation (rule.h, "RoPE"): per side, a pair's error vector is at
+// most sqrt 2 eps (|x_a| + |x_b|) <= 2 eps times the pair's norm, so the
+// rotated row moves by 2 eps of its norm (after the normalization: of
+// ||x_tilde|| <= ||x_a||; before it: of ||x||, which the l2 and rms
+// normalizations carry to at most 2 eps ||x_hat||), the logit by 2 eps A
+// per side. The gradients: see rule.h.
+RopeUnits rope_units(const AttentionProblem& p, Precision storage, double uc,
+                     double uo) {
+  RopeUnits u;
+  if (!has_rope(p)) return u;
+  const Rope& r = p.rope;
+  const double angle = rope_max_angle(p), au = rope_angle_units(r);
+  const double u_angle = r.angle_f32 ? unit_roundoff(Precision::kF32)
+                                     : unit_roundoff(Precision::kF64);
+  const bool cs16 = r.cos_sin_storage &&
+                    (storage == Precision::kBF16 || storage == Precision::kF16);
+  u.eps = kRopeRotateUnits + kRopeCosSinUnits +
+          (cs16 ? unit_roundoff(storage) / uc : 0.0) +
+          au * u_angle * angle / uc +
+          (kRopeRotateUnits + kRopeCosSinUnits + au * angle) * uo / uc;
+  u.logit = 4 * u.eps;
+  const bool before =
+      p.variant == Variant::kQKNorm && r.order == RopeOrder::kBeforeNorm;
+  u.grad = (before ? kRopeGradBefore : kRopeGradAfter) * u.eps;
+  return u;
+}
+
 double softcap_slope_units(double logit_units, double cap) {
   return 2 * logit_units / cap + 20;
 }
@@ -198,6 +242,11 @@ struct CosineRows::Impl {
   };
   int64_t D = 0, B = 0, H = 0, Hk = 0, Nq = 0, Nk = 0;
   bool mags = false;
+  // RoPE after the normalization: the rows are the rotated operands'
+  // magnitudes (OperandMags::xar), whose norms exceed x_a's by up to sqrt 2
+  // (A's scale): the units scale by the two sides' largest row-norm ratio
+  // (units(), rule.h "RoPE"). 1 otherwise.
+  double rope_ratio = 1;
   Side side[2];
 };
 
@@ -220,13 +269,32 @@ CosineRows::CosineRows(const AttentionCase& c)
   m.Nk = p.kv_len;
   const int64_t D = m.D;
   if (D <= 1) return;
-  m.mags = p.variant == Variant::kQKNorm && !is_paper_formulation(p);
+  m.mags = (p.variant == Variant::kQKNorm && !is_paper_formulation(p)) ||
+           has_rope(p);
   std::vector<LD> row(static_cast<size_t>(D));
   for (int s = 0; s < 2; ++s) {
     Impl::Side& sd = m.side[s];
     size_t len = 0;
     if (m.mags) {
       OperandMags o = operand_mags(c, s);
+      if (!o.xar.empty()) {
+        auto max_norm = [D](const std::vector<LD>& x) {
+          LD mx = 0;
+          for (size_t r = 0; r + static_cast<size_t>(D) <= x.size();
+               r += static_cast<size_t>(D)) {
+            LD t = 0;
+            for (int64_t d = 0; d < D; ++d)
+              t +=
+                  x[r + static_cast<size_t>(d)] * x[r + static_cast<size_t>(d)];
+            mx = std::max(mx, std::sqrt(t));
+          }
+          return mx;
+        };
+        const LD a = max_norm(o.xa), ar = max_norm(o.xar);
+        if (a > 0 && std::isfinite(ar))
+          m.rope_ratio *= static_cast<double>(ar / a);
+        o.xa = std::move(o.xar);
+      }
       sd.xa = std::move(o.xa);
       sd.xt = std::move(o.xt);
       len = sd.xa.size();
@@ -270,6 +338,10 @@ double CosineRows::units() const {
 }
 
 double CosineRows::units(const Pairs& r) const {
+  return impl->rope_ratio * unscaled_units(r);
+}
+
+double CosineRows::unscaled_units(const Pairs& r) const {
   const Impl& m = *impl;
   const int64_t D = m.D;
   if (D <= 1) return kDotUnits;
@@ -536,7 +608,13 @@ LD logit_flip(const AttentionCase& c, const OperandMagsT<T>& qm,
     for (T e : x) a = std::max<LD>(a, std::fabs(e));
     return a;
   };
-  return s * (side_flip(qm) * max_abs(km.xa) + side_flip(km) * max_abs(qm.xa));
+  // RoPE after the normalization: the flips' l1 grows by up to sqrt 2 in
+  // the rotated coordinates; the other side's rotated magnitude bounds its
+  // elements there (OperandMags::logit_mag).
+  const LD rot = qm.xar.empty() ? 1 : std::sqrt(static_cast<LD>(2));
+  return s * rot *
+         (side_flip(qm) * max_abs(km.logit_mag()) +
+          side_flip(km) * max_abs(qm.logit_mag()));
 }
 #define QKNORM_RULE_TERMS_INSTANTIATE(T)                                  \
   template void operand_resolution<T>(                                    \

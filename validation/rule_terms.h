@@ -38,6 +38,35 @@ inline constexpr double kSoftcapLogitUnits = 13.0;
 // logit_units: a logit's whole error per u_c (rule.h).
 double softcap_slope_units(double logit_units, double cap);
 
+// RoPE (rule.h, "RoPE"): a rotated element's error per unit roundoff u_c,
+// relative to its pair's |x_a| + |x_b|, is eps = kRopeRotateUnits (the two
+// products and the sum) + kRopeCosSinUnits (cos and sin to 4 ulp) + the
+// claimed cos/sin storage rounding (u_s / u_c) + the angle's error (below)
+// + the oracle's own rotation error in u_c.
+inline constexpr double kRopeRotateUnits = 3.0;
+inline constexpr double kRopeCosSinUnits = 8.0;
+// The gradients' units per eps (rule.h, "RoPE"): after the normalization
+// (and sdpa) the other side's rotated operand (2 sqrt 2) and the transpose
+// rotation (1), on the pair-summed magnitude; before it, through the
+// normalization backward, 16 on rope_mag.
+inline constexpr double kRopeGradAfter = 4.0;
+inline constexpr double kRopeGradBefore = 16.0;
+// The angle pos * inv_freq: inv_freq from theta costs ln(theta) + 4 units
+// of the angle's arithmetic (the exponent 2e / r rounded: ln(theta) units
+// of theta^x; pow, the reciprocal and the product: 4), a given table 2 (its
+// rounding to the arithmetic and the product), times |angle|.
+double rope_angle_units(const Rope& r);
+// The case's largest |angle| = max |position| * max inv_freq.
+double rope_max_angle(const AttentionProblem& p);
+struct RopeUnits {
+  double eps = 0;    // per element, above
+  double logit = 0;  // per |A| u_c: 4 eps (2 eps per side's row norm)
+  double grad = 0;   // per u_c on dq, dk and the parameters' magnitudes
+};
+// uc: the compute unit roundoff; uo: the oracle's. Zero without RoPE.
+RopeUnits rope_units(const AttentionProblem& p, Precision storage, double uc,
+                     double uo);
+
 // sum_units(n) = kSumLambda sqrt(n) + kOpUnits: the probabilistic rounding
 // error of an n-term sum plus the few roundings around it (rule.h).
 double sum_units(double n);
@@ -87,6 +116,7 @@ class CosineRows {
   struct Impl;
 
  private:
+  double unscaled_units(const Pairs& pairs) const;
   std::unique_ptr<Impl> impl;
 };
 

@@ -25,8 +25,8 @@
 #ifndef QKNORM_ATTENTION_H_
 #define QKNORM_ATTENTION_H_
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
