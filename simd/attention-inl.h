@@ -119,6 +119,22 @@
 // operation sequence of dP = dO . V (rows-inl.h DotChain), so dS = 0, dQ = 0
 // and dV = dO exactly.
 //
+// RoPE (issue 34; rope-inl.h): the q and k rows are rotated where they are
+// formed, generic sides in formulation-inl.h's pass, raw and unit-l2 rows
+// by LoadSide (x before the unit normalization under kBeforeNorm, u after
+// it under kAfterNorm); the table of cos and sin is built once per call
+// (PrepareSides). The core above only sees the rotated operands: S, P, dS
+// and dg = sum dS * C (C of the rotated rows) are unchanged in form. Their
+// gradients: the transpose R^T of the gradient of a raw row; for a unit-l2
+// row the normalization backward reads the operand as the GEMMs do, then
+// R^T, in either order. Exact for kBeforeNorm (u = x' / ||x'||, x' = R x,
+// dx = R^T J(x') g); for kAfterNorm the operand is R u and dx = J(x)^T R^T
+// g = (I - u u^T) R^T g / ||x|| = R^T (I - (R u)(R u)^T) g / ||x|| (R
+// orthogonal): the same normalization backward of R u (||x|| the same;
+// a clamped row's g / eps commutes too). The rotated rows' norms are no
+// longer within kUnitRowNorm (the rotation's f32 roundings), so the fixed
+// shift's bound computes them (UnitRows).
+//
 // Error: per element the forward's error is that of an f32 dot product of
 // length head_dim (the logit, amplified by |g| in P) and an f32 weighted sum
 // of length kv_len, plus 1 ULP per exp; the backward likewise. Unit
@@ -521,6 +537,14 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
   sd.k_info = ws.k_info.Get(static_cast<size_t>(s.BHk * s.Nk));
   sd.q_stats = ws.q_stats.Get(static_cast<size_t>(s.BH * s.Nq));
   sd.k_stats = ws.k_stats.Get(static_cast<size_t>(s.BHk * s.Nk));
+  // RoPE: one table of cos and sin per call, shared by both sides (their
+  // positions overlap: rope-inl.h).
+  if (has_rope(p)) {
+    float* table = ws.rope.Get(RopeTableFloats(p));
+    BuildRopeTable(p, table);
+    sd.q.rope = MakeRopeSide(p, 0, sd.q.mode == SideMode::kRaw, table);
+    sd.k.rope = MakeRopeSide(p, 1, sd.k.mode == SideMode::kRaw, table);
+  }
   const bool q_here = !generic_only || sd.q.mode == SideMode::kGeneric;
   const bool k_here = !generic_only || sd.k.mode == SideMode::kGeneric;
   const int64_t tq = q_here ? sd.q.prep_tasks() : 0;
@@ -543,8 +567,21 @@ HWY_INLINE void LoadSide(const SideSpec& sp, const ConstTensor4& x, int64_t b,
   for (size_t t = 0; t < rows; ++t)
     LoadRow<P>(RowPtr<P>(x, b, h, static_cast<int64_t>(n0 + t)),
                static_cast<size_t>(s.D), dst + t * s.Dp, s.Dp);
+  // RoPE (rope-inl.h) while the rows are in L1: x before the unit
+  // normalization (kBeforeNorm, raw rows), u after it (kAfterNorm).
+  const bool rope = sp.rope.on();
+  const int64_t n = static_cast<int64_t>(n0);
+  if (rope && sp.rope.before) RotateRows<false>(sp.rope, n, rows, dst, s.Dp);
   if (sp.mode == SideMode::kUnitL2)
     NormalizeRows(dst, s.Dp, rows, s.Dp, s.eps, info);
+  if (rope && !sp.rope.before) RotateRows<false>(sp.rope, n, rows, dst, s.Dp);
+}
+
+// A side's rows are unit l2 rows as the GEMM reads them (their norms within
+// kUnitRowNorm): not once RoPE has rotated them in f32 (its roundings may
+// lengthen a row by a few u), whose norms the bound then computes.
+HWY_INLINE bool UnitRows(const SideSpec& sp) {
+  return sp.mode == SideMode::kUnitL2 && !sp.rope.on();
 }
 
 // ------------------------------------------------------------------ forward
@@ -639,9 +676,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                     info);
       // The k rows as the GEMM reads them: the running norm bound.
       for (size_t t = 0; bound && t < kPackRows && j0 + t < Nk; ++t) {
-        const double r2 = sd.k.mode == SideMode::kUnitL2
-                              ? kUnitRowNorm * kUnitRowNorm
-                              : SumSquaresF64(stage + t * Dp, Dp);
+        const double r2 = UnitRows(sd.k) ? kUnitRowNorm * kUnitRowNorm
+                                         : SumSquaresF64(stage + t * Dp, Dp);
         if (window) {
           knb[j0 + t] = std::isnan(r2) ? std::numeric_limits<double>::infinity()
                                        : std::sqrt(r2);
@@ -702,7 +738,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       shift[r] = kOnlineRow;
       if (bound && L[r] > F[r]) {
         const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
-        const double qn = sd.q.mode == SideMode::kUnitL2
+        const double qn = UnitRows(sd.q)
                               ? kUnitRowNorm
                               : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
         const float B = LogitBound(bf, qn, window ? k_max[r] : k_norm[last]);
@@ -1147,6 +1183,11 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
       if (sd.k.mode == SideMode::kUnitL2)
         NormalizeRowsBackward(khb + j0 * Dp, Dp, sd.k_info + bk * Nk + j0,
                               s.eps, dK, Dp, kc, Dp);
+      // RoPE of a raw or unit-l2 side: the transpose of the gradient,
+      // after the unit normalization backward in either order (top of
+      // file, "RoPE").
+      if (sd.k.rope.on() && sd.k.mode != SideMode::kGeneric)
+        RotateRows<true>(sd.k.rope, static_cast<int64_t>(j0), kc, dK, Dp);
       for (size_t jj = 0; jj < kc; ++jj) {
         const size_t j = j0 + jj;
         float* dkr = dK + jj * Dp;
@@ -1189,6 +1230,8 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
       NormalizeRowsBackward(qh + (bh * Nq + i0) * Dp, Dp,
                             sd.q_info + bh * Nq + i0, s.eps, rows, Dp, i1 - i0,
                             Dp);
+    if (sd.q.rope.on())  // raw or unit l2 (top of file, "RoPE")
+      RotateRows<true>(sd.q.rope, static_cast<int64_t>(i0), i1 - i0, rows, Dp);
     for (size_t i = i0; i < i1; ++i)
       StoreRow<P>(rows + (i - i0) * Dp, static_cast<size_t>(s.D),
                   RowPtr<P>(a.dq, b, h, static_cast<int64_t>(i)));

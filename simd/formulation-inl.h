@@ -24,6 +24,13 @@
 // bf16/f16 storage (Qwen3) x_hat is rounded to f32, then to storage (RNE),
 // and x_tilde = RN_f32(x_hat_s * w) as the model computes it.
 //
+// RoPE (issue 34; rope-inl.h) is fused into this pass: each segment (one
+// head's D values) of a row is rotated in place, before the statistics
+// when the side rotates x (kBeforeNorm, raw sides), after x_tilde is
+// written otherwise; the backward applies the transpose to the gradient
+// before the normalization backward (after-norm) or to its result
+// (before-norm, whose normalization backward reads the rotated x).
+//
 // Backward, per row, in f64 from the recomputed x_hat (the unrounded one; a
 // cast is the identity for the gradient): du = dx_tilde * w,
 //   dx = (du - a - x_hat c) * inv,  a = mean(du) (layer) else 0,
@@ -49,6 +56,7 @@
 #include "hwy/highway.h"
 #include "qknorm/attention.h"
 #include "simd/convert-inl.h"
+#include "simd/rope-inl.h"
 #include "simd/rows-inl.h"
 #include "simd/workspace.h"
 
@@ -75,6 +83,9 @@ struct SideSpec {
   const double* gw = nullptr;
   const double* gb = nullptr;
   int64_t nblk = 1;  // row blocks per row group
+  // RoPE (rope-inl.h): set by the attention kernels' PrepareSides after
+  // MakeSide; rotates each segment (one head's D values) of a row.
+  RopeSide rope;
   int64_t nseg() const { return all_heads ? Hx : 1; }
   int64_t groups() const { return all_heads ? B : B * Hx; }
   int64_t tasks() const {
@@ -302,6 +313,16 @@ HWY_INLINE void LoadSegments(const SideSpec& sp, const ConstTensor4& x,
                dst + static_cast<size_t>(s) * stride, sp.Dp);
 }
 
+// RoPE of the row n's segments (segment s at x + s * stride); kInverse:
+// the transpose.
+template <bool kInverse>
+HWY_INLINE void RotateSegments(const SideSpec& sp, int64_t n, float* x,
+                               size_t stride) {
+  const float* tr = sp.rope.Row(n);
+  for (int64_t s = 0; s < sp.nseg(); ++s)
+    RotateRow<kInverse>(sp.rope, tr, x + static_cast<size_t>(s) * stride);
+}
+
 // Forward preparation of task `task` (< sp.prep_tasks()): rows of x into
 // the dense padded [B * H_x][N][Dp] f32 buffer xt as x_tilde, with their
 // statistics (unit l2: info; generic: st), both indexed group * N + n.
@@ -313,6 +334,8 @@ void PrepSideTask(const SideSpec& sp, const ConstTensor4& x, int64_t task,
                      size_t stride) {
                    float* row = xt + off;
                    LoadSegments<P>(sp, x, b, h, n, row, stride);
+                   if (sp.rope.on() && sp.rope.before)
+                     RotateSegments<false>(sp, n, row, stride);
                    if (sp.mode == SideMode::kUnitL2) {
                      info[r] = NormalizeRow(row, sp.Dp,
                                             static_cast<float>(sp.eps_l2));
@@ -320,6 +343,10 @@ void PrepSideTask(const SideSpec& sp, const ConstTensor4& x, int64_t task,
                      st[r] = ComputeStat(sp, row, stride);
                      WriteTilde<P>(sp, st[r], row, stride, h);
                    }
+                   // After the normalization: x_tilde rotated while the
+                   // row is in L1 (fused with the pass that wrote it).
+                   if (sp.rope.on() && !sp.rope.before)
+                     RotateSegments<false>(sp, n, row, stride);
                  });
 }
 
@@ -408,7 +435,21 @@ void BackSideTask(const SideSpec& sp, const ConstTensor4& x,
                      size_t stride) {
                    LoadSegments<P>(sp, x, b, h, n, xrow, sp.Dp);
                    float* d = dxt + off;
+                   // RoPE: dxt is the gradient of the rotated operand. After
+                   // the normalization, the transpose first (then the
+                   // normalization backward of the unrotated x_tilde);
+                   // before it, the normalization backward reads the
+                   // rotated x (as the forward normalized it) and its
+                   // result goes through the transpose.
+                   if (sp.rope.on()) {
+                     if (sp.rope.before)
+                       RotateSegments<false>(sp, n, xrow, sp.Dp);
+                     else
+                       RotateSegments<true>(sp, n, d, stride);
+                   }
                    RowBackward<P>(sp, st[r], xrow, xr, d, stride, h, dw, db);
+                   if (sp.rope.on() && sp.rope.before)
+                     RotateSegments<true>(sp, n, d, stride);
                    for (int64_t s = 0; s < sp.nseg(); ++s)
                      StoreRow<P>(d + static_cast<size_t>(s) * stride,
                                  static_cast<size_t>(sp.D),

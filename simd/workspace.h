@@ -90,6 +90,8 @@ class SimdWorkspace final : public Workspace {
   GrowBuffer<float> dkt, row_scratch;
   GrowBuffer<RowStat> q_stats, k_stats;
   GrowBuffer<double> params, param_partials;
+  // RoPE (issue 34; rope-inl.h): the call's cos and sin table.
+  GrowBuffer<float> rope;
 
  private:
   std::unique_ptr<ThreadPool> pool_;
