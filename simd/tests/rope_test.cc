@@ -11,9 +11,9 @@
 // for one and two threads.
 //
 // The comparison is normwise per field: err = max_i |simd_i - ref_i| /
-// max_i |ref_i| (tolerances below). The verdict's componentwise judgement
-// of RoPE (validation/rule.h) is not part of this test: RoPE's rule terms
-// had not landed in validation/ when it was written.
+// max_i |ref_i| (tolerances below). Then the project's verdict on the same
+// problems (EveryProblemPassesTheVerdict): validation/rule.h's RoPE terms
+// against the long-double oracle.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +29,7 @@
 #include "qknorm/precision.h"
 #include "reference/reference.h"
 #include "simd/tests/test_util.h"
+#include "validation/check.h"
 #include "validation/run.h"
 
 namespace qknorm::simd::testing {
@@ -291,6 +292,36 @@ TEST_P(SimdRope, ThreadsOneAndTwoAgreeBitwise) {
     const auto two = validation::run_attention(entry, c, ExecConfig{2});
     ExpectSame(one, two, entry.name() + " " + rc.what + " threads 1 vs 2");
   }
+}
+
+// The project's verdict (validation::check_attention: the componentwise
+// rule of validation/rule.h, RoPE's terms included, against the
+// long-double oracle, which rotates exactly) on every RoPE problem above
+// and three input classes: every field PASSes. The worst margin is printed.
+TEST_P(SimdRope, EveryProblemPassesTheVerdict) {
+  const Backend& entry = *GetParam();
+  double worst = 0;
+  std::string worst_at;
+  int judged = 0;
+  uint64_t seed = 3500;
+  for (const RopeCase& rc : RopeCases())
+    for (Distribution d : {Distribution::kGaussian, Distribution::kOutlierRows,
+                           Distribution::kZeroRows}) {
+      // The long problems on one input class (the oracle's cost).
+      if (rc.p.kv_len * rc.p.q_len > 2000 && d != Distribution::kGaussian)
+        continue;
+      AttentionCase c =
+          validation::make_attention_case(rc.p, d, seed++, entry.precision());
+      if (seed % 3 == 0) c.row_pad = 3;  // strided rows
+      const auto rep = validation::check_attention(entry, c, ExecConfig{2},
+                                                   false, /*with_naive=*/false);
+      EXPECT_TRUE(rep.pass)
+          << entry.name() << " " << rc.what << ": " << rep.failure_message();
+      if (rep.margin > worst) worst = rep.margin, worst_at = c.describe();
+      ++judged;
+    }
+  std::printf("%s RoPE verdict: %d cases, worst margin %.3f at %s\n",
+              entry.name().c_str(), judged, worst, worst_at.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Entries, SimdRope,
