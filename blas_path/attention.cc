@@ -618,6 +618,28 @@ bool general_path(const AttentionProblem& p) {
   return !is_paper_formulation(p);
 }
 
+// The general path's logit operands live in the dense x_tilde buffers
+// (phase A) and their gradients in dq_tilde / dk_tilde (phase C maps them
+// back): qknorm, and sdpa with RoPE (its rotated q and k).
+bool buffered(const AttentionProblem& p) {
+  return p.variant == Variant::kQKNorm || has_rope(p);
+}
+
+// RoPE's table: per side, per position n, per pair e, cos then sin of
+// pos(n) * inv_freq_e in double; q's positions first. Empty without RoPE.
+int64_t rope_pairs(const AttentionProblem& p) {
+  return has_rope(p) ? p.rope.rotary_dim / 2 : 0;
+}
+size_t rope_table_size(const AttentionProblem& p) {
+  return static_cast<size_t>((p.q_len + p.kv_len) * 2 * rope_pairs(p));
+}
+// Side `side`'s rows of the table.
+const double* rope_side(const AttentionProblem& p, const double* table,
+                        int side) {
+  if (!has_rope(p)) return nullptr;
+  return table + (side == 0 ? 0 : p.q_len * 2 * rope_pairs(p));
+}
+
 // Rows per chunk of phases A and C: at most kMaxChunks chunks per side, a
 // function of the shape only (never of the thread count).
 constexpr int64_t kMaxChunks = 64;
@@ -677,6 +699,7 @@ size_t workspace_bytes(const AttentionProblem& p, size_t elem_bytes,
   const auto ld = static_cast<size_t>(block_ld(p.kv_len));
   const bool qk = p.variant == Variant::kQKNorm;
   if (general_path(p)) {
+    const bool buf = buffered(p);
     // Per slot: the block buffers, the row statistics, the normalization
     // row; shared: x_tilde (and its gradient), the parameter partials and
     // the per-item dg.
@@ -685,9 +708,10 @@ size_t workspace_bytes(const AttentionProblem& p, size_t elem_bytes,
     const size_t slot_bytes =
         (backward ? 2 : 1) * bq * ld * elem_bytes +
         (bq +
-         (qk ? (backward ? 3 : 2) * static_cast<size_t>(max_row_len(p)) : 0)) *
+         (buf ? (backward ? 3 : 2) * static_cast<size_t>(max_row_len(p)) : 0)) *
             sizeof(double);
-    size_t shared = qk ? (nq + nk) * elem_bytes * (backward ? 2 : 1) : 0;
+    size_t shared = buf ? (nq + nk) * elem_bytes * (backward ? 2 : 1) : 0;
+    shared += rope_table_size(p) * sizeof(double);
     if (backward) {
       if (qk) shared += dparams_size(p) * sizeof(double);
       shared += static_cast<size_t>(p.batch * kv_heads_of(p)) * sizeof(double);
@@ -813,13 +837,6 @@ inline double weight_of(const AttentionProblem& p, const SideWeights& sw,
   return p.norm.one_plus_weight ? 1.0 + sw.w[pi] : sw.w[pi];
 }
 
-// x_hat * gamma (+ beta_d) rounded to T.
-template <class T>
-inline T weighted(double xh, double gamma, const double* beta, int64_t d) {
-  const double t = xh * gamma;
-  return static_cast<T>(beta ? t + beta[d] : t);
-}
-
 // Gathers row r of x (its exact double images) into xr.
 template <class T>
 void gather_row(const ConstTensor4& x, const NormRows& sh, int64_t r,
@@ -832,76 +849,147 @@ void gather_row(const ConstTensor4& x, const NormRows& sh, int64_t r,
   }
 }
 
+// RoPE's rotation (or its transpose) of every head segment of a gathered
+// normalization row r (its position's row of the side's table cs).
+void rope_row(const AttentionProblem& p, const NormRows& sh, const double* cs,
+              int64_t r, bool inverse, double* row) {
+  const double* at = cs + (r % sh.N) * 2 * rope_pairs(p);
+  for (int64_t s = 0; s < sh.len() / sh.D; ++s)
+    rope_rotate_row(p.rope, at, inverse, row + s * sh.D);
+}
+// Where RoPE acts: on the raw rows (before the normalization, and sdpa) or
+// on x_tilde (after it).
+bool rope_on_input(const AttentionProblem& p) {
+  return has_rope(p) && (p.variant != Variant::kQKNorm ||
+                         p.rope.order == RopeOrder::kBeforeNorm);
+}
+bool rope_on_output(const AttentionProblem& p) {
+  return has_rope(p) && p.variant == Variant::kQKNorm &&
+         p.rope.order == RopeOrder::kAfterNorm;
+}
+
+// Writes row r's L doubles, rounded to T, to the dense xt.
+template <class T>
+void store_dense(const NormRows& sh, int64_t r, const double* row, T* xt) {
+  const int64_t D = sh.D, segs = sh.len() / D;
+  for (int64_t s = 0; s < segs; ++s) {
+    T* dst = xt + sh.at(r, s * D);
+    const double* src = row + s * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(src[d]);
+  }
+}
+
 // Phase A for rows [r0, r1) of one side: x_tilde = x_hat * w + beta in
-// double, rounded to T once, into the dense xt. row: 2 len() doubles.
+// double (RoPE: rotated, see rope_row), rounded to T once, into the dense
+// xt. sdpa (with RoPE only): the rotated x. row: 2 len() doubles; cs: the
+// side's RoPE table (null without RoPE).
 template <class T>
 void normalize_side(const AttentionProblem& p, int side, const ConstTensor4& x,
-                    const NormParams& prm, int64_t r0, int64_t r1, T* xt,
-                    double* row) {
+                    const NormParams& prm, const double* cs, int64_t r0,
+                    int64_t r1, T* xt, double* row) {
   const NormRows sh = norm_rows(p, side);
   const int64_t L = sh.len(), D = sh.D, segs = L / D;
-  const SideWeights sw = side_weights(p, side, prm);
+  const bool qk = p.variant == Variant::kQKNorm;
+  const bool rope_in = rope_on_input(p), rope_out = rope_on_output(p);
+  const SideWeights sw = qk ? side_weights(p, side, prm) : SideWeights{};
   double *xr = row, *xh = row + L;
   for (int64_t r = r0; r < r1; ++r) {
     gather_row<T>(x, sh, r, xr);
+    if (rope_in) rope_row(p, sh, cs, r, false, xr);
+    if (!qk) {
+      store_dense(sh, r, xr, xt);
+      continue;
+    }
     formulation_row(p.norm.kind, xr, L, p.eps, xh);
-    for (int64_t s = 0; s < segs; ++s) {
-      T* dst = xt + sh.at(r, s * D);
-      const double* hs = xh + s * D;
-      if (!sw.w) {
-        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(hs[d]);
-        continue;
-      }
+    // x_tilde in double into xr (the gathered row is no longer needed).
+    for (int64_t s = 0; s < segs && sw.w; ++s) {
       const int64_t p0 = sh.param(r, s * D, p.norm.weight);
       const double* w = sw.w + p0;
       const double* beta = sw.bias ? sw.bias + p0 : nullptr;
-      if (p.norm.one_plus_weight)
-        for (int64_t d = 0; d < D; ++d)
-          dst[d] = weighted<T>(hs[d], 1 + w[d], beta, d);
-      else
-        for (int64_t d = 0; d < D; ++d)
-          dst[d] = weighted<T>(hs[d], w[d], beta, d);
+      const double* hs = xh + s * D;
+      double* ts = xr + s * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const double t = hs[d] * (p.norm.one_plus_weight ? 1 + w[d] : w[d]);
+        ts[d] = beta ? t + beta[d] : t;
+      }
     }
+    double* xtr = sw.w ? xr : xh;
+    if (rope_out) rope_row(p, sh, cs, r, false, xtr);
+    store_dense(sh, r, xtr, xt);
   }
 }
 
 // Phase C for rows [r0, r1) of one side: dx from dx_tilde (dense dxt), and
 // the rows' parameter gradients added into gw / gb (zeroed by the caller;
-// null when the side has none). row: 3 len() doubles.
+// null when the side has none). RoPE: the transpose rotation on the
+// gradient of the rotated operand (rope_row). row: 3 len() doubles.
 template <class T>
 void backward_side(const AttentionProblem& p, int side, const ConstTensor4& x,
-                   const NormParams& prm, const T* dxt, const MutTensor4& dx,
-                   int64_t r0, int64_t r1, double* row, double* gw,
-                   double* gb) {
+                   const NormParams& prm, const double* cs, const T* dxt,
+                   const MutTensor4& dx, int64_t r0, int64_t r1, double* row,
+                   double* gw, double* gb) {
   const NormRows sh = norm_rows(p, side);
   const int64_t L = sh.len(), D = sh.D, segs = L / D;
-  const SideWeights sw = side_weights(p, side, prm);
+  const bool qk = p.variant == Variant::kQKNorm;
+  const bool rope_in = rope_on_input(p), rope_out = rope_on_output(p);
+  const SideWeights sw = qk ? side_weights(p, side, prm) : SideWeights{};
   double *xr = row, *xh = row + L, *du = row + 2 * L;
   for (int64_t r = r0; r < r1; ++r) {
-    gather_row<T>(x, sh, r, xr);
-    const FormRow st = formulation_row(p.norm.kind, xr, L, p.eps, xh);
     for (int64_t s = 0; s < segs; ++s) {
       const T* g = dxt + sh.at(r, s * D);
-      double* dus = du + s * D;
-      if (!sw.w) {
-        for (int64_t d = 0; d < D; ++d) dus[d] = static_cast<double>(g[d]);
-        continue;
-      }
-      const int64_t p0 = sh.param(r, s * D, p.norm.weight);
-      const double* hs = xh + s * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const double t = static_cast<double>(g[d]);
-        gw[p0 + d] += t * hs[d];
-        if (gb) gb[p0 + d] += t;
-        dus[d] = t * weight_of(p, sw, p0 + d);
-      }
+      for (int64_t d = 0; d < D; ++d) du[s * D + d] = static_cast<double>(g[d]);
     }
-    formulation_row_backward(p.norm.kind, xh, st, p.eps, L, du);
+    if (rope_out) rope_row(p, sh, cs, r, true, du);
+    if (qk) {
+      gather_row<T>(x, sh, r, xr);
+      if (rope_in) rope_row(p, sh, cs, r, false, xr);
+      const FormRow st = formulation_row(p.norm.kind, xr, L, p.eps, xh);
+      for (int64_t s = 0; s < segs && sw.w; ++s) {
+        const int64_t p0 = sh.param(r, s * D, p.norm.weight);
+        const double* hs = xh + s * D;
+        double* dus = du + s * D;
+        for (int64_t d = 0; d < D; ++d) {
+          const double t = dus[d];
+          gw[p0 + d] += t * hs[d];
+          if (gb) gb[p0 + d] += t;
+          dus[d] = t * weight_of(p, sw, p0 + d);
+        }
+      }
+      formulation_row_backward(p.norm.kind, xh, st, p.eps, L, du);
+    }
+    if (rope_in) rope_row(p, sh, cs, r, true, du);
     for (int64_t s = 0; s < segs; ++s) {
       T* dst = row_segment(static_cast<T*>(dx.data), dx.layout, sh, r, s);
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(du[s * D + d]);
     }
   }
+}
+
+// Fills RoPE's table (rope_side) on the pool: chunks of positions of both
+// sides. Each entry is std::cos / std::sin of double(pos) * inv_freq_e
+// (rope_inv_freq<double>), whatever T.
+template <class T>
+void fill_rope_table(const AttentionProblem& p, BlasWorkspace<T>& ws,
+                     int threads) {
+  if (!has_rope(p)) return;
+  const int64_t P = rope_pairs(p);
+  double* table = ws.rope.get(rope_table_size(p));
+  const int64_t cq = chunk_count(p.q_len), ck = chunk_count(p.kv_len);
+  auto item = [&](int64_t c, int) {
+    const int side = c < cq ? 0 : 1;
+    const int64_t N = side == 0 ? p.q_len : p.kv_len, cr = chunk_rows(N),
+                  cc = side == 0 ? c : c - cq;
+    double* cs = table + (side == 0 ? 0 : p.q_len * 2 * P);
+    for (int64_t e = 0; e < P; ++e) {
+      const double inv = rope_inv_freq<double>(p.rope, e);
+      for (int64_t n = cc * cr; n < std::min(N, (cc + 1) * cr); ++n) {
+        const double t = static_cast<double>(rope_position(p, side, n)) * inv;
+        cs[(n * P + e) * 2] = std::cos(t);
+        cs[(n * P + e) * 2 + 1] = std::sin(t);
+      }
+    }
+  };
+  ws.pool.run(threads, cq + ck, item);
 }
 
 // Sizes the general path's scratch (every slot and the shared buffers)
@@ -912,46 +1000,52 @@ void reserve_general(BlasWorkspace<T>& ws, const AttentionProblem& p,
   const auto bq =
       static_cast<size_t>(std::min(query_block(p.kv_len, sizeof(T)), p.q_len));
   const auto ld = static_cast<size_t>(block_ld(p.kv_len));
-  const bool qk = p.variant == Variant::kQKNorm;
+  const bool buf = buffered(p);
   for (int i = 0; i < threads; ++i) {
     Scratch<T>& s = ws.slot(static_cast<size_t>(i));
     s.blk0.get(bq * ld);
     s.row0.get(bq);
     if (backward) s.blk1.get(bq * ld);
-    if (qk)
+    if (buf)
       s.frow.get(static_cast<size_t>((backward ? 3 : 2) * max_row_len(p)));
   }
   const auto nq = static_cast<size_t>(p.batch * p.heads * p.q_len * p.head_dim),
              nk = static_cast<size_t>(p.batch * kv_heads_of(p) * p.kv_len *
                                       p.head_dim);
-  if (qk) {
+  if (buf) {
     ws.qt.get(nq), ws.kt.get(nk);
-    if (backward)
-      ws.dqt.get(nq), ws.dkt.get(nk), ws.dparams.get(dparams_size(p));
+    if (backward) ws.dqt.get(nq), ws.dkt.get(nk);
   }
+  if (backward && p.variant == Variant::kQKNorm)
+    ws.dparams.get(dparams_size(p));
+  if (has_rope(p)) ws.rope.get(rope_table_size(p));
   if (backward) ws.dg_items.get(static_cast<size_t>(p.batch * kv_heads_of(p)));
 }
 
 // The logit operands of query head h (kv head hk): the dense x_tilde
-// buffers for qknorm, the inputs in place for sdpa.
+// buffers for qknorm and for sdpa with RoPE, else the inputs in place.
 template <class T>
 Operands<T> general_operands(const AttentionProblem& p, const ConstTensor4& q,
                              const ConstTensor4& k, const T* qt, const T* kt,
                              int64_t b, int64_t h, int64_t hk) {
   const int64_t D = p.head_dim;
-  if (p.variant != Variant::kQKNorm)
+  if (!buffered(p))
     return {head_ptr<T>(q, b, h), blas_ld(q.layout, p.q_len, D),
             head_ptr<T>(k, b, hk), blas_ld(k.layout, p.kv_len, D)};
   return {qt + (b * p.heads + h) * p.q_len * D, D,
           kt + (b * kv_heads_of(p) + hk) * p.kv_len * D, D};
 }
 
-// Phase A: both sides' x_tilde (qknorm only).
+// Phase A: both sides' x_tilde (qknorm; sdpa: rotated with RoPE, else
+// nothing), after RoPE's table.
 template <class T>
 void normalize_all(const AttentionProblem& p, const ConstTensor4& q,
                    const ConstTensor4& k, const NormParams& prm,
                    BlasWorkspace<T>& ws, int threads) {
-  if (p.variant != Variant::kQKNorm) return;
+  if (!buffered(p)) return;
+  fill_rope_table(p, ws, threads);
+  const double* table = ws.rope.get(0);
+  const double *csq = rope_side(p, table, 0), *csk = rope_side(p, table, 1);
   const int64_t rq = norm_rows(p, 0).rows(), rk = norm_rows(p, 1).rows();
   const int64_t cq = chunk_count(rq), ck = chunk_count(rk);
   const int64_t crq = chunk_rows(rq), crk = chunk_rows(rk);
@@ -960,10 +1054,10 @@ void normalize_all(const AttentionProblem& p, const ConstTensor4& q,
   auto item = [&](int64_t c, int slot) {
     double* row = ws.slot(static_cast<size_t>(slot)).frow.get(0);
     if (c < cq)
-      normalize_side<T>(p, 0, q, prm, c * crq, std::min(rq, (c + 1) * crq), qt,
-                        row);
+      normalize_side<T>(p, 0, q, prm, csq, c * crq, std::min(rq, (c + 1) * crq),
+                        qt, row);
     else
-      normalize_side<T>(p, 1, k, prm, (c - cq) * crk,
+      normalize_side<T>(p, 1, k, prm, csk, (c - cq) * crk,
                         std::min(rk, (c - cq + 1) * crk), kt, row);
   };
   ws.pool.run(threads, cq + ck, item);
@@ -999,7 +1093,7 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
   reserve_general(ws, p, true, threads);
   const int saved = openblas_get_num_threads();
   if (saved != 1) openblas_set_num_threads(1);
-  const bool qk = p.variant == Variant::kQKNorm;
+  const bool qk = p.variant == Variant::kQKNorm, buf = buffered(p);
   normalize_all(p, a.q, a.k, a.params, ws, threads);
   const int64_t Hk = kv_heads_of(p), group = p.heads / Hk, D = p.head_dim,
                 Nq = p.q_len, Nk = p.kv_len;
@@ -1014,17 +1108,17 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
     const int64_t b = i / Hk, hk = i % Hk;
     T* dv = head_ptr<T>(a.dv, b, hk);
     const int64_t rsdv = blas_ld(a.dv.layout, Nk, D);
-    T* dkacc = qk ? dkt + i * Nk * D : head_ptr<T>(a.dk, b, hk);
-    const int64_t lddk = qk ? D : blas_ld(a.dk.layout, Nk, D);
+    T* dkacc = buf ? dkt + i * Nk * D : head_ptr<T>(a.dk, b, hk);
+    const int64_t lddk = buf ? D : blas_ld(a.dk.layout, Nk, D);
     int64_t written = 0;  // keys of dkacc and dv holding sums (key_beta)
     double dg = 0;
     for (int64_t t = 0; t < group; ++t) {
       const int64_t h = hk * group + t;
       const Operands<T> op = general_operands(p, a.q, a.k, qt, kt, b, h, hk);
       DirectSink<T> sink =
-          qk ? DirectSink<T>{dqt + (b * p.heads + h) * Nq * D, D, D}
-             : DirectSink<T>{head_ptr<T>(a.dq, b, h),
-                             blas_ld(a.dq.layout, Nq, D), D};
+          buf ? DirectSink<T>{dqt + (b * p.heads + h) * Nq * D, D, D}
+              : DirectSink<T>{head_ptr<T>(a.dq, b, h),
+                              blas_ld(a.dq.layout, Nq, D), D};
       dg += backward_core(p, a, b, h, hk, op, dkacc, lddk, dv, rsdv, &written,
                           s, sink);
     }
@@ -1037,8 +1131,9 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
   double dg = 0;
   for (int64_t i = 0; i < p.batch * Hk; ++i) dg += dg_items[i];
   *a.dg = qk && !p.fixed_scale ? dg : 0.0;
-  if (qk) {
+  if (buf) {
     // Phase C.
+    const double* table = ws.rope.get(0);
     const int64_t rq = norm_rows(p, 0).rows(), rk = norm_rows(p, 1).rows();
     const int64_t cq = chunk_count(rq), ck = chunk_count(rk);
     const int64_t crq = chunk_rows(rq), crk = chunk_rows(rk);
@@ -1055,7 +1150,8 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
       double* gb = gw && p.norm.bias ? gw + np : nullptr;
       if (gw) std::fill(gw, gw + g, 0.0);
       backward_side<T>(p, kside ? 1 : 0, kside ? a.k : a.q, a.params,
-                       kside ? dkt : dqt, kside ? a.dk : a.dq, cc * cr,
+                       rope_side(p, table, kside ? 1 : 0), kside ? dkt : dqt,
+                       kside ? a.dk : a.dq, cc * cr,
                        std::min(rows, (cc + 1) * cr), row, gw, gb);
     };
     ws.pool.run(threads, cq + ck, chunk);

@@ -43,9 +43,19 @@
 //      gradients (dw += dx_tilde x_hat, dbeta += dx_tilde) into its own
 //      partial, and the partials are added in chunk order, q's then k's (a
 //      shared weight's gradient sums both). Chunks depend on the shape only.
-//   dg is 0 for a fixed scale. Measured (tools/blas_timing.cc, f32, H = 8,
-//   D = 64, one thread, no GQA): qwen3 / olmo2 / chameleon forward and
-//   backward at 0.58-0.87 of the paper path's speed at n = 128, 0.84-0.92
+//   dg is 0 for a fixed scale.
+//   RoPE (issue 34) takes this path too: the cos and sin of every (position,
+//   pair) are tabulated once per call in double (std::cos / std::sin of
+//   pos * inv_freq_e in double); phase A rotates each head's D values of the
+//   row in double before the single rounding to T: x_tilde after the
+//   normalization, the raw x before it (the row then normalized), the raw
+//   q and k for sdpa (which then also goes through the dense buffers);
+//   phase C applies the transpose rotation to the gradient of the rotated
+//   operand (after: dx_tilde before the weight and normalization backward;
+//   before: the normalization backward's result, computed on the rotated
+//   x; sdpa: dq_tilde, dk_tilde -> dq, dk). Measured (tools/blas_timing.cc,
+//   f32, H = 8, D = 64, one thread, no GQA): qwen3 / olmo2 / chameleon forward
+//   and backward at 0.58-0.87 of the paper path's speed at n = 128, 0.84-0.92
 //   at n = 512, 0.93-0.99 at n = 2048 (the extra O(n D) passes: the
 //   double gather, the recomputed x_hat, the dense copies).
 // GEMMs run single-threaded in OpenBLAS; (batch, head) items run in parallel
@@ -100,7 +110,9 @@
 //   above and (qknorm) 2 (forward) or 3 (backward) normalization rows of
 //   doubles; shared, (qknorm) q_tilde and k_tilde ((B H Nq + B Hk Nk) D),
 //   backward also their gradients (as much again) and the parameter
-//   partials (chunks x parameters), and B Hk doubles (per-item dg).
+//   partials (chunks x parameters), and B Hk doubles (per-item dg); with
+//   RoPE also the table, (Nq + Nk) rotary_dim doubles, and for sdpa the
+//   dense buffers of qknorm (its rotated q and k, and their gradients).
 //   Example, f32, qknorm, Nq = Nk = 2048, D = 64 (query_block = 256), per
 //   slot: forward 3.0 MiB, forward + backward 5.6 MiB, against 16 MiB for one
 //   dense n x n f32 matrix (128 MiB for all 8 heads).
@@ -170,6 +182,9 @@ class BlasWorkspace final : public Workspace {
   // [B,H,Nq,D] and [B,Hk,Nk,D]) and the per-chunk parameter-gradient sums.
   Buffer<T> qt, kt, dqt, dkt;
   Buffer<double> dparams;
+  // RoPE: cos and sin of every (position, pair), q's rows then k's
+  // (rope_table in attention.cc).
+  Buffer<double> rope;
   WorkerPool pool;
   Scratch<T>& slot(size_t s) {
     while (slots.size() <= s) slots.push_back(std::make_unique<Scratch<T>>());
@@ -179,7 +194,7 @@ class BlasWorkspace final : public Workspace {
   // thread stacks are not counted).
   size_t bytes() const {
     size_t b = dg_items.bytes() + qt.bytes() + kt.bytes() + dqt.bytes() +
-               dkt.bytes() + dparams.bytes();
+               dkt.bytes() + dparams.bytes() + rope.bytes();
     for (const auto& s : slots) b += s->bytes();
     return b;
   }

@@ -20,11 +20,9 @@ class BlasBackend final : public Backend {
 
   // Every formulation (issue 16: normalization kind and axis, weights,
   // biases, fixed or learned scale), GQA, the logit softcap and the sliding
-  // window, forward and backward.
-  // RoPE (issue 34) not yet.
-  bool supports(const AttentionProblem& p) const override {
-    return !has_rope(p);
-  }
+  // window and RoPE (issue 34; computed in double, neither angle_f32 nor
+  // cos_sin_storage claimed), forward and backward.
+  bool supports(const AttentionProblem&) const override { return true; }
   // Query blocks of query_block() rows; rows padded to multiples of 16;
   // under a causal mask or a window, staircase (band) tiles of
   // kCausalTileRows rows in each block (attention.h, Masks).

@@ -380,6 +380,18 @@ QKNORM_BLAS_CLONES void formulation_row_backward(NormKind kind,
                                                  double* du) {
   formulation_backward_impl(kind, xh, st, eps, n, du);
 }
+void rope_rotate_row(const Rope& r, const double* cs, bool inverse, double* x) {
+  const int64_t pairs = r.rotary_dim / 2;
+  const double sign = inverse ? -1.0 : 1.0;
+  for (int64_t e = 0; e < pairs; ++e) {
+    const RopePair pr = rope_pair(r, e);
+    const double c = cs[2 * e], s = sign * cs[2 * e + 1];
+    const double xa = x[pr.a], xb = x[pr.b];
+    x[pr.a] = xa * c - xb * s;
+    x[pr.b] = xb * c + xa * s;
+  }
+}
+
 QKNORM_BLAS_CLONES double dot_double(const float* a, const float* b,
                                      int64_t n) {
   return dot_impl(a, b, n);

@@ -111,6 +111,13 @@ FormRow formulation_row(NormKind kind, const double* x, int64_t n, double eps,
 void formulation_row_backward(NormKind kind, const double* xh, FormRow st,
                               double eps, int64_t n, double* du);
 
+// RoPE (issue 34, attention.h Rope) of one head's D values x (in place, in
+// double): pair e of the rotation's first rotary_dim dims turned by the
+// angle whose cosine and sine are cs[2e], cs[2e + 1] (one position's row of
+// the table), or by its negative (the transpose) when `inverse`:
+//   y_a = x_a c -+ x_b s,   y_b = x_b c +- x_a s.
+void rope_rotate_row(const Rope& r, const double* cs, bool inverse, double* x);
+
 // sum_i a_i b_i in double (8 accumulators, fixed order).
 double dot_double(const float* a, const float* b, int64_t n);
 double dot_double(const double* a, const double* b, int64_t n);
