@@ -146,6 +146,12 @@ void add_common(CLI::App& app, Common& c) {
   app.add_option("--softcap", s.softcap,
                  "Logit softcap: S' = cap tanh(S / cap) before the mask "
                  "(Gemma 2: 50; 0: off). Entries without it are skipped");
+  app.add_option("--rope", s.rope,
+                 "RoPE of q and k (attention.h, Rope): DIM[,half|interleaved]"
+                 "[,after|before][,theta=X][,offset=N][,angle_f32]"
+                 "[,cos_sin_storage], e.g. 64,half,after,theta=1000000 "
+                 "(Qwen3). Entries without it are skipped")
+      ->type_name("SPEC");
   app.add_option("--scalenorm", s.scalenorm,
                  "ScaleNorm shape ROWSxDIM (repeatable): replaces the built-in "
                  "ScaleNorm cases (144x512 gaussian, 33x31 wide) by these "
@@ -371,6 +377,10 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
       throw Error("--sample", {},
                   "the sampled oracle does not take a logit softcap "
                   "(--softcap) yet; judge capped cases without --sample");
+    if (c.sample > 0 && !c.suite.rope.empty())
+      throw Error("--sample", {},
+                  "the sampled oracle does not take RoPE (--rope) yet; "
+                  "judge rotated cases without --sample");
     // Nor a sliding window (its pass takes visible keys as prefixes).
     for (const auto& sc : suite.attention)
       if (c.sample > 0 && has_window(sc.problem.mask))

@@ -252,6 +252,7 @@ void reject_attention_options(const SuiteOptions& s,
   no(!s.flags.empty(), "--norm-flags");
   no(s.scale != 0, "--scale");
   no(s.softcap != 0, "--softcap");
+  no(!s.rope.empty(), "--rope");
   if (!contract.is_default())
     throw Error(
         contract == ComputeContract::storage() ? "--compute" : "--contract", {},
@@ -392,6 +393,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
     apply_formulation(f, s.formulations.empty() ? "" : s.formulations[0], &p);
   }
   p.softcap = s.softcap;
+  if (!s.rope.empty()) p.rope = parse_rope(s.rope);
   if (s.g.size() > 1) throw Error("--g", {}, "compare takes one g");
   if (!s.g.empty()) {
     p.g = s.g[0];

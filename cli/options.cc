@@ -133,7 +133,7 @@ bool custom_suite(const SuiteOptions& o) {
          o.eps != kDefaultQKNormEps || !o.scalenorm.empty() ||
          !o.formulations.empty() || o.kv_heads != 0 || !o.norm.empty() ||
          !o.norm_axis.empty() || !o.weight.empty() || !o.flags.empty() ||
-         o.scale != 0 || o.softcap != 0;
+         o.scale != 0 || o.softcap != 0 || !o.rope.empty();
 }
 
 void apply_formulation(const SuiteOptions& o, const std::string& preset,
@@ -188,6 +188,7 @@ void apply_formulation(const SuiteOptions& o, const std::string& preset,
   }
   if (o.kv_heads != 0) p->kv_heads = o.kv_heads;
   if (o.softcap != 0) p->softcap = o.softcap;
+  if (!o.rope.empty()) p->rope = parse_rope(o.rope);
   validate_problem(*p);
 }
 

@@ -41,6 +41,7 @@ struct SuiteOptions {
                            // shared-qk-weight, round-before-weight
   double scale = 0;        // > 0 or < 0: fixed logit scale; 0: as preset
   double softcap = 0;      // > 0: logit softcap (attention.h); 0: off
+  std::string rope;        // --rope: RoPE (qknorm/formulation.h rope_spec)
   bool eps_given = false;  // --eps given: overrides the preset's eps
   uint64_t seed = 42;
   // --classes: only the cases of these input classes (validation/case.h

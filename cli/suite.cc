@@ -89,6 +89,26 @@ Suite default_suite(uint64_t seed) {
   sn.dim = 31;
   sn.g = scalenorm_g_init(sn.dim);
   s.scalenorm.push_back({sn, Distribution::kWideMagnitude, base + 1});
+  // RoPE (issue 34), seeded after ScaleNorm's (every earlier case keeps its
+  // seed): Qwen3 as Hugging Face runs it (theta 1e6, half-split over the
+  // whole head, after the norm, the angle and cos/sin rounded as its code
+  // does) at a prefill shape on an attention sink, and OLMo2's decode (3
+  // new queries against 700 cached keys at positions past 30000) on outlier
+  // rows.
+  auto rope = [&](const char* name, AttentionProblem p, const char* spec,
+                  Distribution dist, uint64_t k) {
+    p.kv_heads = 2;
+    apply_preset(name, &p);
+    p.rope = parse_rope(spec);
+    p.mask.causal = true;
+    s.attention.push_back({p, dist, base + 2 + k});
+  };
+  rope("qwen3", shape(1, 8, 64, 64, 128, 1),
+       "128,half,after,theta=1000000,angle_f32,cos_sin_storage",
+       Distribution::kSink, 0);
+  rope("olmo2", shape(2, 8, 3, 700, 128, 1),
+       "128,half,after,theta=500000,offset=30000", Distribution::kOutlierRows,
+       1);
   return s;
 }
 

@@ -86,6 +86,7 @@ std::string reproducer(const SweepOptions& o, const SuiteOptions& s, int64_t n,
   opt("--norm-flags", s.flags);
   if (s.scale != 0) opt("--scale", fmt::format("{:.17g}", s.scale));
   if (s.softcap != 0) opt("--softcap", fmt::format("{:.17g}", s.softcap));
+  if (!s.rope.empty()) opt("--rope", s.rope);
   return c + " --out tiles-repro";
 }
 
@@ -181,6 +182,10 @@ TileLengths lengths_of(const SweepOptions& o, const SuiteOptions& s,
     throw Error("--softcap", {},
                 "--over tiles judges with the sampled oracle, which does not "
                 "take a logit softcap yet");
+  if (!s.rope.empty())
+    throw Error("--rope", {},
+                "--over tiles judges with the sampled oracle, which does not "
+                "take RoPE yet");
   for (const std::string& m : s.masks)
     if (m.find("window:") != std::string::npos)
       throw Error("--mask", {},

@@ -20,7 +20,7 @@
 //   mode even with bits 2 and 6 set (0x44; no corpus file before issue 34
 //     has bit 6 with bit 2): VARIANT (issue 34). As FORMULATION, with a
 //     variant block after the formulation block (decode_variants below:
-//     the logit softcap and the sliding window).
+//     the logit softcap, the sliding window and RoPE).
 // flags: bit0 sdpa, bit1 causal, bit2 padding mask, bits3-4 row_pad,
 //   bit5 check bitwise determinism across thread counts (1 vs 2),
 //   bit6 add one key length too many (invalid), bit7 forward only.
@@ -150,7 +150,12 @@ void decode_formulation(ByteReader& r, AttentionProblem* p) {
 //     negative, subnormal, non-finite and out-of-f32 caps are invalid);
 //   bit 1: a sliding window follows, two int8 (left, right; -1 unbounded,
 //     below -1 invalid); bit 2 (with bit 1): the causal mask too, whatever
-//     flags bit 1 said.
+//     flags bit 1 said;
+//   bit 3: RoPE follows (attention.h, Rope): u8 rotary_dim (odd or above
+//     head_dim invalid), u8 flags (bit 0 interleaved, bit 1 before the
+//     normalization, bit 2 angle_f32, bit 3 cos_sin_storage, bit 4 the
+//     offset negative), u16 position offset, a scalar theta (default 1e4;
+//     <= 1 or non-finite invalid).
 void decode_variants(ByteReader& r, AttentionProblem* p) {
   const uint8_t v = r.u8();
   if (v & 1) p->softcap = r.scalar(5.0);
@@ -158,6 +163,18 @@ void decode_variants(ByteReader& r, AttentionProblem* p) {
     p->mask.window_left = static_cast<int8_t>(r.u8());
     p->mask.window_right = static_cast<int8_t>(r.u8());
     if (v & 4) p->mask.causal = true;
+  }
+  if (v & 8) {
+    Rope& rope = p->rope;
+    rope.rotary_dim = r.u8();
+    const uint8_t f = r.u8();
+    rope.pairing = f & 1 ? RopePairing::kInterleaved : RopePairing::kHalf;
+    rope.order = f & 2 ? RopeOrder::kBeforeNorm : RopeOrder::kAfterNorm;
+    rope.angle_f32 = (f & 4) != 0;
+    rope.cos_sin_storage = (f & 8) != 0;
+    rope.position_offset = r.u16();
+    if (f & 16) rope.position_offset = -rope.position_offset;
+    rope.theta = r.scalar(1e4);
   }
 }
 
@@ -202,6 +219,23 @@ bool problem_valid(const AttentionProblem& p) {
                            p.softcap >= std::numeric_limits<double>::min())))
     return false;
   if (p.mask.window_left < -1 || p.mask.window_right < -1) return false;
+  // RoPE: rotary_dim 0, or even and <= head_dim; theta finite > 1 (no
+  // table here); every position within +-2^24; before the normalization
+  // only l2, rms or none without weight or bias.
+  if (const Rope& r = p.rope; r.rotary_dim != 0) {
+    if (r.rotary_dim < 0 || r.rotary_dim % 2 != 0 || r.rotary_dim > p.head_dim)
+      return false;
+    if (!(std::isfinite(r.theta) && r.theta > 1)) return false;
+    const int64_t lim = int64_t{1} << 24;
+    const int64_t lo = std::min<int64_t>(0, p.kv_len - p.q_len);
+    if (std::abs(r.position_offset) > lim || lo + r.position_offset < -lim ||
+        p.kv_len - 1 + r.position_offset > lim)
+      return false;
+    if (r.order == RopeOrder::kBeforeNorm && p.variant == Variant::kQKNorm &&
+        (p.norm.kind == NormKind::kLayer ||
+         p.norm.weight != ParamShape::kNone || p.norm.bias))
+      return false;
+  }
   const auto& kl = p.mask.key_lengths;
   if (!kl.empty()) {
     if (static_cast<int64_t>(kl.size()) != p.batch) return false;

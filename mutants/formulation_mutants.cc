@@ -70,7 +70,49 @@ class FormulationKernel {
   AttentionProblem normalized_problem(const AttentionProblem& p) const {
     AttentionProblem q = p;
     if (on(Bug::kOlmo2NormPerHead)) q.norm.axis = NormAxis::kHead;
+    // The mutant: the norm skipped where RoPE is fused.
+    if (on(Bug::kRopeNormSkipped) && has_rope(p)) q.norm.kind = NormKind::kNone;
     return q;
+  }
+
+  // RoPE (attention.h, Rope) of this copy, in place on a dense side array
+  // [B, H_x, N, D]: the angle in double, cos and sin in double, the
+  // rotation in T (inverse: the transpose). Each mutant changes one part.
+  void rotate(const AttentionProblem& p, int sd, T* x, bool inverse) const {
+    Rope r = p.rope;
+    if (r.rotary_dim <= 0) return;
+    if (on(Bug::kRopePairingConfused))
+      r.pairing = r.pairing == RopePairing::kHalf ? RopePairing::kInterleaved
+                                                  : RopePairing::kHalf;
+    const int64_t D = p.head_dim, half = r.rotary_dim / 2;
+    const int64_t Hx = sd == 0 ? p.heads : kv_heads_of(p);
+    const int64_t N = sd == 0 ? p.q_len : p.kv_len;
+    const int64_t shift =
+        sd == 0 && !on(Bug::kRopeDecodeFromZero) ? p.kv_len - p.q_len : 0;
+    for (int64_t row = 0; row < p.batch * Hx * N; ++row) {
+      if (on(Bug::kRopeHeadZeroOnly) && (row / N) % Hx != 0) continue;
+      const auto pos = static_cast<double>(row % N + shift + r.position_offset);
+      T* y = x + row * D;
+      for (int64_t e = 0; e < half; ++e) {
+        int64_t a = 2 * e, b = 2 * e + 1;
+        if (r.pairing == RopePairing::kHalf) {
+          a = e;
+          b = e + (on(Bug::kRopePartialWrongDims) ? D / 2 : half);
+        }
+        const double t = pos * rope_inv_freq<double>(r, e);
+        const auto c = static_cast<T>(std::cos(t));
+        const auto s = static_cast<T>(inverse ? -std::sin(t) : std::sin(t));
+        const T ya = y[a] * c - y[b] * s, yb = y[b] * c + y[a] * s;
+        y[a] = ya;
+        y[b] = yb;
+      }
+    }
+  }
+  // Where the rotation acts: on the input (before the normalization, and
+  // sdpa's raw q, k) or on x_tilde (after it).
+  static bool rotates_input(const AttentionProblem& p) {
+    return has_rope(p) && (p.variant != Variant::kQKNorm ||
+                           p.rope.order == RopeOrder::kBeforeNorm);
   }
 
   // The attention problem the reference runs on x_tilde: no normalization,
@@ -78,6 +120,7 @@ class FormulationKernel {
   AttentionProblem attention_problem(const AttentionProblem& p) const {
     AttentionProblem a = p;
     if (p.variant == Variant::kQKNorm) a.norm = Normalization{NormKind::kNone};
+    a.rope = Rope{};  // the operands arrive rotated (side())
     // The mutant: a fixed scale s used as 1 / s.
     if (on(Bug::kFixedScaleInverted) && p.variant == Variant::kQKNorm &&
         p.fixed_scale && p.scale != 0)
@@ -193,12 +236,19 @@ class FormulationKernel {
   }
 
   // x_hat and x_tilde of side 0 (q) or 1 (k).
-  void side(const AttentionProblem& p, int sd, const T* x,
+  void side(const AttentionProblem& p, int sd, const T* x_in,
             const reference::NormArgs<T>& w, Side<T>* out) const {
     const NormRows sh = norm_rows(p, sd);
     out->sh = sh;
     const int64_t L = sh.len();
     const size_t total = static_cast<size_t>(sh.rows() * L);
+    std::vector<T> rotated;
+    const T* x = x_in;
+    if (rotates_input(p)) {
+      rotated.assign(x_in, x_in + total);
+      rotate(p, sd, rotated.data(), false);
+      x = rotated.data();
+    }
     out->xh.assign(x, x + total);
     out->xh_raw.assign(x, x + total);
     out->xt.assign(x, x + total);
@@ -235,17 +285,27 @@ class FormulationKernel {
         out->xt[o] = xt;
       }
     }
+    if (has_rope(p) && !rotates_input(p)) rotate(p, sd, out->xt.data(), false);
   }
 
   // dxt (the gradient of x_tilde) -> dx; parameter gradients accumulated
   // into dweight / dbias (may be null).
   void side_backward(const AttentionProblem& p, int sd,
                      const reference::NormArgs<T>& w, const Side<T>& op,
-                     const T* dxt, T* dx, T* dweight, T* dbias) const {
+                     const T* dxt_in, T* dx, T* dweight, T* dbias) const {
     const NormRows& sh = op.sh;
     const int64_t L = sh.len();
+    // RoPE's transpose: first after the normalization, last before it.
+    std::vector<T> unrotated;
+    const T* dxt = dxt_in;
+    if (has_rope(p) && !rotates_input(p)) {
+      unrotated.assign(dxt_in, dxt_in + sh.rows() * L);
+      rotate(p, sd, unrotated.data(), true);
+      dxt = unrotated.data();
+    }
     if (p.variant != Variant::kQKNorm) {
       std::copy(dxt, dxt + sh.rows() * L, dx);
+      if (rotates_input(p)) rotate(p, sd, dx, true);
       return;
     }
     const Normalization& nm = p.norm;
@@ -268,6 +328,7 @@ class FormulationKernel {
                              op.stats[static_cast<size_t>(r)], L, du.data());
       for (int64_t e = 0; e < L; ++e) dx[sh.at(r, e)] = du[e];
     }
+    if (rotates_input(p)) rotate(p, sd, dx, true);
   }
 
   void forward(const AttentionProblem& p0, const T* q, const T* k, const T* v,

@@ -852,7 +852,9 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
        bug == Bug::kGemmaWNotOnePlusW || bug == Bug::kOlmo2NormPerHead ||
        bug == Bug::kQwen3WeightBeforeCast || bug == Bug::kFixedScaleInverted ||
        bug == Bug::kSoftcapDropped || bug == Bug::kWindowLeftOffByOne ||
-       bug == Bug::kWindowRightOffByOne);
+       bug == Bug::kWindowRightOffByOne || bug == Bug::kRopeHeadZeroOnly ||
+       bug == Bug::kRopePartialWrongDims || bug == Bug::kRopeNormSkipped ||
+       bug == Bug::kRopePairingConfused || bug == Bug::kRopeDecodeFromZero);
   if (formulation_bug || control == Control::kFormulation)
     return make_formulation_entry(family, name, precision, bug, active);
   if (precision == Precision::kF64)
@@ -1083,6 +1085,32 @@ const std::vector<MutantInfo>& mutant_list() {
        "#39408 on the look-ahead side): each row sees one later key than "
        "the model",
        Precision::kF32, MutantKind::kFormula, nullptr, "window"},
+      // RoPE's field bugs (issue 34): their cases are rotated (partial
+      // rotary, decode-aligned positions; mutation_test.cc,
+      // FormulationRopeAgreement).
+      {Bug::kRopeHeadZeroOnly, "rope_head_zero_only",
+       "RoPE applied to head 0 only, the other heads' "
+       "q and k left unrotated (vLLM #51049: fused_qk_norm_rope wrong for "
+       "every head but the first of a warp chunk)",
+       Precision::kF32, MutantKind::kFormula, nullptr, "rope"},
+      {Bug::kRopePartialWrongDims, "rope_partial_wrong_dims",
+       "partial rotary (rotary_dim < head_dim) paired as (e, e + head_dim / "
+       "2) instead of (e, e + rotary_dim / 2): the wrong dims rotated (vLLM "
+       "#51049's trigger, partial NeoX RoPE 64 of 128 dims)",
+       Precision::kF32, MutantKind::kFormula, nullptr, "rope"},
+      {Bug::kRopeNormSkipped, "rope_norm_skipped",
+       "the QK-norm skipped where it is fused with RoPE: q and k rotated "
+       "raw (tt-mlir #9042: a RoPE/QKV decode fusion skipped Qwen3's "
+       "QK-norm)",
+       Precision::kF32, MutantKind::kFormula, nullptr, "rope"},
+      {Bug::kRopePairingConfused, "rope_pairing_confused",
+       "half-split (NeoX, rotate_half) and interleaved (GPT-J) pairing "
+       "swapped: each pair mixes the wrong two dims",
+       Precision::kF32, MutantKind::kFormula, nullptr, "rope"},
+      {Bug::kRopeDecodeFromZero, "rope_decode_from_zero",
+       "decode positions from 0: query i rotated at i + offset instead of "
+       "kv_len - q_len + i + offset, against keys at their cache positions",
+       Precision::kF32, MutantKind::kFormula, nullptr, "rope"},
       // --- Shape bugs (issue 33): wrong only in one region of the shape
       // model, the unmutated copy bit for bit elsewhere ---
       {Bug::kStaleDqHeadDim256, "stale_dq_head_dim_256",

@@ -72,6 +72,11 @@ enum class Bug {
   kSoftcapDropped,         // the logit softcap not applied (issue 34)
   kWindowLeftOffByOne,     // the window's left side one key too wide
   kWindowRightOffByOne,    // the window's right side one key too wide
+  kRopeHeadZeroOnly,       // RoPE applied to head 0 only (vLLM #51049)
+  kRopePartialWrongDims,   // partial rotary paired as (e, e + D/2)
+  kRopeNormSkipped,        // the norm skipped where RoPE is fused
+  kRopePairingConfused,    // half-split and interleaved swapped
+  kRopeDecodeFromZero,     // q positions from 0, not kv_len - q_len
   // Shape bugs (issue 33): each is wrong only in one region of the shape
   // model (validation/coverage.h) and bit for bit the unmutated copy
   // elsewhere; only the default run's covering array reaches them.

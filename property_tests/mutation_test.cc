@@ -199,6 +199,7 @@ struct FormulationCase {
   uint64_t seed;
   double softcap = 0;
   int64_t window_left = -1, window_right = -1;
+  bool rope = false;  // partial NeoX RoPE, decode-aligned (kv_len > q_len)
 };
 
 validation::AttentionCase formulation_case(const FormulationCase& f,
@@ -218,6 +219,15 @@ validation::AttentionCase formulation_case(const FormulationCase& f,
   p.softcap = f.softcap;
   p.mask.window_left = f.window_left;
   p.mask.window_right = f.window_right;
+  if (f.rope) {
+    // The rope mutants' cases: 20 queries at the end of 24 keys (the
+    // decode alignment matters), the first 48 of 64 dims rotated in
+    // half-split pairs at positions from 1000.
+    p.q_len = 20;
+    p.rope.rotary_dim = 48;
+    p.rope.position_offset = 1000;
+    if (!f.causal) p.mask.key_lengths = {19};
+  }
   return validation::make_attention_case(p, f.dist, f.seed, s);
 }
 
@@ -269,7 +279,7 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
     // Qwen3's cases capped at 5; the window mutants: the same cases under a
     // window (5, 2) (which the causal ones see as (5, 0)); the others: their
     // preset.
-    const bool variant = f == "softcap" || f == "window";
+    const bool variant = f == "softcap" || f == "window" || f == "rope";
     const std::vector<const char*> presets =
         f == "gqa"
             ? std::vector<const char*>{"qwen3", "gemma3", "olmo2", "chameleon"}
@@ -284,6 +294,8 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
         c.window_left = 5;
         c.window_right = 2;
       }
+    if (f == "rope")
+      for (FormulationCase& c : cases) c.rope = true;
     const Margins mm = judge_all(*m, cases);
     const Margins cm =
         judge_all(*control_registry().find("control:formulation:" +

@@ -504,6 +504,38 @@ void window_agreement(const Backend& b) {
   agreement_on(b, spec);
 }
 
+// RoPE (issue 34): a drawn formulation with a drawn rotation: rotary_dim 2,
+// about half the head or all of it (even), either pairing, after the
+// normalization or (where the formulation allows it: l2, rms, none without
+// weight or bias) before it, positions from 0, 7, 1000 or 30000, and the
+// rounding claims (angle_f32, cos_sin_storage) drawn too: a claim only
+// widens the bound, so an entry that computes more exactly passes either
+// way.
+void rope_agreement(const Backend& b) {
+  AttentionSpec spec = draw_formulation_spec(b.precision());
+  AttentionProblem& p = spec.problem;
+  const int64_t even = p.head_dim - p.head_dim % 2;
+  if (even >= 2) {
+    const int64_t half = std::max<int64_t>(2, (p.head_dim / 2) & ~int64_t{1});
+    p.rope.rotary_dim =
+        *rc::gen::elementOf(std::vector<int64_t>{2, half, even});
+    p.rope.pairing = *rc::gen::arbitrary<bool>() ? RopePairing::kHalf
+                                                 : RopePairing::kInterleaved;
+    const Normalization& n = p.norm;
+    const bool before_ok = p.variant == Variant::kQKNorm &&
+                           n.kind != NormKind::kLayer &&
+                           n.weight == ParamShape::kNone && !n.bias;
+    if (before_ok && *rc::gen::arbitrary<bool>())
+      p.rope.order = RopeOrder::kBeforeNorm;
+    p.rope.position_offset =
+        *rc::gen::elementOf(std::vector<int64_t>{0, 7, 1000, 30000});
+    p.rope.theta = *rc::gen::elementOf(std::vector<double>{1e4, 5e5, 1e6});
+    p.rope.angle_f32 = *rc::gen::arbitrary<bool>();
+    p.rope.cos_sin_storage = *rc::gen::arbitrary<bool>();
+  }
+  agreement_on(b, spec);
+}
+
 // Non-saturation under a formulation: the bound of validation/nonsaturation.h
 // at the rule's logit amplitude A (|scale| max ||q_a|| max ||k_a||), whose
 // computed logits carry the formulations' error E (the operands' roundings,
@@ -1295,6 +1327,7 @@ const std::vector<Property>& entry_properties() {
       {"FormulationNonSaturation", formulation_non_saturation, 80},
       {"FormulationSoftcapAgreement", formulation_softcap_agreement, 60},
       {"FormulationWindowAgreement", window_agreement, 60},
+      {"FormulationRopeAgreement", rope_agreement, 60},
       {"LongSequence", long_sequence, 2},
       {"ShapeCoverage", shape_coverage, 1},
   };

@@ -86,6 +86,9 @@ TEST_P(EntryProperty, FormulationSoftcapAgreement) {
 TEST_P(EntryProperty, FormulationWindowAgreement) {
   Check("FormulationWindowAgreement");
 }
+TEST_P(EntryProperty, FormulationRopeAgreement) {
+  Check("FormulationRopeAgreement");
+}
 TEST_P(EntryProperty, LongSequence) { Check("LongSequence"); }
 TEST_P(EntryProperty, ShapeCoverage) { Check("ShapeCoverage"); }
 

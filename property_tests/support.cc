@@ -255,6 +255,7 @@ bool implements_variant_of(const Property& prop, const Backend& b) {
   const std::string name = prop.name;
   if (name == "FormulationSoftcapAgreement") p.softcap = 5;
   if (name == "FormulationWindowAgreement") p.mask.window_left = 1;
+  if (name == "FormulationRopeAgreement") p.rope.rotary_dim = 2;
   return b.supports(p);
 }
 

@@ -351,6 +351,13 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
       if (!qm.xar.empty()) rope_pair_sum(p, &flt_q);
       if (!km.xar.empty()) rope_pair_sum(p, &flt_k);
     }
+    // LayerNorm's per-element shifts as the logits' coordinates see them
+    // (RoPE after the normalization: pair sums, rule.h "RoPE").
+    std::vector<LD> sh_q = qm.sh, sh_k = km.sh;
+    if (!qm.xar.empty()) {
+      rope_pair_sum(p, &sh_q);
+      rope_pair_sum(p, &sh_k);
+    }
     // The other side's operand resolution, for the side that reads it.
     std::vector<LD>&res_q = a.res_q, &res_k = a.res_k;
     if (ks) operand_resolution(p, qm, &res_q);
@@ -557,9 +564,17 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             LD dc = 0;
             if (layer && whole) {
               LD wk = 0, wq = 0;
-              for (int64_t d = 0; d < D; ++d) {
-                wk += qm.wv[qi + static_cast<size_t>(d)] * ktj[d];
-                wq += km.wv[kj + static_cast<size_t>(d)] * qti[d];
+              if (qm.xar.empty()) {
+                for (int64_t d = 0; d < D; ++d) {
+                  wk += qm.wv[qi + static_cast<size_t>(d)] * ktj[d];
+                  wq += km.wv[kj + static_cast<size_t>(d)] * qti[d];
+                }
+              } else {
+                // RoPE after the normalization: the shift d w moves the
+                // rotated row by R (d w), whose dot with the other rotated
+                // row is at most ||w|| times its norm.
+                wk = norm2(qm.wv.data() + qi) * norm2(ktj);
+                wq = norm2(km.wv.data() + kj) * norm2(qti);
               }
               dc = qm.shr[row_of(qm.rows, qi)] * std::fabs(wk) +
                    km.shr[row_of(km.rows, kj)] * std::fabs(wq);
@@ -606,7 +621,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* duq = du_q.data() + qi;
               LD* adq = ads_q.data() + qi;
               const LD* rk = res_k.data() + kj;
-              const LD* ksh = km.sh.data() + kj;
+              const LD* ksh = sh_k.data() + kj;
               // One loop per array (each element's sums in the same order
               // as one loop over d doing them all: the same bits), so that
               // each is a contiguous axpy the compiler vectorizes.
@@ -629,7 +644,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
               LD* duk = du_k.data() + kj;
               LD* adk = ads_k.data() + kj;
               const LD* rq = res_q.data() + qi;
-              const LD* qsh = qm.sh.data() + qi;
+              const LD* qsh = sh_q.data() + qi;
               LD* dvm = dv_mag + j * D;
               LD* dvu = dv_uf + j * D;
               for (int ch = 0; ch < nch; ++ch) axpy(D, sw[ch], qai, mkj[ch]);

@@ -442,6 +442,69 @@
 // contract can declare it (qknorm/contract.h). The sampled verdict refuses
 // a cap (its pass forms uncapped logits).
 //
+// RoPE (issue 34; attention.h, Rope: each pair (x_a, x_b) of the first
+// rotary_dim dims rotated by t = pos inv_freq_e). The oracle rotates
+// exactly (its angle, cos and sin in its own arithmetic); a correct kernel
+// forms y_a = x_a c - x_b s with, per element (rule_terms.h, rope_units),
+//   |y^_a - y_a| <= eps u_c (|x_a| + |x_b|),
+//   eps = kRopeRotateUnits (3: two products and the sum, at most u_c
+//         (|x_a c| + |x_b s|) each, and the sum's own)
+//       + kRopeCosSinUnits (8: cos and sin to 4 ulp, as the softcap's tanh)
+//       + u_s / u_c where the entry claims cos_sin_storage (16-bit storage)
+//       + u_angle max_e (ln theta x_e + 4) |t_e|max / u_c (the angle t_e
+//         = pos theta^(-x_e), x_e = 2e / r: x_e rounded costs ln theta x_e
+//         units of theta^x, the power, the reciprocal and the product 4
+//         more; a given table 2; u_angle = 2^-24 where the entry claims
+//         angle_f32, else 2^-53; |t_e|max at the case's largest |pos|; a
+//         rotation by dt moves the pair by |dt| times its norm <= |x_a| +
+//         |x_b|. At position 30000 an f32 angle's grant is ~7e-3 rad: the
+//         logits move by up to ~0.03 A, and for A >~ 1 the softmax is
+//         unresolved (below): such a claim leaves only lse judged)
+//       + the oracle's own (the first two and the angle's in u_o) in u_c.
+// A pair's error vector is then at most sqrt 2 eps u_c (|x_a| + |x_b|) <= 2
+// eps u_c times the pair's norm, and a rotated row moves by 2 eps u_c of its
+// norm. After the normalization that norm is ||x_tilde|| <= ||x_a||; before
+// it, ||x||, which the l2 and rms normalizations (whose Jacobians scale
+// ||dx|| by at most ||x_hat|| / ||x||) carry to 2 eps u_c ||x_hat||. So a
+// logit moves by at most 2 eps u_c A per side (Cauchy-Schwarz, as the
+// contract's q and kv points): 4 eps joins dot in every use (dot_s: soft,
+// soft_o, lse, the ties' term units), as the softcap's units do.
+//   The magnitudes. The oracle's sums over keys (dq's) and queries (dk's)
+// run in the rotated coordinates the logits use, with the other side's
+// rotated magnitude (OperandMags::xar = |c| x_a,a + |s| x_a,b, >= |y|
+// element by element; before the normalization and for sdpa the operands
+// are the rotated rows themselves). The backward's transpose rotation maps
+// a gradient y to R^T y with |(R^T y)_a| <= |y_a| + |y_b|: every channel is
+// pair-summed there (both elements of a pair get the pair's sum), before
+// the normalization backward (after it, RoPE after the normalization) or
+// after it (RoPE before); the signed gradient the LayerNorm and flip terms
+// read is unrotated exactly. The cosine units (rule_terms.h) read the
+// rotated magnitude rows, whose norms exceed x_a's by up to sqrt 2 per
+// side: the units scale by the case's ratio of the largest row norms
+// (CosineRows::rope_ratio). Qwen3's flips move x_tilde before the rotation:
+// pair-summed in the sums, their logit bound (logit_flip) times sqrt 2 (the
+// l1 of a rotated vector).
+//   The gradients. After the normalization: the other side's rotated
+// operand is off by eps u_c (|x_a| + |x_b|) <= sqrt 2 eps u_c (|y_a| +
+// |y_b|) per element, so s sum_j dS_ij y_jd by sqrt 2 eps u_c (M_a + M_b)
+// in the rotated coordinates, 2 sqrt 2 eps u_c times the pair-summed
+// magnitude after the transpose rotation, whose own rounding (cos, sin,
+// angle: eps) adds 1: kRopeGradAfter = 4 eps on dq, dk and the weights'
+// magnitudes (which sum x_hat_e times the pair-summed dx_tilde). dg reads
+// the logits' C_ij: in soft already. Before it (l2, rms without weight):
+// the other side's x_hat = N(R x) is off, per element, by sqrt 2 eps (|u_a|
+// + |u_b|) from the rotated row and 2 sqrt 2 eps |u_a| through the norm's
+// projection, 3 sqrt 2 eps (|u_a| + |u_b|) (u = x_hat; for rms the mean
+// square <= 1); in du that is 3 sqrt 2 eps u_c times the pair-summed
+// magnitude, carried exactly by the normalization backward (whose
+// magnitude map bounds its action element by element) and the transpose
+// rotation: rope_mag = pair_sum(norm_backward_mag(pair_sum(M))). The
+// backward's own reads of the perturbed x_hat (3 sqrt 2 twice: the two
+// terms of u (u . du)) and divisor (2 eps) and the transpose rotation (1)
+// are bounded by the same rope_mag: kRopeGradBefore = 16 eps (>= 9 sqrt 2
+// + 3) on rope_mag. Not covered: LayerNorm or a weight before the rotation
+// (validate refuses them: a weight makes the partner's error w_a-weighted),
+// and the sampled verdict (it refuses RoPE).//
 // Compute contracts (issue 31; qknorm/contract.h). An entry declares the
 // format of each intermediate it rounds: q at the dot product, k_hat and v
 // as the cache stores them, the logits S, P before P.V, O's P.V

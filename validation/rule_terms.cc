@@ -117,20 +117,22 @@ double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }
 
-double rope_angle_units(const Rope& r) {
-  return r.inv_freq.empty() ? std::log(r.theta) + 4 : 2.0;
-}
-
-double rope_max_angle(const AttentionProblem& p) {
+double rope_angle_error(const AttentionProblem& p) {
   if (!has_rope(p)) return 0;
+  const Rope& r = p.rope;
   const int64_t lo = std::min<int64_t>(0, p.kv_len - p.q_len);
   const auto pos = static_cast<double>(
-      std::max(std::llabs(lo + p.rope.position_offset),
-               std::llabs(p.kv_len - 1 + p.rope.position_offset)));
-  double f = 0;
-  for (int64_t e = 0; e < p.rope.rotary_dim / 2; ++e)
-    f = std::max(f, std::fabs(rope_inv_freq<double>(p.rope, e)));
-  return pos * f;
+      std::max(std::llabs(lo + r.position_offset),
+               std::llabs(p.kv_len - 1 + r.position_offset)));
+  double worst = 0;
+  for (int64_t e = 0; e < r.rotary_dim / 2; ++e) {
+    const double x =
+        static_cast<double>(2 * e) / static_cast<double>(r.rotary_dim);
+    const double units = r.inv_freq.empty() ? std::log(r.theta) * x + 4 : 2.0;
+    worst =
+        std::max(worst, units * pos * std::fabs(rope_inv_freq<double>(r, e)));
+  }
+  return worst;
 }
 
 // The derivation (rule.h, "RoPE"): per side, a pair's error vector is at
@@ -144,15 +146,14 @@ RopeUnits rope_units(const AttentionProblem& p, Precision storage, double uc,
   RopeUnits u;
   if (!has_rope(p)) return u;
   const Rope& r = p.rope;
-  const double angle = rope_max_angle(p), au = rope_angle_units(r);
+  const double angle = rope_angle_error(p);
   const double u_angle = r.angle_f32 ? unit_roundoff(Precision::kF32)
                                      : unit_roundoff(Precision::kF64);
   const bool cs16 = r.cos_sin_storage &&
                     (storage == Precision::kBF16 || storage == Precision::kF16);
   u.eps = kRopeRotateUnits + kRopeCosSinUnits +
-          (cs16 ? unit_roundoff(storage) / uc : 0.0) +
-          au * u_angle * angle / uc +
-          (kRopeRotateUnits + kRopeCosSinUnits + au * angle) * uo / uc;
+          (cs16 ? unit_roundoff(storage) / uc : 0.0) + u_angle * angle / uc +
+          (kRopeRotateUnits + kRopeCosSinUnits + angle) * uo / uc;
   u.logit = 4 * u.eps;
   const bool before =
       p.variant == Variant::kQKNorm && r.order == RopeOrder::kBeforeNorm;

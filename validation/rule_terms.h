@@ -51,13 +51,13 @@ inline constexpr double kRopeCosSinUnits = 8.0;
 // normalization backward, 16 on rope_mag.
 inline constexpr double kRopeGradAfter = 4.0;
 inline constexpr double kRopeGradBefore = 16.0;
-// The angle pos * inv_freq: inv_freq from theta costs ln(theta) + 4 units
-// of the angle's arithmetic (the exponent 2e / r rounded: ln(theta) units
-// of theta^x; pow, the reciprocal and the product: 4), a given table 2 (its
-// rounding to the arithmetic and the product), times |angle|.
-double rope_angle_units(const Rope& r);
-// The case's largest |angle| = max |position| * max inv_freq.
-double rope_max_angle(const AttentionProblem& p);
+// The angle t_e = pos inv_freq_e: inv_freq_e = theta^(-x), x = 2e / r,
+// from theta costs ln(theta) x + 4 units of the angle's arithmetic (x
+// rounded: ln(theta) x units of theta^x; pow, the reciprocal and the
+// product: 4), a given table 2 (its rounding and the product), times
+// |t_e|. rope_angle_error: the case's largest, max_e units_e |t_e|max, per
+// unit roundoff of the angle's arithmetic (|pos| at its largest).
+double rope_angle_error(const AttentionProblem& p);
 struct RopeUnits {
   double eps = 0;    // per element, above
   double logit = 0;  // per |A| u_c: 4 eps (2 eps per side's row norm)

@@ -154,6 +154,12 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
     throw Error("mask", {},
                 "the sampled oracle (--sample) does not take a sliding window "
                 "yet; judge this case with the full oracle (no --sample)");
+  // Its sub-cases and the pass rotate nothing (issue 34: the full oracle
+  // does).
+  if (has_rope(p))
+    throw Error("rope", {},
+                "the sampled oracle (--sample) does not take RoPE yet; judge "
+                "this case with the full oracle (no --sample)");
   SampledOracle so;
   so.options = opt;
   so.storage = s;
