@@ -131,9 +131,9 @@
 // dx = R^T J(x') g); for kAfterNorm the operand is R u and dx = J(x)^T R^T
 // g = (I - u u^T) R^T g / ||x|| = R^T (I - (R u)(R u)^T) g / ||x|| (R
 // orthogonal): the same normalization backward of R u (||x|| the same;
-// a clamped row's g / eps commutes too). The rotated rows' norms are no
-// longer within kUnitRowNorm (the rotation's f32 roundings), so the fixed
-// shift's bound computes them (UnitRows).
+// a clamped row's g / eps commutes too). Rows rotated after their
+// normalization are unit rows up to the rotation's f32 roundings: the
+// fixed shift's bound widens kUnitRowNorm by kRopeRowSlack (UnitRowNorm).
 //
 // Error: per element the forward's error is that of an f32 dot product of
 // length head_dim (the logit, amplified by |g| in P) and an f32 weighted sum
@@ -190,6 +190,14 @@ inline constexpr double kBoundF64Roundings = 8;
 // so ||u|| <= 1 + 2^-23; the paper's rows skip their f64 norms (n = 128:
 // ~170 instructions a row, more than the max pass the shift saves there).
 inline constexpr double kUnitRowNorm = 1 + 0x1p-23;
+// The growth of a unit row's norm by RoPE's f32 rotation (rope-inl.h):
+// with the table's c, s within u = 2^-24 relative (c^2 + s^2 <= (1 +
+// u)^2) and each lane's at most three roundings, |y_a - (x_a c + x_b s)| <=
+// 3u (|x_a c| + |x_b s|) (first order), and by Cauchy-Schwarz per pair the
+// 2-norm of those sums over the row is <= sqrt(2) (1 + u) ||x||: ||y|| <=
+// ||x|| (1 + u + 3 sqrt(2) u + O(u^2)) <= ||x|| (1 + 8u). Exact in f64 as
+// a product with kUnitRowNorm.
+inline constexpr double kRopeRowSlack = 1 + 0x1p-21;
 // A row's shift when it takes the online softmax (a bound is never < 0).
 inline constexpr float kOnlineRow = -1.0f;
 
@@ -541,7 +549,7 @@ Sides PrepareSides(const AttentionProblem& p, const NormParams& prm,
   // positions overlap: rope-inl.h).
   if (has_rope(p)) {
     float* table = ws.rope.Get(RopeTableFloats(p));
-    BuildRopeTable(p, table);
+    BuildRopeTable(p, table, ws.rope_scratch.Get(RopeScratchDoubles(p)));
     sd.q.rope = MakeRopeSide(p, 0, sd.q.mode == SideMode::kRaw, table);
     sd.k.rope = MakeRopeSide(p, 1, sd.k.mode == SideMode::kRaw, table);
   }
@@ -577,11 +585,15 @@ HWY_INLINE void LoadSide(const SideSpec& sp, const ConstTensor4& x, int64_t b,
   if (rope && !sp.rope.before) RotateRows<false>(sp.rope, n, rows, dst, s.Dp);
 }
 
-// A side's rows are unit l2 rows as the GEMM reads them (their norms within
-// kUnitRowNorm): not once RoPE has rotated them in f32 (its roundings may
-// lengthen a row by a few u), whose norms the bound then computes.
-HWY_INLINE bool UnitRows(const SideSpec& sp) {
-  return sp.mode == SideMode::kUnitL2 && !sp.rope.on();
+// The norm bound of a side's rows as the GEMM reads them where they are
+// unit l2 rows, else 0 (the bound computes their norms): kUnitRowNorm, or
+// under RoPE after the normalization (y = R u, rotated in f32) that times
+// kRopeRowSlack (its derivation there). Before it, u = x' / ||x'|| of the
+// rotated x' keeps kUnitRowNorm.
+HWY_INLINE double UnitRowNorm(const SideSpec& sp) {
+  if (sp.mode != SideMode::kUnitL2) return 0;
+  return sp.rope.on() && !sp.rope.before ? kUnitRowNorm * kRopeRowSlack
+                                         : kUnitRowNorm;
 }
 
 // ------------------------------------------------------------------ forward
@@ -627,6 +639,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   // NaN one: the rows that see it stay online) and its min nonzero |v|
   // (+inf: none), which each task reduces over its rows' intervals.
   const bool bound = !ws.online_softmax;
+  const double q_unit = UnitRowNorm(sd.q), k_unit = UnitRowNorm(sd.k);
   double* k_norm = ws.k_norm.Get(BHk * Nk);
   float* shift_cap = ws.shift_cap.Get(BHk * Nk);
   pool.Run(s.BHk, [&](int64_t bk, int worker) {
@@ -676,8 +689,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                     info);
       // The k rows as the GEMM reads them: the running norm bound.
       for (size_t t = 0; bound && t < kPackRows && j0 + t < Nk; ++t) {
-        const double r2 = UnitRows(sd.k) ? kUnitRowNorm * kUnitRowNorm
-                                         : SumSquaresF64(stage + t * Dp, Dp);
+        const double r2 =
+            k_unit > 0 ? k_unit * k_unit : SumSquaresF64(stage + t * Dp, Dp);
         if (window) {
           knb[j0 + t] = std::isnan(r2) ? std::numeric_limits<double>::infinity()
                                        : std::sqrt(r2);
@@ -738,9 +751,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       shift[r] = kOnlineRow;
       if (bound && L[r] > F[r]) {
         const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
-        const double qn = UnitRows(sd.q)
-                              ? kUnitRowNorm
-                              : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
+        const double qn =
+            q_unit > 0 ? q_unit : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
         const float B = LogitBound(bf, qn, window ? k_max[r] : k_norm[last]);
         if (B <= (window ? ShiftCap(v_low[r]) : shift_cap[last])) shift[r] = B;
       }

@@ -90,8 +90,10 @@ class SimdWorkspace final : public Workspace {
   GrowBuffer<float> dkt, row_scratch;
   GrowBuffer<RowStat> q_stats, k_stats;
   GrowBuffer<double> params, param_partials;
-  // RoPE (issue 34; rope-inl.h): the call's cos and sin table.
+  // RoPE (issue 34; rope-inl.h): the call's cos and sin table, and the
+  // scratch that builds it.
   GrowBuffer<float> rope;
+  GrowBuffer<double> rope_scratch;
 
  private:
   std::unique_ptr<ThreadPool> pool_;
