@@ -111,8 +111,9 @@
 //   doubles; shared, (qknorm) q_tilde and k_tilde ((B H Nq + B Hk Nk) D),
 //   backward also their gradients (as much again) and the parameter
 //   partials (chunks x parameters), and B Hk doubles (per-item dg); with
-//   RoPE also the table, (Nq + Nk) rotary_dim doubles, and for sdpa the
-//   dense buffers of qknorm (its rotated q and k, and their gradients).
+//   RoPE also the table, (Nq + Nk) rotary_dim doubles, and sdpa with RoPE
+//   holds what qknorm does (the normalization rows, its rotated q and k
+//   and their gradients; no parameter partials).
 //   Example, f32, qknorm, Nq = Nk = 2048, D = 64 (query_block = 256), per
 //   slot: forward 3.0 MiB, forward + backward 5.6 MiB, against 16 MiB for one
 //   dense n x n f32 matrix (128 MiB for all 8 heads).
