@@ -5,6 +5,11 @@
 //   attn/<entry>/fwd/d:<d>/n:<n>/mask:causal+window<l>/T:1
 //       the sliding window rows (issue 34), best simd target's f32 entry:
 //       window (l, 0) at n, beside the causal row of the reference n;
+//   attn/<entry>/fwd/d:<d>/n:<n>/mask:none+rope<d>/T:1
+//       the RoPE rows (issue 34), same entry: the grid's problem with RoPE
+//       over all d dims (half-split, after the norm, theta 10^6), beside
+//       the same problem without it (attn/<entry>/fwd/d:<d>/n:<n>/mask:none
+//       /T:1, the grid's own row when present);
 //   gemm/<qk|pv|dv|dp|dq|dk>/d:<d>/n:<n>/T:<threads>
 //       the anchors: bare cblas_sgemm on the same attention-shaped GEMMs,
 //       per head, with openblas_set_num_threads(T): the forward's QK^T
@@ -17,7 +22,8 @@
 // threads, and a counter "flops" (FLOPs per iteration) plus the rate
 // "GFLOPS". FLOPs follow issue 8: forward 4 n^2 d per head, backward
 // 10 n^2 d, causal counting only the n (n + 1) / 2 visible pairs, a window
-// only the pairs it leaves visible.
+// only the pairs it leaves visible; RoPE adds none (the rope and no-rope
+// rows count the same FLOPs, so their rates' ratio is their times').
 //
 // Each benchmark makes one untimed call first (the workspace is warm, pages
 // are touched, backward has this entry's own o and lse). Repetitions and
@@ -51,6 +57,14 @@
 //                          and n = N, and causal at n = R (default
 //                          "127@4096,512"; empty to skip); report.py's goal
 //                          compares the two rates
+//   --qk_rope=N            the RoPE rows (issue 34's speed target): the
+//                          same entry's forward, d --qk_rope_d (128), one
+//                          thread, H = 8, no mask, at n = N with and without
+//                          RoPE (default 512; empty to skip); report.py's
+//                          goal compares the two times
+//   --qk_rope_form=PRESET  their formulation (default empty: the paper's,
+//                          as the grid; a preset gives rows
+//                          attn/<entry>+<preset>@H8kv8/..., both registered)
 //   --qk_no_anchors        skip the gemm and fma benchmarks
 //   --qk_list              print the registry with availability and exit
 #include <benchmark/benchmark.h>
@@ -91,6 +105,10 @@ struct Options {
   // reference at window_ref_n, d window_d (window_left < 0: none).
   int64_t window_left = 127, window_n = 4096, window_ref_n = 512;
   int64_t window_d = 128;
+  // The RoPE rows: with and without RoPE over all rope_d dims at n = rope_n
+  // (rope_n <= 0: none), formulation rope_form (empty: the paper's).
+  int64_t rope_n = 512, rope_d = 128;
+  std::string rope_form;
 };
 
 std::vector<int64_t> split_ints(const std::string& s) {
@@ -150,6 +168,12 @@ Options parse_options(int* argc, char** argv) {
       }
     } else if (value("--qk_window_d", &v)) {
       o.window_d = std::stoll(v);
+    } else if (value("--qk_rope", &v)) {
+      o.rope_n = v.empty() ? 0 : std::stoll(v);
+    } else if (value("--qk_rope_d", &v)) {
+      o.rope_d = std::stoll(v);
+    } else if (value("--qk_rope_form", &v)) {
+      o.rope_form = v;
     } else if (a == "--qk_no_anchors") {
       o.anchors = false;
     } else if (a == "--qk_list") {
@@ -175,6 +199,7 @@ AttentionBuffers& buffers_for(Precision prec, const Shape& s) {
     Shape base = s;
     base.causal = false;
     base.window_left = -1;
+    base.rope_dim = 0;
     slot = std::make_unique<AttentionBuffers>(base, prec);
   }
   return *slot;
@@ -213,7 +238,9 @@ void quiesce_openblas() {
 }
 
 int mask_key(const Shape& s) {
-  return static_cast<int>(s.causal) + 2 * static_cast<int>(s.window_left + 1);
+  return 2 * (static_cast<int>(s.causal) +
+              2 * static_cast<int>(s.window_left + 1)) +
+         static_cast<int>(s.rope_dim > 0);
 }
 
 void attention_benchmark(benchmark::State& state, const Backend* entry,
@@ -229,20 +256,24 @@ void attention_benchmark(benchmark::State& state, const Backend* entry,
     // One untimed warm-up call (validates the arguments on the way).
     int& mask = o_mask().try_emplace(&buf, -1).first->second;
     if (!backward || mask != mask_key(shape)) {
-      run.prepare_forward(buf, shape.causal, threads, shape.window_left);
+      run.prepare_forward(buf, shape.causal, threads, shape.window_left,
+                          shape.rope_dim);
       mask = mask_key(shape);
     }
     if (backward)
-      run.prepare_backward(buf, shape.causal, threads, shape.window_left);
+      run.prepare_backward(buf, shape.causal, threads, shape.window_left,
+                           shape.rope_dim);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;
   }
   for (auto _ : state) {
     if (backward) {
-      run.backward(buf, shape.causal, threads, shape.window_left);
+      run.backward(buf, shape.causal, threads, shape.window_left,
+                   shape.rope_dim);
     } else {
-      run.forward(buf, shape.causal, threads, shape.window_left);
+      run.forward(buf, shape.causal, threads, shape.window_left,
+                  shape.rope_dim);
     }
     benchmark::ClobberMemory();
   }
@@ -290,6 +321,7 @@ std::string attn_name(const Backend& e, const std::string& dir, const Shape& s,
          "/n:" + std::to_string(s.n) +
          "/mask:" + (s.causal ? "causal" : "none") +
          (s.window_left >= 0 ? "+window" + std::to_string(s.window_left) : "") +
+         (s.rope_dim > 0 ? "+rope" + std::to_string(s.rope_dim) : "") +
          "/T:" + std::to_string(t);
 }
 
@@ -328,6 +360,48 @@ void register_window(const Backend* e, const Options& o, bool sanity) {
         [=](benchmark::State& st) { attention_benchmark(st, e, false, s, 1); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+}
+
+// The RoPE rows (issue 34's speed target) of entry e: the forward, one
+// thread, H = 8, no mask, d rope_d, n rope_n, with RoPE over all d dims
+// (bench_rope) and without it, registered one after the other. Without a
+// preset the no-RoPE row is the grid's own when the grid has it (same name,
+// measured once); with one (rope_form) both rows are registered under
+// attn/<entry>+<preset>@H8kv8 (kv heads = heads: the same problem).
+void register_rope(const Backend* e, const Options& o, bool sanity) {
+  if (o.rope_n <= 0) return;
+  const int64_t n_min = *std::min_element(o.ns.begin(), o.ns.end());
+  const int64_t d_min = *std::min_element(o.ds.begin(), o.ds.end());
+  const bool ref_in_grid =
+      o.rope_form.empty() &&
+      (sanity ? d_min == o.rope_d : contains(o.ds, o.rope_d)) &&
+      (sanity ? n_min == o.rope_n : contains(o.ns, o.rope_n)) &&
+      contains<std::string>(o.masks, "none") &&
+      contains<std::string>(o.dirs, "fwd") && contains<int64_t>(o.threads, 1);
+  if (!o.rope_form.empty() && find_preset(o.rope_form) == nullptr) {
+    std::fprintf(stderr, "qknorm-bench: unknown preset %s\n",
+                 o.rope_form.c_str());
+    return;
+  }
+  Shape s;
+  s.heads = 8, s.n = o.rope_n, s.d = o.rope_d, s.causal = false;
+  s.formulation = o.rope_form;
+  std::vector<Shape> shapes;
+  if (!ref_in_grid) shapes.push_back(s);
+  s.rope_dim = o.rope_d;
+  shapes.push_back(s);
+  for (const Shape& r : shapes) {
+    std::string name = attn_name(*e, "fwd", r, 1);
+    if (!o.rope_form.empty()) {  // attn/<entry>+<preset>@H8kv8/...
+      const std::string tag = "attn/" + e->name();
+      name = tag + "+" + o.rope_form + "@H8kv8" + name.substr(tag.size());
+    }
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [=](benchmark::State& st) { attention_benchmark(st, e, false, r, 1); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
 }
 
 void register_attention(const Backend* e, const Options& o, bool sanity) {
@@ -470,8 +544,10 @@ int register_entries(const Options& o) {
         (e->family() == "blas" || e->target() == simd_targets.front()))
       register_formulations(e, o);
     if (e->family() == "simd" && e->target() == simd_targets.front() &&
-        e->precision() == Precision::kF32)
+        e->precision() == Precision::kF32) {
       register_window(e, o, sanity);
+      register_rope(e, o, sanity);
+    }
     done.insert(e);
     ++count;
   }

@@ -17,6 +17,7 @@ std::string Shape::describe() const {
   os << "H" << heads << " n" << n << " d" << d
      << (causal ? " causal" : " nomask");
   if (window_left >= 0) os << " window" << window_left;
+  if (rope_dim > 0) os << " rope" << rope_dim;
   if (!formulation.empty())
     os << " " << formulation << " kv" << (kv_heads > 0 ? kv_heads : heads);
   return os.str();
@@ -94,8 +95,17 @@ AttentionBuffers::AttentionBuffers(const Shape& s, Precision prec)
   dkb_.assign(kb_.size(), 0);
 }
 
-AttentionProblem AttentionBuffers::problem(bool causal,
-                                           int64_t window_left) const {
+Rope bench_rope(int64_t rotary_dim) {
+  Rope r;
+  r.rotary_dim = rotary_dim;
+  r.pairing = RopePairing::kHalf;
+  r.order = RopeOrder::kAfterNorm;
+  r.theta = 1e6;
+  return r;
+}
+
+AttentionProblem AttentionBuffers::problem(bool causal, int64_t window_left,
+                                           int64_t rope_dim) const {
   AttentionProblem p;
   p.batch = 1;
   p.heads = shape_.heads;
@@ -112,6 +122,7 @@ AttentionProblem AttentionBuffers::problem(bool causal,
     apply_preset(shape_.formulation, &p);
     p.kv_heads = shape_.kv_heads;
   }
+  if (rope_dim > 0) p.rope = bench_rope(rope_dim);
   return p;
 }
 
@@ -165,27 +176,29 @@ AttentionRun::AttentionRun(const Backend& entry)
     : entry_(&entry), ws_(entry.make_workspace()) {}
 
 void AttentionRun::prepare_forward(AttentionBuffers& buf, bool causal,
-                                   int threads, int64_t window_left) {
-  checked_attention_forward(*entry_, buf.problem(causal, window_left),
+                                   int threads, int64_t window_left,
+                                   int64_t rope_dim) {
+  checked_attention_forward(*entry_, buf.problem(causal, window_left, rope_dim),
                             buf.forward_args(), ws_.get(), ExecConfig{threads});
 }
 
 void AttentionRun::prepare_backward(AttentionBuffers& buf, bool causal,
-                                    int threads, int64_t window_left) {
-  checked_attention_backward(*entry_, buf.problem(causal, window_left),
-                             buf.backward_args(), ws_.get(),
-                             ExecConfig{threads});
+                                    int threads, int64_t window_left,
+                                    int64_t rope_dim) {
+  checked_attention_backward(
+      *entry_, buf.problem(causal, window_left, rope_dim), buf.backward_args(),
+      ws_.get(), ExecConfig{threads});
 }
 
 void AttentionRun::forward(AttentionBuffers& buf, bool causal, int threads,
-                           int64_t window_left) {
-  entry_->attention_forward(buf.problem(causal, window_left),
+                           int64_t window_left, int64_t rope_dim) {
+  entry_->attention_forward(buf.problem(causal, window_left, rope_dim),
                             buf.forward_args(), ws_.get(), ExecConfig{threads});
 }
 
 void AttentionRun::backward(AttentionBuffers& buf, bool causal, int threads,
-                            int64_t window_left) {
-  entry_->attention_backward(buf.problem(causal, window_left),
+                            int64_t window_left, int64_t rope_dim) {
+  entry_->attention_backward(buf.problem(causal, window_left, rope_dim),
                              buf.backward_args(), ws_.get(),
                              ExecConfig{threads});
 }

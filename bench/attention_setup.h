@@ -27,7 +27,12 @@ struct Shape {
   // >= 0: a sliding window (window_left, 0) (issue 34; attention.h), with
   // the causal mask: query i sees keys [i - window_left, i].
   int64_t window_left = -1;
-  std::string describe() const;  // "H8 n512 d64 causal", "... window127"
+  // > 0: RoPE on q and k (issue 34; attention.h Rope) over the first
+  // rope_dim dims of each head: half-split pairs, after the normalization,
+  // theta 10^6 (Qwen3's). It adds no FLOPs to issue 8's model.
+  int64_t rope_dim = 0;
+  // "H8 n512 d64 causal", "... window127", "... rope128"
+  std::string describe() const;
 };
 
 // The paper's g0 for L = 72 (shared/NUMERICS.md); the rate does not depend on
@@ -44,13 +49,18 @@ double visible_pairs(const Shape& s);
 double forward_flops(const Shape& s);
 double backward_flops(const Shape& s);
 
+// The RoPE the rope rows use (Shape::rope_dim): rotary_dim dims (0: none),
+// half-split, after the normalization, theta 10^6.
+Rope bench_rope(int64_t rotary_dim);
+
 // Inputs and outputs of one shape in one storage precision. Inputs are drawn
 // once (Gaussian, fixed seed) and encoded to storage; outputs are allocated
 // and touched once, so no timed call pays for fresh pages.
 class AttentionBuffers {
  public:
   AttentionBuffers(const Shape& s, Precision prec);
-  AttentionProblem problem(bool causal, int64_t window_left = -1) const;
+  AttentionProblem problem(bool causal, int64_t window_left = -1,
+                           int64_t rope_dim = 0) const;
   ForwardArgs forward_args();
   BackwardArgs backward_args();
   const Shape& shape() const { return shape_; }
@@ -78,16 +88,17 @@ class AttentionRun {
 
   // Untimed: validate and warm the workspace with one call. Backward reads
   // o and lse from `buf`: a forward of the same mask must have written them.
-  // window_left >= 0: the causal window (window_left, 0) (Shape).
+  // window_left >= 0: the causal window (window_left, 0); rope_dim > 0:
+  // RoPE (bench_rope) (Shape).
   void prepare_forward(AttentionBuffers& buf, bool causal, int threads,
-                       int64_t window_left = -1);
+                       int64_t window_left = -1, int64_t rope_dim = 0);
   void prepare_backward(AttentionBuffers& buf, bool causal, int threads,
-                        int64_t window_left = -1);
+                        int64_t window_left = -1, int64_t rope_dim = 0);
   // The timed calls: straight to the virtual kernels, no validation.
   void forward(AttentionBuffers& buf, bool causal, int threads,
-               int64_t window_left = -1);
+               int64_t window_left = -1, int64_t rope_dim = 0);
   void backward(AttentionBuffers& buf, bool causal, int threads,
-                int64_t window_left = -1);
+                int64_t window_left = -1, int64_t rope_dim = 0);
 
  private:
   const Backend* entry_;

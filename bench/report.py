@@ -65,6 +65,14 @@ WINDOW_GOAL = {"window_mask": "causal+window127", "n": 4096, "ref_mask":
                "causal", "ref_n": 512, "d": 128, "threads": 1,
                "threshold": 0.67}
 
+# Issue 34's RoPE target: the same entry's forward (one thread, d 128,
+# n 512, no mask) with RoPE over all 128 dims (half-split, after the norm,
+# theta 10^6) costs at most this multiple of the same problem without it:
+# the ratio of the two rows' median times, measured in the same run (the
+# rows qknorm-bench's --qk_rope registers; both count the same FLOPs).
+ROPE_GOAL = {"rope_mask": "none+rope128", "ref_mask": "none", "n": 512,
+             "d": 128, "threads": 1, "threshold": 1.10}
+
 
 def parse_name(name):
     """'attn/simd:AVX2:f32/fwd/d:64/n:128/mask:none/T:1/real_time' -> dict."""
@@ -225,6 +233,7 @@ def cmd_bench(args):
         else:
             st = stats(flops[name], samples[name])
             row.update({"gflops": st["median"] * 1e-9,
+                        "ms": statistics.median(samples[name]) * 1e3,
                         "min": st["min"] * 1e-9, "max": st["max"] * 1e-9,
                         "samples": st["samples"],
                         "cpu_gflops": cpu_rate(flops[name], cpu.get(name),
@@ -284,7 +293,9 @@ def cmd_bench(args):
     print_goals(goals)
     window_goals = evaluate_window_goal(rows)
     print_window_goals(window_goals)
-    goals = goals + window_goals
+    rope_goals = evaluate_rope_goal(rows)
+    print_rope_goals(rope_goals)
+    goals = goals + window_goals + rope_goals
 
     os.makedirs(args.out_dir, exist_ok=True)
     cols = ["entry", "family", "dir", "d", "n", "mask", "threads", "gflops",
@@ -505,6 +516,53 @@ def print_window_goals(goals):
                   g["entry"], g["goal"], g["status"].upper(), g["ratio"],
                   g["window_gflops"], g["window_spread"][0],
                   g["window_spread"][1], g["ref_gflops"],
+                  g["ref_spread"][0], g["ref_spread"][1]))
+
+
+def evaluate_rope_goal(rows, goal=ROPE_GOAL):
+    """Issue 34's RoPE target per simd entry with a RoPE row: median time
+    with RoPE / median time of the same entry's row without it."""
+    out = []
+    cell = {(r["entry"], r["mask"]): r for r in rows
+            if r["family"] == "simd" and r["dir"] == "fwd"
+            and r["d"] == goal["d"] and r["n"] == goal["n"]
+            and r["threads"] == goal["threads"]}
+    text = "rope / no rope at n=%d d=%d <= %.2f" % (
+        goal["n"], goal["d"], goal["threshold"])
+    for (entry, mask), w in sorted(cell.items()):
+        if mask != goal["rope_mask"]:
+            continue
+        ref = cell.get((entry, goal["ref_mask"]))
+        if w.get("error") or not ref or ref.get("error"):
+            out.append({"entry": entry, "goal": text,
+                        "status": "not measured"})
+            continue
+        ratio = w["ms"] / ref["ms"]
+        out.append({"entry": entry, "goal": text,
+                    "status": "met" if ratio <= goal["threshold"]
+                    else "missed",
+                    "ratio": ratio, "rope_ms": w["ms"], "ref_ms": ref["ms"],
+                    "rope_gflops": w["gflops"], "ref_gflops": ref["gflops"],
+                    "rope_spread": [w["min"], w["max"]],
+                    "ref_spread": [ref["min"], ref["max"]],
+                    "samples": [w.get("samples"), ref.get("samples")]})
+    return out
+
+
+def print_rope_goals(goals):
+    if not goals:
+        return
+    print("\nRoPE goal (issue 34): median time with RoPE / without, fwd "
+          "d128 n512 T1, same run (GFLOP/s median (min-max), same FLOPs):")
+    for g in goals:
+        if g["status"] == "not measured":
+            print("  %-16s %s: not measured" % (g["entry"], g["goal"]))
+            continue
+        print("  %-16s %s: %-6s %.3f (%.3f / %.3f ms; %.1f (%.1f-%.1f) / "
+              "%.1f (%.1f-%.1f) GFLOP/s)" % (
+                  g["entry"], g["goal"], g["status"].upper(), g["ratio"],
+                  g["rope_ms"], g["ref_ms"], g["rope_gflops"],
+                  g["rope_spread"][0], g["rope_spread"][1], g["ref_gflops"],
                   g["ref_spread"][0], g["ref_spread"][1]))
 
 

@@ -87,5 +87,37 @@ class WindowGoal(unittest.TestCase):
         self.assertEqual(by["simd:SSE4:f32"]["status"], "not measured")
 
 
+class RopeGoal(unittest.TestCase):
+    def timed(self, entry, mask, ms, n=512):
+        r = row(entry, "fwd", n, None, None, None, mask)
+        r.update({"ms": ms, "gflops": 100.0 / ms, "min": 90.0 / ms,
+                  "max": 110.0 / ms, "samples": 6})
+        return r
+
+    def test_ratio_of_the_two_times(self):
+        goals = report.evaluate_rope_goal([
+            self.timed("simd:AVX2:f32", "none+rope128", 10.5),
+            self.timed("simd:AVX2:f32", "none", 10.0),
+            self.timed("simd:AVX3:f32", "none+rope128", 12.0),
+            self.timed("simd:AVX3:f32", "none", 10.0),
+            self.timed("simd:SSE4:f32", "none+rope128", 10.0),
+            # Another n: neither the goal's row nor its reference.
+            self.timed("simd:SSE4:f32", "none", 10.0, n=128),
+            self.timed("simd:AVX3:f32+qwen3@H8kv8", "none+rope128", 11.0),
+            self.timed("simd:AVX3:f32+qwen3@H8kv8", "none", 10.0),
+        ])
+        by = {g["entry"]: g for g in goals}
+        self.assertEqual(len(goals), 4)
+        self.assertEqual(by["simd:AVX2:f32"]["goal"],
+                         "rope / no rope at n=512 d=128 <= 1.10")
+        self.assertEqual(by["simd:AVX2:f32"]["status"], "met")
+        self.assertAlmostEqual(by["simd:AVX2:f32"]["ratio"], 1.05)
+        self.assertEqual(by["simd:AVX3:f32"]["status"], "missed")
+        self.assertAlmostEqual(by["simd:AVX3:f32"]["ratio"], 1.2)
+        self.assertEqual(by["simd:SSE4:f32"]["status"], "not measured")
+        # 1.10 itself meets the goal ("at most").
+        self.assertEqual(by["simd:AVX3:f32+qwen3@H8kv8"]["status"], "met")
+
+
 if __name__ == "__main__":
     unittest.main()
