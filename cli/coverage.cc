@@ -60,8 +60,10 @@ CoveringCases covering_cases(const std::vector<const Backend*>& entries,
 
 void append_covering(Suite* s, const std::vector<AttentionProblem>& cases,
                      uint64_t seed) {
+  // After the default suite's ScaleNorm seeds (its variant cases have a
+  // block of their own, kVariantSeeds).
   const Suite d = default_suite(seed);
-  uint64_t next = seed + d.attention.size() + d.scalenorm.size();
+  uint64_t next = d.scalenorm.back().seed + 1;
   for (const AttentionProblem& p : cases)
     s->attention.push_back(
         {p, validation::Distribution::kGaussian, next++,

@@ -89,25 +89,27 @@ Suite default_suite(uint64_t seed) {
   sn.dim = 31;
   sn.g = scalenorm_g_init(sn.dim);
   s.scalenorm.push_back({sn, Distribution::kWideMagnitude, base + 1});
-  // RoPE (issue 34), seeded after ScaleNorm's (every earlier case keeps its
-  // seed): Qwen3 as Hugging Face runs it (theta 1e6, half-split over the
-  // whole head, after the norm, the angle and cos/sin rounded as its code
-  // does) at a prefill shape on an attention sink, and OLMo2's decode (3
-  // new queries against 700 cached keys at positions past 30000) on outlier
-  // rows.
+  // RoPE (issue 34), in a seed block of their own (seed + 2^20 + k: the
+  // covering cases' seeds continue after ScaleNorm's, cli/coverage.cc, and
+  // every earlier case keeps its seed): Qwen3 as Hugging Face runs it (theta
+  // 1e6, half-split over the whole head, after the norm, the angle and cos/sin
+  // rounded as its code does) at a prefill shape on an attention sink, and
+  // OLMo2's norm at a decode shape (3 new queries against 700 cached keys
+  // at positions past 30000) with partial NeoX RoPE (64 of 128 dims, vLLM
+  // #51049's trigger) on outlier rows.
   auto rope = [&](const char* name, AttentionProblem p, const char* spec,
                   Distribution dist, uint64_t k) {
     p.kv_heads = 2;
     apply_preset(name, &p);
     p.rope = parse_rope(spec);
     p.mask.causal = true;
-    s.attention.push_back({p, dist, base + 2 + k});
+    s.attention.push_back({p, dist, seed + kVariantSeeds + k});
   };
   rope("qwen3", shape(1, 8, 64, 64, 128, 1),
        "128,half,after,theta=1000000,angle_f32,cos_sin_storage",
        Distribution::kSink, 0);
   rope("olmo2", shape(2, 8, 3, 700, 128, 1),
-       "128,half,after,theta=500000,offset=30000", Distribution::kOutlierRows,
+       "64,half,after,theta=500000,offset=30000", Distribution::kOutlierRows,
        1);
   return s;
 }

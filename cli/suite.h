@@ -68,6 +68,9 @@ struct Suite {
 // degenerate c5 (fully masked rows) and c8 (zero rows).
 // Case i gets seed `seed + i`.
 Suite default_suite(uint64_t seed);
+// The default suite's attention-variant cases (issue 34: RoPE) draw their
+// inputs from seed + kVariantSeeds + k, clear of the covering cases' seeds.
+inline constexpr uint64_t kVariantSeeds = uint64_t{1} << 20;
 
 // The name of a field's tensor in compare's files and in the tables'
 // headers: the paper's O, dQ, dK, dV; lse; g's dg; the parameter gradients

@@ -84,7 +84,7 @@ _SCALENORM_GRADS = {
 _PARAMS = ("q_weight", "k_weight", "q_bias", "k_bias")
 _FLAGS = {"eps": "--eps", "variant": "--variant",
           "formulation": "--formulation", "compute": "--compute",
-          "contract": "--contract"}
+          "contract": "--contract", "rope": "--rope"}
 _OTHER_OPTIONS = ("params", "extra_args", "qknorm_check", "workdir", "timeout")
 
 
@@ -249,7 +249,9 @@ def assert_qknorm_attention(q, k, v, g, out, grads=None, mask=None, **options):
     formulation's "dq_weight", ...): the gradients to judge}; dO is needed
     when any gradient is given. mask: compare's --mask text ("causal",
     "pad:L1,L2,...", "causal+pad", a sliding window "window:LEFT,RIGHT",
-    e.g. "causal+window:127,0"; None: no mask). g may be None for a
+    e.g. "causal+window:127,0"; None: no mask). rope: compare's --rope
+    text (attention.h, Rope: "64,half,after,theta=1000000"; None: no
+    rotation). g may be None for a
     fixed-scale formulation. Returns the report on PASS; raises
     AssertionError (FAIL) or QKNormInputError (bad input)."""
     inputs = {"q": q, "k": k, "v": v}

@@ -162,6 +162,65 @@ class WindowTest(unittest.TestCase):
             self.assertIn("worst o[", str(cm.exception))
 
 
+def rope_attention(q, k, v, g, eps, rotary, theta):
+    """The paper's QK-norm, then RoPE as Hugging Face's Llama code applies
+    it (rotate_half over the first `rotary` dims, cos and sin of
+    positions * inv_freq concatenated twice), causal: written here from the
+    model code's formulas, not from qknorm."""
+    qh = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
+    kh = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
+    n = q.shape[-2]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary, 2,
+                                             dtype=torch.float64) / rotary))
+    freqs = torch.outer(torch.arange(n, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+
+    def rotate_half(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def rope(x):
+        r, rest = x[..., :rotary], x[..., rotary:]
+        return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
+
+    s = g * (rope(qh) @ rope(kh).transpose(-1, -2))
+    mask = torch.triu(torch.full((n, n), float("-inf"), dtype=s.dtype),
+                      diagonal=1)
+    return torch.softmax(s + mask, dim=-1) @ v
+
+
+@unittest.skipIf(torch is None, "needs torch and numpy")
+class RopeTest(unittest.TestCase):
+    """RoPE (issue 34): Hugging Face's rotate_half transcribed in torch
+    passes under its spec and FAILs under the other pairing, the full head
+    for its partial rotary, or no rotation, naming the element."""
+
+    def test_rope_is_judged_under_its_spec(self):
+        binary_or_skip(self)
+        torch.manual_seed(4)
+        shape = (1, 2, 12, 16)
+        q, k, v = (torch.randn(*shape, dtype=torch.float64,
+                               requires_grad=True) for _ in range(3))
+        g = torch.tensor(12.3197, dtype=torch.float64, requires_grad=True)
+        d_o = torch.randn(*shape, dtype=torch.float64)
+        out = rope_attention(q, k, v, g, 1e-12, 8, 10000.0)
+        out.backward(d_o)
+        grads = {"dO": d_o, "dQ": q.grad, "dK": k.grad, "dV": v.grad,
+                 "dg": g.grad}
+        report = qa.assert_qknorm_attention(
+            q, k, v, g, out, grads=grads, mask="causal",
+            rope="8,half,after,theta=10000")
+        self.assertIn("PASS", report)
+        for wrong in ("8,interleaved,after,theta=10000",
+                      "16,half,after,theta=10000", None):
+            with self.assertRaises(AssertionError) as cm:
+                qa.assert_qknorm_attention(q, k, v, g, out, grads=grads,
+                                           mask="causal", rope=wrong)
+            self.assertIn("FAIL", str(cm.exception))
+            self.assertIn("worst o[", str(cm.exception))
+
+
 @unittest.skipIf(torch is None, "needs torch and numpy")
 class ScaleNormTest(unittest.TestCase):
     def setUp(self):

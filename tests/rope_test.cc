@@ -255,8 +255,7 @@ std::vector<AttentionProblem> verdict_problems(const char* form) {
 }
 
 TEST(Rope, EveryEntryWithItPassesTheVerdict) {
-  int n = 0, judged = 0;
-  std::map<std::string, double> worst;
+  test_support::EveryEntry all;
   for (const char* form :
        {"paper", "qwen3", "olmo2", "chameleon", "sdpa", "rms-before"})
     for (const AttentionProblem& base : verdict_problems(form))
@@ -267,26 +266,14 @@ TEST(Rope, EveryEntryWithItPassesTheVerdict) {
           if (base.kv_len > 100 && (d == Distribution::kWideMagnitude ||
                                     d == Distribution::kZeroRows))
             continue;
-          const AttentionCase c =
-              validation::make_attention_case(base, d, 900 + n, prec);
-          ++n;
-          for (const Backend* b : all_backends().entries()) {
-            if (b->precision() != prec || !b->available() ||
-                !b->supports(c.problem))
-              continue;
-            const auto rep = validation::check_attention(*b, c, {}, false,
-                                                         /*with_naive=*/false);
-            EXPECT_TRUE(rep.pass) << rep.failure_message();
-            double& w = worst[b->name()];
-            w = std::max(w, rep.margin);
-            ++judged;
-          }
+          all.judge(
+              validation::make_attention_case(base, d, 900 + all.cases, prec),
+              prec);
         }
-  EXPECT_GT(worst.count("reference:f32"), 0u);
-  std::printf("rope verdict: %d cases, %d judgements, worst margin:", n,
-              judged);
-  for (const auto& [name, w] : worst) std::printf(" %s %.3f", name.c_str(), w);
-  std::printf("\n");
+  EXPECT_GT(all.worst.count("reference:f32"), 0u);
+  EXPECT_GT(all.worst.count("blas:f32"), 0u);
+  EXPECT_TRUE(all.has_simd());
+  all.print("rope");
 }
 
 // A field bug as a wrapper: the inner entry runs on the problem the bug

@@ -132,39 +132,22 @@ TEST(Softcap, EveryGradientMatchesFiniteDifferences) {
 // outlier and zero rows), both variants, masks and presets: the rule's softcap
 // units do not cry wolf.
 TEST(Softcap, EveryEntryWithItPassesTheVerdict) {
-  int n = 0, judged = 0;
-  std::map<std::string, double> worst;
+  test_support::EveryEntry all;
   for (const char* form : {"paper", "sdpa", "qwen3", "gemma3"})
     for (Precision prec : kAllPrecisions)
       for (Distribution d :
            {Distribution::kGaussian, Distribution::kWideMagnitude,
             Distribution::kOutlierRows, Distribution::kZeroRows})
         for (double cap : {2.0, 30.0})
-          for (int mask : {0, 3}) {
-            const AttentionCase c = validation::make_attention_case(
-                capped(form, cap, mask, 9, 12, 16), d, 500 + n, prec);
-            ++n;
-            for (const Backend* b : all_backends().entries()) {
-              if (b->precision() != prec || !b->available() ||
-                  !b->supports(c.problem))
-                continue;
-              const auto rep = validation::check_attention(
-                  *b, c, {}, false, /*with_naive=*/false);
-              EXPECT_TRUE(rep.pass) << rep.failure_message();
-              double& w = worst[b->name()];
-              w = std::max(w, rep.margin);
-              ++judged;
-            }
-          }
-  EXPECT_GT(worst.count("blas:f32"), 0u);
+          for (int mask : {0, 3})
+            all.judge(validation::make_attention_case(
+                          capped(form, cap, mask, 9, 12, 16), d,
+                          500 + all.cases, prec),
+                      prec);
+  EXPECT_GT(all.worst.count("blas:f32"), 0u);
   // Some simd target (Clang's fallback is EMU128 where GCC's is SCALAR).
-  EXPECT_TRUE(std::any_of(worst.begin(), worst.end(), [](const auto& w) {
-    return w.first.rfind("simd:", 0) == 0;
-  }));
-  std::printf("softcap verdict: %d cases, %d judgements, worst margin:", n,
-              judged);
-  for (const auto& [name, w] : worst) std::printf(" %s %.3f", name.c_str(), w);
-  std::printf("\n");
+  EXPECT_TRUE(all.has_simd());
+  all.print("softcap");
 }
 
 // The log-ratio of a row's largest to smallest probability over visible

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "qknorm/backend.h"
 #include "qknorm/error.h"
 #include "validation/case.h"
+#include "validation/check.h"
 #include "validation/gradcheck.h"
 
 namespace qknorm::test_support {
@@ -78,6 +80,41 @@ inline std::string error_of(const std::function<void()>& f) {
 }
 
 inline const Backend& ref64() { return *all_backends().find("reference:f64"); }
+
+// The variants' "every entry passes" tests (softcap, window, rope): each
+// case judged on every runnable registry entry of its precision that
+// implements its problem (the case made for precision prec), every verdict
+// expected PASS, the worst margin
+// kept per entry.
+struct EveryEntry {
+  int cases = 0, judged = 0;
+  std::map<std::string, double> worst;
+  void judge(const validation::AttentionCase& c, Precision prec) {
+    ++cases;
+    for (const Backend* b : all_backends().entries()) {
+      if (b->precision() != prec || !b->available() || !b->supports(c.problem))
+        continue;
+      const auto rep = validation::check_attention(*b, c, {}, false,
+                                                   /*with_naive=*/false);
+      EXPECT_TRUE(rep.pass) << rep.failure_message();
+      double& w = worst[b->name()];
+      w = std::max(w, rep.margin);
+      ++judged;
+    }
+  }
+  bool has_simd() const {
+    return std::any_of(worst.begin(), worst.end(), [](const auto& w) {
+      return w.first.rfind("simd:", 0) == 0;
+    });
+  }
+  void print(const char* what) const {
+    std::printf("%s verdict: %d cases, %d judgements, worst margin:", what,
+                cases, judged);
+    for (const auto& [name, w] : worst)
+      std::printf(" %s %.3f", name.c_str(), w);
+    std::printf("\n");
+  }
+};
 
 // batch B, H query heads (Hk kv heads, 0: as many as H), q_len Nq, kv_len
 // Nk, head_dim D; everything else as AttentionProblem's defaults.

@@ -164,8 +164,7 @@ std::vector<AttentionProblem> verdict_problems(const char* form) {
 // default run draws (spread, wide, outlier and zero rows), both variants,
 // masks, a preset, a softcap: the window does not cry wolf.
 TEST(Window, EveryEntryWithItPassesTheVerdict) {
-  int n = 0, judged = 0;
-  std::map<std::string, double> worst;
+  test_support::EveryEntry all;
   for (const char* form : {"paper", "sdpa", "qwen3"})
     for (const AttentionProblem& base : verdict_problems(form))
       for (Precision prec : kAllPrecisions)
@@ -178,30 +177,14 @@ TEST(Window, EveryEntryWithItPassesTheVerdict) {
                                     d == Distribution::kZeroRows))
             continue;
           AttentionProblem p = base;
-          if (n % 5 == 4) p.softcap = 5;
-          const AttentionCase c =
-              validation::make_attention_case(p, d, 900 + n, prec);
-          ++n;
-          for (const Backend* b : all_backends().entries()) {
-            if (b->precision() != prec || !b->available() ||
-                !b->supports(c.problem))
-              continue;
-            const auto rep = validation::check_attention(*b, c, {}, false,
-                                                         /*with_naive=*/false);
-            EXPECT_TRUE(rep.pass) << rep.failure_message();
-            double& w = worst[b->name()];
-            w = std::max(w, rep.margin);
-            ++judged;
-          }
+          if (all.cases % 5 == 4) p.softcap = 5;
+          all.judge(
+              validation::make_attention_case(p, d, 900 + all.cases, prec),
+              prec);
         }
-  EXPECT_GT(worst.count("blas:f32"), 0u);
-  EXPECT_TRUE(std::any_of(worst.begin(), worst.end(), [](const auto& w) {
-    return w.first.rfind("simd:", 0) == 0;
-  }));
-  std::printf("window verdict: %d cases, %d judgements, worst margin:", n,
-              judged);
-  for (const auto& [name, w] : worst) std::printf(" %s %.3f", name.c_str(), w);
-  std::printf("\n");
+  EXPECT_GT(all.worst.count("blas:f32"), 0u);
+  EXPECT_TRUE(all.has_simd());
+  all.print("window");
 }
 
 // Keys outside the window get probability exactly 0, keys inside a positive

@@ -63,6 +63,20 @@ TEST(CliOptions, BadMasks) {
   expect_usage_error({"--mask", "window:1,x"}, "not an integer");
 }
 
+// RoPE's spec (qknorm/formulation.h, parse_rope) and its validation
+// (attention.h, Rope), each naming what is wrong.
+TEST(CliOptions, BadRope) {
+  expect_usage_error({"--rope", "64,sideways"}, "unknown item 'sideways'");
+  expect_usage_error({"--rope", "x"}, "not an integer");
+  expect_usage_error({"--shape", "1x1x4x4x8", "--rope", "7"},
+                     "rope.rotary_dim");
+  expect_usage_error({"--shape", "1x1x4x4x8", "--rope", "8,theta=0.5"},
+                     "rope.theta");
+  expect_usage_error({"--formulation", "qwen3", "--rope", "8,before"},
+                     "rope.order");
+  expect_usage_error({"--rope", "8", "--sample", "64"}, "--sample");
+}
+
 TEST(CliOptions, BadDistributionPrecisionVariantEps) {
   expect_usage_error({"--dist", "cauchy"}, "unknown distribution");
   expect_usage_error({"--precision", "f8"}, "unknown precision");
