@@ -598,6 +598,51 @@ HWY_INLINE double UnitRowNorm(const SideSpec& sp) {
 
 // ------------------------------------------------------------------ forward
 
+// Prefetches the rows [n0, n0 + rows) of head (b, h) of a view (row n0 <
+// the view's rows; rows past `n` are skipped), D elements each, into the
+// cache; for writing (prefetchw) where Write. Windows at large n: the input
+// rows of the next key and query blocks and the output rows are then
+// fetched while the products run (without it, copying them in was ~20% of
+// the forward at n = 4096, d = 128: perf).
+template <Precision P, bool Write, class Tensor>
+HWY_INLINE void PrefetchRows(const Tensor& t, int64_t b, int64_t h, size_t n0,
+                             size_t rows, size_t n, size_t D) {
+  const size_t bytes = D * sizeof(StorageT<P>);
+  for (size_t r = n0; r < std::min(n, n0 + rows); ++r) {
+    const char* row = reinterpret_cast<const char*>(
+        RowPtr<P>(t, b, h, static_cast<int64_t>(r)));
+    for (size_t o = 0; o < bytes; o += 64)
+      __builtin_prefetch(row + o, Write ? 1 : 0, 3);
+    __builtin_prefetch(row + bytes - 1, Write ? 1 : 0, 3);
+  }
+}
+
+// The key blocks [first block, end block) holding every visible key of the
+// query rows with intervals [F[r], L[r]), r < mr (an empty range when no
+// row sees a key).
+struct BlockSpan {
+  size_t first, end;
+};
+inline BlockSpan KeyBlocksOf(const int64_t* F, const int64_t* L, size_t mr,
+                             int64_t Nk) {
+  int64_t max_lim = 0, min_first = Nk;
+  for (size_t r = 0; r < mr; ++r)
+    if (L[r] > F[r]) {
+      max_lim = std::max(max_lim, L[r]);
+      min_first = std::min(min_first, F[r]);
+    }
+  const size_t end = (static_cast<size_t>(max_lim) + kKeyBlock - 1) / kKeyBlock;
+  return {max_lim > 0 ? static_cast<size_t>(min_first) / kKeyBlock : end, end};
+}
+
+// The fixed shift's running inputs over a kv head's keys (no window): the
+// largest ||k||^2 and its sqrt (NaN once a row's is: the rows that see it
+// stay online), the smallest nonzero |v| and its cap.
+struct PackRunning {
+  double k2 = 0, kn = 0;
+  float v_min = std::numeric_limits<float>::infinity(), cap = kFixedShiftMax;
+};
+
 template <Precision P>
 void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                       SimdWorkspace& ws, int threads, double* probs) {
@@ -608,27 +653,57 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   const size_t Nq = static_cast<size_t>(s.Nq), Nk = static_cast<size_t>(s.Nk);
 
   const size_t BHk = static_cast<size_t>(s.BHk);
+  const size_t T = static_cast<size_t>(threads);
   float* qh = ws.qh.Get(static_cast<size_t>(s.BH) * Nq * Dp);
   float* kh = ws.kh.Get(BHk * Nk * Dp);
-  float* kt = ws.kt.Get(BHk * s.Nkp * Dp);
-  float* vv = ws.v.Get(BHk * s.Nkp * Dp);
   int64_t* lim = ws.limits.Get(2 * static_cast<size_t>(s.B) * Nq);
   int64_t* first = lim + static_cast<size_t>(s.B) * Nq;
   const bool window = has_window(p.mask);
-  // Per worker: S/P tile, O accumulator, m, l, one row.
-  const size_t per_worker = (Mq * Kb + Mq * Dp + 2 * Mq + Dp + 15) / 16 * 16;
-  float* scratch = ws.scratch.Get(per_worker * static_cast<size_t>(threads));
-  // Windows: per worker a queue of key indices (RangeExtremes).
-  int64_t* queues =
-      window ? ws.key_queue.Get(Nk * static_cast<size_t>(threads)) : nullptr;
+  // Per worker: S/P tile, O accumulator, m, l, one row, the q rows.
+  const size_t per_worker =
+      (Mq * Kb + 2 * Mq * Dp + 2 * Mq + Dp + 15) / 16 * 16;
+  float* scratch = ws.scratch.Get(per_worker * T);
   ComputeLimits(p, lim, first);
   ThreadPool& pool = ws.pool(threads);
 
+  // Windows (issue 34): K/V are packed inside the tasks that read them, per
+  // (batch, kv head) and chunk of query blocks, into a per-worker ring of
+  // `ring` key blocks (the most any query block spans) just before the
+  // query block that first needs them: the blocks are then still in cache
+  // when the products read them (packing every head up front staged n x Dp
+  // floats per kv head and tensor, read back from memory at n >= 1024).
+  // Each key block is packed once per chunk (chunks = tasks of one kv
+  // head), so at most `chunks - 1` times (ring - 1) blocks are packed twice;
+  // used where that is at most half the blocks. The packed values do not
+  // depend on where they are packed: results are the same bitwise.
+  size_t ring = 0, chunks = 1;
+  if (window) {
+    for (int64_t b = 0; b < s.B; ++b)
+      for (size_t i0 = 0; i0 < Nq; i0 += Mq) {
+        const size_t o = static_cast<size_t>(b) * Nq + i0;
+        const BlockSpan sp =
+            KeyBlocksOf(first + o, lim + o, std::min(Mq, Nq - i0), s.Nk);
+        if (sp.end > sp.first) ring = std::max(ring, sp.end - sp.first);
+      }
+    const size_t want = std::max<size_t>(kTargetTasks, 4 * T);
+    chunks = std::min(s.nqb, std::max<size_t>(1, (want + BHk - 1) / BHk));
+    if (ring == 0 || (chunks - 1) * (ring - 1) * 2 > s.nkb) ring = 0;
+  }
+  const bool local = ring > 0;
+  const size_t kt_floats = local ? T * ring * Kb * Dp : BHk * s.Nkp * Dp;
+  float* kt = ws.kt.Get(kt_floats);
+  float* vv = ws.v.Get(kt_floats);
+  // Per kv head (per worker when local), by key: the fixed shift's inputs.
+  const size_t key_rows = local ? T * Nk : BHk * Nk;
+  // Windows: per worker a queue of key indices (RangeExtremes), then the
+  // ring's tags (the key block each slot holds).
+  int64_t* queues = window ? ws.key_queue.Get((Nk + ring) * T) : nullptr;
+
   // Generic sides are prepared here (their formulation); raw and unit-l2 k
   // rows are loaded and normalized by the packing below, which packs k_tilde
-  // transposed and v, one task per (batch, kv head); raw and unit-l2 q rows
-  // by each attention task, for its own rows (fused: the rows are then in L1
-  // for the first product).
+  // transposed and v, one task per (batch, kv head) (windows: inside the
+  // tasks, above); raw and unit-l2 q rows by each attention task, for its
+  // own rows (fused: the rows are then in L1 for the first product).
   const Sides sd =
       PrepareSides<P>(p, a.params, a.q, a.k, s, ws, pool, qh, kh, true);
   // The fixed shift's inputs (top of file), per kv head and key prefix
@@ -640,80 +715,91 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
   // (+inf: none), which each task reduces over its rows' intervals.
   const bool bound = !ws.online_softmax;
   const double q_unit = UnitRowNorm(sd.q), k_unit = UnitRowNorm(sd.k);
-  double* k_norm = ws.k_norm.Get(BHk * Nk);
-  float* shift_cap = ws.shift_cap.Get(BHk * Nk);
-  pool.Run(s.BHk, [&](int64_t bk, int worker) {
-    const int64_t b = bk / s.Hk, h = bk % s.Hk;
-    // kPackRows k rows (normalized here unless the side is generic), then
-    // packed transposed at once.
-    float* stage = scratch + per_worker * static_cast<size_t>(worker);
-    const float* khb = kh + static_cast<size_t>(bk) * Nk * Dp;
-    float* ktb = kt + static_cast<size_t>(bk) * s.Nkp * Dp;
-    float* vb = vv + static_cast<size_t>(bk) * s.Nkp * Dp;
+  double* k_norm = ws.k_norm.Get(key_rows);
+  float* shift_cap = ws.shift_cap.Get(key_rows);
+  // Packs the kPackRows keys j0.. (j0 a multiple of kPackRows) of kv head bk
+  // = (b, hk): k_tilde transposed into the key block at ktblk, v into the
+  // block at vblk (rows by key), the fixed shift's inputs into knb[j],
+  // capb[j]; the k rows are staged in `stage` (normalized here unless the
+  // side is generic).
+  auto pack_rows = [&](int64_t b, int64_t hk, size_t bk, size_t j0,
+                       float* HWY_RESTRICT stage, float* HWY_RESTRICT ktblk,
+                       float* HWY_RESTRICT vblk, double* knb, float* capb,
+                       PackRunning& run) {
+    const size_t jb = j0 % Kb;
+    const float* khb = kh + bk * Nk * Dp;
     NormInfo info[kPackRows];
-    // Running over the keys: max ||k||^2 (NaN once a row's is: the rows
-    // that see it stay online), min nonzero |v| and its cap.
-    double k2 = 0, kn = 0;
-    float v_min = std::numeric_limits<float>::infinity(), cap = kFixedShiftMax;
-    double* knb = k_norm + static_cast<size_t>(bk) * Nk;
-    float* capb = shift_cap + static_cast<size_t>(bk) * Nk;
-    for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
-      for (size_t t = 0; t < kPackRows; ++t) {
-        const size_t j = j0 + t;
-        float* kr = stage + t * Dp;
-        if (j >= Nk) {
-          std::fill(vb + j * Dp, vb + (j + 1) * Dp, 0.0f);
-          std::fill(kr, kr + Dp, 0.0f);
-          continue;
-        }
-        LoadRow<P>(RowPtr<P>(a.v, b, h, static_cast<int64_t>(j)),
-                   static_cast<size_t>(s.D), vb + j * Dp, Dp);
-        if (bound && window) {
-          const float vm = hn::GetLane(hn::MinOfLanes(
-              df,
-              MinNonzeroAbs(hn::Set(df, std::numeric_limits<float>::infinity()),
-                            vb + j * Dp, Dp)));
-          capb[j] =
-              std::isnan(vm) ? std::numeric_limits<float>::infinity() : vm;
-        } else if (bound) {
-          const float vm = hn::GetLane(hn::MinOfLanes(
-              df, MinNonzeroAbs(hn::Set(df, v_min), vb + j * Dp, Dp)));
-          if (vm < v_min) v_min = vm, cap = ShiftCap(vm);  // rarely: a log
-          capb[j] = cap;
-        }
-        if (sd.k.mode == SideMode::kGeneric)
-          std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
+    for (size_t t = 0; t < kPackRows; ++t) {
+      const size_t j = j0 + t;
+      float* kr = stage + t * Dp;
+      float* vr = vblk + (jb + t) * Dp;
+      if (j >= Nk) {
+        std::fill(vr, vr + Dp, 0.0f);
+        std::fill(kr, kr + Dp, 0.0f);
+        continue;
       }
-      if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
-        LoadSide<P>(sd.k, a.k, b, h, j0, std::min(kPackRows, Nk - j0), s, stage,
-                    info);
-      // The k rows as the GEMM reads them: the running norm bound.
-      for (size_t t = 0; bound && t < kPackRows && j0 + t < Nk; ++t) {
-        const double r2 =
-            k_unit > 0 ? k_unit * k_unit : SumSquaresF64(stage + t * Dp, Dp);
-        if (window) {
-          knb[j0 + t] = std::isnan(r2) ? std::numeric_limits<double>::infinity()
-                                       : std::sqrt(r2);
-          continue;
-        }
-        if (!(r2 <= k2) && !std::isnan(k2)) k2 = r2, kn = std::sqrt(r2);
-        knb[j0 + t] = kn;
+      LoadRow<P>(RowPtr<P>(a.v, b, hk, static_cast<int64_t>(j)),
+                 static_cast<size_t>(s.D), vr, Dp);
+      if (bound && window) {
+        const float vm = hn::GetLane(hn::MinOfLanes(
+            df,
+            MinNonzeroAbs(hn::Set(df, std::numeric_limits<float>::infinity()),
+                          vr, Dp)));
+        capb[j] = std::isnan(vm) ? std::numeric_limits<float>::infinity() : vm;
+      } else if (bound) {
+        const float vm = hn::GetLane(
+            hn::MinOfLanes(df, MinNonzeroAbs(hn::Set(df, run.v_min), vr, Dp)));
+        if (vm < run.v_min)
+          run.v_min = vm, run.cap = ShiftCap(vm);  // rarely: a log
+        capb[j] = run.cap;
       }
-      PackTransposed(stage, Dp, j0, Dp, ktb);
+      if (sd.k.mode == SideMode::kGeneric)
+        std::copy(khb + j * Dp, khb + (j + 1) * Dp, kr);
     }
-  });
+    if (sd.k.mode != SideMode::kGeneric && j0 < Nk)
+      LoadSide<P>(sd.k, a.k, b, hk, j0, std::min(kPackRows, Nk - j0), s, stage,
+                  info);
+    // The k rows as the GEMM reads them: the running norm bound.
+    for (size_t t = 0; bound && t < kPackRows && j0 + t < Nk; ++t) {
+      const double r2 =
+          k_unit > 0 ? k_unit * k_unit : SumSquaresF64(stage + t * Dp, Dp);
+      if (window) {
+        knb[j0 + t] = std::isnan(r2) ? std::numeric_limits<double>::infinity()
+                                     : std::sqrt(r2);
+        continue;
+      }
+      if (!(r2 <= run.k2) && !std::isnan(run.k2))
+        run.k2 = r2, run.kn = std::sqrt(r2);
+      knb[j0 + t] = run.kn;
+    }
+    PackTransposed(stage, Dp, jb, Dp, ktblk);
+  };
+  if (!local) {
+    pool.Run(s.BHk, [&](int64_t bk, int worker) {
+      const size_t k = static_cast<size_t>(bk);
+      float* stage = scratch + per_worker * static_cast<size_t>(worker);
+      float* ktb = kt + k * s.Nkp * Dp;
+      float* vb = vv + k * s.Nkp * Dp;
+      PackRunning run;
+      for (size_t j0 = 0; j0 < s.Nkp; j0 += kPackRows) {
+        const size_t kb = j0 / Kb;
+        pack_rows(bk / s.Hk, bk % s.Hk, k, j0, stage, ktb + kb * Dp * Kb,
+                  vb + kb * Kb * Dp, k_norm + k * Nk, shift_cap + k * Nk, run);
+      }
+    });
+  }
 
   const VF neg_inf = hn::Set(df, kNegInf);
   const Logits logit(s);
   const BoundFactors bf = MakeBoundFactors(s.scale, Dp);
   float* row_shift =
       probs ? ws.row_shift.Get(static_cast<size_t>(s.BH) * Nq) : nullptr;
-  pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
-    const int64_t bh = task / static_cast<int64_t>(s.nqb);
-    const size_t i0 =
-        static_cast<size_t>(task % static_cast<int64_t>(s.nqb)) * Mq;
+  // The query block at row i0 of head bh, its key block kb at kt_of(kb)
+  // (transposed) and v_of(kb) (rows), the fixed shift's per-key inputs of
+  // its kv head at knb[j], capb[j].
+  auto attend = [&](int64_t bh, size_t i0, int worker, auto kt_of, auto v_of,
+                    const double* knb, const float* capb) {
     const int64_t b = bh / s.H, h = bh % s.H;
-    const size_t bk = static_cast<size_t>(b * s.Hk + h / s.group);
     const size_t mr = std::min(Mq, Nq - i0);
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
     const int64_t* F = first + static_cast<size_t>(b) * Nq + i0;
@@ -722,8 +808,11 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     float* m = O + Mq * Dp;
     float* l = m + Mq;
     // Raw and unit-l2 q rows are loaded (and normalized) here, for this
-    // task's rows; generic ones were prepared by PrepareSides.
-    float* qrows = qh + (static_cast<size_t>(bh) * Nq + i0) * Dp;
+    // task's rows, into the worker's scratch (staying in cache); generic ones
+    // were prepared by PrepareSides.
+    float* qrows = sd.q.mode == SideMode::kGeneric
+                       ? qh + (static_cast<size_t>(bh) * Nq + i0) * Dp
+                       : l + Mq + Dp;
     if (sd.q.mode != SideMode::kGeneric) {
       NormInfo info[kQueryBlock];
       LoadSide<P>(sd.q, a.q, b, h, i0, mr, s, qrows, info);
@@ -736,35 +825,36 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     double k_max[kQueryBlock];
     float v_low[kQueryBlock];
     if (bound && window) {
-      int64_t* queue = queues + Nk * static_cast<size_t>(worker);
-      RangeExtremes<true>(k_norm + bk * Nk, F, L, mr, queue, k_max);
-      RangeExtremes<false>(shift_cap + bk * Nk, F, L, mr, queue, v_low);
+      int64_t* queue = queues + (Nk + ring) * static_cast<size_t>(worker);
+      RangeExtremes<true>(knb, F, L, mr, queue, k_max);
+      RangeExtremes<false>(capb, F, L, mr, queue, v_low);
     }
-    // The key blocks [kb_first, nblocks) hold every visible key of the
-    // task's rows (kb_first = 0 without a window).
-    int64_t max_lim = 0, min_first = s.Nk;
+    // ShiftCap of the last row's v_low: neighbouring window rows mostly
+    // share it (a log saved per row).
+    float cap_of = std::numeric_limits<float>::quiet_NaN(), cap_is = 0;
     for (size_t r = 0; r < mr; ++r) {
-      if (L[r] > F[r]) {
-        max_lim = std::max(max_lim, L[r]);
-        min_first = std::min(min_first, F[r]);
-      }
       shift[r] = kOnlineRow;
       if (bound && L[r] > F[r]) {
-        const size_t last = bk * Nk + static_cast<size_t>(L[r] - 1);
+        const size_t last = static_cast<size_t>(L[r] - 1);
         const double qn =
             q_unit > 0 ? q_unit : std::sqrt(SumSquaresF64(qrows + r * Dp, Dp));
-        const float B = LogitBound(bf, qn, window ? k_max[r] : k_norm[last]);
-        if (B <= (window ? ShiftCap(v_low[r]) : shift_cap[last])) shift[r] = B;
+        const float B = LogitBound(bf, qn, window ? k_max[r] : knb[last]);
+        float cap = capb[last];
+        if (window) {
+          if (!(v_low[r] == cap_of))
+            cap_of = v_low[r], cap_is = ShiftCap(cap_of);
+          cap = cap_is;
+        }
+        if (B <= cap) shift[r] = B;
       }
       m[r] = shift[r] >= 0 ? shift[r] : kNegInf;
       l[r] = 0;
     }
     std::fill(O, O + mr * Dp, 0.0f);
-    const float* ktb = kt + bk * s.Nkp * Dp;
-    const float* vb = vv + bk * s.Nkp * Dp;
-    const size_t nblocks = (static_cast<size_t>(max_lim) + Kb - 1) / Kb;
-    const size_t kb_first =
-        max_lim > 0 ? static_cast<size_t>(min_first) / Kb : nblocks;
+    // The key blocks [kb_first, nblocks) hold every visible key of the
+    // task's rows (kb_first = 0 without a window).
+    const BlockSpan span = KeyBlocksOf(F, L, mr, s.Nk);
+    const size_t kb_first = span.first, nblocks = span.end;
 
     // Per-row limits of the masked tiles: row r needs the keys [klo[r],
     // kvr[r]) of the block (kvr = 0: none; klo = 0 without a window); S is
@@ -789,8 +879,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
             (*std::max_element(kvr + r0, kvr + r1) + N - 1) / N * N;
         std::fill(width + r0, width + r1, w);
       }
-      GemmLimited(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1,
-                  ktb + kb * Dp * Kb, Kb, S, Kb, /*accumulate=*/false,
+      GemmLimited(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, kt_of(kb),
+                  Kb, S, Kb, /*accumulate=*/false,
                   RowLimits{kvr, nullptr, nullptr});
       for (size_t r = 0; r < mr; ++r) {
         float* sr = S + r * Kb;
@@ -858,8 +948,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         m[r] = m_new;
       }
       // O += P V over each group's visible keys (P = 0 on the rest).
-      GemmLimited(mr, Dp, Kb, S, static_cast<ptrdiff_t>(Kb), 1, vb + j0 * Dp,
-                  Dp, O, Dp, /*accumulate=*/true,
+      GemmLimited(mr, Dp, Kb, S, static_cast<ptrdiff_t>(Kb), 1, v_of(kb), Dp, O,
+                  Dp, /*accumulate=*/true,
                   RowLimits{nullptr, window ? klo : nullptr, kvr});
     }
 
@@ -873,7 +963,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       } else if (shift[r] >= 0 && L[r] - F[r] == 1) {
         // One visible key (key F): what the online path gives exactly,
         // O = V, lse = S (held in m), P = exp(S - lse) = 1 in the backward.
-        const float* vf = vb + static_cast<size_t>(F[r]) * Dp;
+        const float* vf = v_of(static_cast<size_t>(F[r]) / Kb) +
+                          static_cast<size_t>(F[r]) % Kb * Dp;
         std::copy(vf, vf + Dp, orow);
         lse = static_cast<double>(m[r]);
         m[r] = shift[r];  // the hook's shift (l = exp(S - B_i))
@@ -905,8 +996,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     }
     for (size_t kb = kb_first; kb < nblocks; ++kb) {
       const size_t j0 = kb * Kb;
-      Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, ktb + kb * Dp * Kb,
-           Kb, S, Kb, false);
+      Gemm(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, kt_of(kb), Kb, S,
+           Kb, false);
       for (size_t r = 0; r < mr; ++r) {
         const size_t kv = VisibleInBlock(L[r], j0);
         const size_t lo = window ? FirstInBlock(F[r], j0) : 0;
@@ -923,6 +1014,70 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
         for (size_t j = lo; j < kv; ++j) pr[j] = static_cast<double>(sr[j]);
+      }
+    }
+  };
+
+  if (!local) {
+    pool.Run(s.BH * static_cast<int64_t>(s.nqb), [&](int64_t task, int worker) {
+      const int64_t bh = task / static_cast<int64_t>(s.nqb);
+      const size_t i0 =
+          static_cast<size_t>(task % static_cast<int64_t>(s.nqb)) * Mq;
+      const size_t bk =
+          static_cast<size_t>(bh / s.H * s.Hk + bh % s.H / s.group);
+      const float* ktb = kt + bk * s.Nkp * Dp;
+      const float* vb = vv + bk * s.Nkp * Dp;
+      attend(
+          bh, i0, worker, [&](size_t kb) { return ktb + kb * Dp * Kb; },
+          [&](size_t kb) { return vb + kb * Kb * Dp; }, k_norm + bk * Nk,
+          shift_cap + bk * Nk);
+    });
+    return;
+  }
+  // Windows: one task per (batch, kv head, chunk of query blocks); each
+  // query block first packs the key blocks it needs that its worker's ring
+  // does not hold yet, then runs for every query head of the kv head.
+  pool.Run(s.BHk * static_cast<int64_t>(chunks), [&](int64_t task, int worker) {
+    const size_t bk = static_cast<size_t>(task) / chunks;
+    const size_t c = static_cast<size_t>(task) % chunks;
+    const int64_t b = static_cast<int64_t>(bk) / s.Hk;
+    const int64_t hk = static_cast<int64_t>(bk) % s.Hk;
+    const size_t w = static_cast<size_t>(worker);
+    float* rk = kt + w * ring * Kb * Dp;
+    float* rv = vv + w * ring * Kb * Dp;
+    double* knb = k_norm + w * Nk;
+    float* capb = shift_cap + w * Nk;
+    int64_t* tag = queues + (Nk + ring) * w + Nk;
+    std::fill(tag, tag + ring, int64_t{-1});
+    float* stage = scratch + per_worker * w;
+    auto kt_of = [&](size_t kb) { return rk + kb % ring * Dp * Kb; };
+    auto v_of = [&](size_t kb) { return rv + kb % ring * Kb * Dp; };
+    for (size_t qb = c * s.nqb / chunks; qb < (c + 1) * s.nqb / chunks; ++qb) {
+      const size_t i0 = qb * Mq, o = static_cast<size_t>(b) * Nq + i0;
+      const BlockSpan sp =
+          KeyBlocksOf(first + o, lim + o, std::min(Mq, Nq - i0), s.Nk);
+      for (size_t kb = sp.first; kb < sp.end; ++kb) {
+        int64_t& t = tag[kb % ring];
+        if (t == static_cast<int64_t>(kb)) continue;
+        PackRunning run;  // unused with a window
+        for (size_t j0 = kb * Kb; j0 < (kb + 1) * Kb; j0 += kPackRows)
+          pack_rows(b, hk, bk, j0, stage, kt_of(kb), v_of(kb), knb, capb, run);
+        t = static_cast<int64_t>(kb);
+      }
+      // The next query block's new keys (mostly block sp.end) are read from
+      // memory while this one runs.
+      const size_t D = static_cast<size_t>(s.D);
+      PrefetchRows<P, false>(a.k, b, hk, sp.end * Kb, Kb, Nk, D);
+      PrefetchRows<P, false>(a.v, b, hk, sp.end * Kb, Kb, Nk, D);
+      for (int64_t g = 0; g < s.group; ++g) {
+        const int64_t h = hk * s.group + g;
+        // This block's o rows (written at its end), the next q rows.
+        PrefetchRows<P, true>(a.o, b, h, i0, Mq, Nq, D);
+        if (g + 1 < s.group)
+          PrefetchRows<P, false>(a.q, b, h + 1, i0, Mq, Nq, D);
+        else
+          PrefetchRows<P, false>(a.q, b, hk * s.group, i0 + Mq, Mq, Nq, D);
+        attend(b * s.H + h, i0, worker, kt_of, v_of, knb, capb);
       }
     }
   });
