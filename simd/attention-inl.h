@@ -861,7 +861,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
     // formed, exponentiated and multiplied into V only up to each row
     // group's largest kvr (GemmLimited), so the blocks on a causal diagonal
     // cost about their visible half; the columns before klo are masked (P =
-    // 0) and O += P V starts at the group's smallest klo.
+    // 0), and S (from its vector holding it) and O += P V start at the
+    // group's smallest klo (a window's first block: its upper triangle).
     size_t kvr[kQueryBlock], klo[kQueryBlock], width[kQueryBlock];
     for (size_t kb = kb_first; kb < nblocks; ++kb) {
       const size_t j0 = kb * Kb;
@@ -881,7 +882,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
       }
       GemmLimited(mr, Kb, Dp, qrows, static_cast<ptrdiff_t>(Dp), 1, kt_of(kb),
                   Kb, S, Kb, /*accumulate=*/false,
-                  RowLimits{kvr, nullptr, nullptr});
+                  RowLimits{kvr, nullptr, nullptr, window ? klo : nullptr});
       for (size_t r = 0; r < mr; ++r) {
         float* sr = S + r * Kb;
         const size_t kv = kvr[r];

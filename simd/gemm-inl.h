@@ -119,23 +119,25 @@ HWY_NOINLINE void Gemm(size_t m, size_t n, size_t K,
 }
 
 // Per-row limits of GemmLimited (nullptr: no limit). Row i of C needs the
-// columns [0, n[i]) and the terms k in [k_lo[i], k_hi[i]).
+// columns [n_lo[i], n[i]) and the terms k in [k_lo[i], k_hi[i]).
 struct RowLimits {
   const size_t* n = nullptr;
   const size_t* k_lo = nullptr;
   const size_t* k_hi = nullptr;
+  const size_t* n_lo = nullptr;
 };
 
 // Gemm for masked tiles (issue 18): each group of kGemmRows rows computes
-// only the columns [0, max n) of its rows, rounded up to Lanes, and only the
-// terms [min k_lo, max k_hi) of its rows; a group with no column is skipped,
-// and so is one with no term when accumulating (otherwise its columns are
-// set to 0). The caller guarantees that every skipped term is an exact zero
-// (A = 0 there, B finite): a skipped term would have added +-0 to the chain,
-// so every computed element equals Gemm's except possibly the sign of a zero.
-// Columns of C past a group's width are left untouched. The limits depend on
-// the mask and the shape only, so results stay bitwise identical for every
-// thread count.
+// only the columns [min n_lo, max n) of its rows, rounded outwards to
+// multiples of Lanes (a window's rows start past column 0: issue 34), and
+// only the terms [min k_lo, max k_hi) of its rows; a group with no column
+// is skipped, and so is one with no term when accumulating (otherwise its
+// columns are set to 0). The caller guarantees that every skipped term is an
+// exact zero (A = 0 there, B finite): a skipped term would have added +-0 to
+// the chain, so every computed element equals Gemm's except possibly the sign
+// of a zero. Columns of C outside a group's columns are left untouched. The
+// limits depend on the mask and the shape only, so results stay bitwise
+// identical for every thread count.
 HWY_NOINLINE void GemmLimited(size_t m, size_t n, size_t K,
                               const float* HWY_RESTRICT A, ptrdiff_t a_row,
                               ptrdiff_t a_col, const float* HWY_RESTRICT B,
@@ -145,20 +147,23 @@ HWY_NOINLINE void GemmLimited(size_t m, size_t n, size_t K,
   for (size_t i = 0; i < m; i += kGemmRows) {
     const size_t rows = std::min(kGemmRows, m - i);
     size_t ng = lim.n ? 0 : n, k0 = lim.k_lo ? K : 0, k1 = lim.k_hi ? 0 : K;
+    size_t c0 = lim.n_lo ? n : 0;
     for (size_t r = i; r < i + rows; ++r) {
       if (lim.n) ng = std::max(ng, lim.n[r]);
+      if (lim.n_lo) c0 = std::min(c0, lim.n_lo[r]);
       if (lim.k_lo) k0 = std::min(k0, lim.k_lo[r]);
       if (lim.k_hi) k1 = std::max(k1, lim.k_hi[r]);
     }
     ng = std::min(n, (ng + N - 1) / N * N);
+    c0 = c0 / N * N;
     if (k1 < k0) k1 = k0;
-    if (ng == 0 || (accumulate && k1 == k0)) continue;
+    if (ng <= c0 || (accumulate && k1 == k0)) continue;
     const float* Ai = A + static_cast<ptrdiff_t>(i) * a_row +
                       static_cast<ptrdiff_t>(k0) * a_col;
-    const float* Bk = B + k0 * ldb;
-    float* Ci = C + i * ldc;
-    GemmRowsN<kGemmRows>(rows, ng, k1 - k0, Ai, a_row, a_col, Bk, ldb, Ci, ldc,
-                         accumulate);
+    const float* Bk = B + k0 * ldb + c0;
+    float* Ci = C + i * ldc + c0;
+    GemmRowsN<kGemmRows>(rows, ng - c0, k1 - k0, Ai, a_row, a_col, Bk, ldb, Ci,
+                         ldc, accumulate);
   }
 }
 
