@@ -22,7 +22,10 @@ class BlasBackend final : public Backend {
   // biases, fixed or learned scale), GQA, the logit softcap and the sliding
   // window and RoPE (issue 34; computed in double, neither angle_f32 nor
   // cos_sin_storage claimed), forward and backward.
-  bool supports(const AttentionProblem&) const override { return true; }
+  // Not yet: attention sinks.
+  bool supports(const AttentionProblem& p) const override {
+    return !has_sinks(p);
+  }
   // Query blocks of query_block() rows; rows padded to multiples of 16;
   // under a causal mask or a window, staircase (band) tiles of
   // kCausalTileRows rows in each block (attention.h, Masks).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -116,10 +117,14 @@ std::string formulation_name(const AttentionProblem& p) {
 }
 
 std::string describe_formulation(const AttentionProblem& p) {
-  char cap[48] = "";
-  if (p.softcap != 0)
-    std::snprintf(cap, sizeof cap, " softcap=%.17g", p.softcap);
-  if (p.variant == Variant::kSDPA) return std::string("sdpa") + cap;
+  std::string cap;
+  if (p.softcap != 0) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " softcap=%.17g", p.softcap);
+    cap = buf;
+  }
+  if (has_sinks(p)) cap += " sinks=" + sinks_spec(p.sinks);
+  if (p.variant == Variant::kSDPA) return "sdpa" + cap;
   static const char* kinds[] = {"l2", "rms", "layer", "none"};
   static const char* shapes[] = {"none", "[D]", "[H,D]"};
   const Normalization& n = p.norm;
@@ -138,6 +143,39 @@ std::string describe_formulation(const AttentionProblem& p) {
     s += " kv_heads=" + std::to_string(kv_heads_of(p));
   if (has_rope(p)) s += " rope=" + rope_spec(p.rope);
   return s + cap;
+}
+
+std::string sinks_spec(const std::vector<double>& sinks) {
+  if (sinks.empty()) return "off";
+  std::string s;
+  for (double x : sinks) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.17g", s.empty() ? "" : ",", x);
+    s += buf;
+  }
+  return s;
+}
+
+std::vector<double> parse_sinks(std::string_view spec) {
+  std::vector<double> out;
+  if (spec == "off") return out;
+  std::string text(spec);
+  size_t at = 0;
+  while (true) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    char* stop = nullptr;
+    const double x = std::strtod(item.c_str(), &stop);
+    if (item.empty() || stop != item.c_str() + item.size())
+      throw Error("sinks", {static_cast<int64_t>(out.size())},
+                  "'" + item +
+                      "' is not a number (sinks: X or X,Y,... one "
+                      "per query head, or off)");
+    out.push_back(x);
+    if (end == text.size()) break;
+    at = end + 1;
+  }
+  return out;
 }
 
 std::string rope_spec(const Rope& r) {
@@ -215,7 +253,7 @@ Rope parse_rope(std::string_view spec) {
 
 bool is_paper_formulation(const AttentionProblem& p) {
   if (kv_heads_of(p) != p.heads || p.softcap != 0 || has_window(p.mask) ||
-      has_rope(p))
+      has_rope(p) || has_sinks(p))
     return false;
   if (p.variant == Variant::kSDPA) return true;
   const Normalization& n = p.norm;

@@ -143,6 +143,23 @@ void check_param(const char* name, const double* data, int64_t size,
                       " (finite input required)");
 }
 
+// Sinks (attention.h): off, or one finite logit per query head within
+// f32's range (the f32 and 16-bit entries form them in f32, where a larger
+// one would be inf and exp(inf - inf) a NaN).
+void check_sinks(const AttentionProblem& p) {
+  if (!has_sinks(p)) return;
+  if (static_cast<int64_t>(p.sinks.size()) != p.heads)
+    throw Error("sinks", {},
+                "needs one sink per query head: " + std::to_string(p.heads) +
+                    " (got " + std::to_string(p.sinks.size()) + ")");
+  constexpr double kF32Max = std::numeric_limits<float>::max();
+  for (size_t h = 0; h < p.sinks.size(); ++h)
+    if (!(std::fabs(p.sinks[h]) <= kF32Max))
+      throw Error("sinks", {static_cast<int64_t>(h)},
+                  "must be finite and within f32's range, |sink| <= " +
+                      num(kF32Max) + " (got " + num(p.sinks[h]) + ")");
+}
+
 void check_params(const AttentionProblem& p, const NormParams& a) {
   const int64_t nq = param_size(p, 0), nk = param_size(p, 1);
   const bool bias = p.variant == Variant::kQKNorm && p.norm.bias;
@@ -234,6 +251,7 @@ void validate_problem(const AttentionProblem& p) {
                 "must be 0 (off) or a finite normal number > 0 (got " +
                     num(p.softcap) + ")");
   check_rope(p);
+  check_sinks(p);
   // A window side is -1 (unbounded) or a key count >= 0 (attention.h).
   if (p.mask.window_left < -1)
     throw Error("mask.window_left", {},
@@ -369,6 +387,8 @@ void validate_backward(const AttentionProblem& p, const BackwardArgs& a,
   out4("dv", a.dv, B, Hk, p.kv_len, D);
   if (a.dg == nullptr) throw Error("dg", {}, "null pointer");
   check_params(p, a.params);
+  check_param("d_sinks", a.d_sinks, a.d_sinks_size, has_sinks(p) ? p.heads : 0,
+              false);
   const NormParamGrads& g = a.d_params;
   const int64_t nq = param_size(p, 0), nk = param_size(p, 1);
   const int64_t nb = p.variant == Variant::kQKNorm && p.norm.bias ? 1 : 0;

@@ -18,7 +18,7 @@ class ReferenceBackend final : public Backend {
  public:
   explicit ReferenceBackend(Precision p) : Backend("reference", "-", p) {}
 
-  // Every formulation of attention.h.
+  // Every formulation and variant of attention.h.
   bool supports(const AttentionProblem&) const override { return true; }
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
@@ -59,6 +59,8 @@ class ReferenceBackend final : public Backend {
     dw.k_weight = ptr(dkw);
     dw.q_bias = ptr(dqb);
     dw.k_bias = ptr(dkb);
+    std::vector<T> dsinks(static_cast<size_t>(a.d_sinks_size));
+    dw.sinks = ptr(dsinks);
     T dg = 0;
     reference::attention_backward<T>(
         p, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(),
@@ -75,6 +77,8 @@ class ReferenceBackend final : public Backend {
     out(dkw, a.d_params.k_weight);
     out(dqb, a.d_params.q_bias);
     out(dkb, a.d_params.k_bias);
+    for (size_t h = 0; h < dsinks.size(); ++h)
+      a.d_sinks[h] = static_cast<double>(dsinks[h]);
   }
 
   void scalenorm_forward(const ScaleNormProblem& p,

@@ -329,6 +329,38 @@ T softcap_slope(const AttentionProblem& p, T s) {
   return 1 - t * t;
 }
 
+// Row i's softmax over its visible logits s (and head h's sink, attention.h:
+// a key with no value): returns the maximum m and writes sum_j exp(s_j - m)
+// (+ exp(sink - m)) to *sum, exp(s_j - m) to e[j] where visible (e may be
+// null). The row has at least one visible key.
+template <class T>
+T softmax_row(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
+              const T* s, T* e, T* sum) {
+  const int64_t Nq = p.q_len, Nk = p.kv_len;
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < Nk; ++j)
+    if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
+  const T sink = has_sinks(p) ? static_cast<T>(p.sinks[h]) : 0;
+  if (has_sinks(p)) mx = std::max(mx, sink);
+  T total = 0;
+  for (int64_t j = 0; j < Nk; ++j) {
+    if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
+    const T x = std::exp(s[j] - mx);
+    total += x;
+    if (e) e[j] = x;
+  }
+  if (has_sinks(p)) total += std::exp(sink - mx);
+  *sum = total;
+  return mx;
+}
+
+// lse of a row with no visible key: -inf, or the sink alone (attention.h).
+template <class T>
+T empty_row_lse(const AttentionProblem& p, int64_t h) {
+  return has_sinks(p) ? static_cast<T>(p.sinks[h])
+                      : -std::numeric_limits<T>::infinity();
+}
+
 }  // namespace
 
 template <class T>
@@ -531,7 +563,7 @@ void attention_forward(const AttentionProblem& p, const OperandView<T>& qo,
                        const OperandView<T>& ko, const T* v, T* o, T* lse,
                        T* probs, T* logits) {
   const int64_t D = p.head_dim, Nq = p.q_len, Nk = p.kv_len;
-  std::vector<T> s_own(Nk), acc(D);
+  std::vector<T> s_own(Nk), acc(D), e_row(Nk);
   each_head(p, qo, ko,
             [&](int64_t b, int64_t bh, int64_t bk, const T* qt, const T* kt,
                 T scale) {
@@ -542,20 +574,18 @@ void attention_forward(const AttentionProblem& p, const OperandView<T>& qo,
                 T* pr = probs ? probs + (bh * Nq + i) * Nk : nullptr;
                 if (pr)
                   for (int64_t j = 0; j < Nk; ++j) pr[j] = 0;
+                const int64_t hd = bh % p.heads;
                 if (logits_row(p, qt, kt, scale, b, i, s) == 0) {
                   for (int64_t d = 0; d < D; ++d) oi[d] = 0;
-                  lse[bh * Nq + i] = -std::numeric_limits<T>::infinity();
+                  lse[bh * Nq + i] = empty_row_lse<T>(p, hd);
                   continue;
                 }
-                T mx = -std::numeric_limits<T>::infinity();
-                for (int64_t j = 0; j < Nk; ++j)
-                  if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
                 T sum = 0;
+                const T mx = softmax_row(p, b, hd, i, s, e_row.data(), &sum);
                 for (int64_t d = 0; d < D; ++d) acc[d] = 0;
                 for (int64_t j = 0; j < Nk; ++j) {
                   if (!visible(p.mask, b, i, j, Nq, Nk)) continue;
-                  T e = std::exp(s[j] - mx);
-                  sum += e;
+                  const T e = e_row[j];
                   if (pr) pr[j] = e;
                   for (int64_t d = 0; d < D; ++d) acc[d] += e * vb[j * D + d];
                 }
@@ -591,13 +621,8 @@ void attention_probabilities(const AttentionProblem& p,
           T* pr = probs + (bh * Nq + i) * Nk;
           for (int64_t j = 0; j < Nk; ++j) pr[j] = 0;
           if (logits_row(p, qt, kt, scale, b, i, s.data()) == 0) continue;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < Nk; ++j)
-            if (visible(p.mask, b, i, j, Nq, Nk)) mx = std::max(mx, s[j]);
           T sum = 0;
-          for (int64_t j = 0; j < Nk; ++j)
-            if (visible(p.mask, b, i, j, Nq, Nk))
-              sum += (pr[j] = std::exp(s[j] - mx));
+          softmax_row(p, b, bh % p.heads, i, s.data(), pr, &sum);
           for (int64_t j = 0; j < Nk; ++j) pr[j] /= sum;
         }
       });
@@ -634,6 +659,8 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
   if (dv)
     for (size_t x = 0; x < k_size; ++x) dv[x] = 0;
   T dg_sum = 0;
+  if (dw.sinks)
+    for (int64_t h = 0; h < p.heads; ++h) dw.sinks[h] = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t hd = 0; hd < p.heads; ++hd) {
       const int64_t bh = b * p.heads + hd, bk = b * Hk + hd / group;
@@ -662,6 +689,9 @@ void attention_backward(const AttentionProblem& p, const T* q, const T* k,
         }
         const T li = lse[bh * Nq + i];
         const T delta = dot(doi, ob + i * D, D);
+        // The sink's share exp(sink - lse) of the row (attention.h).
+        if (dw.sinks && has_sinks(p))
+          dw.sinks[hd] -= std::exp(static_cast<T>(p.sinks[hd]) - li) * delta;
         const T* qti = qt + i * D;
         for (int64_t j = 0; j < Nk; ++j) {
           if (!visible(p.mask, b, i, j, Nq, Nk)) continue;

@@ -55,11 +55,13 @@ struct NormArgs {
   // cos, sin all in T).
   bool exact_rope = false;
 };
-// Their gradients (null where the formulation has none).
+// Their gradients (null where the formulation has none), and the sinks'
+// (attention.h, `heads` values; null: not formed).
 template <class T>
 struct NormGrads {
   T *q_weight = nullptr, *k_weight = nullptr, *q_bias = nullptr,
     *k_bias = nullptr;
+  T* sinks = nullptr;
 };
 
 // One normalization row's statistics, what its backward needs: l2 the norm;

@@ -345,10 +345,11 @@ class PluginBackend : public Backend {
         e_(e) {}
 
   bool supports(const AttentionProblem& p) const override {
-    // The C ABI (plugin.h) carries no softcap and no window yet (issue 34):
-    // a plug-in cannot be told of one, so it is not given such a problem.
-    return p.softcap == 0 && !has_window(p.mask) &&
-           (required_features(p) & ~e_->features) == 0;
+    // The C ABI (plugin.h) carries no softcap, window, RoPE or sinks yet
+    // (issue 34): a plug-in cannot be told of one, so it is not given such a
+    // problem.
+    return p.softcap == 0 && !has_window(p.mask) && !has_rope(p) &&
+           !has_sinks(p) && (required_features(p) & ~e_->features) == 0;
   }
   std::unique_ptr<Workspace> make_workspace() const override {
     void* ws = e_->make_workspace ? e_->make_workspace(e_->ctx) : nullptr;

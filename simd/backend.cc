@@ -59,7 +59,10 @@ class SimdBackend final : public Backend {
   // the paper's and sdpa as before, the others through formulation-inl.h,
   // the logit softcap (attention-inl.h, Logits), the sliding window and
   // RoPE (issue 34; rope-inl.h, fused into the normalization pass).
-  bool supports(const AttentionProblem&) const override { return true; }
+  // Not yet: attention sinks.
+  bool supports(const AttentionProblem& p) const override {
+    return !has_sinks(p);
+  }
   // attention-inl.h: kQueryBlock = kKeyBlock = 64 rows, micro-GEMM panels of
   // kGemmRows = 6 rows; formulation-inl.h: kRowBlock = 64.
   std::vector<int64_t> block_sizes(const AttentionProblem&) const override {

@@ -230,6 +230,22 @@ struct AttentionProblem {
   // supports() (the default refuses it).
   double softcap = 0.0;
   Rope rope;  // above; off by default
+  // Attention sinks (gpt-oss; issue 34): empty is off; otherwise `heads`
+  // values, one learned logit per query head (in the units of the scaled,
+  // capped logits S'; the sink itself is neither scaled nor capped). It
+  // joins every row's softmax denominator as a key with no value:
+  //   lse_i = log(sum_{visible j} exp(S'_ij) + exp(sink_h)),
+  //   P_ij  = exp(S'_ij - lse_i),   O_i = sum_{visible j} P_ij v_j,
+  // so each row's probabilities sum to 1 - exp(sink_h - lse_i), the sink's
+  // share, and lse (which kernels return and the backward reads) includes
+  // the sink. A fully masked row is the sink alone: O_i = 0, lse_i =
+  // sink_h (finite, where without a sink it is -inf). The backward returns
+  //   dsinks_h = -sum_{b, i} exp(sink_h - lse_bhi) delta_bhi,
+  //   delta_bhi = dO_bhi . O_bhi,
+  // in BackwardArgs::d_sinks. Values must be finite and within f32's range
+  // (every entry but f64 forms them in f32); entries declare sinks through
+  // supports() (the default refuses them).
+  std::vector<double> sinks;
 };
 
 // kv_heads with 0 resolved to heads.
@@ -239,6 +255,7 @@ inline int64_t kv_heads_of(const AttentionProblem& p) {
 inline bool has_rope(const AttentionProblem& p) {
   return p.rope.rotary_dim > 0;
 }
+inline bool has_sinks(const AttentionProblem& p) { return !p.sinks.empty(); }
 // The position of row n of side 0 (q) or 1 (k): Rope above.
 inline int64_t rope_position(const AttentionProblem& p, int side, int64_t n) {
   return n + p.rope.position_offset + (side == 0 ? p.kv_len - p.q_len : 0);
@@ -261,8 +278,8 @@ T rope_inv_freq(const Rope& r, int64_t e) {
              -static_cast<T>(2 * e) / static_cast<T>(r.rotary_dim));
 }
 // The paper's formulation (l2 per head, no weight or bias, learned g, no
-// GQA) or sdpa without GQA, neither with a softcap, a window or RoPE: what
-// every entry has always supported.
+// GQA) or sdpa without GQA, neither with a softcap, a window, RoPE or sinks:
+// what every entry has always supported.
 bool is_paper_formulation(const AttentionProblem& p);
 // Number of elements of the q (side 0) or k (side 1) weight (and bias): 0
 // when the formulation has none (k with a shared weight: 0).
@@ -359,6 +376,10 @@ struct BackwardArgs {
   double* dg = nullptr;
   NormParams params;
   NormParamGrads d_params;
+  // With sinks (AttentionProblem::sinks): `heads` values, dsinks_h summed
+  // over batch and query rows; null and 0 without sinks.
+  double* d_sinks = nullptr;
+  int64_t d_sinks_size = 0;
 };
 
 }  // namespace qknorm

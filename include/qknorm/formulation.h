@@ -44,7 +44,8 @@ const Preset* find_preset(std::string_view name);
 void apply_preset(std::string_view name, AttentionProblem* p);
 // "paper", "qwen3", ... or "custom" when p matches no preset.
 std::string formulation_name(const AttentionProblem& p);
-// One line: kind, axis, weight, bias, eps, scale, kv_heads, softcap.
+// One line: kind, axis, weight, bias, eps, scale, kv_heads, RoPE, softcap,
+// sinks.
 std::string describe_formulation(const AttentionProblem& p);
 // RoPE (attention.h, Rope) as the text --rope takes and prints:
 //   DIM[,half|interleaved][,after|before][,theta=X][,offset=N][,angle_f32]
@@ -55,6 +56,13 @@ std::string describe_formulation(const AttentionProblem& p);
 // the values.
 std::string rope_spec(const Rope& r);
 Rope parse_rope(std::string_view spec);
+// Sinks (attention.h) as the text --sinks takes and prints: one value per
+// query head, comma-separated ("off" for none); each printed to 17 digits
+// (it parses back exactly). parse_sinks throws Error naming "sinks" and the
+// item's index on anything but numbers; the caller broadcasts a single
+// value to every head, and validate() checks count and range.
+std::string sinks_spec(const std::vector<double>& sinks);
+std::vector<double> parse_sinks(std::string_view spec);
 
 }  // namespace qknorm
 
