@@ -420,6 +420,9 @@ AttentionBuffers::AttentionBuffers(const AttentionCase& c, Precision s)
       dk_weight(double_buffer("dk_weight", k_weight.size())),
       dq_bias(double_buffer("dq_bias", q_bias.size())),
       dk_bias(double_buffer("dk_bias", k_bias.size())),
+      d_sinks(double_buffer("d_sinks", has_sinks(c.problem)
+                                           ? c.problem.heads
+                                           : 0)),
       problem_(c.problem) {}
 
 ForwardArgs AttentionBuffers::forward_args() {
@@ -446,13 +449,15 @@ BackwardArgs AttentionBuffers::backward_args() {
       dv.view(),
       dg.doubles(),
       {ref(q_weight), ref(k_weight), ref(q_bias), ref(k_bias)},
-      {mref(dq_weight), mref(dk_weight), mref(dq_bias), mref(dk_bias)}};
+      {mref(dq_weight), mref(dk_weight), mref(dq_bias), mref(dk_bias)},
+      d_sinks.size() > 0 ? d_sinks.doubles() : nullptr,
+      d_sinks.size()};
 }
 
 std::vector<GuardViolation> AttentionBuffers::guard_violations() const {
   return first_violations({&q, &k, &v, &d_o, &o, &dq, &dk, &dv, &lse, &dg,
                            &q_weight, &k_weight, &q_bias, &k_bias, &dq_weight,
-                           &dk_weight, &dq_bias, &dk_bias});
+                           &dk_weight, &dq_bias, &dk_bias, &d_sinks});
 }
 
 AttentionResult AttentionBuffers::result(bool backward) const {
@@ -468,6 +473,7 @@ AttentionResult AttentionBuffers::result(bool backward) const {
   r.dk_weight = dk_weight.load();
   r.dq_bias = dq_bias.load();
   r.dk_bias = dk_bias.load();
+  r.d_sinks = d_sinks.load();
   return r;
 }
 

@@ -201,6 +201,7 @@ class AttentionBuffers {
   TensorBuffer q, k, v, d_o, o, dq, dk, dv, lse, dg;
   TensorBuffer q_weight, k_weight, q_bias, k_bias;
   TensorBuffer dq_weight, dk_weight, dq_bias, dk_bias;
+  TensorBuffer d_sinks;  // heads doubles with sinks, else none
 
  private:
   AttentionProblem problem_;

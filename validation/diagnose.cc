@@ -252,7 +252,8 @@ void diagnose_sixteen_bit(const AttentionCase& c, const OracleAttention& orc,
 
 bool is_param(Field f) {
   return f == Field::kDg || f == Field::kScaleNormDg || f == Field::kDqWeight ||
-         f == Field::kDkWeight || f == Field::kDqBias || f == Field::kDkBias;
+         f == Field::kDkWeight || f == Field::kDqBias || f == Field::kDkBias ||
+         f == Field::kDSinks;
 }
 
 void diagnose_parameter(const Fields& fs, std::initializer_list<Field> fwd,

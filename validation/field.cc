@@ -19,6 +19,7 @@ constexpr NamedValue<Field> kFieldNames[] = {
     {Field::kDkWeight, "dk_weight"},
     {Field::kDqBias, "dq_bias"},
     {Field::kDkBias, "dk_bias"},
+    {Field::kDSinks, "d_sinks"},
 };
 
 constexpr NamedValue<Channel> kChannelNames[] = {

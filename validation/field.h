@@ -23,9 +23,11 @@ enum class Field {
   kDkWeight,
   kDqBias,
   kDkBias,
+  // The sinks' gradient (issue 34; attention.h, BackwardArgs::d_sinks).
+  kDSinks,
 };
 // "o", "lse", "dq", "dk", "dv", "dg", "y", "dx", "dg", "dq_weight",
-// "dk_weight", "dq_bias", "dk_bias".
+// "dk_weight", "dq_bias", "dk_bias", "d_sinks".
 const char* name(Field f);
 
 // The channels of a gradient's bound (validation/rule.h, THE VERDICT): the

@@ -112,6 +112,15 @@ Flat flatten(const AttentionCase& c) {
     }
     ++grp;
   }
+  // Sinks step by kFdStep times a power of two at least max(1, |sink|):
+  // sink +- h is exact in the double the problem holds.
+  for (double s : p.sinks) {
+    f.x.push_back(s);
+    f.step.push_back(
+        std::ldexp(static_cast<LD>(kFdStep),
+                   std::ilogb(std::max(1.0, std::fabs(s))) + 1));
+    f.group.push_back(8);
+  }
   f.x.push_back(p.g);
   f.step.push_back(kFdStep * std::max<LD>(1, std::fabs(static_cast<LD>(p.g))));
   f.group.push_back(3);
@@ -121,7 +130,8 @@ Flat flatten(const AttentionCase& c) {
   const size_t nq = c.q.size(), nk = c.k.size();
   const size_t np[4] = {c.q_weight.size(), c.k_weight.size(), c.q_bias.size(),
                         c.k_bias.size()};
-  f.item = [p, nq, nk, np](size_t i) -> std::string {
+  const size_t ns = p.sinks.size();
+  f.item = [p, nq, nk, np, ns](size_t i) -> std::string {
     if (i < nq)
       return name(Field::kDq) +
              index4(p, p.q_len, static_cast<int64_t>(i), p.heads);
@@ -140,6 +150,8 @@ Flat flatten(const AttentionCase& c) {
         return std::string(name(kParams[t])) + "[" + std::to_string(j) + "]";
       j -= np[t];
     }
+    if (j < ns)
+      return std::string(name(Field::kDSinks)) + "[" + std::to_string(j) + "]";
     return name(Field::kDg);
   };
   return f;
@@ -160,6 +172,7 @@ LD loss(const AttentionCase& c, const std::vector<LD>& x) {
     *dst[t] = src[t]->empty() ? nullptr : pw;
     pw += src[t]->size();
   }
+  for (double& s : p.sinks) s = static_cast<double>(*pw++);
   p.g = static_cast<double>(x.back());
   // g is perturbed in long double but the problem holds a double: perturb g
   // only by steps exactly representable in double (kFdStep * 2^k is).
@@ -176,6 +189,7 @@ std::vector<LD> flat_grad(const AttentionGradients& g) {
   r.insert(r.end(), g.dv.begin(), g.dv.end());
   for (const auto* w : {&g.dq_weight, &g.dk_weight, &g.dq_bias, &g.dk_bias})
     r.insert(r.end(), w->begin(), w->end());
+  r.insert(r.end(), g.d_sinks.begin(), g.d_sinks.end());
   r.push_back(g.dg);
   return r;
 }

@@ -11,7 +11,7 @@
 // kFdStep = 2^-20 ~ u_LD^(1/3) balances the two terms: both are ~1e-12
 // relative for O(1) derivatives.
 // Formulations (issue 16): the inputs are [q | k | v | q_weight | k_weight
-// | q_bias | k_bias | g]; row steps divide by max(1, A) (A the logit
+// | q_bias | k_bias | sinks | g]; row steps divide by max(1, A) (A the logit
 // amplitude) instead of |g|, parameters step by kFdStep max(1, |w|). The
 // loss never rounds x_hat to storage (round_before_weight is a cast, whose
 // gradient is the identity; the rounded loss is piecewise constant).
@@ -47,6 +47,7 @@ struct AttentionGradients {
   long double dg = 0;
   // The formulation's parameter gradients (sizes as the case's parameters).
   std::vector<long double> dq_weight, dk_weight, dq_bias, dk_bias;
+  std::vector<long double> d_sinks;  // with sinks (attention.h)
 };
 // An entry's (AttentionResult) or the oracle's (OracleAttention) gradients,
 // widened to long double (exactly).
@@ -57,7 +58,8 @@ AttentionGradients gradients_of(const Result& r) {
   };
   return {
       wide(r.dq),        wide(r.dk),        wide(r.dv),      r.dg,
-      wide(r.dq_weight), wide(r.dk_weight), wide(r.dq_bias), wide(r.dk_bias)};
+      wide(r.dq_weight), wide(r.dk_weight), wide(r.dq_bias), wide(r.dk_bias),
+      wide(r.d_sinks)};
 }
 struct ScaleNormGradients {
   std::vector<long double> dx;

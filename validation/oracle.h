@@ -136,6 +136,9 @@ struct OracleValues {
   // number of normalization rows each element sums over (q_param_rows,
   // k_param_rows).
   std::vector<T> dq_weight, dk_weight, dq_bias, dk_bias;
+  // The sinks' gradient (issue 34; empty without sinks). Its table reads
+  // the O and lse tables (rule.cc, dsinks_table), not channels of its own.
+  std::vector<T> d_sinks;
   std::array<std::vector<T>, kChannels> dq_weight_ch, dk_weight_ch, dq_bias_ch,
       dk_bias_ch;
   // LayerNorm with a weight: the weight's channels with each row's term

@@ -197,6 +197,10 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
   dw.k_weight = ptr(r.dk_weight);
   dw.q_bias = ptr(r.dq_bias);
   dw.k_bias = ptr(r.dk_bias);
+  // The sinks' gradient sums every query row: the whole case's only.
+  r.d_sinks.assign(has_sinks(p) && whole ? static_cast<size_t>(p.heads) : 0,
+                   0);
+  dw.sinks = ptr(r.d_sinks);
   reference::attention_backward<LD>(
       p, q.data(), k.data(), qv, kv, v.data(), r.o.data(), d_o.data(),
       r.lse.data(), qs ? r.dq.data() : nullptr, ks ? r.dk.data() : nullptr,
@@ -387,9 +391,15 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     const double cos_u =
         case_cos_units + (p.softcap > 0 ? kSoftcapLogitUnits : 0.0) +
         rope_units(p, c.storage, u_tie, unit_roundoff(Precision::kF64)).logit;
-    const double term_units = cos_u * std::fabs(logit_amplitude(c)) + kOpUnits;
+    // A sink is one more term of each row sum, whose logit error is
+    // sink_logit_units (rule.h, "Attention sinks").
+    const double term_units =
+        std::max(cos_u * std::fabs(logit_amplitude(c)),
+                 sink_logit_units(p, logit_amplitude(c))) +
+        kOpUnits;
     const auto n_row =
-        static_cast<double>(counts.kv_len > 0 ? counts.kv_len : Nk);
+        static_cast<double>(counts.kv_len > 0 ? counts.kv_len : Nk) +
+        (has_sinks(p) ? 1 : 0);
     const double log_n = std::log(std::max(n_row, 1.0));
     r.row_ties.assign(static_cast<size_t>(p.batch * p.heads * Nq), 0);
     if (ks) {
@@ -452,6 +462,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           // underflow.
           const LD* si = S != nullptr ? S + (bh * Nq + i) * Nk : nullptr;
           const LD li = r.lse[static_cast<size_t>(bh * Nq + i)];
+          // The sink's share of the row (attention.h; 0 without sinks).
+          const LD p_sink =
+              has_sinks(p) ? std::exp(static_cast<LD>(p.sinks[hq]) - li) : 0;
           auto alive = [&](int64_t j) {
             return pi[j] > 0 ||
                    (narrow && visible(p.mask, b, i, j, Nq, Nk) &&
@@ -476,7 +489,9 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
           }
           // sum_k P_ik |dP_ik - delta_i|: delta_i's own perturbation by the
           // softmax's conditioning, per unit of |dS| perturbation.
-          LD ds_l1 = 0;
+          // With a sink, a logit error e moves delta_i by P_sink e |delta_i|
+          // more (the sink's term of dP sum_k P_ik dS_ik, rule.h).
+          LD ds_l1 = p_sink * std::fabs(sdel);
           for (int64_t j = 0; j < Nk; ++j)
             ds_l1 += pi[j] * std::fabs(sdp[static_cast<size_t>(j)] - sdel);
           // sum_k |dO_i|.|v_k| over the visible keys: delta_i's error per
@@ -497,6 +512,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             t.clear();
             for (int64_t j = 0; j < Nk; ++j)
               if (pi[j] > 0) t.push_back(static_cast<double>(pi[j]));
+            if (p_sink > 0) t.push_back(static_cast<double>(p_sink));
             r.row_ties[row] =
                 static_cast<LD>(row_tie_excess(&t, u_tie, term_units));
             det_row = partial_sum_units(t);
@@ -707,6 +723,11 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
             adr_q[static_cast<size_t>(bh * Nq + i)] += s_adsv;
             adr_k[static_cast<size_t>(bk * Nk + j)] += s_adsv;
           }
+          // The sink moves O_i by -P_sink O_i per unit of its logit's error
+          // (rule.h, "Attention sinks").
+          if (odev != nullptr && p_sink > 0)
+            for (int64_t d = 0; d < D; ++d)
+              odev[d] += p_sink * std::fabs(oi[d]);
         }
       }
     // Through the weight and the normalization backward, per side row

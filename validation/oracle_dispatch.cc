@@ -49,6 +49,7 @@ void each_value(A& a, B& b, F&& f) {
   f(a.dk_norm_rep_e, b.dk_norm_rep_e);
   f(a.dq_weight, b.dq_weight), f(a.dk_weight, b.dk_weight);
   f(a.dq_bias, b.dq_bias), f(a.dk_bias, b.dk_bias);
+  f(a.d_sinks, b.d_sinks);
   for (size_t ch = 0; ch < kChannels; ++ch) {
     f(a.dq_weight_ch[ch], b.dq_weight_ch[ch]);
     f(a.dk_weight_ch[ch], b.dk_weight_ch[ch]);

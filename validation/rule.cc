@@ -147,6 +147,10 @@ struct RuleScalars {
   // RoPE (rule.h, "RoPE"): the rotation's logit units (per |A|, in dot_s)
   // and its gradient units (per u_c on dq, dk and the parameters).
   RopeUnits rope;
+  // Attention sinks (rule.h, "Attention sinks"): a logit's error per u_c,
+  // absolute: the larger of a visible logit's, dot_s |A|, and the sink's
+  // (sink_logit_units).
+  double logit = 0;
   double o_res = 0, c_res = 0, p_res = 0;
   // A pass in double whose error joins the bounds (OracleAttention::
   // given_units): the f64 unit roundoff.
@@ -284,13 +288,13 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
     return static_cast<double>(norm_rows(p, side).len() - 1) / 2 + kOpUnits;
   };
   r.div = div_units(0) + div_units(1);
-  r.soft = softmax_units(r.A, r.dot_s) + 2 * std::fabs(r.A) * r.div +
+  r.logit = std::max(r.dot_s * std::fabs(r.A), sink_logit_units(p, r.A));
+  r.soft = 2 * r.logit + 2 * std::fabs(r.A) * r.div +
            2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
   r.uo = orc.unit_roundoff;
   r.co = orc.resolution;
   r.po = orc.tiny;
-  r.soft_o = softmax_units(r.A, r.dot_s) + 2 * std::fabs(r.A) * r.div +
-             2 * orc.logit_shift;
+  r.soft_o = 2 * r.logit + 2 * std::fabs(r.A) * r.div + 2 * orc.logit_shift;
   // The slope reads every logit error the rule grants (soft / 2 per u_c,
   // and the contract's absolute logit_abs).
   if (p.softcap > 0)
@@ -344,6 +348,65 @@ ToleranceTable dg_table(const RuleScalars& r, const OracleAttention& orc) {
       r.uout * d(orc.dg_o_rel_sens) + times(orc.operand_flip, orc.dg_scale) +
       (r.uc + r.uo) * 2 * r.tie_max * d(orc.dg_scale);
   t.cond[0] = condition(orc.dg_scale, orc.dg);
+  return t;
+}
+
+// The sinks' gradient (rule.h, "Attention sinks"): dsinks_h = -sum_i
+// P_sink,i delta_i over the batch and query rows of head h, P_sink,i =
+// exp(sink_h - lse_i), delta_i = dO_i . O_i, from the lse and O the
+// backward reads: each within its own table's bound of the oracle's
+// (final_res: the final operations' resolution every table adds later).
+ToleranceTable dsinks_table(const RuleScalars& r, const AttentionCase& c,
+                            const OracleAttention& orc, const ToleranceTable& o,
+                            const ToleranceTable& lse, double final_res) {
+  const AttentionProblem& p = c.problem;
+  ToleranceTable t = table(Field::kDSinks, r.wf, 1, r.H, 1, 1, orc.d_sinks);
+  const int64_t Nq = p.q_len, D = p.head_dim;
+  const double u = r.uc + r.uo;
+  const double dot_units = sum_units(static_cast<double>(D)) + kOpUnits;
+  auto bound = [&](const ToleranceTable& x, size_t e) {
+    const double dl = x.delta[e] + final_res;
+    return dl + half_spacing(x.fmt, d(x.expected[e]), dl);
+  };
+  std::vector<double> mag(static_cast<size_t>(r.H), 0);
+  for (int64_t b = 0; b < r.B; ++b)
+    for (int64_t h = 0; h < r.H; ++h) {
+      const double sink = p.sinks[static_cast<size_t>(h)];
+      double& dh = t.delta[static_cast<size_t>(h)];
+      for (int64_t i = 0; i < Nq; ++i) {
+        const auto row = static_cast<size_t>((b * r.H + h) * Nq + i);
+        const LD li = orc.lse[row];
+        const LD ps = std::exp(static_cast<LD>(sink) - li);
+        LD delta = 0, dabs = 0;
+        double bo = 0;  // sum_d |dO_id| times O_id's bound
+        for (int64_t dd = 0; dd < D; ++dd) {
+          const size_t e = row * static_cast<size_t>(D) + static_cast<size_t>(dd);
+          const LD x = static_cast<LD>(c.d_o[e]);
+          delta += x * orc.o[e];
+          dabs += std::fabs(x) * std::fabs(orc.o[e]);
+          if (x != 0) bo += std::fabs(d(x)) * bound(o, e);
+        }
+        // P_sink to the row's lse bound (in the exponent) and the sink's
+        // own exponent (the sink rounded, its difference with lse, the exp);
+        // delta to the stored O's bound and its D-term dot; P_sink below
+        // the compute format's normal range to p_res, absolutely.
+        if (ps > 0)
+          dh += d(ps) * (d(std::fabs(delta)) *
+                             (bound(lse, row) +
+                              u * (2 * std::fabs(sink) + d(std::fabs(li)) +
+                                   kSinkExpUnits + kOpUnits)) +
+                         bo + u * dot_units * d(dabs)) +
+                r.c_res * static_cast<double>(D + 1) * d(ps);
+        dh += r.p_res * d(dabs);
+        mag[static_cast<size_t>(h)] += d(ps * dabs);
+      }
+    }
+  const double n = static_cast<double>(r.B * Nq);
+  for (int64_t h = 0; h < r.H; ++h) {
+    const auto e = static_cast<size_t>(h);
+    t.delta[e] += u * sum_units(n) * mag[e] + r.c_res * (n + 2);
+    t.cond[e] = condition(mag[e], orc.d_sinks[e]);
+  }
   return t;
 }
 
@@ -406,7 +469,12 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       t.masked_row[e] = std::isinf(x);
       if (!std::isfinite(x)) continue;
       const double mag = d(std::fabs(x)) + std::fabs(A);
-      t.delta[e] = (uc + rs.uo) * ((rs.dot_s + div) * std::fabs(A) +
+      // (dot_s + div) |A| without a sink whose logit error exceeds the
+      // visible logits' (bitwise the bound before sinks).
+      const double logit_units = rs.logit > rs.dot_s * std::fabs(A)
+                                     ? rs.logit + div * std::fabs(A)
+                                     : (rs.dot_s + div) * std::fabs(A);
+      t.delta[e] = (uc + rs.uo) * (logit_units +
                                    tie_sum_units(nk, row_ties(orc, e)) +
                                    2 * d(std::fabs(x)) + orc.logit_shift) +
                    orc.logit_flip + rs.logit_abs;
@@ -582,6 +650,16 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
         nullptr);
   param(Field::kDkBias, orc.dk_bias, orc.dk_bias_ch, orc.k_param_rows,
         group * rs.Nq, nullptr);
+  if (!orc.d_sinks.empty()) {
+    const ToleranceTable* o = nullptr;
+    const ToleranceTable* lse = nullptr;
+    for (const ToleranceTable& t : out) {
+      if (t.field == Field::kO) o = &t;
+      if (t.field == Field::kLse) lse = &t;
+    }
+    if (o != nullptr && lse != nullptr)
+      out.push_back(dsinks_table(rs, c, orc, *o, *lse, c_res + rs.co));
+  }
   add_final_ops(&out, c_res + rs.co);
   unresolved_softmax(&out, soft * uc + 2 * rs.logit_abs);
   return out;

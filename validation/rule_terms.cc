@@ -113,6 +113,13 @@ double tie_sum_units(double n, double excess) {
       base, std::min(kSumLambda * std::sqrt(n + excess), n - 1) + kOpUnits);
 }
 
+double sink_logit_units(const AttentionProblem& p, double amplitude) {
+  if (!has_sinks(p)) return 0;
+  double m = 0;
+  for (double x : p.sinks) m = std::max(m, std::fabs(x));
+  return 3 * m + std::fabs(amplitude) + kSinkExpUnits;
+}
+
 double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }

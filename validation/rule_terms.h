@@ -38,6 +38,16 @@ inline constexpr double kSoftcapLogitUnits = 13.0;
 // logit_units: a logit's whole error per u_c (rule.h).
 double softcap_slope_units(double logit_units, double cap);
 
+// Attention sinks (rule.h, "Attention sinks"): the error of a sink's
+// exponent sink - m per u_c, absolute: the sink rounded to the compute
+// format (|sink|), the subtraction of the row's shift m (|sink - m| <= 2
+// |sink| + |A|: m is a visible logit, |S| <= |A|, or the sink, or a fixed
+// shift of either's size) and the exp's own kSinkExpUnits (4 ulp, as the
+// softcap's tanh): sink_logit_units = 3 max_h |sink_h| + |A| +
+// kSinkExpUnits; 0 without sinks.
+inline constexpr double kSinkExpUnits = 8.0;
+double sink_logit_units(const AttentionProblem& p, double amplitude);
+
 // RoPE (rule.h, "RoPE"): a rotated element's error per unit roundoff u_c,
 // relative to its pair's |x_a| + |x_b|, is eps = kRopeRotateUnits (the two
 // products and the sum) + kRopeCosSinUnits (cos and sin to 4 ulp) + the

@@ -239,6 +239,7 @@ constexpr std::pair<Field, std::vector<double> AttentionResult::*>
         {Field::kDkWeight, &AttentionResult::dk_weight},
         {Field::kDqBias, &AttentionResult::dq_bias},
         {Field::kDkBias, &AttentionResult::dk_bias},
+        {Field::kDSinks, &AttentionResult::d_sinks},
 };
 
 }  // namespace

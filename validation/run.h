@@ -37,6 +37,8 @@ struct AttentionResult {
   double dg = 0;
   // The formulation's parameter gradients (empty when it has none).
   std::vector<double> dq_weight, dk_weight, dq_bias, dk_bias;
+  // The sinks' gradient (empty without sinks).
+  std::vector<double> d_sinks;
   // What the backward read; o and lse above are the entry's own whatever it
   // read.
   BackwardInput backward_input = BackwardInput::kEntry;

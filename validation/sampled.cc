@@ -160,6 +160,11 @@ SampledOracle sampled_oracle(const AttentionCase& c, Precision s,
     throw Error("rope", {},
                 "the sampled oracle (--sample) does not take RoPE yet; judge "
                 "this case with the full oracle (no --sample)");
+  // Its pass's row sums hold no sink (issue 34: the full oracle's do).
+  if (has_sinks(p))
+    throw Error("sinks", {},
+                "the sampled oracle (--sample) does not take attention sinks "
+                "yet; judge this case with the full oracle (no --sample)");
   SampledOracle so;
   so.options = opt;
   so.storage = s;
