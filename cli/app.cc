@@ -152,6 +152,12 @@ void add_common(CLI::App& app, Common& c) {
                  "[,cos_sin_storage], e.g. 64,half,after,theta=1000000 "
                  "(Qwen3). Entries without it are skipped")
       ->type_name("SPEC");
+  app.add_option("--sinks", s.sinks,
+                 "Attention sinks (gpt-oss; attention.h): one learned logit "
+                 "per query head in every row's softmax denominator, X for "
+                 "every head or X,Y,... one per head. Entries without them "
+                 "are skipped")
+      ->type_name("SPEC");
   app.add_option("--scalenorm", s.scalenorm,
                  "ScaleNorm shape ROWSxDIM (repeatable): replaces the built-in "
                  "ScaleNorm cases (144x512 gaussian, 33x31 wide) by these "
@@ -377,6 +383,10 @@ int run_default(const Common& c, std::ostream& out, std::ostream& err,
       throw Error("--sample", {},
                   "the sampled oracle does not take a logit softcap "
                   "(--softcap) yet; judge capped cases without --sample");
+    if (c.sample > 0 && !c.suite.sinks.empty())
+      throw Error("--sample", {},
+                  "the sampled oracle does not take attention sinks "
+                  "(--sinks) yet; judge cases with sinks without --sample");
     if (c.sample > 0 && !c.suite.rope.empty())
       throw Error("--sample", {},
                   "the sampled oracle does not take RoPE (--rope) yet; "

@@ -24,13 +24,13 @@ using validation::HostTensor;
 
 const std::vector<std::string> kInputNames = {
     "q",        "k",      "v",      "g", "dO", "q_weight",
-    "k_weight", "q_bias", "k_bias", "x", "dy"};
+    "k_weight", "q_bias", "k_bias", "x", "dy", "sinks"};
 // The fields an --outputs file can hold, each under its tensor_name (cli/
 // suite.h); ScaleNorm's dg shares attention's name "dg".
 constexpr Field kAttentionOutputs[] = {
-    Field::kO,        Field::kDq,     Field::kDk,
-    Field::kDv,       Field::kDg,     Field::kDqWeight,
-    Field::kDkWeight, Field::kDqBias, Field::kDkBias};
+    Field::kO,      Field::kDq,       Field::kDk,       Field::kDv,
+    Field::kDg,     Field::kDqWeight, Field::kDkWeight, Field::kDqBias,
+    Field::kDkBias, Field::kDSinks};
 constexpr Field kScaleNormOutputs[] = {Field::kY, Field::kDx};
 
 const std::vector<std::string>& output_names() {
@@ -68,7 +68,7 @@ std::string canonical(const std::string& raw) {
   if (s == "x") return "x";
   if (s == "dy" || s == "d_y" || s == "grad_y") return "dy";
   // The formulation's parameters (issue 16).
-  for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias"})
+  for (const char* n : {"q_weight", "k_weight", "q_bias", "k_bias", "sinks"})
     if (s == n) return n;
   // The outputs: O, dQ, dK, dV, dg, their parameter gradients; y, dx.
   for (const std::string& n : output_names())
@@ -253,6 +253,7 @@ void reject_attention_options(const SuiteOptions& s,
   no(s.scale != 0, "--scale");
   no(s.softcap != 0, "--softcap");
   no(!s.rope.empty(), "--rope");
+  no(!s.sinks.empty(), "--sinks");
   if (!contract.is_default())
     throw Error(
         contract == ComputeContract::storage() ? "--compute" : "--contract", {},
@@ -394,6 +395,12 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   }
   p.softcap = s.softcap;
   if (!s.rope.empty()) p.rope = parse_rope(s.rope);
+  // Sinks: --sinks, or a tensor "sinks" of one value per query head.
+  if (!s.sinks.empty()) {
+    apply_sinks(s.sinks, &p);
+  } else if (const auto it = in.find("sinks"); it != in.end()) {
+    p.sinks = it->second.values;
+  }
   if (s.g.size() > 1) throw Error("--g", {}, "compare takes one g");
   if (!s.g.empty()) {
     p.g = s.g[0];
@@ -448,6 +455,19 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
     if (f == Field::kDq) given.dq = t.values;
     if (f == Field::kDk) given.dk = t.values;
     if (f == Field::kDv) given.dv = t.values;
+  }
+  if (const auto it = outs.find(tensor_name(Field::kDSinks));
+      it != outs.end()) {
+    backward = true;
+    given.d_sinks = it->second.values;
+    if (static_cast<int64_t>(given.d_sinks.size()) !=
+        (has_sinks(p) ? p.heads : 0))
+      throw Error(tensor_name(Field::kDSinks), {},
+                  "length must be " +
+                      std::to_string(has_sinks(p) ? p.heads : 0) +
+                      " (one per query head with sinks; got " +
+                      std::to_string(given.d_sinks.size()) + ")");
+    only.push_back(Field::kDSinks);
   }
   for (const Field field :
        {Field::kDqWeight, Field::kDkWeight, Field::kDqBias, Field::kDkBias}) {
@@ -541,7 +561,7 @@ std::string dump_kind(const std::map<std::string, HostTensor>& in,
   for (Field f : kAttentionOutputs)
     if (f != Field::kDg) attention_only.push_back(f);
   const bool at = any(in, {"q", "k", "v", "dO", "q_weight", "k_weight",
-                           "q_bias", "k_bias"}) ||
+                           "q_bias", "k_bias", "sinks"}) ||
                   any_field(outs, attention_only);
   if (sn && at)
     throw Error("--inputs", {},

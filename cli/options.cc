@@ -127,13 +127,20 @@ Precision parse_prec(const std::string& s) {
   return p;
 }
 
+void apply_sinks(const std::string& spec, AttentionProblem* p) {
+  p->sinks = parse_sinks(spec);
+  // One value: every query head's sink.
+  if (p->sinks.size() == 1)
+    p->sinks.assign(static_cast<size_t>(p->heads), p->sinks[0]);
+}
+
 bool custom_suite(const SuiteOptions& o) {
   return !o.shapes.empty() || !o.g.empty() || !o.masks.empty() ||
          !o.dists.empty() || o.variant != "qknorm" ||
          o.eps != kDefaultQKNormEps || !o.scalenorm.empty() ||
          !o.formulations.empty() || o.kv_heads != 0 || !o.norm.empty() ||
          !o.norm_axis.empty() || !o.weight.empty() || !o.flags.empty() ||
-         o.scale != 0 || o.softcap != 0 || !o.rope.empty();
+         o.scale != 0 || o.softcap != 0 || !o.rope.empty() || !o.sinks.empty();
 }
 
 void apply_formulation(const SuiteOptions& o, const std::string& preset,
@@ -189,6 +196,7 @@ void apply_formulation(const SuiteOptions& o, const std::string& preset,
   if (o.kv_heads != 0) p->kv_heads = o.kv_heads;
   if (o.softcap != 0) p->softcap = o.softcap;
   if (!o.rope.empty()) p->rope = parse_rope(o.rope);
+  if (!o.sinks.empty()) apply_sinks(o.sinks, p);
   validate_problem(*p);
 }
 

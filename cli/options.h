@@ -42,6 +42,7 @@ struct SuiteOptions {
   double scale = 0;        // > 0 or < 0: fixed logit scale; 0: as preset
   double softcap = 0;      // > 0: logit softcap (attention.h); 0: off
   std::string rope;        // --rope: RoPE (qknorm/formulation.h rope_spec)
+  std::string sinks;       // --sinks: one value, or one per query head
   bool eps_given = false;  // --eps given: overrides the preset's eps
   uint64_t seed = 42;
   // --classes: only the cases of these input classes (validation/case.h
@@ -61,6 +62,9 @@ std::vector<validation::InputClass> parse_classes(
 // True if any attention suite option was given (then the suite is the
 // Cartesian product shapes x g x masks x dists, missing lists taking the
 // defaults below); false: default_suite().
+// --sinks SPEC (qknorm/formulation.h, parse_sinks) into p: one value for
+// every query head (p's heads set first), or one per head.
+void apply_sinks(const std::string& spec, AttentionProblem* p);
 bool custom_suite(const SuiteOptions& o);
 // The suite the options describe, restricted to the --classes selected.
 Suite build_suite(const SuiteOptions& o);

@@ -93,8 +93,8 @@ TEST(Sinks, EachRowsProbabilitiesLeaveTheSinksShare) {
     const AttentionCase c =
         validation::make_attention_case(p, Distribution::kGaussian, 11 + mask);
     const int64_t rows = p.batch * p.heads * p.q_len, D = p.head_dim;
-    std::vector<double> P(static_cast<size_t>(rows * p.kv_len)),
-        o(c.q.size()), lse(static_cast<size_t>(rows));
+    std::vector<double> P(static_cast<size_t>(rows * p.kv_len)), o(c.q.size()),
+        lse(static_cast<size_t>(rows));
     reference::NormArgs<double> w;
     w.q_weight = c.q_weight.data();
     w.k_weight = c.k_weight.data();
@@ -109,8 +109,8 @@ TEST(Sinks, EachRowsProbabilitiesLeaveTheSinksShare) {
       double sum = 0;
       for (int64_t j = 0; j < p.kv_len; ++j)
         sum += P[static_cast<size_t>(r * p.kv_len + j)];
-      const double share =
-          std::exp(p.sinks[static_cast<size_t>(h)] - lse[static_cast<size_t>(r)]);
+      const double share = std::exp(p.sinks[static_cast<size_t>(h)] -
+                                    lse[static_cast<size_t>(r)]);
       EXPECT_NEAR(sum + share, 1, 1e-14) << "row " << r;
       EXPECT_GT(share, 0);
       least = std::min(least, sum);
@@ -161,8 +161,8 @@ TEST(Sinks, EveryGradientMatchesFiniteDifferences) {
         const auto orc = validation::oracle_attention(c);
         ASSERT_EQ(orc.d_sinks.size(), 2u);
         tally.expect_pass(
-            validation::check_attention_full(
-                c, validation::gradients_of(orc), validation::kFdTol),
+            validation::check_attention_full(c, validation::gradients_of(orc),
+                                             validation::kFdTol),
             c.describe());
       }
   tally.print("finite differences, sinks");
@@ -187,9 +187,9 @@ TEST(Sinks, EveryEntryWithItPassesTheVerdict) {
               p.softcap = 8;
               p.mask.window_left = 5;
             }
-            all.judge(validation::make_attention_case(p, d, 1000 + all.cases,
-                                                      prec),
-                      prec);
+            all.judge(
+                validation::make_attention_case(p, d, 1000 + all.cases, prec),
+                prec);
           }
   EXPECT_GT(all.worst.count("reference:f32"), 0u);
   all.print("sinks");

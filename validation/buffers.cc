@@ -420,9 +420,8 @@ AttentionBuffers::AttentionBuffers(const AttentionCase& c, Precision s)
       dk_weight(double_buffer("dk_weight", k_weight.size())),
       dq_bias(double_buffer("dq_bias", q_bias.size())),
       dk_bias(double_buffer("dk_bias", k_bias.size())),
-      d_sinks(double_buffer("d_sinks", has_sinks(c.problem)
-                                           ? c.problem.heads
-                                           : 0)),
+      d_sinks(
+          double_buffer("d_sinks", has_sinks(c.problem) ? c.problem.heads : 0)),
       problem_(c.problem) {}
 
 ForwardArgs AttentionBuffers::forward_args() {

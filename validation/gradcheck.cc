@@ -116,9 +116,8 @@ Flat flatten(const AttentionCase& c) {
   // sink +- h is exact in the double the problem holds.
   for (double s : p.sinks) {
     f.x.push_back(s);
-    f.step.push_back(
-        std::ldexp(static_cast<LD>(kFdStep),
-                   std::ilogb(std::max(1.0, std::fabs(s))) + 1));
+    f.step.push_back(std::ldexp(static_cast<LD>(kFdStep),
+                                std::ilogb(std::max(1.0, std::fabs(s))) + 1));
     f.group.push_back(8);
   }
   f.x.push_back(p.g);

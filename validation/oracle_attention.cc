@@ -198,8 +198,7 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
   dw.q_bias = ptr(r.dq_bias);
   dw.k_bias = ptr(r.dk_bias);
   // The sinks' gradient sums every query row: the whole case's only.
-  r.d_sinks.assign(has_sinks(p) && whole ? static_cast<size_t>(p.heads) : 0,
-                   0);
+  r.d_sinks.assign(has_sinks(p) && whole ? static_cast<size_t>(p.heads) : 0, 0);
   dw.sinks = ptr(r.d_sinks);
   reference::attention_backward<LD>(
       p, q.data(), k.data(), qv, kv, v.data(), r.o.data(), d_o.data(),

@@ -380,7 +380,8 @@ ToleranceTable dsinks_table(const RuleScalars& r, const AttentionCase& c,
         LD delta = 0, dabs = 0;
         double bo = 0;  // sum_d |dO_id| times O_id's bound
         for (int64_t dd = 0; dd < D; ++dd) {
-          const size_t e = row * static_cast<size_t>(D) + static_cast<size_t>(dd);
+          const size_t e =
+              row * static_cast<size_t>(D) + static_cast<size_t>(dd);
           const LD x = static_cast<LD>(c.d_o[e]);
           delta += x * orc.o[e];
           dabs += std::fabs(x) * std::fabs(orc.o[e]);
@@ -474,10 +475,10 @@ std::vector<ToleranceTable> attention_tolerances(const AttentionCase& c,
       const double logit_units = rs.logit > rs.dot_s * std::fabs(A)
                                      ? rs.logit + div * std::fabs(A)
                                      : (rs.dot_s + div) * std::fabs(A);
-      t.delta[e] = (uc + rs.uo) * (logit_units +
-                                   tie_sum_units(nk, row_ties(orc, e)) +
-                                   2 * d(std::fabs(x)) + orc.logit_shift) +
-                   orc.logit_flip + rs.logit_abs;
+      t.delta[e] =
+          (uc + rs.uo) * (logit_units + tie_sum_units(nk, row_ties(orc, e)) +
+                          2 * d(std::fabs(x)) + orc.logit_shift) +
+          orc.logit_flip + rs.logit_abs;
       t.cond[e] = condition(mag, x);
     }
     out.push_back(std::move(t));

@@ -124,6 +124,8 @@ Judged judge(const Dump& d, const std::string& label,
         s.masks = {extra[i + 1]};
       } else if (extra[i] == "--softcap") {
         s.softcap = std::stod(extra[i + 1]);
+      } else if (extra[i] == "--sinks") {
+        s.sinks = extra[i + 1];
       }
     const std::vector<std::string> a = args(dir.path());
     const auto split = std::find(a.begin(), a.end(), "--outputs");
@@ -336,6 +338,26 @@ TEST(CompareVerdict, WindowDumpsAreJudgedUnderTheirWindow) {
               {"--mask", "causal+window:2,0"});
   expect_fail(d, "judged under the causal mask alone",
               {"field o:", "fail", "o["}, {"--mask", "causal"});
+}
+
+// Sinks (issue 34): a dump made with one sink per head passes under its
+// sinks (--sinks) and FAILs without them, with one head's sink off by 0.25,
+// and with the heads' sinks swapped (a wrong per-head index).
+TEST(CompareVerdict, SinkDumpsAreJudgedUnderTheirSinks) {
+  const Precision prec = Precision::kF32;
+  validation::AttentionCase c = gaussian_case(prec, 23);
+  c.problem.mask.causal = true;
+  c.problem.sinks = {0.5, 1.5};
+  const Dump d = make_dump(c, prec);
+  expect_pass(d, "f32 gaussian, causal, sinks 0.5,1.5",
+              {"--mask", "causal", "--sinks", "0.5,1.5"});
+  expect_fail(d, "judged without sinks", {"field o:", "fail", "o["},
+              {"--mask", "causal"});
+  expect_fail(d, "judged with head 1's sink 1.25",
+              {"field o:", "fail", "o[0,1"},
+              {"--mask", "causal", "--sinks", "0.5,1.25"});
+  expect_fail(d, "judged with the sinks swapped", {"field o:", "fail", "o["},
+              {"--mask", "causal", "--sinks", "1.5,0.5"});
 }
 
 TEST(CompareVerdict, NonFiniteInputIsAnInputErrorNamingTheTensor) {
