@@ -111,6 +111,24 @@ Suite default_suite(uint64_t seed) {
   rope("olmo2", shape(2, 8, 3, 700, 128, 1),
        "64,half,after,theta=500000,offset=30000", Distribution::kOutlierRows,
        1);
+  // gpt-oss's attention (issue 34): sdpa of RoPE'd q and k (head_dim 64,
+  // theta 150000) with one learned sink per query head (spread from below
+  // to beyond the logits) and its sliding layers' window of 128 keys,
+  // (127, 0), GQA 8 over 2, at a prefill of 192 tokens (rows past 128 see
+  // the window; the sink indexed by the query row, modular #6591, shows
+  // only where q_len > 1).
+  {
+    AttentionProblem p = shape(1, 8, 192, 192, 64, 1);
+    p.variant = Variant::kSDPA;
+    p.kv_heads = 2;
+    p.rope = parse_rope("64,half,after,theta=150000");
+    p.mask.causal = true;
+    p.mask.window_left = 127;
+    p.mask.window_right = 0;
+    p.sinks = {-0.5, 0.25, 1.25, 2.0, -1.5, 0.75, 3.0, 0.0};
+    s.attention.push_back(
+        {p, Distribution::kGaussian, seed + kVariantSeeds + 2});
+  }
   return s;
 }
 

@@ -155,7 +155,9 @@ void decode_formulation(ByteReader& r, AttentionProblem* p) {
 //     head_dim invalid), u8 flags (bit 0 interleaved, bit 1 before the
 //     normalization, bit 2 angle_f32, bit 3 cos_sin_storage, bit 4 the
 //     offset negative), u16 position offset, a scalar theta (default 1e4;
-//     <= 1 or non-finite invalid).
+//     <= 1 or non-finite invalid);
+//   bit 4: attention sinks follow (attention.h): one scalar per query head
+//     (default 0.5; non-finite or beyond f32's range invalid).
 void decode_variants(ByteReader& r, AttentionProblem* p) {
   const uint8_t v = r.u8();
   if (v & 1) p->softcap = r.scalar(5.0);
@@ -176,6 +178,9 @@ void decode_variants(ByteReader& r, AttentionProblem* p) {
     if (f & 16) rope.position_offset = -rope.position_offset;
     rope.theta = r.scalar(1e4);
   }
+  if (v & 16)
+    for (int64_t h = 0; h < std::clamp<int64_t>(p->heads, 0, 64); ++h)
+      p->sinks.push_back(r.scalar(0.5));
 }
 
 void decode_params(ByteReader& r, uint8_t flags, Decoded* d) {
@@ -219,6 +224,12 @@ bool problem_valid(const AttentionProblem& p) {
                            p.softcap >= std::numeric_limits<double>::min())))
     return false;
   if (p.mask.window_left < -1 || p.mask.window_right < -1) return false;
+  // Sinks: none, or one per query head, each finite within f32's range.
+  if (!p.sinks.empty()) {
+    if (static_cast<int64_t>(p.sinks.size()) != p.heads) return false;
+    for (double x : p.sinks)
+      if (!(std::fabs(x) <= std::numeric_limits<float>::max())) return false;
+  }
   // RoPE: rotary_dim 0, or even and <= head_dim; theta finite > 1 (no
   // table here); every position within +-2^24; before the normalization
   // only l2, rms or none without weight or bias.

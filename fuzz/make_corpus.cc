@@ -115,11 +115,14 @@ struct AttnForm : Attn {
   uint8_t kv = 0;    // < 0x80: index into the divisors of H
   // VARIANT mode (issue 34; decode_variants): mode byte 0x44 and the
   // variant block after kv: bit 0 a softcap (the scalar `softcap`), bit 1 a
-  // window (int8 window_left, window_right), bit 2 the causal mask with it.
+  // window (int8 window_left, window_right), bit 2 the causal mask with it,
+  // bit 4 attention sinks (`sinks`, one scalar per query head; bit 3,
+  // RoPE, is not written here).
   bool variants = false;
   uint8_t variant_bits = 0;
   double softcap = 0;
   int8_t window_left = -1, window_right = -1;
+  std::vector<double> sinks;
 
   // The problem the fuzzer decodes (for the element counts).
   AttentionProblem problem() const {
@@ -167,6 +170,8 @@ struct AttnForm : Attn {
       if (variant_bits & 2)
         w.u8(static_cast<uint8_t>(window_left))
             .u8(static_cast<uint8_t>(window_right));
+      if (variant_bits & 16)
+        for (double x : sinks) w.scalar(x);
     }
     const AttentionProblem p = problem();
     const int64_t nq = B * H * Nq * D, nk = B * kv_heads_of(p) * Nk * D;
@@ -287,6 +292,19 @@ void variant_seeds(
   f = seed(0, 1);
   f.kv = 2, f.softcap = 1e39;
   add("variant_paper_softcap_beyond_f32", f.encode());
+  // Sinks (gpt-oss): sdpa with GQA, causal, a window (3, 0) and one sink
+  // per head; the paper's with padding (the second batch's rows fully
+  // masked: the sink alone); one sink dominating (+30).
+  f = seed(0, 2 | 4 | 16);
+  f.sdpa = true, f.Nq = 7, f.Nk = 7, f.window_left = 3, f.window_right = 0;
+  f.sinks = {-0.5, 0.25, 1.5, 0};
+  add("variant_sdpa_causal_window_3_0_sinks", f.encode());
+  f = seed(0, 16);
+  f.kv = 2, f.B = 2, f.key_lengths = {3, 0}, f.sinks = {2, -1, 0.5, 30};
+  add("variant_paper_sinks_masked_rows", f.encode());
+  f = seed(0, 16);
+  f.kv = 2, f.sinks = {0.5, 1e39, 0, 0};  // beyond f32's range
+  add("invalid_variant_sink_beyond_f32", f.encode());
   f = seed(0, 2);
   f.kv = 2, f.window_left = -2, f.window_right = 0;
   add("invalid_variant_window_left_minus_2", f.encode());

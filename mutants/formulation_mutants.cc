@@ -339,6 +339,27 @@ class FormulationKernel {
     side(p, 1, k, w, &ks);
     reference::attention_forward<T>(attention_problem(p), qs.xt.data(),
                                     ks.xt.data(), v, o, lse);
+    if (on(Bug::kSinkIndexFromRow) && has_sinks(p)) wrong_sinks(p, o, lse);
+  }
+
+  // The mutant: row i of head h with sinks[(h q_len + i) % heads] instead
+  // of sinks[h], exactly from the right answer (the row's sum without its
+  // sink, exp(lse) - exp(sink_h), plus the wrong sink's exp).
+  void wrong_sinks(const AttentionProblem& p, T* o, T* lse) const {
+    const int64_t Nq = p.q_len, D = p.head_dim;
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+      for (int64_t i = 0; i < Nq; ++i) {
+        const int64_t h = bh % p.heads;
+        const auto right = static_cast<T>(p.sinks[static_cast<size_t>(h)]);
+        const auto wrong = static_cast<T>(
+            p.sinks[static_cast<size_t>((h * Nq + i) % p.heads)]);
+        T& l = lse[bh * Nq + i];
+        const T rest = std::max<T>(std::exp(l) - std::exp(right), 0);
+        const T l2 = std::log(rest + std::exp(wrong));
+        for (int64_t d = 0; d < D; ++d)
+          o[(bh * Nq + i) * D + d] *= std::exp(l - l2);
+        l = l2;
+      }
   }
 
   void probabilities(const AttentionProblem& p0, const T* q, const T* k,
@@ -355,6 +376,8 @@ class FormulationKernel {
                 const T* o, const T* d_o, const T* lse, T* dq, T* dk, T* dv,
                 T* dg, const reference::NormArgs<T>& w,
                 const reference::NormGrads<T>& dw) const {
+    reference::NormGrads<T> sink_grad;  // the sinks' gradient only
+    sink_grad.sinks = dw.sinks;
     const AttentionProblem p = normalized_problem(p0);
     Side<T> qs, ks;
     side(p, 0, q, w, &qs);
@@ -381,7 +404,7 @@ class FormulationKernel {
       std::vector<T> dkr(kr.size()), dvr(kr.size());
       reference::attention_backward<T>(r, qs.xt.data(), kr.data(), vr.data(), o,
                                        d_o, lse, dqt.data(), dkr.data(),
-                                       dvr.data(), dg);
+                                       dvr.data(), dg, nullptr, {}, sink_grad);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t hk = 0; hk < Hk; ++hk) {
           const int64_t src = (b * H + hk * group) * hd,
@@ -391,7 +414,8 @@ class FormulationKernel {
         }
     } else {
       reference::attention_backward<T>(a, qs.xt.data(), ks.xt.data(), v, o, d_o,
-                                       lse, dqt.data(), dkt.data(), dv, dg);
+                                       lse, dqt.data(), dkt.data(), dv, dg,
+                                       nullptr, {}, sink_grad);
     }
     // A shared weight (nGPT): both sides' gradients into dq_weight.
     T* dkw = p.norm.shared_qk_weight ? dw.q_weight : dw.k_weight;
@@ -412,8 +436,9 @@ class FormulationBackend final : public Backend {
                      Bug bug, bool active)
       : Backend(family, name, precision), bug_(bug), active_(active) {}
 
-  // Every formulation of attention.h (and sdpa), with the softcap (the
-  // reference's loops apply it).
+  // Every formulation and variant of attention.h (and sdpa): the
+  // reference's loops apply the softcap, the window and the sinks; the
+  // wrapper rotates (RoPE).
   bool supports(const AttentionProblem&) const override { return true; }
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
@@ -454,6 +479,8 @@ class FormulationBackend final : public Backend {
     dw.k_weight = ptr(dkw);
     dw.q_bias = ptr(dqb);
     dw.k_bias = ptr(dkb);
+    std::vector<T> dsinks(static_cast<size_t>(a.d_sinks_size));
+    dw.sinks = ptr(dsinks);
     T dg = 0;
     kernel().backward(p, q.data(), k.data(), v.data(), o.data(), d_o.data(),
                       lse.data(), dq.data(), dk.data(), dv.data(), &dg, w.args,
@@ -470,6 +497,8 @@ class FormulationBackend final : public Backend {
     out(dkw, a.d_params.k_weight);
     out(dqb, a.d_params.q_bias);
     out(dkb, a.d_params.k_bias);
+    for (size_t h = 0; h < dsinks.size(); ++h)
+      a.d_sinks[h] = static_cast<double>(dsinks[h]);
   }
 
   // ScaleNorm has no formulation: the reference's loops.

@@ -854,7 +854,8 @@ std::unique_ptr<Backend> make(const char* family, const char* name,
        bug == Bug::kSoftcapDropped || bug == Bug::kWindowLeftOffByOne ||
        bug == Bug::kWindowRightOffByOne || bug == Bug::kRopeHeadZeroOnly ||
        bug == Bug::kRopePartialWrongDims || bug == Bug::kRopeNormSkipped ||
-       bug == Bug::kRopePairingConfused || bug == Bug::kRopeDecodeFromZero);
+       bug == Bug::kRopePairingConfused || bug == Bug::kRopeDecodeFromZero ||
+       bug == Bug::kSinkIndexFromRow);
   if (formulation_bug || control == Control::kFormulation)
     return make_formulation_entry(family, name, precision, bug, active);
   if (precision == Precision::kF64)
@@ -1111,6 +1112,13 @@ const std::vector<MutantInfo>& mutant_list() {
        "decode positions from 0: query i rotated at i + offset instead of "
        "kv_len - q_len + i + offset, against keys at their cache positions",
        Precision::kF32, MutantKind::kFormula, nullptr, "rope"},
+      // Attention sinks (issue 34): their cases have one sink per head
+      // (mutation_test.cc, FormulationSinksAgreement).
+      {Bug::kSinkIndexFromRow, "sink_index_from_row",
+       "the attention sink of query row i of head h read at (h q_len + i) "
+       "mod heads instead of h (modular #6591: the wrong per-head sink "
+       "index when seq_q > 1): right at decode, wrong sinks in prefill",
+       Precision::kF32, MutantKind::kFormula, nullptr, "sinks"},
       // --- Shape bugs (issue 33): wrong only in one region of the shape
       // model, the unmutated copy bit for bit elsewhere ---
       {Bug::kStaleDqHeadDim256, "stale_dq_head_dim_256",

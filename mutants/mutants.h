@@ -77,6 +77,7 @@ enum class Bug {
   kRopeNormSkipped,        // the norm skipped where RoPE is fused
   kRopePairingConfused,    // half-split and interleaved swapped
   kRopeDecodeFromZero,     // q positions from 0, not kv_len - q_len
+  kSinkIndexFromRow,       // sink of row (h, i) read at (h q_len + i) % H
   // Shape bugs (issue 33): each is wrong only in one region of the shape
   // model (validation/coverage.h) and bit for bit the unmutated copy
   // elsewhere; only the default run's covering array reaches them.

@@ -199,7 +199,8 @@ struct FormulationCase {
   uint64_t seed;
   double softcap = 0;
   int64_t window_left = -1, window_right = -1;
-  bool rope = false;  // partial NeoX RoPE, decode-aligned (kv_len > q_len)
+  bool rope = false;   // partial NeoX RoPE, decode-aligned (kv_len > q_len)
+  bool sinks = false;  // one sink per head, -1 + h / 2 (issue 34)
 };
 
 validation::AttentionCase formulation_case(const FormulationCase& f,
@@ -228,6 +229,9 @@ validation::AttentionCase formulation_case(const FormulationCase& f,
     p.rope.position_offset = 1000;
     if (!f.causal) p.mask.key_lengths = {19};
   }
+  if (f.sinks)
+    for (int64_t h = 0; h < p.heads; ++h)
+      p.sinks.push_back(-1 + 0.5 * static_cast<double>(h));
   return validation::make_attention_case(p, f.dist, f.seed, s);
 }
 
@@ -279,7 +283,8 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
     // Qwen3's cases capped at 5; the window mutants: the same cases under a
     // window (5, 2) (which the causal ones see as (5, 0)); the others: their
     // preset.
-    const bool variant = f == "softcap" || f == "window" || f == "rope";
+    const bool variant =
+        f == "softcap" || f == "window" || f == "rope" || f == "sinks";
     const std::vector<const char*> presets =
         f == "gqa"
             ? std::vector<const char*>{"qwen3", "gemma3", "olmo2", "chameleon"}
@@ -296,6 +301,8 @@ TEST(FormulationMutants, EachIsCaughtOnItsFormulation) {
       }
     if (f == "rope")
       for (FormulationCase& c : cases) c.rope = true;
+    if (f == "sinks")
+      for (FormulationCase& c : cases) c.sinks = true;
     const Margins mm = judge_all(*m, cases);
     const Margins cm =
         judge_all(*control_registry().find("control:formulation:" +

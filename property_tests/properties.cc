@@ -536,6 +536,22 @@ void rope_agreement(const Backend& b) {
   agreement_on(b, spec);
 }
 
+// Agreement with attention sinks (issue 34; attention.h): a drawn
+// formulation with one sink per query head, each drawn from below the
+// logits (-8) to beyond them (+8), or a shared one; the drawn masks' fully
+// masked rows are then the sink alone.
+void sinks_agreement(const Backend& b) {
+  AttentionSpec spec = draw_formulation_spec(b.precision());
+  AttentionProblem& p = spec.problem;
+  const bool shared = *rc::gen::arbitrary<bool>();
+  const double first =
+      *rc::gen::elementOf(std::vector<double>{-8, -2, -0.5, 0, 0.75, 3, 8});
+  for (int64_t h = 0; h < p.heads; ++h)
+    p.sinks.push_back(shared ? first
+                             : first + 0.375 * static_cast<double>(h % 5));
+  agreement_on(b, spec);
+}
+
 // Non-saturation under a formulation: the bound of validation/nonsaturation.h
 // at the rule's logit amplitude A (|scale| max ||q_a|| max ||k_a||), whose
 // computed logits carry the formulations' error E (the operands' roundings,
@@ -1328,6 +1344,7 @@ const std::vector<Property>& entry_properties() {
       {"FormulationSoftcapAgreement", formulation_softcap_agreement, 60},
       {"FormulationWindowAgreement", window_agreement, 60},
       {"FormulationRopeAgreement", rope_agreement, 60},
+      {"FormulationSinksAgreement", sinks_agreement, 60},
       {"LongSequence", long_sequence, 2},
       {"ShapeCoverage", shape_coverage, 1},
   };

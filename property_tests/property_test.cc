@@ -89,6 +89,9 @@ TEST_P(EntryProperty, FormulationWindowAgreement) {
 TEST_P(EntryProperty, FormulationRopeAgreement) {
   Check("FormulationRopeAgreement");
 }
+TEST_P(EntryProperty, FormulationSinksAgreement) {
+  Check("FormulationSinksAgreement");
+}
 TEST_P(EntryProperty, LongSequence) { Check("LongSequence"); }
 TEST_P(EntryProperty, ShapeCoverage) { Check("ShapeCoverage"); }
 

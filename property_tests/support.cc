@@ -256,6 +256,7 @@ bool implements_variant_of(const Property& prop, const Backend& b) {
   if (name == "FormulationSoftcapAgreement") p.softcap = 5;
   if (name == "FormulationWindowAgreement") p.mask.window_left = 1;
   if (name == "FormulationRopeAgreement") p.rope.rotary_dim = 2;
+  if (name == "FormulationSinksAgreement") p.sinks = {0.5, -0.5};
   return b.supports(p);
 }
 

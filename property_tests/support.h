@@ -102,7 +102,8 @@ bool implements_formulations(const Backend& b);
 // True if the entry implements the attention variant (issue 34) a
 // formulation property is about: the softcap for FormulationSoftcapAgreement,
 // the window for FormulationWindowAgreement, RoPE for
-// FormulationRopeAgreement (the qwen3 preset with GQA and
+// FormulationRopeAgreement, sinks for FormulationSinksAgreement (the qwen3
+// preset with GQA and
 // that variant); true for the other properties.
 bool implements_variant_of(const Property& prop, const Backend& b);
 

@@ -53,6 +53,7 @@ std::string check_nonsaturation(const AttentionProblem& p,
   const double tiny = min_normal(compute_format(s));
   const LD a = a_plus_e;
   const int64_t Nq = p.q_len, Nk = p.kv_len;
+  const bool sinks = has_sinks(p);
   char buf[480];
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h)
@@ -82,7 +83,10 @@ std::string check_nonsaturation(const AttentionProblem& p,
             if (pj != 0) return "masked probability is not 0: " + where(j, pj);
             continue;
           }
-          if (!(pj >= lo * (1 - rel) - tiny && pj <= hi * (1 + rel) + tiny))
+          // A sink (attention.h) only lowers a row's probabilities: its
+          // share is not bounded by the amplitude, so no lower bound.
+          if (!((sinks || pj >= lo * (1 - rel) - tiny) &&
+                pj <= hi * (1 + rel) + tiny))
             return "non-saturation bound violated: " + where(j, pj);
           sum += pj;
           if (pj > 0) entropy -= pj * std::log(static_cast<LD>(pj));
@@ -103,6 +107,33 @@ std::string check_nonsaturation(const AttentionProblem& p,
         }
         if (m == 0) continue;
         const LD sum_tol = rel + mm * tiny;
+        if (sinks) {
+          // The row holds 1 minus the sink's share exp(sink_h - lse_i):
+          // without lse, at most 1; with it, that share, whose exponent
+          // an entry forms to rel (2 + |sink| + |lse|) (the sink rounded,
+          // the subtraction, the exp; rel covers each).
+          const double sink = p.sinks[static_cast<size_t>(h)];
+          LD want = 1, tol = sum_tol;
+          if (lse != nullptr) {
+            const double l = (*lse)[li];
+            const LD share = std::exp(static_cast<LD>(sink) - l);
+            want = 1 - share;
+            tol += share * rel * (2 + std::fabs(sink) + std::fabs(l));
+          }
+          if (!(sum <= 1 + sum_tol &&
+                std::fabs(sum - want) <= (lse != nullptr ? tol : 1 + tol))) {
+            std::snprintf(buf, sizeof buf,
+                          "row [%lld,%lld,%lld] sums to %.17Lg where 1 - the "
+                          "sink's share is %.17Lg (m = %lld, tolerance %.3Lg)",
+                          (long long)b, (long long)h, (long long)i, sum, want,
+                          (long long)m, tol);
+            return std::string(
+                       "probabilities do not leave the sink's "
+                       "share: ") +
+                   buf;
+          }
+          continue;  // the entropy bound assumes rows summing to 1
+        }
         if (!(std::fabs(sum - 1) <= sum_tol)) {
           std::snprintf(buf, sizeof buf,
                         "row [%lld,%lld,%lld] sums to %.17Lg (m = %lld, "

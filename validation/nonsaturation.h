@@ -39,7 +39,10 @@
 // So every visible p must satisfy
 //   lo(A + E) (1 - rel) - tiny  <=  p  <=  hi(A + E) (1 + rel) + tiny,
 //   rel = (2m + 16) u,
-// a row must sum to 1 within rel + m tiny, masked keys must be exactly 0,
+// a row must sum to 1 within rel + m tiny (with sinks, attention.h: to 1 -
+// exp(sink - lse) within that plus the sink share's rel (2 + |sink| +
+// |lse|), with no lower bound on p and no entropy bound: a sink's share is
+// not bounded by the amplitude), masked keys must be exactly 0,
 // and (when the row's lse is given) log p + lse must lie in
 // [-(A + E), A + E] within rel (2 + |lse|), for every p >= tiny, and the
 // entropy must reach log(1 + (m-1) e^{-2(A + E)}) within
