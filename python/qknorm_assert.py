@@ -75,13 +75,15 @@ _ATTENTION_GRADS = {
     "dg": ("dg", "out"), "grad_g": ("dg", "out"),
     "dq_weight": ("dq_weight", "out"), "dk_weight": ("dk_weight", "out"),
     "dq_bias": ("dq_bias", "out"), "dk_bias": ("dk_bias", "out"),
+    "d_sinks": ("d_sinks", "out"), "dsinks": ("d_sinks", "out"),
+    "grad_sinks": ("d_sinks", "out"),
 }
 _SCALENORM_GRADS = {
     "dy": ("dy", "in"), "d_y": ("dy", "in"), "grad_y": ("dy", "in"),
     "dx": ("dx", "out"), "d_x": ("dx", "out"), "grad_x": ("dx", "out"),
     "dg": ("dg", "out"), "grad_g": ("dg", "out"),
 }
-_PARAMS = ("q_weight", "k_weight", "q_bias", "k_bias")
+_PARAMS = ("q_weight", "k_weight", "q_bias", "k_bias", "sinks")
 _FLAGS = {"eps": "--eps", "variant": "--variant",
           "formulation": "--formulation", "compute": "--compute",
           "contract": "--contract", "rope": "--rope"}
@@ -251,7 +253,8 @@ def assert_qknorm_attention(q, k, v, g, out, grads=None, mask=None, **options):
     "pad:L1,L2,...", "causal+pad", a sliding window "window:LEFT,RIGHT",
     e.g. "causal+window:127,0"; None: no mask). rope: compare's --rope
     text (attention.h, Rope: "64,half,after,theta=1000000"; None: no
-    rotation). g may be None for a
+    rotation). Attention sinks (gpt-oss): params={"sinks": one value per
+    query head}, and grads={"d_sinks": ...} to judge their gradient. g may be None for a
     fixed-scale formulation. Returns the report on PASS; raises
     AssertionError (FAIL) or QKNormInputError (bad input)."""
     inputs = {"q": q, "k": k, "v": v}

@@ -221,6 +221,61 @@ class RopeTest(unittest.TestCase):
             self.assertIn("worst o[", str(cm.exception))
 
 
+def sink_attention(q, k, v, sinks, causal):
+    """gpt-oss's sdpa with sinks, transcribed: the logits with one sink
+    column per head appended, softmax, the sink column dropped."""
+    H, Hk = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(H // Hk, dim=1)
+    v = v.repeat_interleave(H // Hk, dim=1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1),
+                          float("-inf"))
+    col = sinks.reshape(1, H, 1, 1).expand(s.shape[0], H, s.shape[2], 1)
+    comb = torch.cat([s, col], dim=-1)
+    comb = comb - comb.max(dim=-1, keepdim=True).values
+    return torch.softmax(comb, dim=-1)[..., :-1] @ v
+
+
+@unittest.skipIf(torch is None, "needs torch and numpy")
+class SinksTest(unittest.TestCase):
+    """Attention sinks (issue 34): gpt-oss's sdpa with sinks in torch f64
+    passes with its sinks (and their gradient) and FAILs without them, or
+    with one head's sink changed, naming the element."""
+
+    def test_sinks_are_judged(self):
+        binary_or_skip(self)
+        torch.manual_seed(5)
+        q = torch.randn(1, 4, 10, 8, dtype=torch.float64, requires_grad=True)
+        k, v = (torch.randn(1, 2, 10, 8, dtype=torch.float64,
+                            requires_grad=True) for _ in range(2))
+        sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64,
+                             requires_grad=True)
+        d_o = torch.randn(1, 4, 10, 8, dtype=torch.float64)
+        out = sink_attention(q, k, v, sinks, True)
+        out.backward(d_o)
+        grads = {"dO": d_o, "dQ": q.grad, "dK": k.grad, "dV": v.grad,
+                 "d_sinks": sinks.grad}
+        report = qa.assert_qknorm_attention(
+            q, k, v, None, out, grads=grads, mask="causal", variant="sdpa",
+            params={"sinks": sinks.detach()})
+        self.assertIn("PASS", report)
+        self.assertIn("sinks=0.5,-1,2,0", report)
+        wrong = sinks.detach().clone()
+        wrong[3] = 0.25
+        for params in ({}, {"sinks": wrong}):
+            g = dict(grads)
+            if not params:
+                del g["d_sinks"]
+            with self.assertRaises(AssertionError) as cm:
+                qa.assert_qknorm_attention(q, k, v, None, out, grads=g,
+                                           mask="causal", variant="sdpa",
+                                           params=params)
+            self.assertIn("FAIL", str(cm.exception))
+            self.assertIn("worst o[", str(cm.exception))
+
+
 @unittest.skipIf(torch is None, "needs torch and numpy")
 class ScaleNormTest(unittest.TestCase):
     def setUp(self):

@@ -389,6 +389,7 @@
 //           + u_s R + ulp_s(0) So + ulp_c(0) Sc + tiny_c Sp + u_c Sh
 //           + u_f64 (given + given_soft) M + operand_flip M
 //                                               (M = dg_scale, scalars)
+//   d_sinks "Attention sinks" below (from the O and lse bounds)
 //   params  u_c ((sum_units(R_p) + sum_units(n) + kOpUnits + div) M
 //           + soft T + Sh) + u_s R + ulp_s(0) So + ulp_c(0) (Sc + R_p + 2)
 //           + tiny_c Sp + s_rel M + F
@@ -504,7 +505,42 @@
 // are bounded by the same rope_mag: kRopeGradBefore = 16 eps (>= 9 sqrt 2
 // + 3) on rope_mag. Not covered: LayerNorm or a weight before the rotation
 // (validate refuses them: a weight makes the partner's error w_a-weighted),
-// and the sampled verdict (it refuses RoPE).//
+// and the sampled verdict (it refuses RoPE).
+//
+// Attention sinks (issue 34; attention.h: one learned logit sink_h per
+// query head in every row's denominator, a key with no value; lse includes
+// it). The oracle forms the sink's term exactly; a kernel forms exp(sink -
+// m) from the sink rounded to the compute format (u_c |sink|), the
+// subtraction of its row shift m (|sink - m| <= 2 |sink| + |A|: m is a
+// visible logit, |S| <= |A|, the sink, or a fixed shift of either's size)
+// and the exp's own 4 ulp (kSinkExpUnits = 8, as the softcap's tanh): its
+// exponent is off by at most E_s u_c, E_s = sink_logit_units = 3 max_h
+// |sink_h| + |A| + 8 (rule_terms.h), where a visible logit's is A dot_s
+// u_c. Then P_ij moves relatively by dS_ij - sum_k P_ik dS_ik - P_sink
+// dsink, at most 2 max(A dot_s, E_s) u_c: every use of A dot_s (soft,
+// soft_o, lse) reads the larger of the two (RuleScalars::logit; bitwise
+// the bounds before sinks where A dot_s is larger, as without sinks). The
+// sink adds a term to each row sum: one more in the row's count and ties
+// (it may tie with a key's term), and its perturbation reaches O_i as
+// -P_sink O_i dsink (o_dev_mag += P_sink |O_i|) and delta_i as -P_sink
+// delta_i dsink (ds_l1 += P_sink |delta_i|, kSoftmaxTerms).
+//   dsinks_h = -sum_{b,i} P_sink,i delta_i, P_sink,i = exp(sink_h - lse_i),
+// delta_i = dO_i . O_i, from the lse and O the backward reads, each within
+// its own table's bound b_lse, b_O (delta + final operations + half the
+// storage spacing; a wrong O or lse FAILs on its own table). Per row, to
+// first order: P_sink is off relatively by b_lse,i (in its exponent) plus
+// (u_c + u_o) (2 |sink| + |lse_i| + kSinkExpUnits + kOpUnits) (the sink
+// rounded, the subtraction, the exp, the product); delta_i by sum_d |dO_id|
+// b_O,id plus (u_c + u_o) (sum_units(D) + kOpUnits) |dO_i|.|O_i|; so
+//   d_sinks delta_h = sum_{b,i} [P_sink,i (|delta_i| (b_lse,i + units) +
+//       sum_d |dO_id| b_O,id + (u_c + u_o) (sum_units(D) + kOpUnits)
+//       |dO_i|.|O_i|) + ulp_c(0) (D + 1) P_sink,i + p_res |dO_i|.|O_i|]
+//     + (u_c + u_o) sum_units(B Nq) M_h + ulp_c(0) (B Nq + 2),
+// M_h = sum P_sink,i |dO_i|.|O_i| (its magnitude and condition), p_res the
+// flush of a P_sink below the normal range. Measured: dsinks rounded to
+// bf16 FAILs the f32 bound (margin 6.2; tests/sinks_test.cc). Not covered:
+// the sampled verdict (it refuses sinks).
+//
 // Compute contracts (issue 31; qknorm/contract.h). An entry declares the
 // format of each intermediate it rounds: q at the dot product, k_hat and v
 // as the cache stores them, the logits S, P before P.V, O's P.V
