@@ -119,6 +119,20 @@
 // operation sequence of dP = dO . V (rows-inl.h DotChain), so dS = 0, dQ = 0
 // and dV = dO exactly.
 //
+// Sinks (issue 34; attention.h): head h's sink, rounded to f32 once, is one
+// more term of each row's max and sum, a key without a value, merged at the
+// row's end as the online softmax merges a block: m' = max(m, sink), l = l
+// e^{m - m'} + e^{sink - m'}, O = O e^{m - m'}; a fixed-shift row then keeps
+// m' = B_i (sink <= B_i) or becomes a row shifted by its sink (the hook's
+// exp follows). lse = m' + log l includes the sink, and the backward's P =
+// exp(S - lse) is unchanged in form; a fully masked row is the sink alone
+// (O = 0, lse = sink). The one-visible-key exactness below does not apply
+// (such a row's P is 1 / (1 + e^{sink - S})). Backward: dsinks_h = -sum_{b,
+// i} exp(sink - lse) delta over the rows that see a key, the share formed
+// as P is ((sink - hi) - lo, f32 exp), the product with delta exact in f64,
+// summed per (b, h) task in row order, then over b in order (as dg): bitwise
+// the same for every thread count.
+//
 // RoPE (issue 34; rope-inl.h): the q and k rows are rotated where they are
 // formed, generic sides in formulation-inl.h's pass, raw and unit-l2 rows
 // by LoadSide (x before the unit normalization under kBeforeNorm, u after
@@ -791,6 +805,7 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
   const VF neg_inf = hn::Set(df, kNegInf);
   const Logits logit(s);
+  const bool sinks = has_sinks(p);
   const BoundFactors bf = MakeBoundFactors(s.scale, Dp);
   float* row_shift =
       probs ? ws.row_shift.Get(static_cast<size_t>(s.BH) * Nq) : nullptr;
@@ -801,6 +816,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                     const double* knb, const float* capb) {
     const int64_t b = bh / s.H, h = bh % s.H;
     const size_t mr = std::min(Mq, Nq - i0);
+    // The head's sink in f32 (top of file, "Sinks").
+    const float sink =
+        sinks ? static_cast<float>(p.sinks[static_cast<size_t>(h)]) : 0.0f;
     const int64_t* L = lim + static_cast<size_t>(b) * Nq + i0;
     const int64_t* F = first + static_cast<size_t>(b) * Nq + i0;
     float* S = scratch + per_worker * static_cast<size_t>(worker);
@@ -898,8 +916,9 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
           hn::StoreU(hn::Zero(df), df, sr + j);
         if (shift[r] >= 0) {  // P = exp(S - B_i): one pass, no rescaling
           const VF vshift = hn::Set(df, shift[r]);
-          // A row's only visible key: keep its logit for the epilogue.
-          if (L[r] - F[r] == 1 && static_cast<size_t>(F[r]) >= j0)
+          // A row's only visible key: keep its logit for the epilogue
+          // (without a sink: with one the row is no single key).
+          if (!sinks && L[r] - F[r] == 1 && static_cast<size_t>(F[r]) >= j0)
             m[r] = hn::GetLane(logit(hn::Set(df, sr[F[r] - j0])));
           VF vsum = hn::Zero(df);
           for (size_t j = jlo; j < kvv; j += N) {
@@ -954,14 +973,32 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
                   RowLimits{nullptr, window ? klo : nullptr, kvr});
     }
 
+    // Sinks: the sink as the row's last term (top of file, "Sinks"), on
+    // either path; a fully masked row is the sink alone (below). O's factor
+    // e^{m - m'} (f64: it may be far below f32's normal range where O / l
+    // is not) joins the epilogue's 1 / l.
+    double o_alpha[kQueryBlock];
+    for (size_t r = 0; sinks && r < mr; ++r) {
+      o_alpha[r] = 1.0;
+      if (L[r] <= F[r]) continue;
+      const float m_new = std::max(m[r], sink);
+      if (m[r] != m_new)
+        o_alpha[r] = m[r] == kNegInf ? 0.0
+                                     : std::exp(static_cast<double>(m[r]) -
+                                                static_cast<double>(m_new));
+      l[r] = l[r] * static_cast<float>(o_alpha[r]) + std::exp(sink - m_new);
+      m[r] = m_new;
+    }
+
     for (size_t r = 0; r < mr; ++r) {
       const size_t i = i0 + r;
       float* orow = O + r * Dp;
       double lse;
       if (L[r] <= F[r]) {
         std::fill(orow, orow + Dp, 0.0f);
-        lse = -std::numeric_limits<double>::infinity();
-      } else if (shift[r] >= 0 && L[r] - F[r] == 1) {
+        lse = sinks ? static_cast<double>(sink)
+                    : -std::numeric_limits<double>::infinity();
+      } else if (!sinks && shift[r] >= 0 && L[r] - F[r] == 1) {
         // One visible key (key F): what the online path gives exactly,
         // O = V, lse = S (held in m), P = exp(S - lse) = 1 in the backward.
         const float* vf = v_of(static_cast<size_t>(F[r]) / Kb) +
@@ -975,7 +1012,8 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         // correctly rounded O / l except at near-ties (as NormalizeRowsT's
         // scaling), and l = 1 gives O exactly; ~12% of the epilogue cheaper
         // than vdivps at d = 64 (issue 18).
-        ScaleRowF64(orow, Dp, 1.0 / static_cast<double>(l[r]));
+        ScaleRowF64(orow, Dp,
+                    (sinks ? o_alpha[r] : 1.0) / static_cast<double>(l[r]));
         // In double: the f32 m and l are exact there, so lse is not rounded
         // to f32 (at |lse| ~ 25 that rounding is ~1e-6, and the backward's
         // P = exp(S - lse) would inherit it for the whole row).
@@ -988,8 +1026,10 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
 
     if (probs == nullptr) return;
     // Inspection hook: the final probabilities exp(S - m) / l with the m, l
-    // and the same S, Exp and masking as above (m = B_i on a fixed row),
-    // and each row's shift for tests (workspace.h).
+    // and the same S, Exp and masking as above (m = B_i on a fixed row, but
+    // the sink where it exceeds B_i: then Exp), and each row's shift for
+    // tests (workspace.h). With a sink, P over the real keys (a row sums to
+    // 1 - e^{sink - lse}).
     std::copy(shift, shift + mr, row_shift + static_cast<size_t>(bh) * Nq + i0);
     for (size_t r = 0; r < mr; ++r) {
       double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk;
@@ -1005,12 +1045,13 @@ void AttentionForward(const AttentionProblem& p, const ForwardArgs& a,
         if (kv <= lo) continue;
         float* sr = S + r * Kb;
         const VF vm = hn::Set(df, m[r]), vl = hn::Set(df, l[r]);
+        const bool bounded = shift[r] >= 0 && m[r] == shift[r];
         for (size_t j = 0; j < Kb; j += N) {
           const VF x = hn::Sub(logit(hn::LoadU(df, sr + j)), vm);
           // Fixed rows: x <= 0 up to rounding on the visible keys; the
           // lanes of masked keys (past kv, never copied out) may fall
           // outside ExpBounded's domain and hold garbage.
-          const VF e = shift[r] >= 0 ? ExpBounded(x) : hn::Exp(df, x);
+          const VF e = bounded ? ExpBounded(x) : hn::Exp(df, x);
           hn::StoreU(hn::Div(e, vl), df, sr + j);
         }
         double* pr = probs + (static_cast<size_t>(bh) * Nq + i0 + r) * Nk + j0;
@@ -1114,7 +1155,10 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   float* lse_hi = stats + BH * Nq;
   float* lse_lo = stats + 2 * BH * Nq;
   float* dq_part = ws.dq_partial.Get(G * BH * Nq * Dp);
-  double* task_dg = ws.task_sums.Get(BHk * G);
+  // Per task dg, then (sinks) per (batch, head) its rows' dsinks terms.
+  const bool sinks = has_sinks(p);
+  double* task_dg = ws.task_sums.Get(BHk * G + (sinks ? BH : 0));
+  double* task_dsink = task_dg + BHk * G;
   int64_t* lim = ws.limits.Get(2 * static_cast<size_t>(s.B) * Nq);
   int64_t* first = lim + static_cast<size_t>(s.B) * Nq;
   const bool window = has_window(p.mask);
@@ -1163,6 +1207,20 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
                         ? static_cast<float>(l - static_cast<double>(lse_hi[r]))
                         : 0.0f;
       }
+      if (!sinks) return;
+      // -sum_i exp(sink - lse_i) delta_i over the rows that see a key (top
+      // of file, "Sinks"): the share as P is formed, times delta exactly.
+      const float sink = static_cast<float>(p.sinks[static_cast<size_t>(h)]);
+      const int64_t* L = lim + static_cast<size_t>(b) * Nq;
+      const int64_t* F = first + static_cast<size_t>(b) * Nq;
+      double sum = 0;
+      for (size_t i = 0; i < Nq; ++i) {
+        if (L[i] <= F[i]) continue;
+        const size_t r = static_cast<size_t>(bh) * Nq + i;
+        const float share = std::exp((sink - lse_hi[r]) - lse_lo[r]);
+        sum += static_cast<double>(share) * static_cast<double>(delta[r]);
+      }
+      task_dsink[bh] = -sum;
       return;
     }
     const int64_t bk = t - s.BH, b = bk / s.Hk, h = bk % s.Hk;
@@ -1450,6 +1508,14 @@ void AttentionBackward(const AttentionProblem& p, const BackwardArgs& a,
   if (s.learned)
     for (size_t t = 0; t < BHk * G; ++t) dg += task_dg[t];
   *a.dg = dg;
+  // dsinks_h: the (b, h) tasks' sums in b order.
+  if (sinks && a.d_sinks != nullptr)
+    for (int64_t h = 0; h < s.H; ++h) {
+      double sum = 0;
+      for (int64_t b = 0; b < s.B; ++b)
+        sum += task_dsink[static_cast<size_t>(b * s.H + h)];
+      a.d_sinks[h] = sum;
+    }
 }
 
 }  // namespace qknorm::simd::HWY_NAMESPACE

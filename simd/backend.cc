@@ -58,11 +58,10 @@ class SimdBackend final : public Backend {
   // Every formulation of attention.h (issue 16), forward and backward:
   // the paper's and sdpa as before, the others through formulation-inl.h,
   // the logit softcap (attention-inl.h, Logits), the sliding window and
-  // RoPE (issue 34; rope-inl.h, fused into the normalization pass).
-  // Not yet: attention sinks.
-  bool supports(const AttentionProblem& p) const override {
-    return !has_sinks(p);
-  }
+  // RoPE (issue 34; rope-inl.h, fused into the normalization pass) and
+  // attention sinks (attention-inl.h, "Sinks": forward, backward with
+  // BackwardArgs::d_sinks, the probabilities hook).
+  bool supports(const AttentionProblem&) const override { return true; }
   // attention-inl.h: kQueryBlock = kKeyBlock = 64 rows, micro-GEMM panels of
   // kGemmRows = 6 rows; formulation-inl.h: kRowBlock = 64.
   std::vector<int64_t> block_sizes(const AttentionProblem&) const override {

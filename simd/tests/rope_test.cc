@@ -27,7 +27,6 @@
 #include "qknorm/attention.h"
 #include "qknorm/formulation.h"
 #include "qknorm/precision.h"
-#include "reference/reference.h"
 #include "simd/tests/test_util.h"
 #include "validation/check.h"
 #include "validation/run.h"
@@ -47,23 +46,9 @@ using validation::Distribution;
 // against the reference in double.
 constexpr double kComputeTol = 1e-4;
 
-// A 16-bit entry stores its outputs, RNE: within u_s (bf16 2^-8, f16
-// 2^-11: 8 and 11 significant bits) of each element, so of the field's
-// largest; it rounds Qwen3's x_hat to storage, where a near-tie may round
-// the other way than the reference's (one storage ulp of one element of a
-// logit operand). Twice u_s covers both (measured: up to 0.86 u_s in bf16,
-// 0.95 u_s in f16, with and without RoPE alike); the f32 compute error
-// adds kComputeTol.
-double Tolerance(Precision p) {
-  switch (p) {
-    case Precision::kBF16:
-      return 2 * 0x1p-8 + kComputeTol;
-    case Precision::kF16:
-      return 2 * 0x1p-11 + kComputeTol;
-    default:
-      return kComputeTol;
-  }
-}
+// A 16-bit entry's storage adds twice u_s (StoredTolerance; measured: up
+// to 0.86 u_s in bf16, 0.95 u_s in f16, with and without RoPE alike).
+double Tolerance(Precision p) { return StoredTolerance(p, kComputeTol); }
 
 // With RoPE ignored, the outputs must be far outside the tolerance: at
 // least this many times it (checks that a rotation happens at all).
@@ -167,57 +152,6 @@ std::vector<RopeCase> RopeCases() {
   return out;
 }
 
-// The reference in double on the rounded case: forward, and the backward
-// fed `o`, `lse` (the entry's own, so that the backward is compared alone).
-AttentionResult Reference(const AttentionCase& c, Precision storage,
-                          const std::vector<double>& o,
-                          const std::vector<double>& lse) {
-  const AttentionProblem& p = c.problem;
-  reference::NormArgs<double> w;
-  auto ptr = [](const std::vector<double>& x) {
-    return x.empty() ? nullptr : x.data();
-  };
-  w.q_weight = ptr(c.q_weight), w.k_weight = ptr(c.k_weight);
-  w.q_bias = ptr(c.q_bias), w.k_bias = ptr(c.k_bias);
-  w.storage = storage;  // Qwen3: x_hat rounded to the entry's storage
-  w.exact_rope = true;
-  AttentionResult r;
-  r.o.resize(c.q.size());
-  r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
-  reference::attention_forward<double>(p, c.q.data(), c.k.data(), c.v.data(),
-                                       r.o.data(), r.lse.data(), w);
-  r.dq.resize(c.q.size()), r.dk.resize(c.k.size()), r.dv.resize(c.v.size());
-  r.dq_weight.resize(c.q_weight.size()), r.dk_weight.resize(c.k_weight.size());
-  r.dq_bias.resize(c.q_bias.size()), r.dk_bias.resize(c.k_bias.size());
-  auto mptr = [](std::vector<double>& x) {
-    return x.empty() ? nullptr : x.data();
-  };
-  reference::NormGrads<double> dw;
-  dw.q_weight = mptr(r.dq_weight), dw.k_weight = mptr(r.dk_weight);
-  dw.q_bias = mptr(r.dq_bias), dw.k_bias = mptr(r.dk_bias);
-  reference::attention_backward<double>(
-      p, c.q.data(), c.k.data(), c.v.data(), o.data(), c.d_o.data(), lse.data(),
-      r.dq.data(), r.dk.data(), r.dv.data(), &r.dg, nullptr, w, dw);
-  return r;
-}
-
-// max |a - b| / max |b| (0 for an empty or all-zero b with a == b); lse
-// entries of fully masked rows (-inf in both) are skipped.
-double NormwiseError(const std::vector<double>& a,
-                     const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (a[i] == b[i]) {
-      den = std::max(den, std::isfinite(b[i]) ? std::fabs(b[i]) : 0.0);
-      continue;
-    }
-    num = std::max(num, std::fabs(a[i] - b[i]));
-    den = std::max(den, std::fabs(b[i]));
-  }
-  if (num == 0) return 0;
-  return den > 0 ? num / den : INFINITY;
-}
-
 // The fields compared, by name.
 std::map<std::string, double> Errors(const AttentionResult& a,
                                      const AttentionResult& ref, bool learned) {
@@ -259,7 +193,7 @@ TEST_P(SimdRope, MatchesTheReferenceInDouble) {
     const AttentionResult r =
         validation::run_attention(entry, c, ExecConfig{2});
     ASSERT_EQ(r.backward_input, validation::BackwardInput::kEntry) << rc.what;
-    const AttentionResult ref = Reference(c, prec, r.o, r.lse);
+    const AttentionResult ref = ReferenceInDouble(c, prec, r.o, r.lse);
     const bool learned = rc.p.variant == Variant::kQKNorm && !rc.p.fixed_scale;
     for (const auto& [field, err] : Errors(r, ref, learned)) {
       EXPECT_LE(err, tol) << entry.name() << " " << rc.what << " ["

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -15,9 +17,11 @@
 
 #include "qknorm/backend.h"
 #include "qknorm/precision.h"
+#include "reference/reference.h"
 #include "validation/buffers.h"
 #include "validation/case.h"
 #include "validation/check.h"
+#include "validation/run.h"
 #include "validation/tester.h"
 
 namespace qknorm::simd::testing {
@@ -60,6 +64,87 @@ inline void ExpectSame(const validation::AttentionResult& a,
   EXPECT_TRUE(SameBits(a.dk_weight, b.dk_weight)) << what << ": dk_weight";
   EXPECT_TRUE(SameBits(a.dq_bias, b.dq_bias)) << what << ": dq_bias";
   EXPECT_TRUE(SameBits(a.dk_bias, b.dk_bias)) << what << ": dk_bias";
+}
+
+// The unit roundoff u_s of an entry's storage: bf16 2^-8, f16 2^-11 (8 and
+// 11 significant bits), f32 2^-24.
+inline double StorageUnitRoundoff(Precision p) {
+  return p == Precision::kBF16  ? 0x1p-8
+         : p == Precision::kF16 ? 0x1p-11
+                                : 0x1p-24;
+}
+
+// The normwise tolerance of an entry's field against the reference in
+// double given its f32 compute's: a 16-bit entry stores its outputs RNE,
+// within u_s of each element, so of the field's largest, and rounds Qwen3's
+// x_hat to storage, where a near-tie may round the other way than the
+// reference's (one storage ulp of one element of a logit operand): twice
+// u_s covers both.
+inline double StoredTolerance(Precision p, double compute) {
+  const bool half = p == Precision::kBF16 || p == Precision::kF16;
+  return (half ? 2 * StorageUnitRoundoff(p) : 0.0) + compute;
+}
+
+// max |a - b| / max |b| (0 for an empty or all-zero b with a == b): the
+// normwise error of a field against the reference; elements equal in both
+// (-inf lse of fully masked rows too) count in the denominator only where
+// finite; a NaN difference (a NaN on either side) is an infinite error.
+inline double NormwiseError(const std::vector<double>& a,
+                            const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (a[i] == b[i]) {
+      den = std::max(den, std::isfinite(b[i]) ? std::fabs(b[i]) : 0.0);
+      continue;
+    }
+    if (std::isnan(a[i] - b[i])) return INFINITY;
+    num = std::max(num, std::fabs(a[i] - b[i]));
+    den = std::max(den, std::fabs(b[i]));
+  }
+  if (num == 0) return 0;
+  return den > 0 ? num / den : INFINITY;
+}
+
+// The reference evaluated in double (reference::attention_forward<double>,
+// exact RoPE) on the rounded case c: forward, and the backward fed `o`,
+// `lse` (an entry's own, so that the backward is compared alone). Qwen3's
+// x_hat is rounded to `storage` as the entry does. With d_sinks (a problem
+// with sinks), the sinks' gradient into it (`heads` values).
+inline validation::AttentionResult ReferenceInDouble(
+    const validation::AttentionCase& c, Precision storage,
+    const std::vector<double>& o, const std::vector<double>& lse,
+    std::vector<double>* d_sinks = nullptr) {
+  const AttentionProblem& p = c.problem;
+  auto ptr = [](const std::vector<double>& x) {
+    return x.empty() ? nullptr : x.data();
+  };
+  auto mptr = [](std::vector<double>& x) {
+    return x.empty() ? nullptr : x.data();
+  };
+  reference::NormArgs<double> w;
+  w.q_weight = ptr(c.q_weight), w.k_weight = ptr(c.k_weight);
+  w.q_bias = ptr(c.q_bias), w.k_bias = ptr(c.k_bias);
+  w.storage = storage;
+  w.exact_rope = true;
+  validation::AttentionResult r;
+  r.o.resize(c.q.size());
+  r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.q_len));
+  reference::attention_forward<double>(p, c.q.data(), c.k.data(), c.v.data(),
+                                       r.o.data(), r.lse.data(), w);
+  r.dq.resize(c.q.size()), r.dk.resize(c.k.size()), r.dv.resize(c.v.size());
+  r.dq_weight.resize(c.q_weight.size()), r.dk_weight.resize(c.k_weight.size());
+  r.dq_bias.resize(c.q_bias.size()), r.dk_bias.resize(c.k_bias.size());
+  reference::NormGrads<double> dw;
+  dw.q_weight = mptr(r.dq_weight), dw.k_weight = mptr(r.dk_weight);
+  dw.q_bias = mptr(r.dq_bias), dw.k_bias = mptr(r.dk_bias);
+  if (d_sinks != nullptr) {
+    d_sinks->assign(p.sinks.size(), 0.0);
+    dw.sinks = mptr(*d_sinks);
+  }
+  reference::attention_backward<double>(
+      p, c.q.data(), c.k.data(), c.v.data(), o.data(), c.d_o.data(), lse.data(),
+      r.dq.data(), r.dk.data(), r.dv.data(), &r.dg, nullptr, w, dw);
+  return r;
 }
 
 // A Gaussian case at g = 12.32, rounded to `entry`'s storage, of the causal
