@@ -234,6 +234,34 @@ bool clamped_logits(const AttentionProblem& p) {
   return p.variant != Variant::kQKNorm || !is_paper_formulation(p);
 }
 
+// The attention sink of query head h (attention.h) in T (blas:f32 forms it
+// in f32): the logit in natural units and in the row kernels' (times log2 e
+// for float, rounded once, clamped to T's range: an f32 sink near FLT_MAX
+// times log2 e would overflow). A key with no value in every row's
+// denominator: the shift of a row is the larger of its largest argument
+// alpha c_r and the sink's (so no exp overflows), lse = that shift in
+// natural units + log(sum_j e_j + e_sink), and a fully masked row's lse is
+// the sink itself (O = 0). The backward's row kernel takes it too
+// (row_kernels.h) and returns each row's p_sink delta.
+template <class T>
+struct SinkLogit {
+  bool on = false;
+  T natural = 0, base = 0;
+};
+template <class T>
+SinkLogit<T> sink_logit(const AttentionProblem& p, int64_t h) {
+  if (!has_sinks(p)) return {};
+  const T s = static_cast<T>(p.sinks[static_cast<size_t>(h)]);
+  const double big = std::numeric_limits<T>::max();
+  return {
+      true, s,
+      static_cast<T>(std::clamp(static_cast<double>(s) * kLogE<T>, -big, big))};
+}
+// The row kernels' exponential of one value (row_kernels.h: base 2 for
+// float, bit for bit each lane's, e for double).
+inline float exp_base(float x) { return exp2_f32(x); }
+inline double exp_base(double x) { return std::exp(x); }
+
 template <class T>
 T logit_alpha(const AttentionProblem& p) {
   if (p.softcap > 0) return static_cast<T>(kLogE<T>);
@@ -305,14 +333,18 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
   const int64_t rsv = blas_ld(a.v.layout, Nk, D),
                 rso = blas_ld(a.o.layout, Nq, D);
   double* lse = probs ? nullptr : a.lse + (b * p.heads + h) * Nq;
+  const SinkLogit<T> sk = sink_logit<T>(p, h);
 
   for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
     const int64_t brows = std::min(bq, Nq - b0);
-    // Rows that see no key: O = 0, lse = -inf, P = 0, and no GEMM.
+    // Rows that see no key: O = 0, lse = -inf (the sink with one), P = 0,
+    // and no GEMM.
     const int64_t z = masked_rows(vis, b0, brows),
                   zt = z < brows ? masked_tail(vis, b0, brows) : 0;
     auto no_keys = [&](int64_t i) {
-      if (lse) lse[i] = -std::numeric_limits<double>::infinity();
+      if (lse)
+        lse[i] = sk.on ? static_cast<double>(sk.natural)
+                       : -std::numeric_limits<double>::infinity();
       if (probs) std::fill(probs + i * Nk, probs + (i + 1) * Nk, 0.0);
       if (o) std::fill(o + i * rso, o + i * rso + D, T(0));
     };
@@ -340,16 +372,23 @@ void forward_core(const AttentionProblem& p, const ForwardArgs& a, int64_t b,
         else if (clamp)
           clamp_row(sw, m - f, alpha);
         const T cm = alpha >= 0 ? row_max(sw, m - f) : row_min(sw, m - f);
+        // The shift: the largest argument, or a sink above it (SinkLogit).
+        const T top = alpha * cm;
+        const bool sink_top = sk.on && sk.base > top;
+        const T shift = sink_top ? sk.base : top;
         // Zeroes [m, t.c1), then [t.c0, f): the leaf's P V GEMM reads them.
-        const T sum = exp_affine_row(sw, m - f, t.c1 - f, alpha, alpha * cm);
+        T sum = exp_affine_row(sw, m - f, t.c1 - f, alpha, shift);
+        if (sk.on) sum += exp_base(sk.base - shift);
         std::fill(sr + t.c0, sr + std::max(t.c0, f), T(0));
         rowsum[r] = static_cast<double>(sum);
         // lse in natural units from the extreme logit itself (scale * C in
         // double: one rounding, as the naive g * dot; capped: the logit
-        // itself) plus log(sum) in double, rounded to T once.
+        // itself; a sink above it: the sink) plus log(sum) in double,
+        // rounded to T once.
         if (lse)
           lse[i] = static_cast<double>(static_cast<T>(
-              (capped ? 1.0 : scale_d) * static_cast<double>(cm) +
+              (sink_top ? static_cast<double>(sk.natural)
+                        : (capped ? 1.0 : scale_d) * static_cast<double>(cm)) +
               std::log(static_cast<double>(sum))));
         if (probs) {
           double* pr = probs + i * Nk;
@@ -419,12 +458,14 @@ T key_beta(int64_t c0, int64_t c1, int64_t* written, T* dv, int64_t rsdv,
 // block's dA = s dS B to the sink (sink.dst(i0, &ld) gives its destination,
 // sink.done(i0, rows, dst, ld) follows the GEMMs; sink.masked(i0, rows) for
 // rows that see no key). Returns sum dS C (this head's dg before the
-// variant's choice).
+// variant's choice). With attention sinks, *dsink (not null) receives this
+// head's -sum_i p_sink,i delta_i (rows that see no key add nothing).
 template <class T, class Sink>
 double backward_core(const AttentionProblem& p, const BackwardArgs& a,
                      int64_t b, int64_t h, int64_t hk, const Operands<T>& op,
                      T* dbacc, int64_t lddb, T* dv, int64_t rsdv,
-                     int64_t* written, Scratch<T>& ws, Sink& sink) {
+                     int64_t* written, Scratch<T>& ws, Sink& sink,
+                     double* dsink = nullptr) {
   const int64_t Nq = p.q_len, Nk = p.kv_len, D = p.head_dim;
   const VisibleKeys vis(p, b);
   const T* v = head_ptr<T>(a.v, b, hk);
@@ -443,7 +484,10 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
   const bool capped = p.softcap > 0, clamp = clamped_logits(p);
   const T cap = static_cast<T>(p.softcap);
   T* raw = capped ? ws.cap.get(static_cast<size_t>(2 * ld)) : nullptr;
-  double dg = 0;
+  const SinkLogit<T> sk = sink_logit<T>(p, h);
+  T share = 0;  // a row's p_sink delta
+  T* sink_share = sk.on ? &share : nullptr;
+  double dg = 0, ds_sink = 0;
   for (int64_t b0 = 0; b0 < Nq; b0 += bq) {
     const int64_t brows = std::min(bq, Nq - b0);
     const int64_t z = masked_rows(vis, b0, brows),
@@ -473,8 +517,10 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
         std::fill(dp + r * ld + t.c0, dp + r * ld + std::max(t.c0, f), T(0));
         if (!capped) {
           if (clamp) clamp_row(c + r * ld + f, m, alpha2);
-          dg += static_cast<double>(softmax_backward_row(
-              c + r * ld + f, dp + r * ld + f, m, t.c1 - f, alpha2, scale));
+          dg += static_cast<double>(
+              softmax_backward_row(c + r * ld + f, dp + r * ld + f, m, t.c1 - f,
+                                   alpha2, scale, sk.base, sink_share));
+          ds_sink -= static_cast<double>(share);
           continue;
         }
         // Capped: the forward's capped logits (bit for bit), dS' of them
@@ -484,15 +530,17 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
         std::copy(cr, cr + m, raw);
         softcap_row(cr, m, scale, cap);
         std::copy(cr, cr + m, sp);
-        softmax_backward_row(cr, dr, m, t.c1 - f, alpha2, T(1));
-        double share = 0;
+        softmax_backward_row(cr, dr, m, t.c1 - f, alpha2, T(1), sk.base,
+                             sink_share);
+        ds_sink -= static_cast<double>(share);  // the sink is not capped
+        double dg_row = 0;
         for (int64_t j = 0; j < m; ++j) {
           const T tj = sp[j] / cap;
           const T ds = dr[j] * (1 - tj * tj);
-          share += static_cast<double>(ds) * static_cast<double>(raw[j]);
+          dg_row += static_cast<double>(ds) * static_cast<double>(raw[j]);
           dr[j] = scale * ds;
         }
-        dg += share;
+        dg += dg_row;
       }
     }
     // c now holds P, dp holds s dS (row_kernels.h): the GEMMs below take
@@ -521,6 +569,7 @@ double backward_core(const AttentionProblem& p, const BackwardArgs& a,
     }
     sink.done(i0, rows, da, lda_out);
   }
+  if (dsink) *dsink = ds_sink;
   return dg;
 }
 
@@ -706,7 +755,8 @@ size_t workspace_bytes(const AttentionProblem& p, size_t elem_bytes,
     const auto nq = static_cast<size_t>(p.batch * p.heads) * Nq * D,
                nk = static_cast<size_t>(p.batch * kv_heads_of(p)) * Nk * D;
     const size_t slot_bytes =
-        (backward ? 2 : 1) * bq * ld * elem_bytes +
+        ((backward ? 2 : 1) * bq + (backward && p.softcap > 0 ? 2 : 0)) * ld *
+            elem_bytes +
         (bq +
          (buf ? (backward ? 3 : 2) * static_cast<size_t>(max_row_len(p)) : 0)) *
             sizeof(double);
@@ -715,6 +765,8 @@ size_t workspace_bytes(const AttentionProblem& p, size_t elem_bytes,
     if (backward) {
       if (qk) shared += dparams_size(p) * sizeof(double);
       shared += static_cast<size_t>(p.batch * kv_heads_of(p)) * sizeof(double);
+      if (has_sinks(p))
+        shared += static_cast<size_t>(p.batch * p.heads) * sizeof(double);
     }
     return slots * slot_bytes + shared;
   }
@@ -1006,6 +1058,7 @@ void reserve_general(BlasWorkspace<T>& ws, const AttentionProblem& p,
     s.blk0.get(bq * ld);
     s.row0.get(bq);
     if (backward) s.blk1.get(bq * ld);
+    if (backward && p.softcap > 0) s.cap.get(2 * ld);
     if (buf)
       s.frow.get(static_cast<size_t>((backward ? 3 : 2) * max_row_len(p)));
   }
@@ -1020,6 +1073,8 @@ void reserve_general(BlasWorkspace<T>& ws, const AttentionProblem& p,
     ws.dparams.get(dparams_size(p));
   if (has_rope(p)) ws.rope.get(rope_table_size(p));
   if (backward) ws.dg_items.get(static_cast<size_t>(p.batch * kv_heads_of(p)));
+  if (backward && has_sinks(p))
+    ws.dsinks.get(static_cast<size_t>(p.batch * p.heads));
 }
 
 // The logit operands of query head h (kv head hk): the dense x_tilde
@@ -1102,6 +1157,8 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
   T* dqt = ws.dqt.get(0);
   T* dkt = ws.dkt.get(0);
   double* dg_items = ws.dg_items.get(0);
+  // Attention sinks: per (batch, query head) partial sums of dsinks.
+  double* ds_items = has_sinks(p) ? ws.dsinks.get(0) : nullptr;
   // Phase B: one item per (batch, kv head).
   auto item = [&](int64_t i, int slot) {
     Scratch<T>& s = ws.slot(static_cast<size_t>(slot));
@@ -1119,8 +1176,9 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
           buf ? DirectSink<T>{dqt + (b * p.heads + h) * Nq * D, D, D}
               : DirectSink<T>{head_ptr<T>(a.dq, b, h),
                               blas_ld(a.dq.layout, Nq, D), D};
-      dg += backward_core(p, a, b, h, hk, op, dkacc, lddk, dv, rsdv, &written,
-                          s, sink);
+      dg +=
+          backward_core(p, a, b, h, hk, op, dkacc, lddk, dv, rsdv, &written, s,
+                        sink, ds_items ? ds_items + b * p.heads + h : nullptr);
     }
     // Keys no query of the group sees: no gradient.
     zero_rows(dkacc + written * lddk, Nk - written, lddk, D);
@@ -1131,6 +1189,12 @@ void general_backward(const AttentionProblem& p, const BackwardArgs& a,
   double dg = 0;
   for (int64_t i = 0; i < p.batch * Hk; ++i) dg += dg_items[i];
   *a.dg = qk && !p.fixed_scale ? dg : 0.0;
+  // dsinks_h: the batches' partials in batch order.
+  for (int64_t h = 0; ds_items && h < p.heads; ++h) {
+    double d = 0;
+    for (int64_t b = 0; b < p.batch; ++b) d += ds_items[b * p.heads + h];
+    a.d_sinks[h] = d;
+  }
   if (buf) {
     // Phase C.
     const double* table = ws.rope.get(0);

@@ -58,6 +58,19 @@
 //   and backward at 0.58-0.87 of the paper path's speed at n = 128, 0.84-0.92
 //   at n = 512, 0.93-0.99 at n = 2048 (the extra O(n D) passes: the
 //   double gather, the recomputed x_hat, the dense copies).
+//   Attention sinks (issue 34) take this path too: head h's sink, rounded
+//   to T (blas:f32 forms it in f32) and scaled to the exponential's base
+//   (times log2 e, rounded once, for f32), is one more term of each row's
+//   sum, e_sink = exp(sink - shift), the shift being the larger of the
+//   row's largest argument and the sink's (no exp overflows); lse is that
+//   shift in natural units (the sink itself where it is larger) plus
+//   log(sum), O = E V / sum as before, and a fully masked row gets O = 0,
+//   lse = the sink. The backward's row kernel adds the sink to sigma as a
+//   key with dP = 0 (row_kernels.h: the dP reference is the sink's 0 where
+//   it dominates), which gives dS of the real keys unchanged in form, and
+//   each row's p_sink delta; dsinks_h = -sum over rows, per (batch, head)
+//   partials added in batch order. The probabilities hook returns P over
+//   the real keys (a row sums to 1 - p_sink).
 // GEMMs run single-threaded in OpenBLAS; (batch, head) items run in parallel
 // on the workspace's pool (pool.h: OpenBLAS's own threading changes the bits).
 //
@@ -107,13 +120,15 @@
 //   times min(threads, B H) slots, plus B H doubles (per-head dg) for the
 //   backward; workspace_bytes() is the exact total (tested).
 //   General path instead: per slot the block buffers and row statistics
-//   above and (qknorm) 2 (forward) or 3 (backward) normalization rows of
-//   doubles; shared, (qknorm) q_tilde and k_tilde ((B H Nq + B Hk Nk) D),
+//   above, (qknorm) 2 (forward) or 3 (backward) normalization rows of
+//   doubles and (backward with a softcap) 2 ld(Nk) for a row's cosines and
+//   capped logits; shared, (qknorm) q_tilde and k_tilde ((B H Nq + B Hk Nk) D),
 //   backward also their gradients (as much again) and the parameter
 //   partials (chunks x parameters), and B Hk doubles (per-item dg); with
 //   RoPE also the table, (Nq + Nk) rotary_dim doubles, and sdpa with RoPE
 //   holds what qknorm does (the normalization rows, its rotated q and k
-//   and their gradients; no parameter partials).
+//   and their gradients; no parameter partials); with attention sinks, the
+//   backward's B H doubles of dsinks partials.
 //   Example, f32, qknorm, Nq = Nk = 2048, D = 64 (query_block = 256), per
 //   slot: forward 3.0 MiB, forward + backward 5.6 MiB, against 16 MiB for one
 //   dense n x n f32 matrix (128 MiB for all 8 heads).
@@ -186,6 +201,8 @@ class BlasWorkspace final : public Workspace {
   // RoPE: cos and sin of every (position, pair), q's rows then k's
   // (rope_table in attention.cc).
   Buffer<double> rope;
+  // Attention sinks: the backward's per-(batch, query head) dsinks partials.
+  Buffer<double> dsinks;
   WorkerPool pool;
   Scratch<T>& slot(size_t s) {
     while (slots.size() <= s) slots.push_back(std::make_unique<Scratch<T>>());
@@ -195,7 +212,7 @@ class BlasWorkspace final : public Workspace {
   // thread stacks are not counted).
   size_t bytes() const {
     size_t b = dg_items.bytes() + qt.bytes() + kt.bytes() + dqt.bytes() +
-               dkt.bytes() + dparams.bytes() + rope.bytes();
+               dkt.bytes() + dparams.bytes() + rope.bytes() + dsinks.bytes();
     for (const auto& s : slots) b += s->bytes();
     return b;
   }
@@ -230,7 +247,8 @@ template <class T>
 void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                         BlasWorkspace<T>& ws, const ExecConfig& cfg);
 // The normalized probabilities the forward applies (E_ij / sum_i rounded to
-// T, see the header comment), dense [B,H,Nq,Nk], 0 where masked.
+// T, see the header comment; with a sink, sum_i includes it), dense
+// [B,H,Nq,Nk], 0 where masked.
 template <class T>
 void attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
                              double* probs, BlasWorkspace<T>& ws);

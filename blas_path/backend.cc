@@ -19,13 +19,11 @@ class BlasBackend final : public Backend {
   explicit BlasBackend(Precision p) : Backend("blas", "-", p) {}
 
   // Every formulation (issue 16: normalization kind and axis, weights,
-  // biases, fixed or learned scale), GQA, the logit softcap and the sliding
-  // window and RoPE (issue 34; computed in double, neither angle_f32 nor
-  // cos_sin_storage claimed), forward and backward.
-  // Not yet: attention sinks.
-  bool supports(const AttentionProblem& p) const override {
-    return !has_sinks(p);
-  }
+  // biases, fixed or learned scale), GQA, the logit softcap, the sliding
+  // window, RoPE (issue 34; computed in double, neither angle_f32 nor
+  // cos_sin_storage claimed) and attention sinks (issue 34; formed in T,
+  // dsinks in BackwardArgs::d_sinks), forward and backward.
+  bool supports(const AttentionProblem&) const override { return true; }
   // Query blocks of query_block() rows; rows padded to multiples of 16;
   // under a causal mask or a window, staircase (band) tiles of
   // kCausalTileRows rows in each block (attention.h, Masks).

@@ -216,20 +216,25 @@ QKNORM_BLAS_INLINE T exp_affine_row_impl(T* s, int64_t m, int64_t ncols,
 
 template <class T>
 QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
-                                               int64_t ncols, T alpha2,
-                                               T scale) {
+                                               int64_t ncols, T alpha2, T scale,
+                                               T sink, T* sink_delta) {
   using V = typename Lanes<T>::V;
   constexpr int N = Lanes<T>::kN;
-  if (m == 1) {  // softmax of one logit: P = 1 and dS = 0 exactly
+  const bool sinked = sink_delta != nullptr;
+  if (m == 1 && !sinked) {  // softmax of one logit: P = 1 and dS = 0 exactly
     c[0] = 1;
     for (int64_t j = 1; j < ncols; ++j) c[j] = 0;
     for (int64_t j = 0; j < ncols; ++j) dp[j] = 0;
     return 0;
   }
-  // The key r of the largest logit: shift and dP reference.
+  // The key r of the largest logit: shift and dP reference. An attention
+  // sink above it takes both roles, with dp = 0 (a key with no value).
   const int64_t r = alpha2 >= 0 ? row_arg_extreme_impl<true>(c, m)
                                 : row_arg_extreme_impl<false>(c, m);
-  const V a2 = splat(alpha2), sh = splat(alpha2 * c[r]), dr = splat(dp[r]);
+  const T top = alpha2 * c[r];
+  const bool sink_top = sinked && sink > top;
+  const T shift = sink_top ? sink : top, dref = sink_top ? T(0) : dp[r];
+  const V a2 = splat(alpha2), sh = splat(shift), dr = splat(dref);
   const int64_t body = m / N * N;
   const auto keep = iota<T>() < splat(static_cast<T>(m - body));
   // Pass 1: sigma = sum_j e_j (>= 1, e_r = 1) and sum_j e_j (dp_j - dp_r).
@@ -245,13 +250,24 @@ QKNORM_BLAS_INLINE T softmax_backward_row_impl(T* c, T* dp, int64_t m,
     se += e;
     sd += e * (load_tail(dp + body, m - body) - dr);
   }
-  const T sigma = hsum<T>(se);
+  T sigma = hsum<T>(se), sdr = hsum<T>(sd);
+  T e_sink = 0;
+  if (sinked) {
+    // The sink's e (1 exactly when it is the shift) and its term
+    // e_sink (0 - dp_ref) of sum_k e_k (dp_k - dp_ref).
+    e_sink = expbv(splat(sink) - sh)[0];
+    sigma += e_sink;
+    sdr -= e_sink * dref;
+  }
   const V vinv = splat(T(1) / sigma);
-  const T de_s = hsum<T>(sd) / sigma;  // delta - dp_r
-  // p_r = 1 / sigma. A dominant key (p_r > 1/2) takes the reference form;
-  // otherwise dp_j - delta directly (one rounding fewer per element).
+  const T de_s = sdr / sigma;  // delta - dp_ref
+  // p_ref = 1 / sigma. A dominant key (p_ref > 1/2) takes the reference
+  // form; otherwise dp_j - delta directly (one rounding fewer per element).
+  // A dominant sink's dp_ref is 0: both forms are then dp_j - delta.
   const bool ref = sigma < T(2);
-  const V de = splat(ref ? de_s : dp[r] + de_s), d0 = splat(ref ? dp[r] : T(0));
+  const V de = splat(ref ? de_s : dref + de_s), d0 = splat(ref ? dref : T(0));
+  // The sink's share p_sink delta (its dS is -p_sink delta).
+  if (sinked) *sink_delta = e_sink / sigma * (dref + de_s);
   // Pass 2 (the row is in L1 now): P, dS and the dg share. For the direct
   // form d0 = 0 and (dp_j - 0) - delta is dp_j - delta exactly.
   const V sc = splat(scale);

@@ -75,8 +75,9 @@ QKNORM_BLAS_FLOAT_KERNEL(float, exp_affine_row, exp_affine_row_impl,
                          (s, m, ncols, alpha, shift))
 QKNORM_BLAS_FLOAT_KERNEL(float, softmax_backward_row, softmax_backward_row_impl,
                          (float* c, float* dp, int64_t m, int64_t ncols,
-                          float alpha2, float scale),
-                         (c, dp, m, ncols, alpha2, scale))
+                          float alpha2, float scale, float sink,
+                          float* sink_delta),
+                         (c, dp, m, ncols, alpha2, scale, sink, sink_delta))
 #undef QKNORM_BLAS_FLOAT_KERNEL
 bool v4_supported() { return has_v4(); }
 }  // namespace detail
@@ -93,10 +94,12 @@ float exp_affine_row(float* s, int64_t m, int64_t ncols, float alpha,
                   : detail::exp_affine_row_w32(s, m, ncols, alpha, shift);
 }
 float softmax_backward_row(float* c, float* dp, int64_t m, int64_t ncols,
-                           float alpha2, float scale) {
-  return has_v4()
-             ? detail::softmax_backward_row_w64(c, dp, m, ncols, alpha2, scale)
-             : detail::softmax_backward_row_w32(c, dp, m, ncols, alpha2, scale);
+                           float alpha2, float scale, float sink,
+                           float* sink_delta) {
+  return has_v4() ? detail::softmax_backward_row_w64(c, dp, m, ncols, alpha2,
+                                                     scale, sink, sink_delta)
+                  : detail::softmax_backward_row_w32(c, dp, m, ncols, alpha2,
+                                                     scale, sink, sink_delta);
 }
 
 // Double kernels (std::exp lane by lane dominates): 32-byte vectors, clones.
@@ -112,8 +115,10 @@ QKNORM_BLAS_CLONES double exp_affine_row(double* s, int64_t m, int64_t ncols,
 }
 QKNORM_BLAS_CLONES double softmax_backward_row(double* c, double* dp, int64_t m,
                                                int64_t ncols, double alpha2,
-                                               double scale) {
-  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, scale);
+                                               double scale, double sink,
+                                               double* sink_delta) {
+  return softmax_backward_row_impl(c, dp, m, ncols, alpha2, scale, sink,
+                                   sink_delta);
 }
 QKNORM_BLAS_CLONES void divide_row(float* x, int64_t n, float a) {
   divide_row_impl(x, n, a);

@@ -82,11 +82,22 @@ double exp_affine_row(double* s, int64_t m, int64_t ncols, double alpha,
 // s is 0 or tiny, and OpenBLAS then gave 0 * inf = NaN or inf for an exact
 // 0 or a finite value (fuzz finding crash-blas-f64-rms-scale0-huge-do-dk-nan,
 // attention.cc). Returns sum_{j<m} ds_j * c_j (this row's share of dg,
-// unscaled). m may be 0.
+// unscaled). m may be 0 (without a sink).
+// Attention sink (attention.h), where sink_delta is not null: `sink` is the
+// sink's logit in the units of alpha2 c (times log2 e for float), a key
+// with dp = 0 in sigma: sigma = sum_j e_j + exp(sink - shift), the shift
+// and the reference key being the sink where it exceeds alpha2 c_r (dp_r
+// is then 0, and delta' = delta is formed directly: a dominant sink leaves
+// delta ~ (1 - p_sink) |dp|, which dp_r + (delta - dp_r) would lose).
+// *sink_delta receives p_sink delta, p_sink = exp(sink - shift) / sigma,
+// delta = dp_ref + delta' (the sink's dS is -p_sink delta). m = 1 is then
+// no constant softmax; m >= 1.
 float softmax_backward_row(float* c, float* dp, int64_t m, int64_t ncols,
-                           float alpha2, float scale);
+                           float alpha2, float scale, float sink = 0,
+                           float* sink_delta = nullptr);
 double softmax_backward_row(double* c, double* dp, int64_t m, int64_t ncols,
-                            double alpha2, double scale);
+                            double alpha2, double scale, double sink = 0,
+                            double* sink_delta = nullptr);
 
 // x[0..n) /= a (one correctly rounded division per element, as O = acc / sum
 // in the naive loops; the row is D wide, so the divisions cost nothing).
@@ -104,13 +115,15 @@ float row_min_w32(const float* s, int64_t m);
 float exp_affine_row_w32(float* s, int64_t m, int64_t ncols, float alpha,
                          float shift);
 float softmax_backward_row_w32(float* c, float* dp, int64_t m, int64_t ncols,
-                               float alpha2, float scale);
+                               float alpha2, float scale, float sink = 0,
+                               float* sink_delta = nullptr);
 float row_max_w64(const float* s, int64_t m);
 float row_min_w64(const float* s, int64_t m);
 float exp_affine_row_w64(float* s, int64_t m, int64_t ncols, float alpha,
                          float shift);
 float softmax_backward_row_w64(float* c, float* dp, int64_t m, int64_t ncols,
-                               float alpha2, float scale);
+                               float alpha2, float scale, float sink = 0,
+                               float* sink_delta = nullptr);
 }  // namespace detail
 
 }  // namespace qknorm::blas

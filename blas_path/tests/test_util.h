@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "blas_path/attention.h"
 #include "qknorm/backend.h"
 #include "validation/check.h"
 #include "validation/tester.h"
@@ -25,6 +26,28 @@ inline const Backend& entry(Precision p) {
       all_backends().find(std::string("blas:") + std::string(name(p)));
   if (b == nullptr) throw std::runtime_error("blas entry missing");
   return *b;
+}
+
+// A problem of a test's list, with the name its failures print.
+struct Named {
+  std::string name;
+  AttentionProblem p;
+};
+
+// A problem of this shape (kv_heads Hk, 0 for heads), the rest default.
+inline AttentionProblem shape_problem(int64_t B, int64_t H, int64_t Hk,
+                                      int64_t Nq, int64_t Nk, int64_t D) {
+  AttentionProblem p;
+  p.batch = B, p.heads = H, p.kv_heads = Hk;
+  p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
+  return p;
+}
+
+// The bytes a blas entry's workspace (precision prec) holds now.
+inline size_t workspace_bytes_of(Precision prec, Workspace& ws) {
+  return prec == Precision::kF32
+             ? dynamic_cast<BlasWorkspace<float>&>(ws).bytes()
+             : dynamic_cast<BlasWorkspace<double>&>(ws).bytes();
 }
 
 // Every field of two results, parameter gradients included, bit for bit.

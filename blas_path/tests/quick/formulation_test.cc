@@ -341,18 +341,14 @@ TEST(BlasFormulation, WorkspaceBytesOfTheGeneralPath) {
       SCOPED_TRACE(c.describe());
       const Backend& b = entry(prec);
       auto ws = b.make_workspace();
-      auto bytes = [&] {
-        return prec == Precision::kF32
-                   ? dynamic_cast<BlasWorkspace<float>&>(*ws).bytes()
-                   : dynamic_cast<BlasWorkspace<double>&>(*ws).bytes();
-      };
       const size_t eb = element_bytes(prec);
       validation::run_attention_forward(b, c, {}, ws.get());
-      EXPECT_EQ(bytes(), workspace_bytes(p, eb, false, 0));
+      EXPECT_EQ(workspace_bytes_of(prec, *ws),
+                workspace_bytes(p, eb, false, 0));
       validation::run_attention(b, c, {}, ws.get());
-      EXPECT_EQ(bytes(), workspace_bytes(p, eb, true, 0));
+      EXPECT_EQ(workspace_bytes_of(prec, *ws), workspace_bytes(p, eb, true, 0));
       validation::run_attention(b, c, {}, ws.get());
-      EXPECT_EQ(bytes(), workspace_bytes(p, eb, true, 0));
+      EXPECT_EQ(workspace_bytes_of(prec, *ws), workspace_bytes(p, eb, true, 0));
     }
 }
 

@@ -28,19 +28,6 @@ namespace {
 
 constexpr Precision kPrecisions[] = {Precision::kF32, Precision::kF64};
 
-struct Named {
-  std::string name;
-  AttentionProblem p;
-};
-
-AttentionProblem base(int64_t B, int64_t H, int64_t Hk, int64_t Nq, int64_t Nk,
-                      int64_t D) {
-  AttentionProblem p;
-  p.batch = B, p.heads = H, p.kv_heads = Hk;
-  p.q_len = Nq, p.kv_len = Nk, p.head_dim = D;
-  return p;
-}
-
 Rope rope(int64_t r, RopePairing pairing, RopeOrder order, int64_t offset = 0) {
   Rope x;
   x.rotary_dim = r;
@@ -58,20 +45,20 @@ constexpr auto kBefore = RopeOrder::kBeforeNorm;
 std::vector<Named> rope_problems() {
   std::vector<Named> v;
   {  // Qwen3: rms + [D] weight, GQA, causal, full rotary, half-split
-    AttentionProblem p = base(1, 4, 2, 37, 37, 128);
+    AttentionProblem p = shape_problem(1, 4, 2, 37, 37, 128);
     apply_preset("qwen3", &p);
     p.mask.causal = true;
     p.rope = rope(128, kHalf, kAfter);
     v.push_back({"qwen3 causal D128", p});
   }
   {  // Qwen3, partial rotary, interleaved, no mask, Nq != Nk
-    AttentionProblem p = base(2, 2, 0, 20, 33, 64);
+    AttentionProblem p = shape_problem(2, 2, 0, 20, 33, 64);
     apply_preset("qwen3", &p);
     p.rope = rope(32, kInter, kAfter, 5);
     v.push_back({"qwen3 partial interleaved D64", p});
   }
   {  // Qwen3 decode: 2 queries at the end of 257 keys, window, offset
-    AttentionProblem p = base(1, 4, 1, 2, 257, 128);
+    AttentionProblem p = shape_problem(1, 4, 1, 2, 257, 128);
     apply_preset("qwen3", &p);
     p.mask.causal = true;
     p.mask.window_left = 64;
@@ -79,14 +66,14 @@ std::vector<Named> rope_problems() {
     v.push_back({"qwen3 decode window D128", p});
   }
   {  // OLMo2: normalization across heads (with weights); rotation per head
-    AttentionProblem p = base(2, 2, 0, 11, 13, 16);
+    AttentionProblem p = shape_problem(2, 2, 0, 11, 13, 16);
     apply_preset("olmo2", &p);
     p.mask.causal = true;
     p.rope = rope(16, kHalf, kAfter, 3);
     v.push_back({"olmo2 allheads D16", p});
   }
   {  // The paper's l2 (learned g), causal + window, two batches
-    AttentionProblem p = base(2, 2, 0, 40, 40, 64);
+    AttentionProblem p = shape_problem(2, 2, 0, 40, 40, 64);
     p.g = 12.32;
     p.mask.causal = true;
     p.mask.window_left = 9;
@@ -94,7 +81,7 @@ std::vector<Named> rope_problems() {
     v.push_back({"paper causal window D64", p});
   }
   {  // The paper's l2, interleaved, decode of 3 at offset 1024, table
-    AttentionProblem p = base(1, 2, 0, 3, 150, 128);
+    AttentionProblem p = shape_problem(1, 2, 0, 3, 150, 128);
     p.g = 8;
     p.mask.causal = true;
     p.rope = rope(128, kInter, kAfter, 1024);
@@ -105,20 +92,20 @@ std::vector<Named> rope_problems() {
     v.push_back({"paper decode inv_freq D128", p});
   }
   {  // Odd small head_dim, partial rotary (r = 4 of D = 7)
-    AttentionProblem p = base(1, 2, 0, 9, 12, 7);
+    AttentionProblem p = shape_problem(1, 2, 0, 9, 12, 7);
     p.g = 5;
     p.rope = rope(4, kHalf, kAfter, 1000);
     v.push_back({"paper partial D7", p});
   }
   {  // Before the normalization: l2 without weight, GQA 4/1, D = 6
-    AttentionProblem p = base(1, 4, 1, 17, 17, 6);
+    AttentionProblem p = shape_problem(1, 4, 1, 17, 17, 6);
     p.g = 6;
     p.mask.causal = true;
     p.rope = rope(4, kInter, kBefore);
     v.push_back({"before l2 interleaved D6", p});
   }
   {  // Before: rms without weight, fixed scale, decode of 1 vs 300
-    AttentionProblem p = base(1, 2, 0, 1, 300, 128);
+    AttentionProblem p = shape_problem(1, 2, 0, 1, 300, 128);
     p.norm.kind = NormKind::kRms;
     p.eps = 1e-6;
     p.fixed_scale = true, p.scale = 1 / std::sqrt(128.0);
@@ -127,7 +114,7 @@ std::vector<Named> rope_problems() {
     v.push_back({"before rms decode D128", p});
   }
   {  // Before: rms, window, interleaved, GQA
-    AttentionProblem p = base(2, 4, 2, 30, 30, 64);
+    AttentionProblem p = shape_problem(2, 4, 2, 30, 30, 64);
     p.norm.kind = NormKind::kRms;
     p.eps = 1e-6;
     p.g = 4;
@@ -137,21 +124,21 @@ std::vector<Named> rope_problems() {
     v.push_back({"before rms window D64", p});
   }
   {  // Before: no normalization, fixed scale
-    AttentionProblem p = base(1, 2, 0, 10, 14, 8);
+    AttentionProblem p = shape_problem(1, 2, 0, 10, 14, 8);
     p.norm.kind = NormKind::kNone;
     p.fixed_scale = true, p.scale = 0.3;
     p.rope = rope(8, kHalf, kBefore, 2);
     v.push_back({"before none D8", p});
   }
   {  // sdpa, GQA, decode of 3 vs 100 at offset 1000
-    AttentionProblem p = base(1, 4, 2, 3, 100, 64);
+    AttentionProblem p = shape_problem(1, 4, 2, 3, 100, 64);
     p.variant = Variant::kSDPA;
     p.mask.causal = true;
     p.rope = rope(64, kHalf, kAfter, 1000);
     v.push_back({"sdpa decode GQA D64", p});
   }
   {  // sdpa, interleaved, odd D, causal + window
-    AttentionProblem p = base(2, 2, 0, 25, 25, 6);
+    AttentionProblem p = shape_problem(2, 2, 0, 25, 25, 6);
     p.variant = Variant::kSDPA;
     p.mask.causal = true;
     p.mask.window_left = 5;
@@ -159,7 +146,7 @@ std::vector<Named> rope_problems() {
     v.push_back({"sdpa window D6", p});
   }
   {  // sdpa, partial rotary, no mask, no GQA (the general path all the same)
-    AttentionProblem p = base(1, 2, 0, 16, 21, 128);
+    AttentionProblem p = shape_problem(1, 2, 0, 16, 21, 128);
     p.variant = Variant::kSDPA;
     p.rope = rope(64, kHalf, kAfter, 1);
     v.push_back({"sdpa partial D128", p});
@@ -310,7 +297,7 @@ TEST(BlasRope, RotationChangesTheResult) {
     }
   for (Precision prec : kPrecisions)
     for (RopeOrder order : {kAfter, kBefore}) {
-      AttentionProblem p = base(1, 2, 0, 1, 1, 8);
+      AttentionProblem p = shape_problem(1, 2, 0, 1, 1, 8);
       p.g = 3;
       p.rope = rope(8, kHalf, order);
       const AttentionCase con = validation::round_inputs(
@@ -334,18 +321,14 @@ TEST(BlasRope, WorkspaceBytes) {
           validation::make_attention_case(p, Distribution::kGaussian, 5), prec);
       const Backend& b = entry(prec);
       auto ws = b.make_workspace();
-      auto bytes = [&] {
-        return prec == Precision::kF32
-                   ? dynamic_cast<BlasWorkspace<float>&>(*ws).bytes()
-                   : dynamic_cast<BlasWorkspace<double>&>(*ws).bytes();
-      };
       const size_t eb = element_bytes(prec);
       validation::run_attention_forward(b, c, {}, ws.get());
-      EXPECT_EQ(bytes(), workspace_bytes(p, eb, false, 0));
+      EXPECT_EQ(workspace_bytes_of(prec, *ws),
+                workspace_bytes(p, eb, false, 0));
       validation::run_attention(b, c, {}, ws.get());
-      EXPECT_EQ(bytes(), workspace_bytes(p, eb, true, 0));
+      EXPECT_EQ(workspace_bytes_of(prec, *ws), workspace_bytes(p, eb, true, 0));
       validation::run_attention(b, c, {}, ws.get());
-      EXPECT_EQ(bytes(), workspace_bytes(p, eb, true, 0));
+      EXPECT_EQ(workspace_bytes_of(prec, *ws), workspace_bytes(p, eb, true, 0));
     }
 }
 

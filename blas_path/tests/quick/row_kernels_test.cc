@@ -158,7 +158,8 @@ struct FloatWidth {
   float (*row_max)(const float*, int64_t);
   float (*row_min)(const float*, int64_t);
   float (*exp_affine_row)(float*, int64_t, int64_t, float, float);
-  float (*softmax_backward_row)(float*, float*, int64_t, int64_t, float, float);
+  float (*softmax_backward_row)(float*, float*, int64_t, int64_t, float, float,
+                                float, float*);
 };
 std::vector<FloatWidth> float_widths() {
   std::vector<FloatWidth> w = {{"w32", detail::row_max_w32, detail::row_min_w32,
@@ -250,8 +251,8 @@ TEST(FloatWidths, SoftmaxBackwardRowMatchesFormula) {
         if (dominant) c[static_cast<size_t>(m / 2)] = 12.0f;
         const double max_arg = a2 * (dominant ? 13.0 : 2.0);
         const std::vector<float> c0 = c, dp0 = dp;
-        const float dg =
-            w.softmax_backward_row(c.data(), dp.data(), m, ncols, a2, 1.0f);
+        const float dg = w.softmax_backward_row(c.data(), dp.data(), m, ncols,
+                                                a2, 1.0f, 0.0f, nullptr);
         long double cmax = c0[0];
         for (int64_t j = 0; j < m; ++j)
           cmax = std::max<long double>(cmax, c0[j]);
@@ -292,6 +293,78 @@ TEST(FloatWidths, SoftmaxBackwardRowMatchesFormula) {
       }
 }
 
+// With an attention sink (a key of logit `sink`, in the kernel's base-2
+// units, with dp = 0): P, dS and the row's p_sink delta against the formula
+// in long double for every length 1..40 and sinks far below the row, inside
+// it, just above its top (the sink is the shift and the dP reference; p_sink
+// ~ 1/2) and far above it (p_sink ~ 1, delta ~ 2^-22 |dp|: formed directly,
+// not as dp_r + (delta - dp_r)). Bounds as above with m + 1 keys and the
+// sink's argument; the share's error relative to |delta| plus the terms
+// sdr / sigma sums (sum_j p_j |dp_j - dp_ref| + p_sink |dp_ref|, dp_ref 0
+// where the sink is the reference).
+TEST(FloatWidths, SoftmaxBackwardRowWithSink) {
+  const float a2 = 1.7f;
+  for (const FloatWidth& w : float_widths())
+    for (float sink : {-30.0f, 0.4f, 2.0f, 25.0f})
+      for (int64_t m = 1; m <= 40; ++m) {
+        const int64_t ncols = m + 3;
+        std::vector<float> c(static_cast<size_t>(ncols), 9.0f), dp(c);
+        for (int64_t j = 0; j < m; ++j) {
+          const double x = static_cast<double>(j);
+          c[j] = static_cast<float>(std::cos(0.3 * x));   // |c| <= 1
+          dp[j] = static_cast<float>(std::sin(x + 0.5));  // dp_r != 0
+        }
+        const std::vector<float> c0 = c, dp0 = dp;
+        float share = NAN;
+        const float dg = w.softmax_backward_row(c.data(), dp.data(), m, ncols,
+                                                a2, 1.0f, sink, &share);
+        // The kernel's shift and reference key.
+        int64_t r = 0;
+        for (int64_t j = 1; j < m; ++j)
+          if (c0[j] > c0[r]) r = j;
+        const float top = a2 * c0[r];
+        const bool sink_top = sink > top;
+        const long double shift = sink_top ? sink : top,
+                          dref = sink_top ? 0 : dp0[r];
+        long double sigma = std::exp2(sink - shift), sd = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          const long double e = std::exp2(c0[j] * a2 - shift);
+          sigma += e;
+          sd += e * dp0[j];
+        }
+        const long double delta = sd / sigma,
+                          p_sink = std::exp2(sink - shift) / sigma;
+        const double max_arg = std::fabs(sink) + 2 * a2;
+        const double p_rel = p_rel_bound(m + 1, max_arg);
+        long double dg_exp = 0, dg_abs = 0, dg_terms = 0,
+                    terms = p_sink * std::fabs(dref);
+        for (int64_t j = 0; j < m; ++j) {
+          const long double p = std::exp2(c0[j] * a2 - shift) / sigma;
+          const long double ds = p * (dp0[j] - delta);
+          terms += p * std::fabs(dp0[j] - dref);
+          dg_exp += ds * c0[j];
+          dg_terms += std::fabs(ds * c0[j]);
+          const double ds_tol = ds_abs_bound(m + 1, max_arg, (double)p);
+          dg_abs += std::fabs(c0[j]) * ds_tol;
+          EXPECT_NEAR(c[j], (double)p, p_rel * (double)p)
+              << w.name << " sink=" << sink << " m=" << m << " j=" << j;
+          EXPECT_NEAR(dp[j], (double)ds, ds_tol)
+              << w.name << " sink=" << sink << " m=" << m << " j=" << j;
+        }
+        for (int64_t j = m; j < ncols; ++j) {
+          EXPECT_EQ(c[j], 0.0f);
+          EXPECT_EQ(dp[j], 0.0f);
+        }
+        EXPECT_NEAR(dg, (double)dg_exp,
+                    (double)dg_abs + (m + 1.0) * kU32 * (double)dg_terms)
+            << w.name << " sink=" << sink << " m=" << m;
+        EXPECT_NEAR(share, (double)(p_sink * delta),
+                    (3 * p_rel + (2.0 * m + 16) * kU32) * (double)p_sink *
+                        (double)(std::fabs(delta) + terms))
+            << w.name << " sink=" << sink << " m=" << m;
+      }
+}
+
 // The stored dS is scale * dS (what the GEMMs multiply by the other side's
 // operand, with alpha = 1), the returned dg share unscaled: for scale 0.5
 // (exact) every dp is half the scale-1 one and dg and P are the same bits;
@@ -308,14 +381,14 @@ TEST(SoftmaxBackwardRow, StoresScaledDsReturnsUnscaledDg) {
       std::vector<float> c1 = c0, dp1 = dp0, ch = c0, dph = dp0, cz = c0,
                          dpz = dp0;
       const float a2 = 1.7f;
-      const float dg1 =
-          w.softmax_backward_row(c1.data(), dp1.data(), m, m + 3, a2, 1.0f);
-      EXPECT_EQ(
-          w.softmax_backward_row(ch.data(), dph.data(), m, m + 3, a2, 0.5f),
-          dg1);
-      EXPECT_EQ(
-          w.softmax_backward_row(cz.data(), dpz.data(), m, m + 3, a2, 0.0f),
-          dg1);
+      const float dg1 = w.softmax_backward_row(c1.data(), dp1.data(), m, m + 3,
+                                               a2, 1.0f, 0.0f, nullptr);
+      EXPECT_EQ(w.softmax_backward_row(ch.data(), dph.data(), m, m + 3, a2,
+                                       0.5f, 0.0f, nullptr),
+                dg1);
+      EXPECT_EQ(w.softmax_backward_row(cz.data(), dpz.data(), m, m + 3, a2,
+                                       0.0f, 0.0f, nullptr),
+                dg1);
       EXPECT_EQ(ch, c1);
       EXPECT_EQ(cz, c1);
       for (size_t j = 0; j < c0.size(); ++j) {
@@ -339,8 +412,8 @@ TEST(FloatWidths, DominantHugeLogitWithZeroDpIsExact) {
       std::vector<float> c(static_cast<size_t>(m + 5), 0.5f), dp(c.size(), 0);
       for (int64_t j = 0; j < m; ++j) c[j] = row[static_cast<size_t>(j) % 11];
       const int64_t r = m >= 11 ? 10 : -1;  // the 1.4e17 key, if present
-      const float dg =
-          w.softmax_backward_row(c.data(), dp.data(), m, m + 5, a2, 1.0f);
+      const float dg = w.softmax_backward_row(c.data(), dp.data(), m, m + 5, a2,
+                                              1.0f, 0.0f, nullptr);
       EXPECT_EQ(dg, 0.0f) << w.name << " m=" << m;
       float psum = 0;
       for (int64_t j = 0; j < m + 5; ++j) {
