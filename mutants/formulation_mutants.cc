@@ -354,8 +354,9 @@ class FormulationKernel {
         const auto wrong = static_cast<T>(
             p.sinks[static_cast<size_t>((h * Nq + i) % p.heads)]);
         T& l = lse[bh * Nq + i];
-        const T rest = std::max<T>(std::exp(l) - std::exp(right), 0);
-        const T l2 = std::log(rest + std::exp(wrong));
+        // In units of exp(l) (no overflow at large logits).
+        const T rest = std::max<T>(1 - std::exp(right - l), 0);
+        const T l2 = l + std::log(rest + std::exp(wrong - l));
         for (int64_t d = 0; d < D; ++d)
           o[(bh * Nq + i) * D + d] *= std::exp(l - l2);
         l = l2;

@@ -241,8 +241,10 @@ class SinkIndexFromRow final : public validation::ForwardingBackend {
           const double wrong =
               p.sinks[static_cast<size_t>((h * Nq + i) % p.heads)];
           double& l = a.lse[(b * p.heads + h) * Nq + i];
-          const double rest = std::exp(l) - std::exp(right);
-          const double l2 = std::log(std::max(rest, 0.0) + std::exp(wrong));
+          // In units of exp(l) (no overflow at large logits).
+          const double rest = 1 - std::exp(right - l);
+          const double l2 =
+              l + std::log(std::max(rest, 0.0) + std::exp(wrong - l));
           double* o = static_cast<double*>(a.o.data) +
                       b * a.o.layout.batch_stride + h * a.o.layout.head_stride +
                       i * a.o.layout.row_stride;
@@ -284,11 +286,17 @@ TEST(Sinks, FieldBugsFail) {
       const auto rd =
           validation::check_attention(dropped, c32, {}, false, false);
       EXPECT_FALSE(rd.pass) << "dropped sink passed " << c32.describe();
+      EXPECT_NE(rd.failure_message().find("attention sink dropped"),
+                std::string::npos)
+          << rd.failure_message();
       const AttentionCase c64 = validation::make_attention_case(
           sunk("sdpa", 0.5, mask, 9, 12, 16), d, 1700 + n, Precision::kF64);
       const auto rr =
           validation::check_attention(by_row, c64, {}, false, false);
       EXPECT_FALSE(rr.pass) << "row-indexed sink passed " << c64.describe();
+      EXPECT_NE(rr.failure_message().find("another head's attention sink"),
+                std::string::npos)
+          << rr.failure_message();
       std::printf("%s: dropped margin %.3g, row-indexed margin %.3g\n",
                   c64.describe().c_str(), rd.margin, rr.margin);
       ++n;

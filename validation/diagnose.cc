@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -73,6 +74,7 @@ constexpr NamedValue<DiagnosisKind> kKindNames[] = {
     {DiagnosisKind::kGqaGroupSum, "gqa-group-sum"},
     {DiagnosisKind::kTailBlock, "tail-block"},
     {DiagnosisKind::kParameterGradient, "parameter-gradient"},
+    {DiagnosisKind::kSink, "sink"},
 };
 
 // ---- (b) NaN or inf on fully masked rows --------------------------------
@@ -291,6 +293,85 @@ void diagnose_parameter(const Fields& fs, std::initializer_list<Field> fwd,
        0.9});
 }
 
+// ---- (g) attention sinks: dropped, or another head's ----------------------
+
+// From each failing lse_i (attention.h: log of the visible keys' sum plus
+// exp(sink_h)), the sink the entry used: the oracle's visible share is z =
+// 1 - exp(sink_h - lse_i), so the entry's sink share is exp(a - lse_i) - z
+// and its sink lse_i + log of that. A row whose a is log z within its bound
+// dropped the sink (modular #6591's generic path); one whose sink is
+// another head's, within the bound carried through that log, read the
+// wrong head's (modular #6591 with seq_q > 1).
+void diagnose_sinks(const AttentionCase& c, const OracleAttention& orc,
+                    const Fields& fs, std::vector<Diagnosis>* out) {
+  const AttentionProblem& p = c.problem;
+  const Judged* j = fs.find(Field::kLse);
+  if (!has_sinks(p) || j == nullptr || j->failing.empty()) return;
+  int64_t dropped = 0, other = 0;
+  std::string first_drop, first_other;
+  for (size_t i : j->failing) {
+    const double a = value(*j, i);
+    const auto h =
+        static_cast<int64_t>(i / static_cast<size_t>(p.q_len)) % p.heads;
+    const LD l = orc.lse[i], sink = p.sinks[static_cast<size_t>(h)];
+    const double tol = element_bound(*j->t, i);
+    if (std::isnan(a) || !std::isfinite(static_cast<double>(l))) continue;
+    // The visible keys' log-sum (-inf on a fully masked row).
+    const LD z = 1 - std::exp(sink - l);
+    const double vis = z > 0 ? static_cast<double>(l + std::log(z))
+                             : -std::numeric_limits<double>::infinity();
+    if (a == vis || std::fabs(a - vis) <= tol) {
+      if (first_drop.empty())
+        first_drop =
+            format("lse%s = %.9g, the visible keys alone %.9g",
+                   j->t->index_text(static_cast<int64_t>(i)).c_str(), a, vis);
+      ++dropped;
+      continue;
+    }
+    if (!std::isfinite(a)) continue;
+    const LD share = std::exp(static_cast<LD>(a) - l) - z;
+    if (!(share > 0)) continue;
+    const LD used = l + std::log(share);
+    const double used_tol =
+        tol * static_cast<double>(std::exp(static_cast<LD>(a) - l) / share);
+    for (int64_t h2 = 0; h2 < p.heads; ++h2) {
+      const double s2 = p.sinks[static_cast<size_t>(h2)];
+      if (h2 == h || s2 == p.sinks[static_cast<size_t>(h)] ||
+          !(std::fabs(static_cast<double>(used) - s2) <= used_tol))
+        continue;
+      if (first_other.empty())
+        first_other = format(
+            "lse%s = %.9g is the row with head %lld's sink %.9g, not its "
+            "own %.9g",
+            j->t->index_text(static_cast<int64_t>(i)).c_str(), a, (long long)h2,
+            s2, p.sinks[static_cast<size_t>(h)]);
+      ++other;
+      break;
+    }
+  }
+  const auto n = static_cast<double>(j->failing.size());
+  if (dropped > 0 && dropped >= kMost * n)
+    out->push_back(
+        {DiagnosisKind::kSink, "attention sink dropped",
+         format("attention sink dropped: %lld of %lld failing lse rows are "
+                "the log-sum of their visible keys alone (first %s): the "
+                "sink's exp(sink - m) is missing from the row sums (a path "
+                "without the sink, modular #6591)",
+                (long long)dropped, (long long)j->failing.size(),
+                first_drop.c_str()),
+         0.95});
+  else if (other > 0 && other >= kMost * n)
+    out->push_back(
+        {DiagnosisKind::kSink, "another head's attention sink",
+         format("another head's attention sink: %lld of %lld failing lse "
+                "rows hold another head's sink (first %s): the sink index "
+                "is not the query head (modular #6591: indexed by the query "
+                "row when seq_q > 1)",
+                (long long)other, (long long)j->failing.size(),
+                first_other.c_str()),
+         0.95});
+}
+
 void order(std::vector<Diagnosis>* d) {
   std::stable_sort(d->begin(), d->end(),
                    [](const Diagnosis& a, const Diagnosis& b) {
@@ -324,6 +405,7 @@ std::vector<Diagnosis> diagnose_attention(
   diag::diagnose_gqa(c, fs, &out);
   diag::diagnose_tail_block(c, fs, blocks, &out);
   diagnose_parameter(fs, {Field::kO, Field::kLse}, &out);
+  diagnose_sinks(c, orc, fs, &out);
   order(&out);
   return out;
 }

@@ -68,9 +68,10 @@ enum class DiagnosisKind {
   kGqaGroupSum,
   kTailBlock,
   kParameterGradient,
+  kSink,
 };
 // "norm-range", "masked-row-nonfinite", "16-bit", "gqa-group-sum",
-// "tail-block", "parameter-gradient".
+// "tail-block", "parameter-gradient", "sink".
 const char* name(DiagnosisKind k);
 
 struct Diagnosis {
