@@ -127,6 +127,14 @@ void add_common(CLI::App& app, Common& c) {
                  "(include/qknorm/formulation.h); the flags below override "
                  "single fields")
       ->type_name("PRESET");
+  app.add_option("--model", s.model,
+                 "Model preset: one attention layer as the model ships it, "
+                 "formulation and variants (RoPE, window, softcap, sinks): "
+                 "qwen3, olmo2, gemma3-local, gemma3-global, llama4, "
+                 "qwen3-next, gpt-oss, gemma2 (include/qknorm/formulation.h); "
+                 "after --formulation, before the flags below. Its window "
+                 "replaces --mask's; learned sinks are 0 unless given")
+      ->type_name("MODEL");
   app.add_option("--kv-heads", s.kv_heads,
                  "Grouped-query attention: kv heads (divides heads)");
   app.add_option("--norm", s.norm,

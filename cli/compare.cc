@@ -388,12 +388,15 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   p.kv_heads = sk[1] == sq[1] ? 0 : sk[1];
   if (s.formulations.size() > 1)
     throw Error("--formulation", {}, "compare takes one formulation");
-  if (p.variant == Variant::kQKNorm) {
+  // The mask first: a --model sets the sliding window over it.
+  if (s.masks.size() > 1) throw Error("--mask", {}, "compare takes one mask");
+  if (!s.masks.empty()) apply_mask(s.masks[0], &p);
+  if (p.variant == Variant::kQKNorm || !s.model.empty()) {
     SuiteOptions f = s;
     f.kv_heads = 0;  // the files' shapes give it
     apply_formulation(f, s.formulations.empty() ? "" : s.formulations[0], &p);
   }
-  p.softcap = s.softcap;
+  if (s.softcap != 0) p.softcap = s.softcap;
   if (!s.rope.empty()) p.rope = parse_rope(s.rope);
   // Sinks: --sinks, or a tensor "sinks" of one value per query head.
   if (!s.sinks.empty()) {
@@ -410,8 +413,6 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
     throw Error("--inputs", {},
                 "no tensor named g (give g.npy, a key g, or --g)");
   }
-  if (s.masks.size() > 1) throw Error("--mask", {}, "compare takes one mask");
-  if (!s.masks.empty()) apply_mask(s.masks[0], &p);
   validate_problem(p);
 
   validation::AttentionCase c;

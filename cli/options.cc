@@ -140,13 +140,18 @@ bool custom_suite(const SuiteOptions& o) {
          o.eps != kDefaultQKNormEps || !o.scalenorm.empty() ||
          !o.formulations.empty() || o.kv_heads != 0 || !o.norm.empty() ||
          !o.norm_axis.empty() || !o.weight.empty() || !o.flags.empty() ||
-         o.scale != 0 || o.softcap != 0 || !o.rope.empty() || !o.sinks.empty();
+         o.scale != 0 || o.softcap != 0 || !o.rope.empty() ||
+         !o.sinks.empty() || !o.model.empty();
 }
 
 void apply_formulation(const SuiteOptions& o, const std::string& preset,
                        AttentionProblem* p) {
   if (!preset.empty()) {
     apply_preset(preset, p);
+    if (o.eps_given) p->eps = o.eps;
+  }
+  if (!o.model.empty()) {
+    apply_model(o.model, p);
     if (o.eps_given) p->eps = o.eps;
   }
   Normalization& n = p->norm;

@@ -27,6 +27,9 @@ struct SuiteOptions {
   // Formulations (issue 16): presets by name (repeatable; empty: the
   // paper's, or sdpa), then the free flags override single fields of each.
   std::vector<std::string> formulations;
+  // --model: a model preset (qknorm/formulation.h, apply_model), applied
+  // after the formulation preset and before the free flags.
+  std::string model;
   int64_t kv_heads = 0;  // 0: = heads
   // The default run's covering cases (issue 33, cli/coverage.h): by
   // default the budgeted array (every single, the pairs that fit

@@ -145,6 +145,130 @@ std::string describe_formulation(const AttentionProblem& p) {
   return s + cap;
 }
 
+// The model presets. Sources (read in the stored copy of
+// github.com/huggingface/transformers, src/transformers/...):
+// - masking_utils.py, sliding_window_overlay: key kv_idx is kept iff
+//   kv_idx > q_idx - sliding_window, on top of causal_mask_function's
+//   kv_idx <= q_idx: i - j < w, FlashAttention's (w - 1, 0). Every windowed
+//   model below builds its sliding layers' mask there.
+// - qwen3: Qwen3's released config.json (e.g. Qwen3-8B, Qwen3-4B before
+//   its 2507 update, which has 5e6): rope_theta 1000000; q_norm/k_norm per
+//   head before apply_rotary_pos_emb (rotate_half: half-split).
+// - olmo2: OLMo 2's released config.json: rope_theta 500000; q_norm/k_norm
+//   over the whole projection before the rotation.
+// - gemma3: models/gemma3/configuration_gemma3.py: rope_theta 1e6 (global),
+//   rope_local_base_freq 10000 (sliding layers), query_pre_attn_scalar 256;
+//   the class default sliding_window is 4096, the released Gemma 3 4B, 12B
+//   and 27B configs (and the Gemma 3 report) use 1024.
+// - llama4: models/llama4/configuration_llama4.py: default_theta 500000,
+//   rms_norm_eps 1e-5, use_qk_norm, no_rope_layer_interval 4,
+//   attn_temperature_tuning (NoPE layers only); modeling_llama4.py:
+//   Llama4TextL2Norm is x * rsqrt(mean(x^2) + eps) with no weight, built
+//   as Llama4TextL2Norm(config.rms_norm_eps) (1e-5, not its 1e-6 default),
+//   applied after apply_rotary_emb (complex multiply of adjacent pairs:
+//   interleaved, in f32, result cast back), scaling head_dim^-0.5.
+//   Llama 4's llama3 rope scaling and its chunked attention (8192-token
+//   chunks) are left out.
+// - qwen3-next: models/qwen3_next/configuration_qwen3_next.py:
+//   partial_rotary_factor 0.25, rms_norm_eps 1e-6, head_dim 256;
+//   Qwen3NextRMSNorm: weight zeros, x_hat * (1 + w) in f32 then cast (no
+//   rounding before the weight); apply_rotary_pos_emb rotates the first
+//   rotary_dim dims (rotate_half) and passes the rest. rope_theta 1e7 is
+//   the released Qwen3-Next-80B-A3B config's (the class has no default).
+// - gpt-oss: models/gpt_oss/configuration_gpt_oss.py: default_theta
+//   150000, head_dim 64, sliding_window 128, layer_types alternating
+//   sliding/full, rope_type yarn factor 32; modeling_gpt_oss.py:
+//   _apply_rotary_emb chunks x in halves (half-split), cos and sin scaled
+//   by YaRN's attention_scaling and cast to x.dtype, scaling
+//   head_dim^-0.5, sinks [num_attention_heads] concatenated to the logits.
+//   YaRN is not modelled: its attention_scaling multiplies cos and sin,
+//   a logit scale sdpa cannot express; plain theta is used.
+// - gemma2: models/gemma2/configuration_gemma2.py: query_pre_attn_scalar
+//   256, attn_logit_softcapping 50.0, sliding_window 4096, head_dim 256,
+//   rope theta the default 10000; no QK-norm.
+const std::vector<ModelPreset>& model_presets() {
+  const Normalization none{};  // unused where a formulation is named
+  Normalization l4{NormKind::kRms, kH,   ParamShape::kNone, false, false,
+                   false,          false};
+  Normalization q3n{NormKind::kRms, kH,   ParamShape::kDim, true, false,
+                    false,          false};
+  Normalization g2{NormKind::kNone, kH,   ParamShape::kNone, false, false,
+                   false,           false};
+  constexpr auto kHalf = RopePairing::kHalf;
+  constexpr auto kAfter = RopeOrder::kAfterNorm;
+  constexpr auto kQ = Variant::kQKNorm;
+  // name, formulation, variant, norm, eps, scale, rotary_fraction, pairing,
+  // order, theta, cos_sin_storage, window, softcap, sinks.
+  static const std::vector<ModelPreset> table = {
+      {"qwen3", "qwen3", kQ, none, 0, 0, 1, kHalf, kAfter, 1e6, true, 0, 0,
+       false},
+      {"olmo2", "olmo2", kQ, none, 0, 0, 1, kHalf, kAfter, 500000, true, 0, 0,
+       false},
+      {"gemma3-local", "gemma3", kQ, none, 0, 0, 1, kHalf, kAfter, 10000, true,
+       1024, 0, false},
+      {"gemma3-global", "gemma3", kQ, none, 0, 0, 1, kHalf, kAfter, 1e6, true,
+       0, 0, false},
+      {"llama4", "", kQ, l4, 1e-5, 0, 1, RopePairing::kInterleaved,
+       RopeOrder::kBeforeNorm, 500000, false, 0, 0, false},
+      {"qwen3-next", "", kQ, q3n, 1e-6, 0, 0.25, kHalf, kAfter, 1e7, true, 0, 0,
+       false},
+      {"gpt-oss", "", Variant::kSDPA, none, kDefaultQKNormEps, 0, 1, kHalf,
+       kAfter, 150000, true, 128, 0, true},
+      {"gemma2", "", kQ, g2, 1e-6, 1.0 / 16.0, 1, kHalf, kAfter, 10000, true,
+       4096, 50, false},
+  };
+  return table;
+}
+
+const ModelPreset* find_model(std::string_view name) {
+  for (const ModelPreset& m : model_presets())
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
+void apply_model(std::string_view name, AttentionProblem* p) {
+  const ModelPreset* m = find_model(name);
+  if (m == nullptr) {
+    std::string known;
+    for (const ModelPreset& q : model_presets())
+      known += std::string(" ") + q.name;
+    throw Error(
+        "model", {},
+        "unknown model '" + std::string(name) + "' (known:" + known + ")");
+  }
+  if (*m->formulation != '\0') {
+    apply_preset(m->formulation, p);
+  } else {
+    p->norm = m->norm;
+    p->eps = m->eps;
+    p->fixed_scale = m->variant == Variant::kQKNorm;
+    p->scale = m->scale > 0 ? m->scale
+                            : 1 / std::sqrt(static_cast<double>(p->head_dim));
+    if (m->variant == Variant::kSDPA) p->scale = 1.0;
+  }
+  p->variant = m->variant;
+  Rope r;
+  if (m->rotary_fraction > 0) {
+    // HF: int(head_dim * partial_rotary_factor).
+    r.rotary_dim = static_cast<int64_t>(static_cast<double>(p->head_dim) *
+                                        m->rotary_fraction);
+    r.pairing = m->pairing;
+    r.order = m->order;
+    r.theta = m->theta;
+    r.angle_f32 = true;
+    r.cos_sin_storage = m->cos_sin_storage;
+  }
+  p->rope = r;
+  p->softcap = m->softcap;
+  p->mask.window_left = m->window > 0 ? m->window - 1 : -1;
+  p->mask.window_right = m->window > 0 ? 0 : -1;
+  if (!m->sinks) {
+    p->sinks.clear();
+  } else if (p->sinks.empty()) {
+    p->sinks.assign(static_cast<size_t>(p->heads), 0.0);
+  }
+}
+
 std::string sinks_spec(const std::vector<double>& sinks) {
   if (sinks.empty()) return "off";
   std::string s;

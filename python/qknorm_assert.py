@@ -35,6 +35,10 @@ The binary: the `qknorm_check` option, else $QKNORM_CHECK, else
                 compare's --eps, --variant, --formulation, --compute,
                 --contract (a compute contract: "storage", "pv_acc=f16",
                 ...; cli/README.md)
+  model         compare's --model: a model preset (qknorm/formulation.h:
+                "qwen3", "gemma3-local", "gpt-oss", ...): its formulation,
+                RoPE, sliding window, softcap and sinks (their values from
+                params={"sinks": ...})
   params        attention only: {"q_weight": ..., "k_weight": ...,
                 "q_bias": ..., "k_bias": ...} of a formulation
   extra_args    further compare arguments, a list of strings
@@ -86,7 +90,7 @@ _SCALENORM_GRADS = {
 _PARAMS = ("q_weight", "k_weight", "q_bias", "k_bias", "sinks")
 _FLAGS = {"eps": "--eps", "variant": "--variant",
           "formulation": "--formulation", "compute": "--compute",
-          "contract": "--contract", "rope": "--rope"}
+          "contract": "--contract", "rope": "--rope", "model": "--model"}
 _OTHER_OPTIONS = ("params", "extra_args", "qknorm_check", "workdir", "timeout")
 
 
