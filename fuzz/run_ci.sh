@@ -60,11 +60,19 @@ if [[ -z "$seconds" ]]; then jobs=1; fi  # CI mode: one process, one order
 # this one (2.1x); scalenorm 1.3x, tensor_io 1.13x (600-run rates). Each
 # target's runs grow by a little less than its own speedup, so that neither
 # lane takes longer than before: attention 20000 (2x), scalenorm 40000
-# (1.25x), tensor_io 2.6M (1.08x). A target missing here gets 10000.
+# (1.25x), tensor_io 2.6M (1.08x). Then (issue 34's CI time, the whole
+# test.sh had grown to 2703 s of its 1800 s budget) back to attention 10000
+# (the floor issue 34 sets for the variant mode's exploration), scalenorm
+# 20000 and tensor_io 1.3M: in that CI's logs (afcab8c, seed 1) each
+# target's last new coverage came at attention cov 29021 by exec 10000
+# against 29191 by 20000 (-0.6%), scalenorm 3625 by 20000 and none after
+# (ft 18016 against 18347), tensor_io 1901 by 1.2M against 1921 by 2.6M
+# (-1%); the stage took 308 s wall, 578 CPU s (fuzz/README.md, "Rate").
+# A target missing here gets 10000.
 declare -A ci_runs=(
-  [attention_fuzzer]=20000
-  [scalenorm_fuzzer]=40000
-  [tensor_io_fuzzer]=2600000
+  [attention_fuzzer]=10000
+  [scalenorm_fuzzer]=20000
+  [tensor_io_fuzzer]=1300000
 )
 # The [libfuzzer] section of $OUT/<target>.options (written by build.sh from
 # fuzz/<target>.options) as -flag=value arguments, as OSS-Fuzz passes them.

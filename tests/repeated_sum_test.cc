@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qknorm/backend.h"
+#include "tests/test_support.h"
 #include "validation/case.h"
 #include "validation/check.h"
 #include "validation/judge.h"
@@ -256,14 +257,22 @@ TEST(RepeatedSummands, EveryEntryPassesLongRepeatedRows) {
   cases.push_back(lost_terms_case(Precision::kF64));
   cases.push_back(lost_terms_case(Precision::kF32));
   int judged = 0;
+  // check_attention(*b, c, {}, false, false) on every entry, the entries of
+  // one precision judged together on one oracle (test_support.h).
   for (const AttentionCase& c : cases)
-    for (const Backend* b : all_backends().entries()) {
-      if (!b->available() || !b->supports(c.problem)) continue;
-      const AgreementReport rep = check_attention(*b, c, {}, false, false);
-      EXPECT_TRUE(rep.pass) << rep.failure_message();
-      std::printf("%-18s %-40.40s margin %.3f (%s)\n", b->name().c_str(),
-                  c.describe().c_str(), rep.margin, rep.worst_field.c_str());
-      ++judged;
+    for (Precision prec : kAllPrecisions) {
+      std::vector<const Backend*> entries;
+      for (const Backend* b : all_backends().entries())
+        if (b->precision() == prec && b->available() && b->supports(c.problem))
+          entries.push_back(b);
+      test_support::check_entries(
+          entries, c, prec, [&](const Backend& b, const AgreementReport& rep) {
+            EXPECT_TRUE(rep.pass) << rep.failure_message();
+            std::printf("%-18s %-40.40s margin %.3f (%s)\n", b.name().c_str(),
+                        c.describe().c_str(), rep.margin,
+                        rep.worst_field.c_str());
+            ++judged;
+          });
     }
   EXPECT_GT(judged, 0);
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
@@ -81,6 +82,46 @@ inline std::string error_of(const std::function<void()>& f) {
 
 inline const Backend& ref64() { return *all_backends().find("reference:f64"); }
 
+// True in the sanitizer stage (scripts/sanitize.sh exports
+// QKNORM_SANITIZE_SUBSET=1; QKNORM_SANITIZE_SUBSET=0 there runs everything):
+// that stage is for memory safety and UB on every code path, not for the
+// verdicts' statistics, and a few statistical verdict sweeps judge a
+// deterministic subset of their cases there, never none, each test saying
+// which and which test runs the same code on the rest. The GCC stage
+// (ctest) runs every case. README.md, "What ./test.sh runs", lists them.
+inline bool sanitize_subset() {
+  const char* s = std::getenv("QKNORM_SANITIZE_SUBSET");
+  return s != nullptr && s[0] == '1' && s[1] == '\0';
+}
+
+// validation::check_attention(*b, c, {}, false, /*with_naive=*/false) for
+// every b of `entries` (each of precision prec), the same reports in the
+// same order, but the long-double oracle of round_inputs(c, prec) is made
+// once for all of them instead of once per entry (it is a function of that
+// case alone; made when first needed, as check_attention makes it). The
+// oracle was most of the "every entry" tests' time (perf: ~30% of
+// Rope.EveryEntryWithItPassesTheVerdict in the GCC build, plus its
+// allocations), once per entry of the precision.
+template <class OnReport>
+void check_entries(const std::vector<const Backend*>& entries,
+                   const validation::AttentionCase& c, Precision prec,
+                   const OnReport& on_report) {
+  if (entries.empty()) return;
+  const validation::AttentionCase rc = validation::round_inputs(c, prec);
+  validation::LazyOracle oracle(rc);
+  const std::string naive = validation::naive_for(prec).name();
+  for (const Backend* b : entries) {
+    const validation::AttentionResult er =
+        validation::run_attention_fed(*b, rc, oracle.source());
+    const validation::OracleAttention& orc = oracle.get();
+    validation::AgreementReport rep =
+        validation::judge_attention(rc, prec, orc, er, nullptr, false,
+                                    b->name(), naive, nullptr, b->contract());
+    validation::diagnose_with_entry_blocks(*b, rc, orc, er, false, &rep);
+    on_report(*b, rep);
+  }
+}
+
 // The variants' "every entry passes" tests (softcap, window, rope): each
 // case judged on every runnable registry entry of its precision that
 // implements its problem (the case made for precision prec), every verdict
@@ -91,16 +132,16 @@ struct EveryEntry {
   std::map<std::string, double> worst;
   void judge(const validation::AttentionCase& c, Precision prec) {
     ++cases;
-    for (const Backend* b : all_backends().entries()) {
-      if (b->precision() != prec || !b->available() || !b->supports(c.problem))
-        continue;
-      const auto rep = validation::check_attention(*b, c, {}, false,
-                                                   /*with_naive=*/false);
+    std::vector<const Backend*> entries;
+    for (const Backend* b : all_backends().entries())
+      if (b->precision() == prec && b->available() && b->supports(c.problem))
+        entries.push_back(b);
+    check_entries(entries, c, prec, [&](const Backend& b, const auto& rep) {
       EXPECT_TRUE(rep.pass) << rep.failure_message();
-      double& w = worst[b->name()];
+      double& w = worst[b.name()];
       w = std::max(w, rep.margin);
       ++judged;
-    }
+    });
   }
   bool has_simd() const {
     return std::any_of(worst.begin(), worst.end(), [](const auto& w) {
