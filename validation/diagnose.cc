@@ -320,7 +320,15 @@ void diagnose_sinks(const AttentionCase& c, const OracleAttention& orc,
     const LD z = 1 - std::exp(sink - l);
     const double vis = z > 0 ? static_cast<double>(l + std::log(z))
                              : -std::numeric_limits<double>::infinity();
-    if (a == vis || std::fabs(a - vis) <= tol) {
+    // Each hypothesis predicts the row's lse; it explains the row where the
+    // entry's value is within the bound of the prediction and the
+    // prediction is clear of the oracle's (2 bounds: a marginal failure
+    // of any cause is no evidence).
+    auto explains = [&](double predicted) {
+      return (a == predicted || std::fabs(a - predicted) <= tol) &&
+             !(std::fabs(predicted - static_cast<double>(l)) <= 2 * tol);
+    };
+    if (explains(vis)) {
       if (first_drop.empty())
         first_drop =
             format("lse%s = %.9g, the visible keys alone %.9g",
@@ -329,25 +337,26 @@ void diagnose_sinks(const AttentionCase& c, const OracleAttention& orc,
       continue;
     }
     if (!std::isfinite(a)) continue;
-    const LD share = std::exp(static_cast<LD>(a) - l) - z;
-    if (!(share > 0)) continue;
-    const LD used = l + std::log(share);
-    const double used_tol =
-        tol * static_cast<double>(std::exp(static_cast<LD>(a) - l) / share);
+    // Another head's sink: the one head whose prediction explains the row.
+    int64_t match = -1, matches = 0;
     for (int64_t h2 = 0; h2 < p.heads; ++h2) {
       const double s2 = p.sinks[static_cast<size_t>(h2)];
-      if (h2 == h || s2 == p.sinks[static_cast<size_t>(h)] ||
-          !(std::fabs(static_cast<double>(used) - s2) <= used_tol))
-        continue;
-      if (first_other.empty())
-        first_other = format(
-            "lse%s = %.9g is the row with head %lld's sink %.9g, not its "
-            "own %.9g",
-            j->t->index_text(static_cast<int64_t>(i)).c_str(), a, (long long)h2,
-            s2, p.sinks[static_cast<size_t>(h)]);
-      ++other;
-      break;
+      if (h2 == h || s2 == p.sinks[static_cast<size_t>(h)]) continue;
+      const double l2 = static_cast<double>(
+          l + std::log(std::max<LD>(z, 0) + std::exp(static_cast<LD>(s2) - l)));
+      if (!explains(l2)) continue;
+      if (matches == 0 || s2 != p.sinks[static_cast<size_t>(match)]) ++matches;
+      match = h2;
     }
+    if (matches != 1) continue;
+    if (first_other.empty())
+      first_other = format(
+          "lse%s = %.9g is the row with head %lld's sink %.9g, not its own "
+          "%.9g",
+          j->t->index_text(static_cast<int64_t>(i)).c_str(), a,
+          (long long)match, p.sinks[static_cast<size_t>(match)],
+          p.sinks[static_cast<size_t>(h)]);
+    ++other;
   }
   const auto n = static_cast<double>(j->failing.size());
   if (dropped > 0 && dropped >= kMost * n)

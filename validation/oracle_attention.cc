@@ -393,7 +393,8 @@ void oracle_in(const AttentionCase& c, const GivenRows* given,
     // A sink is one more term of each row sum, whose logit error is
     // sink_logit_units (rule.h, "Attention sinks").
     const double term_units =
-        std::max(cos_u * std::fabs(logit_amplitude(c)),
+        std::max(cos_u * std::fabs(logit_amplitude(c)) +
+                     sink_shift_units(p, logit_amplitude(c)),
                  sink_logit_units(p, logit_amplitude(c))) +
         kOpUnits;
     const auto n_row =

@@ -248,6 +248,9 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
   // (OracleAttention::amplitude, count_*).
   r.Nq = orc.count_q_len > 0 ? orc.count_q_len : p.q_len;
   r.Nk = orc.count_kv_len > 0 ? orc.count_kv_len : p.kv_len;
+  // A sink is one more term of every row sum (rule.h, "Attention sinks"):
+  // the rule's row counts take it (the oracle's ties do).
+  if (has_sinks(p)) ++r.Nk;
   r.us = unit_roundoff(s);
   r.A = orc.amplitude > 0 ? orc.amplitude : logit_amplitude(c);
   r.dot = orc.cosine_units > 0 ? orc.cosine_units : cosine_units(c);
@@ -288,7 +291,8 @@ RuleScalars rule_scalars(const AttentionCase& c, Precision s,
     return static_cast<double>(norm_rows(p, side).len() - 1) / 2 + kOpUnits;
   };
   r.div = div_units(0) + div_units(1);
-  r.logit = std::max(r.dot_s * std::fabs(r.A), sink_logit_units(p, r.A));
+  r.logit = std::max(r.dot_s * std::fabs(r.A) + sink_shift_units(p, r.A),
+                     sink_logit_units(p, r.A));
   r.soft = 2 * r.logit + 2 * std::fabs(r.A) * r.div +
            2 * orc.logit_flip / r.uc + 2 * orc.logit_shift;
   r.uo = orc.unit_roundoff;

@@ -516,12 +516,18 @@
 // and the exp's own 4 ulp (kSinkExpUnits = 8, as the softcap's tanh): its
 // exponent is off by at most E_s u_c, E_s = sink_logit_units = 3 max_h
 // |sink_h| + |A| + 8 (rule_terms.h), where a visible logit's is A dot_s
-// u_c. Then P_ij moves relatively by dS_ij - sum_k P_ik dS_ik - P_sink
-// dsink, at most 2 max(A dot_s, E_s) u_c: every use of A dot_s (soft,
-// soft_o, lse) reads the larger of the two (RuleScalars::logit; bitwise
-// the bounds before sinks where A dot_s is larger, as without sinks). The
+// u_c, plus sink_shift_units = max(0, max|sink| - |A|) where the row's
+// shift is a sink above |A| (each visible exponent S - m then rounds at up
+// to |A| + |sink|, beyond the 2 |A| the cosine units allow for; found by a
+// helper's review: with a softcap's dot_s 17, A = 10, sink 40, the visible
+// logits' error reached 200 units against the 170 granted before). Then
+// P_ij moves relatively by dS_ij - sum_k P_ik dS_ik - P_sink
+// dsink, at most 2 max(A dot_s + sink_shift_units, E_s) u_c: every use of
+// A dot_s (soft, soft_o, lse) reads the larger of the two
+// (RuleScalars::logit; bitwise the bounds before sinks without sinks). The
 // sink adds a term to each row sum: one more in the row's count and ties
-// (it may tie with a key's term), and its perturbation reaches O_i as
+// (it may tie with a key's term; RuleScalars::Nk counts it), and its
+// perturbation reaches O_i as
 // -P_sink O_i dsink (o_dev_mag += P_sink |O_i|) and delta_i as -P_sink
 // delta_i dsink (ds_l1 += P_sink |delta_i|, kSoftmaxTerms).
 //   dsinks_h = -sum_{b,i} P_sink,i delta_i, P_sink,i = exp(sink_h - lse_i),
@@ -539,7 +545,17 @@
 // M_h = sum P_sink,i |dO_i|.|O_i| (its magnitude and condition), p_res the
 // flush of a P_sink below the normal range. Measured: dsinks rounded to
 // bf16 FAILs the f32 bound (margin 6.2; tests/sinks_test.cc). Not covered:
-// the sampled verdict (it refuses sinks).
+// the sampled verdict (it refuses sinks); a kernel that forms P_sink as 1 -
+// sum_j P_ij (its P_sink then carries the row sum's absolute error, not a
+// relative one: it may FAIL d_sinks where P_sink is below u_c sqrt(Nk)); a
+// contract
+// whose logits point is coarser than the compute format and rounds the
+// sink there too (the sink is taken in the compute format). Loose: E_s
+// enters every row at full weight, whatever its sink's share, so one head
+// with a huge |sink| loosens every field (|sink| above ~3.5e5 in f32 makes
+// the softmax unresolved: only lse is judged). Weighting it by the largest
+// share max P_sink (P's relative error <= 2 a + P_sink E_s; O and delta by
+// P_sink E_s |O|, |delta|) keeps it sound and restores the teeth: not done.
 //
 // Compute contracts (issue 31; qknorm/contract.h). An entry declares the
 // format of each intermediate it rounds: q at the dot product, k_hat and v

@@ -120,6 +120,13 @@ double sink_logit_units(const AttentionProblem& p, double amplitude) {
   return 3 * m + std::fabs(amplitude) + kSinkExpUnits;
 }
 
+double sink_shift_units(const AttentionProblem& p, double amplitude) {
+  if (!has_sinks(p)) return 0;
+  double m = 0;
+  for (double x : p.sinks) m = std::max(m, std::fabs(x));
+  return std::max(0.0, m - std::fabs(amplitude));
+}
+
 double softmax_units(double amplitude, double dot_units) {
   return 2 * dot_units * std::fabs(amplitude);
 }

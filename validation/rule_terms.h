@@ -47,6 +47,11 @@ double softcap_slope_units(double logit_units, double cap);
 // kSinkExpUnits; 0 without sinks.
 inline constexpr double kSinkExpUnits = 8.0;
 double sink_logit_units(const AttentionProblem& p, double amplitude);
+// A visible logit's exponent S - m when the row's shift m is a sink above
+// |A| (a kernel may shift by the sink): its subtraction rounds at |S - m| <=
+// |A| + |sink|, max(0, max_h |sink_h| - |A|) units beyond the 2 |A| the
+// cosine units allow for; 0 without sinks.
+double sink_shift_units(const AttentionProblem& p, double amplitude);
 
 // RoPE (rule.h, "RoPE"): a rotated element's error per unit roundoff u_c,
 // relative to its pair's |x_a| + |x_b|, is eps = kRopeRotateUnits (the two
