@@ -8,9 +8,9 @@
 #      (QKNORM_ASAN_WITH_FUZZ=1 scripts/sanitize.sh, which builds the
 #      fuzzers too). It is for memory safety and UB on every code path, not
 #      statistics: its simd entries are AVX3, AVX2 and EMU128 (SSE4 and
-#      SSSE3, EMU128's lane count and code, are not compiled there),
-#      qknorm_simd has no coverage instrumentation, and a statistical
-#      verdict sweep may judge a subset of its cases (QKNORM_SANITIZE_SUBSET);
+#      SSSE3, EMU128's lane count and code, are not compiled there) and a
+#      statistical verdict sweep may judge a subset of its cases
+#      (QKNORM_SANITIZE_SUBSET);
 #      README.md, "What ./test.sh runs", says what and why;
 #   3. each libFuzzer target: its corpus replayed, then a fixed -seed and
 #      -runs (fuzz/run_ci.sh; same counts every run, fuzz/README.md), with

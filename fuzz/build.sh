@@ -37,19 +37,18 @@ sanitize+=" -fno-sanitize-coverage=trace-cmp"
 # "Rate").
 # With our own flags too: the SIMD library is compiled for AVX3, AVX2 and
 # EMU128 only (Highway's SSE4 and SSSE3 left out: EMU128 has their 4 lanes
-# and runs the same kernel code) and without the coverage instrumentation
-# (ASan and UBSan stay): together they cut simd/kernels.cc's compile, the
-# tree's longest, from ~700 to ~TODO CPU s (fuzz/README.md, "Highway targets
-# of the fuzz tree"). QKNORM_FUZZ_CMAKE_ARGS="-DQKNORM_SIMD_DISABLED_TARGETS="
-# puts them back.
+# and runs the same kernel code): 6 fewer simd entries in every quick test
+# and fuzz execution (fuzz/README.md, "Highway targets of the fuzz tree").
+# QKNORM_FUZZ_CMAKE_ARGS="-DQKNORM_SIMD_DISABLED_TARGETS=" puts them back;
+# QKNORM_FUZZ_CMAKE_ARGS=-DQKNORM_FUZZ_UNCOVERED_TARGETS=qknorm_simd drops
+# the kernels' coverage instrumentation (measured, not taken: same section).
 # LLVM's linker where it is installed (our flags only): an ASan test binary
 # links in ~1.1 CPU s against ~2.6 with GNU ld (cli_sample_test, two
 # rounds each), and the quick tree links 58 of them; the binaries are the
 # same code.
 hot_opt=()
 if [[ -z "${CXXFLAGS:-}" ]]; then
-  hot_opt=(-DQKNORM_FUZZ_HOT_OPT=-O2 "-DQKNORM_SIMD_DISABLED_TARGETS=SSE4;SSSE3"
-           -DQKNORM_FUZZ_UNCOVERED_TARGETS=qknorm_simd)
+  hot_opt=(-DQKNORM_FUZZ_HOT_OPT=-O2 "-DQKNORM_SIMD_DISABLED_TARGETS=SSE4;SSSE3")
   if command -v ld.lld >/dev/null; then
     hot_opt+=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld
               -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld
