@@ -872,7 +872,9 @@ LayoutSpec decode_layout(ByteReader& r, int64_t H, int64_t rows, int64_t D,
   s.layout.batch_stride = decode_stride(r, sat_mul(H, s.layout.head_stride));
   const int delta = static_cast<int8_t>(r.u8()) % 4;  // -3..3
   const int64_t need = required_size(s.layout, B, H, rows, D);
-  if (dims_small && need > 0 && need + 3 <= kMaxElements)
+  // need may be INT64_MAX itself (D + (rows - 1) row_stride without
+  // overflow): need + 3 would overflow (UBSan, CI fuzz run of 183cdfc).
+  if (dims_small && need > 0 && need <= kMaxElements - 3)
     s.size = std::max<int64_t>(1, need + delta);
   s.valid =
       dims_small && need > 0 && s.layout.row_stride >= D && s.size >= need;

@@ -574,6 +574,12 @@ std::vector<Seed> attention_seeds() {
   l = AttnLayout{};
   l.strides[1] = {3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0, 0};
   add("invalid_layout_huge_row_stride", l.encode());
+  // k's last element at exactly INT64_MAX (D + (Nk - 1) row stride, no
+  // overflow): the size check once added 3 to it (UBSan, CI of 183cdfc).
+  l = AttnLayout{};
+  l.Nk = 2;
+  l.strides[1] = {3, 0xfb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0, 0};
+  add("invalid_layout_need_int64_max", l.encode());
   l = AttnLayout{};
   l.D = 0;
   add("invalid_dim_zero", l.encode());
@@ -679,6 +685,15 @@ std::vector<Seed> scalenorm_seeds() {
       layout(0, 5, {{0, 0}, {0, 0}, {0, 0}, {0, 0}}, false));
   add("invalid_overflow", layout(std::numeric_limits<int64_t>::max() / 2, 3,
                                  {{0, 0}, {0, 0}, {0, 0}, {0, 0}}, false));
+  // x's last element at exactly INT64_MAX (dim + row stride, no overflow):
+  // the size check once added 3 to it (UBSan, the CI fuzz run of 183cdfc).
+  add("invalid_layout_need_int64_max",
+      layout(2, 5,
+             {{3, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0},
+              {0, 0},
+              {0, 0},
+              {0, 0}},
+             false));
   return s;
 }
 

@@ -228,7 +228,9 @@ Spec2 decode_spec(ByteReader& r, const ScaleNormProblem& p, bool small) {
   }
   const int delta = static_cast<int8_t>(r.u8()) % 4;
   const int64_t need = required_size({0, 0, s.row_stride}, 1, 1, p.rows, p.dim);
-  if (small && need > 0 && need + 3 <= kMaxElements)
+  // need may be INT64_MAX itself (dim + (rows - 1) row_stride without
+  // overflow): need + 3 would overflow (UBSan, CI fuzz run of 183cdfc).
+  if (small && need > 0 && need <= kMaxElements - 3)
     s.size = std::max<int64_t>(1, need + delta);
   s.valid = small && need > 0 && s.row_stride >= p.dim && s.size >= need;
   return s;
