@@ -11,10 +11,14 @@ not HF's rounding). Each model's dump holds q, k, v, dO, its weights
 (q_weight, k_weight) and sinks, and O, dQ, dK, dV, dq_weight, dk_weight,
 d_sinks from autograd.
 
-  /usr/bin/python3 python/model_dumps.py OUTDIR [CASE ...]
+  /usr/bin/python3 python/model_dumps.py OUTDIR [CASE|BUG ...]
 
-writes OUTDIR/CASE/*.npy (CASES: one per model, two for Gemma 2) and prints the compare command of each; the
-unittest python/test_model_dumps.py judges them through qknorm_assert.
+writes OUTDIR/CASE/*.npy (CASES: one per model, two for Gemma 2 and Qwen3)
+and prints the compare command of each; the unittest
+python/test_model_dumps.py judges them through qknorm_assert. A BUG (a key
+of BUGS: the field reports of issue 34, each transcribed into one case's
+torch code) writes that case's dump as the buggy kernel computes it: its
+compare command FAILs, naming the field and the element.
 """
 import math
 import os
@@ -32,6 +36,7 @@ import torch
 # first-order bound unresolved: bound inf).
 CASES = {
     "qwen3": ("qwen3", (2, 4, 2, 12, 12, 16, 1.0)),
+    "qwen3-decode": ("qwen3", (2, 4, 2, 1, 40, 16, 1.0)),
     "olmo2": ("olmo2", (2, 4, 2, 12, 12, 16, 1.0)),
     "gemma3-local": ("gemma3-local", (1, 2, 1, 8, 1040, 16, 1.0)),
     "gemma3-global": ("gemma3-global", (2, 4, 2, 12, 12, 16, 1.0)),
@@ -42,6 +47,40 @@ CASES = {
     "gemma2-short": ("gemma2", (2, 4, 2, 12, 12, 16, 2.0)),
 }
 MODELS = tuple(dict.fromkeys(m for m, _ in CASES.values()))
+
+# The field reports of issue 34, each transcribed into one case's forward
+# (forward(..., bug=NAME)): bug: (case, what the buggy kernel computes).
+# test_model_dumps judges each buggy dump under its model's own preset.
+BUGS = {
+    # vLLM #51049: fused_qk_norm_rope (per-head RMS, partial NeoX RoPE)
+    # wrong for every head but the first of a warp chunk: here the heads
+    # after the first get the norm but not the rotation.
+    "vllm-51049-rope-first-head-only":
+        ("qwen3-next", "RoPE applied to head 0 of q and k only"),
+    # tt-mlir #9042: a RoPE/QKV decode fusion skipped Qwen3's QK-norm.
+    "tt-mlir-9042-norm-skipped":
+        ("qwen3-decode", "q and k rotated but never normalized (decode)"),
+    # transformers #39408: the window one key too wide ((w, w) read as
+    # kv_idx >= q_idx - w, where the model keeps kv_idx > q_idx - w).
+    "transformers-39408-window-off-by-one":
+        ("gemma3-local", "the sliding window keeps one key too many"),
+    # sglang #33915: the logit softcap dropped on one backend's path...
+    "sglang-33915-softcap-dropped":
+        ("gemma2-short", "the logit softcap 50 not applied"),
+    # ...and window_left ignored on another.
+    "sglang-33915-window-ignored":
+        ("gemma2", "the sliding window ignored (causal only)"),
+    # modular #6591: the attention sink dropped on the generic path...
+    "modular-6591-sink-dropped":
+        ("gpt-oss", "the attention sinks left out of the softmax"),
+    # ...and indexed by the query row where seq_q > 1.
+    "modular-6591-sink-index-from-row":
+        ("gpt-oss", "row i of head h reads sinks[(h * Nq + i) % H]"),
+    # TransformerEngine's default (qk_norm_before_rope=False) on a model
+    # that normalizes before RoPE.
+    "transformer-engine-norm-after-rope":
+        ("qwen3", "Qwen3's QK-norm applied after RoPE instead of before"),
+}
 
 
 def rms(x, eps):
@@ -79,22 +118,25 @@ def rope_interleaved(x, pos, theta):
     return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
 
 
-def keep_mask(Nq, Nk, window):
+def keep_mask(Nq, Nk, window, wide_by=0):
     """masking_utils: causal_mask_function (kv_idx <= q_idx) and, for a
     sliding layer, sliding_window_overlay (kv_idx > q_idx - window); the
-    queries sit at the last Nq positions."""
+    queries sit at the last Nq positions. wide_by keys more on the left:
+    a field bug's window."""
     qi = torch.arange(Nk - Nq, Nk)[:, None]
     kj = torch.arange(Nk)[None, :]
     keep = kj <= qi
     if window:
-        keep = keep & (kj > qi - window)
+        keep = keep & (kj > qi - window - wide_by)
     return keep
 
 
-def attend(q, k, v, scale, keep, softcap=0.0, sinks=None):
+def attend(q, k, v, scale, keep, softcap=0.0, sinks=None, sink_of_row=False):
     """eager_attention_forward: GQA by repeat_kv, logits * scaling, the
     softcap (Gemma 2: tanh(s / cap) * cap), the mask, then softmax; with
-    sinks (gpt-oss) one column per head joins the softmax and is dropped."""
+    sinks (gpt-oss) one column per head joins the softmax and is dropped.
+    sink_of_row: row i of head h reads sinks[(h * Nq + i) % H] (a field
+    bug)."""
     H, Hk = q.shape[1], k.shape[1]
     k = k.repeat_interleave(H // Hk, dim=1)
     v = v.repeat_interleave(H // Hk, dim=1)
@@ -105,20 +147,31 @@ def attend(q, k, v, scale, keep, softcap=0.0, sinks=None):
     if sinks is None:
         return torch.softmax(s, dim=-1) @ v
     col = sinks.reshape(1, H, 1, 1).expand(s.shape[0], H, s.shape[2], 1)
+    if sink_of_row:
+        Nq = s.shape[2]
+        idx = (torch.arange(H)[:, None] * Nq + torch.arange(Nq)[None, :]) % H
+        col = sinks[idx].reshape(1, H, Nq, 1).expand(s.shape[0], H, Nq, 1)
     comb = torch.cat([s, col], dim=-1)
     comb = comb - comb.max(dim=-1, keepdim=True).values
     return torch.softmax(comb, dim=-1)[..., :-1] @ v
 
 
-def forward(model, q, k, v, qw, kw, sinks):
+def forward(model, q, k, v, qw, kw, sinks, bug=None):
     """One attention layer of `model` on q [B, H, Nq, D], k, v [B, Hk, Nk,
-    D] (the projections' outputs, heads split), weights qw, kw."""
+    D] (the projections' outputs, heads split), weights qw, kw; bug: a key
+    of BUGS, the field bug transcribed into it."""
     B, H, Nq, D = q.shape
     Hk, Nk = k.shape[1], k.shape[2]
     qpos, kpos = torch.arange(Nk - Nq, Nk), torch.arange(Nk)
     if model == "qwen3":  # Qwen3RMSNorm(head_dim), then RoPE theta 1e6
-        q, k = rms(q, 1e-6) * qw, rms(k, 1e-6) * kw
-        q, k = rope_half(q, qpos, D, 1e6), rope_half(k, kpos, D, 1e6)
+        norm = lambda x, w: x if bug == "tt-mlir-9042-norm-skipped" else \
+            rms(x, 1e-6) * w
+        if bug == "transformer-engine-norm-after-rope":
+            q, k = rope_half(q, qpos, D, 1e6), rope_half(k, kpos, D, 1e6)
+            q, k = norm(q, qw), norm(k, kw)
+        else:
+            q, k = norm(q, qw), norm(k, kw)
+            q, k = rope_half(q, qpos, D, 1e6), rope_half(k, kpos, D, 1e6)
         return attend(q, k, v, D ** -0.5, keep_mask(Nq, Nk, 0))
     if model == "olmo2":  # Olmo2RMSNorm over the whole projection
         def whole(x, w, Hx):
@@ -133,8 +186,9 @@ def forward(model, q, k, v, qw, kw, sinks):
         theta = 1e4 if local else 1e6
         q, k = rms(q, 1e-6) * (1 + qw), rms(k, 1e-6) * (1 + kw)
         q, k = rope_half(q, qpos, D, theta), rope_half(k, kpos, D, theta)
+        wide = int(bug == "transformers-39408-window-off-by-one")
         return attend(q, k, v, 256 ** -0.5,
-                      keep_mask(Nq, Nk, 1024 if local else 0))
+                      keep_mask(Nq, Nk, 1024 if local else 0, wide))
     if model == "llama4":  # RoPE, then Llama4TextL2Norm(rms_norm_eps 1e-5)
         q, k = rope_interleaved(q, qpos, 5e5), rope_interleaved(k, kpos, 5e5)
         q, k = rms(q, 1e-5), rms(k, 1e-5)
@@ -142,16 +196,25 @@ def forward(model, q, k, v, qw, kw, sinks):
     if model == "qwen3-next":  # Qwen3NextRMSNorm (1 + w), partial RoPE
         r = int(D * 0.25)
         q, k = rms(q, 1e-6) * (1 + qw), rms(k, 1e-6) * (1 + kw)
-        q, k = rope_half(q, qpos, r, 1e7), rope_half(k, kpos, r, 1e7)
+        if bug == "vllm-51049-rope-first-head-only":
+            q = torch.cat((rope_half(q[:, :1], qpos, r, 1e7), q[:, 1:]), 1)
+            k = torch.cat((rope_half(k[:, :1], kpos, r, 1e7), k[:, 1:]), 1)
+        else:
+            q, k = rope_half(q, qpos, r, 1e7), rope_half(k, kpos, r, 1e7)
         return attend(q, k, v, D ** -0.5, keep_mask(Nq, Nk, 0))
     if model == "gpt-oss":  # sdpa, RoPE 150000 (no YaRN), window, sinks
         q, k = rope_half(q, qpos, D, 1.5e5), rope_half(k, kpos, D, 1.5e5)
+        if bug == "modular-6591-sink-dropped":
+            sinks = None
         return attend(q, k, v, D ** -0.5, keep_mask(Nq, Nk, 128),
-                      sinks=sinks)
+                      sinks=sinks,
+                      sink_of_row=bug == "modular-6591-sink-index-from-row")
     if model == "gemma2":  # no QK-norm, query_pre_attn_scalar, softcap
         q, k = rope_half(q, qpos, D, 1e4), rope_half(k, kpos, D, 1e4)
-        return attend(q, k, v, 256 ** -0.5, keep_mask(Nq, Nk, 4096),
-                      softcap=50.0)
+        window = 0 if bug == "sglang-33915-window-ignored" else 4096
+        softcap = 0.0 if bug == "sglang-33915-softcap-dropped" else 50.0
+        return attend(q, k, v, 256 ** -0.5, keep_mask(Nq, Nk, window),
+                      softcap=softcap)
     raise ValueError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
 
 
@@ -164,10 +227,14 @@ def weight_shapes(model, H, Hk, D):
     return None, None
 
 
-def make_dump(case, seed=34):
+def make_dump(case, seed=34, bug=None):
     """CASES[case]'s inputs drawn with torch.manual_seed(seed), the layer's
     output and gradients: {name: float64 tensor} (inputs) and the same
-    (outputs)."""
+    (outputs); with bug (a key of BUGS, whose case must be `case`), the
+    outputs of the buggy kernel."""
+    if bug is not None and BUGS[bug][0] != case:
+        raise ValueError(f"bug {bug!r} is transcribed into case "
+                         f"{BUGS[bug][0]!r}, not {case!r}")
     model, (B, H, Hk, Nq, Nk, D, std) = CASES[case]
     torch.manual_seed(seed)
     leaf = lambda *s: (std * torch.randn(*s, dtype=torch.float64)
@@ -188,7 +255,7 @@ def make_dump(case, seed=34):
     if model == "gpt-oss":
         sinks = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=torch.float64,
                              requires_grad=True)
-    out = forward(model, q, k, v, qw, kw, sinks)
+    out = forward(model, q, k, v, qw, kw, sinks, bug)
     out.backward(d_o)
     ins = {"q": q, "k": k, "v": v, "dO": d_o}
     outs = {"O": out, "dQ": q.grad, "dK": k.grad, "dV": v.grad}
@@ -198,16 +265,26 @@ def make_dump(case, seed=34):
     if sinks is not None:
         ins["sinks"] = sinks
         outs["d_sinks"] = sinks.grad
+    # A buggy kernel that never reads a parameter (the sinks dropped, the
+    # norm skipped) reports it a zero gradient.
+    for n, t in outs.items():
+        if t is None:
+            outs[n] = torch.zeros_like(ins[{"dq_weight": "q_weight",
+                                            "dk_weight": "k_weight",
+                                            "d_sinks": "sinks"}[n]])
     detach = lambda d: {n: t.detach() for n, t in d.items()}
     return detach(ins), detach(outs)
 
 
-def write(case, outdir):
-    """OUTDIR/CASE/NAME.npy for every tensor; returns the compare command
-    (qknorm-check on PATH)."""
-    ins, outs = make_dump(case)
+def write(name, outdir):
+    """OUTDIR/NAME/TENSOR.npy for every tensor of the dump NAME (a case, or
+    a bug of BUGS: its case's dump with the bug); returns the compare
+    command (qknorm-check on PATH), which PASSes a case and FAILs a bug."""
+    bug = name if name in BUGS else None
+    case = BUGS[name][0] if bug else name
+    ins, outs = make_dump(case, bug=bug)
     model = CASES[case][0]
-    d = os.path.join(outdir, case)
+    d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
     spec = lambda names: [f"{n}={os.path.join(d, n + '.npy')}" for n in names]
     for n, t in list(ins.items()) + list(outs.items()):
@@ -220,8 +297,8 @@ def write(case, outdir):
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    for case in sys.argv[2:] or CASES:
-        print(write(case, sys.argv[1]))
+    for name in sys.argv[2:] or CASES:
+        print(write(name, sys.argv[1]))
 
 
 if __name__ == "__main__":

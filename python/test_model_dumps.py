@@ -4,7 +4,11 @@
 --model MODEL` (forward and every gradient), PASSes the same settings
 spelled out flag by flag, and FAILs under a neighbouring model or with one
 setting wrong: a theta, the RoPE pairing, the partial rotary factor, the
-window off by one, the softcap or the sinks dropped.
+window off by one, the softcap or the sinks dropped. Each field report of
+issue 34 (model_dumps.BUGS: vLLM #51049, tt-mlir #9042, transformers
+#39408, sglang #33915, modular #6591, TransformerEngine's norm order),
+transcribed into its model's torch code, FAILs under the model's preset
+with a message naming the field and the element.
 
   /usr/bin/python3 python/test_model_dumps.py [QKNORM_CHECK]
 
@@ -13,6 +17,7 @@ missing; under unittest or pytest the tests are skipped instead. ctest runs
 it as cli_python_model_dumps.
 """
 import os
+import re
 import sys
 import unittest
 
@@ -64,11 +69,13 @@ SPELLED = {
                                "--softcap", "50"]),
 }
 SPELLED["gemma2-short"] = SPELLED["gemma2"]
+SPELLED["qwen3-decode"] = SPELLED["qwen3"]
 
 # One wrong setting per model (compare's flags after --model; --rope
 # replaces the model's RoPE), or a neighbouring model.
 WRONG = {
     "qwen3": [dict(rope="16,half,after,theta=10000" + _HF)],
+    "qwen3-decode": [dict(rope="16,half,after,theta=10000" + _HF)],
     "olmo2": [dict(rope="16,half,after,theta=1000000" + _HF)],
     "gemma3-local": [dict(model="gemma3-global")],
     "gemma3-global": [dict(model="gemma3-local")],
@@ -91,14 +98,15 @@ class ModelDumpTest(unittest.TestCase):
     dumps = {}
 
     @classmethod
-    def dump(cls, model):
-        if model not in cls.dumps:
-            cls.dumps[model] = md.make_dump(model)
-        return cls.dumps[model]
+    def dump(cls, case, bug=None):
+        if (case, bug) not in cls.dumps:
+            cls.dumps[case, bug] = md.make_dump(case, bug=bug)
+        return cls.dumps[case, bug]
 
-    def judge(self, which, drop_sinks=False, **options):
-        """Judges CASES[which]'s dump under compare with `options`."""
-        ins, outs = self.dump(which)
+    def judge(self, which, drop_sinks=False, bug=None, **options):
+        """Judges CASES[which]'s dump (with `bug`: as that field bug's
+        kernel computes it) under compare with `options`."""
+        ins, outs = self.dump(which, bug)
         params = {n: ins[n] for n in ("q_weight", "k_weight", "sinks")
                   if n in ins and not (drop_sinks and n == "sinks")}
         grads = {"dO": ins["dO"]}
@@ -152,6 +160,18 @@ class ModelDumpTest(unittest.TestCase):
         options["extra_args"] = ["--norm", "none", "--scale", "0.0625"]
         self.fails("gemma2-short", **options)
 
+    def test_each_field_report_fails_naming_the_field_and_element(self):
+        """Each field report of issue 34 (md.BUGS), transcribed into its
+        model's torch code, FAILs under the model's own preset, and the
+        message names a field and the element where it is worst."""
+        binary_or_skip(self)
+        worst = re.compile(r"worst (o|dq|dk|dv|dq_weight|dk_weight|d_sinks)"
+                           r"\[\d+(,\d+)*\]")
+        for bug, (case, what) in md.BUGS.items():
+            with self.subTest(bug=bug, what=what):
+                message = self.fails(case, bug=bug, model=md.CASES[case][0])
+                self.assertRegex(message, worst)
+
     def test_the_dumps_are_written(self):
         import tempfile
         with tempfile.TemporaryDirectory() as d:
@@ -160,6 +180,10 @@ class ModelDumpTest(unittest.TestCase):
             for n in ("q", "k", "v", "dO", "sinks", "O", "dQ", "d_sinks"):
                 self.assertTrue(os.path.exists(
                     os.path.join(d, "gpt-oss", n + ".npy")), n)
+            cmd = md.write("modular-6591-sink-dropped", d)
+            self.assertIn("--model gpt-oss", cmd)
+            self.assertIn(os.path.join(d, "modular-6591-sink-dropped", "O.npy"),
+                          cmd)
 
 
 if __name__ == "__main__":
