@@ -7,8 +7,9 @@
 #      and libFuzzer's coverage instrumentation: the fuzz targets' own tree
 #      (QKNORM_ASAN_WITH_FUZZ=1 scripts/sanitize.sh, which builds the
 #      fuzzers too). It is for memory safety and UB on every code path, not
-#      statistics: its simd entries are AVX3, AVX2 and EMU128 (SSE4 and
-#      SSSE3, EMU128's lane count and code, are not compiled there) and a
+#      statistics: its simd entries are AVX3, AVX2 and SSE4 (SSSE3, SSE4's
+#      lane count and code, and the emulated EMU128 fallback, whose compile
+#      under ASan cost ~20x SSE4's, are not compiled there) and a
 #      statistical verdict sweep may judge a subset of its cases
 #      (QKNORM_SANITIZE_SUBSET);
 #      README.md, "What ./test.sh runs", says what and why;
@@ -96,8 +97,8 @@ if [[ " $stages " == *" fuzz "* ]]; then
   else
     echo "== stage fuzz: libFuzzer targets, corpus replay, fixed seed and runs"
   fi
-  # Every registry entry (reference, simd on every attainable target with
-  # Clang's EMU128 fallback, blas) is in the fuzz build.
+  # Every registry entry (reference, simd on AVX3, AVX2 and SSE4, blas) is
+  # in the fuzz build.
   # sanitize.sh exits 3 when its build failed; otherwise the fuzzers it
   # built (build-fuzz/out) are this commit's.
   if [[ -n "${status[sanitize]:-}" && "${status[sanitize]}" != 3 ]]; then

@@ -36,8 +36,8 @@
 # builds everything with the other compiler of the project. Clang-only
 # defects exist: issue 14's blas:f32 NaN gradients came from Clang's code for
 # the AVX-512 row kernels at -O1 with sanitizers (row_kernels-inl.h), which
-# no GCC build showed; Clang's fallback Highway target is EMU128 where GCC's
-# is SCALAR, so the simd:EMU128 entries run only here and in the fuzz build.
+# no GCC build showed. The tree's simd entries are AVX3, AVX2 and SSE4
+# (fuzz/README.md, "Highway targets of the fuzz tree").
 # Example, leaving backends out of a local run:
 #   scripts/sanitize.sh -DQKNORM_ENABLE_SIMD=OFF -DQKNORM_ENABLE_BLAS=OFF
 # Exit status: 0 passed; 1 a test failed, a sanitizer reported or no test

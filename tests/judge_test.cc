@@ -265,7 +265,7 @@ TEST(PreparedAttention, SameAsJudgeFieldPerField) {
       round_inputs(make_attention_case(p, Distribution::kGaussian, 7, s), s);
   const OracleAttention orc = oracle_attention(c);
   // blas:f32: in every build (simd:SCALAR is not in the Clang fuzz build,
-  // whose simd fallback is EMU128).
+  // whose simd targets are AVX3, AVX2 and SSE4).
   const Backend* entry = all_backends().find("blas:f32");
   ASSERT_NE(entry, nullptr);
   const AttentionResult er = run_attention(*entry, c);

@@ -145,7 +145,7 @@ TEST(Softcap, EveryEntryWithItPassesTheVerdict) {
                           500 + all.cases, prec),
                       prec);
   EXPECT_GT(all.worst.count("blas:f32"), 0u);
-  // Some simd target (Clang's fallback is EMU128 where GCC's is SCALAR).
+  // Some simd target (the Clang fuzz tree has AVX3, AVX2 and SSE4 only).
   EXPECT_TRUE(all.has_simd());
   all.print("softcap");
 }
