@@ -305,79 +305,123 @@ void diagnose_parameter(const Fields& fs, std::initializer_list<Field> fwd,
 void diagnose_sinks(const AttentionCase& c, const OracleAttention& orc,
                     const Fields& fs, std::vector<Diagnosis>* out) {
   const AttentionProblem& p = c.problem;
+  if (!has_sinks(p)) return;
+  // Each hypothesis changes a row's softmax denominator: the visible keys'
+  // share z = 1 - exp(sink - lse) of the oracle's plus `extra` (0: the sink
+  // dropped; exp(s2 - lse): head h2's sink s2 in its place), in units of
+  // exp(lse). Judged on lse where the entry gives it (the row's lse is
+  // lse + log(z + extra)); else on O (a dump without lse, e.g. a PyTorch
+  // op's: the row's O is O / (z + extra), every key's weight rescaled).
   const Judged* j = fs.find(Field::kLse);
-  if (!has_sinks(p) || j == nullptr || j->failing.empty()) return;
-  int64_t dropped = 0, other = 0;
+  const bool on_lse = j != nullptr && !j->failing.empty();
+  if (!on_lse) j = fs.find(Field::kO);
+  if (j == nullptr || j->failing.empty() || !j->t->index_of.empty() ||
+      orc.lse.empty())
+    return;
+  const char* field = on_lse ? "lse" : "o";
+  // clear: the failing elements off the oracle's value by more than 2
+  // bounds, the only ones that can be evidence (a marginal failure of any
+  // cause is none); each hypothesis must explain most of them.
+  // dropped, other: the clear elements that hypothesis alone explains;
+  // both: those both explain (another head's sink far below the row's own
+  // is nearly no sink: either hypothesis may be the cause there).
+  int64_t dropped = 0, other = 0, both = 0, clear = 0;
   std::string first_drop, first_other;
   for (size_t i : j->failing) {
     const double a = value(*j, i);
-    const auto h =
-        static_cast<int64_t>(i / static_cast<size_t>(p.q_len)) % p.heads;
-    const LD l = orc.lse[i], sink = p.sinks[static_cast<size_t>(h)];
+    const int64_t r = j->row(i);
+    const int64_t h = (r / p.q_len) % p.heads;
+    const LD l = orc.lse[static_cast<size_t>(r)];
+    const LD sink = p.sinks[static_cast<size_t>(h)];
     const double tol = element_bound(*j->t, i);
     if (std::isnan(a) || !std::isfinite(static_cast<double>(l))) continue;
-    // The visible keys' log-sum (-inf on a fully masked row).
     const LD z = 1 - std::exp(sink - l);
-    const double vis = z > 0 ? static_cast<double>(l + std::log(z))
-                             : -std::numeric_limits<double>::infinity();
-    // Each hypothesis predicts the row's lse; it explains the row where the
-    // entry's value is within the bound of the prediction and the
-    // prediction is clear of the oracle's (2 bounds: a marginal failure
-    // of any cause is no evidence).
+    const LD ref = on_lse ? l : j->t->expected[i];
+    if (std::fabs(a - static_cast<double>(ref)) <= 2 * tol) continue;
+    ++clear;
+    // The row's value under a denominator share z + extra (NaN where that
+    // share is empty: a fully masked row without its sink has no O).
+    auto predict = [&](LD extra) {
+      const LD share = z + extra;
+      if (!(share > 0))
+        return on_lse ? -std::numeric_limits<double>::infinity()
+                      : std::numeric_limits<double>::quiet_NaN();
+      return static_cast<double>(on_lse ? l + std::log(share) : ref / share);
+    };
+    // A hypothesis explains the element where the entry's value is within
+    // the bound of its prediction and the prediction is clear of the
+    // oracle's (2 bounds: a marginal failure of any cause is no evidence).
     auto explains = [&](double predicted) {
       return (a == predicted || std::fabs(a - predicted) <= tol) &&
-             !(std::fabs(predicted - static_cast<double>(l)) <= 2 * tol);
+             !(std::fabs(predicted - static_cast<double>(ref)) <= 2 * tol);
     };
-    if (explains(vis)) {
-      if (first_drop.empty())
-        first_drop =
-            format("lse%s = %.9g, the visible keys alone %.9g",
-                   j->t->index_text(static_cast<int64_t>(i)).c_str(), a, vis);
-      ++dropped;
-      continue;
-    }
-    if (!std::isfinite(a)) continue;
-    // Another head's sink: the one head whose prediction explains the row.
+    const double vis = predict(0);
+    const bool drop = explains(vis);
+    // Another head's sink: the heads whose prediction explains the row
+    // (of distinct sinks; the message names one where it is the only one).
     int64_t match = -1, matches = 0;
-    for (int64_t h2 = 0; h2 < p.heads; ++h2) {
+    for (int64_t h2 = 0; std::isfinite(a) && h2 < p.heads; ++h2) {
       const double s2 = p.sinks[static_cast<size_t>(h2)];
       if (h2 == h || s2 == p.sinks[static_cast<size_t>(h)]) continue;
-      const double l2 = static_cast<double>(
-          l + std::log(std::max<LD>(z, 0) + std::exp(static_cast<LD>(s2) - l)));
-      if (!explains(l2)) continue;
+      if (!explains(predict(std::exp(static_cast<LD>(s2) - l)))) continue;
       if (matches == 0 || s2 != p.sinks[static_cast<size_t>(match)]) ++matches;
       match = h2;
     }
-    if (matches != 1) continue;
-    if (first_other.empty())
+    if (drop && matches > 0) {
+      ++both;
+      continue;
+    }
+    if (drop) {
+      if (first_drop.empty())
+        first_drop =
+            format("%s%s = %.9g, %s %.9g", field,
+                   j->t->index_text(static_cast<int64_t>(i)).c_str(), a,
+                   on_lse ? "the visible keys alone"
+                          : "the row renormalized without the sink",
+                   vis);
+      ++dropped;
+      continue;
+    }
+    if (matches == 0) continue;
+    ++other;
+    if (matches == 1 && first_other.empty())
       first_other = format(
-          "lse%s = %.9g is the row with head %lld's sink %.9g, not its own "
+          "%s%s = %.9g is the row with head %lld's sink %.9g, not its own "
           "%.9g",
-          j->t->index_text(static_cast<int64_t>(i)).c_str(), a,
+          field, j->t->index_text(static_cast<int64_t>(i)).c_str(), a,
           (long long)match, p.sinks[static_cast<size_t>(match)],
           p.sinks[static_cast<size_t>(h)]);
-    ++other;
   }
-  const auto n = static_cast<double>(j->failing.size());
-  if (dropped > 0 && dropped >= kMost * n)
+  const auto n = static_cast<double>(clear);
+  const std::string what = format("%s off by more than 2 bounds%s",
+                                  on_lse ? "lse rows" : "O elements",
+                                  on_lse ? "" : " (the entry gives no lse)");
+  // A hypothesis holds where it explains most clear elements (those it
+  // shares included) and some alone; of two, the one that explains more
+  // alone.
+  const bool drop_holds = dropped > 0 && dropped + both >= kMost * n;
+  const bool other_holds = other > 0 && other + both >= kMost * n;
+  if (drop_holds && !(other_holds && other > dropped))
     out->push_back(
         {DiagnosisKind::kSink, "attention sink dropped",
-         format("attention sink dropped: %lld of %lld failing lse rows are "
-                "the log-sum of their visible keys alone (first %s): the "
-                "sink's exp(sink - m) is missing from the row sums (a path "
-                "without the sink, modular #6591)",
-                (long long)dropped, (long long)j->failing.size(),
-                first_drop.c_str()),
+         format("attention sink dropped: %lld of %lld failing %s are what "
+                "the visible keys alone give (%lld of them fit another head's "
+                "sink too; first %s): the sink's exp(sink - m) is missing "
+                "from the row sums (a path without the sink, modular #6591)",
+                (long long)(dropped + both), (long long)clear, what.c_str(),
+                (long long)both, first_drop.c_str()),
          0.95});
-  else if (other > 0 && other >= kMost * n)
+  else if (other_holds)
     out->push_back(
         {DiagnosisKind::kSink, "another head's attention sink",
-         format("another head's attention sink: %lld of %lld failing lse "
-                "rows hold another head's sink (first %s): the sink index "
-                "is not the query head (modular #6591: indexed by the query "
-                "row when seq_q > 1)",
-                (long long)other, (long long)j->failing.size(),
-                first_other.c_str()),
+         format("another head's attention sink: %lld of %lld failing %s "
+                "hold another head's sink (%lld of them fit a dropped sink "
+                "too; first %s): the sink index is not the query head "
+                "(modular #6591: indexed by the query row when seq_q > 1)",
+                (long long)(other + both), (long long)clear, what.c_str(),
+                (long long)both,
+                first_other.empty() ? "every row fits more than one head's"
+                                    : first_other.c_str()),
          0.95});
 }
 
