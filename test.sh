@@ -73,7 +73,10 @@ seed_ctest_costs() {
 
 if [[ " $stages " == *" ctest "* ]]; then
   echo "== stage ctest: configure + build $BUILD"
-  if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+  # The test executables' own sources at -O1 (CMakeLists.txt,
+  # QKNORM_TEST_TU_FLAGS: ~20% less of their compile, the same test times).
+  if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+       -DQKNORM_TEST_TU_FLAGS=-O1 >/dev/null &&
      cmake --build "$BUILD" -j"$(nproc)"; then
     stage_time "ctest: configure + build"
     seed_ctest_costs scripts/ctest_costs/gcc.txt "$BUILD"

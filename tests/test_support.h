@@ -94,6 +94,13 @@ inline bool sanitize_subset() {
   return s != nullptr && s[0] == '1' && s[1] == '\0';
 }
 
+// Whether a sweep judges its case number `index` (counted by the caller
+// over every case it would judge): under the sanitizer subset every
+// `stride`-th, index 0 included (never none); every case elsewhere.
+inline bool sanitize_keeps(int64_t index, int64_t stride) {
+  return !sanitize_subset() || index % stride == 0;
+}
+
 // validation::check_attention(*b, c, {}, false, /*with_naive=*/false) for
 // every b of `entries` (each of precision prec), the same reports in the
 // same order, but the long-double oracle of round_inputs(c, prec) is made
