@@ -16,6 +16,7 @@
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/validate.h"
+#include "tests/sanitize_subset.h"
 #include "validation/buffers.h"
 #include "validation/judge.h"
 
@@ -200,6 +201,13 @@ std::string with_entry_and_case(const Backend& b, const std::string& message) {
 
 void note_case(const std::string& describe) { noted_case = describe; }
 
+int default_cases(const Property& prop) {
+  if (!test_support::sanitize_subset() || soak_multiplier() > 1)
+    return prop.cases;
+  return std::max(std::min(prop.cases, kSanitizeMinCases),
+                  prop.cases / kSanitizeCaseDivisor);
+}
+
 RunResult run_property(const Property& prop, const Backend& b,
                        const std::string& id, bool shrink,
                        bool honour_reproduce, int cases_override) {
@@ -239,7 +247,7 @@ RunResult run_property(const Property& prop, const Backend& b,
               entry_and_case(b, noted_case) + ": threw: " + e.what());
         }
       },
-      cases_override > 0 ? cases_override : prop.cases, id, shrink,
+      cases_override > 0 ? cases_override : default_cases(prop), id, shrink,
       honour_reproduce);
 }
 
