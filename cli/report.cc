@@ -24,6 +24,7 @@ const FieldSummary* find_field(const EntryRow& r, validation::Field f) {
 std::string verdict(const EntryRow& r) {
   if (!r.available) return "n/a";
   std::string v = r.pass ? "PASS" : "FAIL";
+  if (r.forward_only) v += " (forward only: o and lse judged)";
   if (r.unsupported > 0)
     v += fmt::format(" ({} of {} cases not implemented)", r.unsupported,
                      r.cases.size());
@@ -549,6 +550,7 @@ std::string to_json(const Report& rep) {
         {"worst", worst_json(r.worst)},
         {"forward_gflops", r.gflops},
         {"cases_not_implemented", r.unsupported}};
+    if (r.forward_only) jr["forward_only"] = true;
     for (const FieldSummary& f : r.fields)
       jr["fields"][f.key] = {
           {"worst", stats_json(f.worst)},

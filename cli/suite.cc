@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include "cli/pool.h"
@@ -690,6 +691,8 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     row.target = b.target();
     row.precision = std::string(name(b.precision()));
     row.available = b.available();
+    row.forward_only =
+        std::string_view(kind) == "attention" && !b.has_attention_backward();
     return row;
   };
   std::vector<EntryRow> attn, sn;
@@ -700,6 +703,8 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     if (b->available()) {
       attn.back().cases.resize(suite.attention.size());
       sn.back().cases.resize(suite.scalenorm.size());
+      if (!b->has_scalenorm())  // no ScaleNorm rows: counted as done
+        pr.done += static_cast<int>(suite.scalenorm.size());
     } else {
       pr.done += per_entry;  // nothing to run: counted as done
     }
@@ -771,9 +776,10 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
   }
   // ScaleNorm judgements hold no shared data: any worker takes them when
   // no attention step is ready.
+  // An entry without ScaleNorm (attention only) has no ScaleNorm row.
   for (size_t ei = 0; ei < entries.size(); ++ei)
     for (size_t ci = 0; ci < suite.scalenorm.size(); ++ci)
-      if (sn[ei].available) {
+      if (sn[ei].available && entries[ei]->has_scalenorm()) {
         Task t;
         t.kind = Task::kScaleNorm;
         t.ci = ci;
@@ -960,7 +966,7 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
       if (attn[ei].available) summarize(&attn[ei]);
       rows.push_back(std::move(attn[ei]));
     }
-    if (!suite.scalenorm.empty()) {
+    if (!suite.scalenorm.empty() && entries[ei]->has_scalenorm()) {
       if (sn[ei].available) summarize(&sn[ei]);
       rows.push_back(std::move(sn[ei]));
     }

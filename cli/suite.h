@@ -170,6 +170,10 @@ struct EntryRow {
   bool has_naive = false;  // some field was compared with the naive baseline
   double gflops = 0;       // forward, 4 * Nq * Nk * D per head (0: not timed)
   int unsupported = 0;  // cases whose formulation the entry does not implement
+  // An attention row of an entry without the attention backward
+  // (Backend::has_attention_backward): judged on o and lse; its gradient
+  // fields are not judged.
+  bool forward_only = false;
   bool available = true;
   bool pass = true;
 };

@@ -272,12 +272,19 @@ std::vector<SweepPoint> run_sweep_points(
               const validation::AttentionResult f =
                   validation::run_attention_forward(*b, rc, exec);
               pt.o_err = scaled_err(f.o, orc.o, prec);
-              const validation::AttentionResult r =
-                  validation::run_attention(*b, rc, exec);
-              pt.dq_err = scaled_err(r.dq, orc.dq, prec);
-              if (r.backward_input != validation::BackwardInput::kEntry) {
-                pt.dq_err = INFINITY;
-                pt.error = r.backward_note;
+              if (!b->has_attention_backward()) {
+                // A forward-only entry: no dQ (NaN, which the plot leaves
+                // out, not the ceiling of a failed backward).
+                pt.dq_err = NAN;
+                pt.error = validation::kForwardOnlyNote;
+              } else {
+                const validation::AttentionResult r =
+                    validation::run_attention(*b, rc, exec);
+                pt.dq_err = scaled_err(r.dq, orc.dq, prec);
+                if (r.backward_input != validation::BackwardInput::kEntry) {
+                  pt.dq_err = INFINITY;
+                  pt.error = r.backward_note;
+                }
               }
             } catch (const std::exception& e) {
               if (std::isinf(pt.o_err)) pt.dq_err = INFINITY;

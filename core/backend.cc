@@ -72,18 +72,25 @@ void checked_attention_forward(const Backend& b, const AttentionProblem& p,
 void checked_attention_backward(const Backend& b, const AttentionProblem& p,
                                 const BackwardArgs& a, Workspace* ws,
                                 const ExecConfig& cfg) {
+  if (!b.has_attention_backward())
+    throw Error(b.name(), {},
+                "is forward only: it implements no attention backward");
   run_checked(validate_backward, &Backend::attention_backward, b, p, a, ws,
               cfg);
 }
 void checked_scalenorm_forward(const Backend& b, const ScaleNormProblem& p,
                                const ScaleNormForwardArgs& a, Workspace* ws,
                                const ExecConfig& cfg) {
+  if (!b.has_scalenorm())
+    throw Error(b.name(), {}, "implements no ScaleNorm (attention only)");
   run_checked(validate_scalenorm_forward, &Backend::scalenorm_forward, b, p, a,
               ws, cfg);
 }
 void checked_scalenorm_backward(const Backend& b, const ScaleNormProblem& p,
                                 const ScaleNormBackwardArgs& a, Workspace* ws,
                                 const ExecConfig& cfg) {
+  if (!b.has_scalenorm())
+    throw Error(b.name(), {}, "implements no ScaleNorm (attention only)");
   run_checked(validate_scalenorm_backward, &Backend::scalenorm_backward, b, p,
               a, ws, cfg);
 }

@@ -33,6 +33,14 @@ void check_entry_property(const Backend& b, const std::string& property) {
   if (is_formulation_property(prop) && !implements_variant_of(prop, b))
     GTEST_SKIP() << b.name() << " does not implement the attention variant "
                  << property << " is about";
+  // What the entry does not implement (a forward-only or attention-only
+  // plug-in, issue 35): the properties that run it are skipped, named.
+  if (prop.reads_gradients && !b.has_attention_backward())
+    GTEST_SKIP() << b.name() << " is forward only; " << property
+                 << " compares the gradients it computes";
+  if (prop.runs_scalenorm && !b.has_scalenorm())
+    GTEST_SKIP() << b.name() << " implements no ScaleNorm; " << property
+                 << " runs it";
   // The two properties about a mask, on an entry (a plug-in) that does not
   // implement that mask: nothing to check.
   const EntryLimits lim = entry_limits_of(b);

@@ -87,6 +87,13 @@ struct Property {
   const char* name;
   PropertyFn fn;
   int cases;  // rapidcheck max_success of a default run
+  // What the property runs besides the attention forward (issue 35): the
+  // attention backward, whose gradients it compares itself (a property
+  // judged by the verdict, such as AttentionAgreement, needs neither: a
+  // forward-only entry's gradient fields are "not judged" there), and
+  // ScaleNorm. check_entry_property skips it on an entry that lacks either.
+  bool reads_gradients = false;
+  bool runs_scalenorm = false;
 };
 const std::vector<Property>& entry_properties();
 const Property& entry_property(const std::string& name);

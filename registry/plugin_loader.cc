@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "qknorm/contract.h"
 #include "qknorm/error.h"
 #include "qknorm/formulation.h"
 #include "qknorm/plugin.h"
@@ -340,9 +342,21 @@ Precision precision_of(int32_t dt) {
 
 class PluginBackend : public Backend {
  public:
-  PluginBackend(const std::string& plugin, const qknorm_plugin_entry* e)
+  // e: the entry in ABI version 2's layout (the loader's copy), its
+  // contract already parsed.
+  PluginBackend(const std::string& plugin, const qknorm_plugin_entry* e,
+                ComputeContract contract = {})
       : Backend("plugin", plugin + "." + e->name, precision_of(e->storage)),
-        e_(e) {}
+        e_(e),
+        contract_(contract) {}
+
+  bool has_attention_backward() const override {
+    return (e_->implements & QKNORM_IMPLEMENTS_ATTENTION_BACKWARD) != 0;
+  }
+  bool has_scalenorm() const override {
+    return (e_->implements & QKNORM_IMPLEMENTS_SCALENORM) != 0;
+  }
+  ComputeContract contract() const override { return contract_; }
 
   bool supports(const AttentionProblem& p) const override {
     // The C ABI (plugin.h) carries no softcap, window, RoPE or sinks yet
@@ -478,6 +492,7 @@ class PluginBackend : public Backend {
   }
 
   const qknorm_plugin_entry* e_;
+  ComputeContract contract_;
 };
 
 bool valid_name(const char* s) {
@@ -493,6 +508,70 @@ std::mutex g_mu;
 std::vector<Library>& libraries() {
   static auto* v = new std::vector<Library>;
   return *v;
+}
+// Every loaded entry in ABI version 2's layout, whatever version its
+// plug-in declared (the backends point here; a deque never moves them).
+std::deque<qknorm_plugin_entry>& loaded_entries() {
+  static auto* d = new std::deque<qknorm_plugin_entry>;
+  return *d;
+}
+
+// Entry i of descriptor d in version 2's layout: a version-1 entry as if it
+// declared every function (it must define them all) and no contract.
+qknorm_plugin_entry entry_v2(const qknorm_plugin* d, int32_t i) {
+  if (d->abi_version >= 2) return d->entries[i];
+  const auto* v1 = reinterpret_cast<const qknorm_plugin_entry_v1*>(
+      static_cast<const void*>(d->entries));
+  const qknorm_plugin_entry_v1& o = v1[i];
+  qknorm_plugin_entry e{};
+  e.name = o.name;
+  e.storage = o.storage;
+  e.features = o.features;
+  e.ctx = o.ctx;
+  e.make_workspace = o.make_workspace;
+  e.free_workspace = o.free_workspace;
+  e.attention_forward = o.attention_forward;
+  e.attention_backward = o.attention_backward;
+  e.attention_probabilities = o.attention_probabilities;
+  e.scalenorm_forward = o.scalenorm_forward;
+  e.scalenorm_backward = o.scalenorm_backward;
+  e.implements =
+      QKNORM_IMPLEMENTS_ATTENTION_BACKWARD | QKNORM_IMPLEMENTS_SCALENORM;
+  e.contract = nullptr;
+  return e;
+}
+
+// The rules of qknorm_plugin_entry's functions and `implements` (plugin.h);
+// "" when e keeps them.
+std::string function_rule(const qknorm_plugin_entry& e, uint32_t version) {
+  if (version == 1) {
+    if (!e.attention_forward || !e.attention_backward || !e.scalenorm_forward ||
+        !e.scalenorm_backward)
+      return "attention_forward, attention_backward, scalenorm_forward and "
+             "scalenorm_backward are required (ABI version 1; version 2 "
+             "makes the backward and ScaleNorm optional)";
+    return "";
+  }
+  constexpr uint32_t kKnown =
+      QKNORM_IMPLEMENTS_ATTENTION_BACKWARD | QKNORM_IMPLEMENTS_SCALENORM;
+  if ((e.implements & ~kKnown) != 0)
+    return "implements has unknown bits " +
+           std::to_string(e.implements & ~kKnown);
+  if (!e.attention_forward) return "attention_forward is required";
+  const bool bwd = (e.implements & QKNORM_IMPLEMENTS_ATTENTION_BACKWARD) != 0;
+  if (bwd != (e.attention_backward != nullptr))
+    return bwd ? "implements has QKNORM_IMPLEMENTS_ATTENTION_BACKWARD but "
+                 "attention_backward is NULL"
+               : "attention_backward is set but implements lacks "
+                 "QKNORM_IMPLEMENTS_ATTENTION_BACKWARD";
+  const bool sn = (e.implements & QKNORM_IMPLEMENTS_SCALENORM) != 0;
+  if (sn != (e.scalenorm_forward != nullptr) ||
+      sn != (e.scalenorm_backward != nullptr))
+    return sn ? "implements has QKNORM_IMPLEMENTS_SCALENORM but "
+                "scalenorm_forward or scalenorm_backward is NULL"
+              : "scalenorm_forward or scalenorm_backward is set but "
+                "implements lacks QKNORM_IMPLEMENTS_SCALENORM";
+  return "";
 }
 
 }  // namespace
@@ -526,41 +605,50 @@ void load_plugin_into(Registry& r, const std::string& path) {
     throw Error(who, {}, rule);
   };
   if (d == nullptr) fail("qknorm_plugin_get returned NULL");
-  if (d->abi_version != QKNORM_PLUGIN_ABI_VERSION)
+  if (d->abi_version < 1 || d->abi_version > QKNORM_PLUGIN_ABI_VERSION)
     fail("declares plug-in ABI version " + std::to_string(d->abi_version) +
-         "; this qknorm knows version " +
-         std::to_string(QKNORM_PLUGIN_ABI_VERSION) + " only");
+         "; this qknorm knows versions 1 to " +
+         std::to_string(QKNORM_PLUGIN_ABI_VERSION));
   if (!valid_name(d->name))
     fail("plug-in name must be 1 to 64 of [A-Za-z0-9_.-]");
   if (d->entry_count < 1 || d->entries == nullptr)
     fail("declares no entries (entry_count " + std::to_string(d->entry_count) +
          ")");
   std::set<std::string> seen;
+  std::vector<qknorm_plugin_entry> entries;
+  std::vector<ComputeContract> contracts;
   for (int32_t i = 0; i < d->entry_count; ++i) {
-    const qknorm_plugin_entry& e = d->entries[i];
+    const qknorm_plugin_entry e = entry_v2(d, i);
     const std::string at = "entry " + std::to_string(i) + " ('" +
                            (e.name ? e.name : "(null)") + "'): ";
     if (!valid_name(e.name))
       fail(at + "name must be 1 to 64 of [A-Za-z0-9_.-]");
     if (e.storage < QKNORM_DTYPE_F64 || e.storage > QKNORM_DTYPE_F16)
       fail(at + "unknown storage dtype " + std::to_string(e.storage));
-    if (!e.attention_forward || !e.attention_backward || !e.scalenorm_forward ||
-        !e.scalenorm_backward)
-      fail(at +
-           "attention_forward, attention_backward, scalenorm_forward and "
-           "scalenorm_backward are required");
+    if (const std::string rule = function_rule(e, d->abi_version);
+        !rule.empty())
+      fail(at + rule);
     if ((e.make_workspace == nullptr) != (e.free_workspace == nullptr))
       fail(at + "make_workspace and free_workspace come together");
     if (!seen.insert(std::string(e.name) + ":" + std::to_string(e.storage))
              .second)
       fail(at + "duplicate entry name and storage");
+    ComputeContract contract;
+    std::string why;
+    if (e.contract != nullptr && !parse_contract(e.contract, &contract, &why))
+      fail(at + "contract '" + e.contract + "': " + why);
+    entries.push_back(e);
+    contracts.push_back(contract);
   }
-  for (int32_t i = 0; i < d->entry_count; ++i)
-    if (r.find(PluginBackend(d->name, &d->entries[i]).name()) != nullptr)
-      fail("entry '" + std::string(d->entries[i].name) +
+  for (const qknorm_plugin_entry& e : entries)
+    if (r.find(PluginBackend(d->name, &e).name()) != nullptr)
+      fail("entry '" + std::string(e.name) +
            "' is already registered (another plug-in of the same name?)");
-  for (int32_t i = 0; i < d->entry_count; ++i)
-    r.add(std::make_unique<PluginBackend>(d->name, &d->entries[i]));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    loaded_entries().push_back(entries[i]);
+    r.add(std::make_unique<PluginBackend>(d->name, &loaded_entries().back(),
+                                          contracts[i]));
+  }
   libraries().push_back({key, h, d});  // never closed: entries point into it
   install_crash_report();
 }

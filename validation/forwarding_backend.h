@@ -2,9 +2,10 @@
 // entries the tests build around a correct one (a corrupted output, a write
 // past a view, a mutant of the tail rows). A subclass overrides only the
 // call it corrupts, calls the inner entry's through ForwardingBackend, and
-// inherits the rest. Only the four computations are forwarded: available(),
-// supports(), make_workspace(), block_sizes() and the probabilities hook
-// keep Backend's defaults unless the subclass forwards them.
+// inherits the rest. Only the four computations and what the inner entry
+// implements (has_attention_backward, has_scalenorm) are forwarded:
+// available(), supports(), make_workspace(), block_sizes() and the
+// probabilities hook keep Backend's defaults unless the subclass forwards them.
 #ifndef QKNORM_VALIDATION_FORWARDING_BACKEND_H_
 #define QKNORM_VALIDATION_FORWARDING_BACKEND_H_
 
@@ -25,6 +26,13 @@ class ForwardingBackend : public Backend {
   ForwardingBackend(const Backend& inner, std::string target)
       : ForwardingBackend("mutant", std::move(target), inner.precision(),
                           inner) {}
+
+  // What the inner entry implements (a forward-only plug-in stays forward
+  // only when wrapped).
+  bool has_attention_backward() const override {
+    return inner_.has_attention_backward();
+  }
+  bool has_scalenorm() const override { return inner_.has_scalenorm(); }
 
   // The four computations go to the inner entry; availability, support and
   // workspaces keep Backend's defaults (none of the inner entries the tests

@@ -102,7 +102,7 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
     check_case_length("q", c.q, nq, "batch*heads*q_len*head_dim");
     check_case_length("k", c.k, nk, "batch*kv_heads*kv_len*head_dim");
     check_case_length("v", c.v, nk, "batch*kv_heads*kv_len*head_dim");
-    if (backward)
+    if (backward && b.has_attention_backward())
       check_case_length("d_o", c.d_o, nq, "batch*heads*q_len*head_dim");
   }
   std::unique_ptr<Workspace> own;
@@ -116,6 +116,15 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   AttentionBuffers bufs = buffers_for(b, c, fresh);
   checked_attention_forward(b, p, bufs.forward_args(), ws, cfg);
   if (!backward) return bufs.result(false);
+  if (!b.has_attention_backward()) {
+    // A forward-only entry (Backend::has_attention_backward): its gradient
+    // fields stay NaN and the verdict marks them "not judged".
+    BackwardFeed feed;
+    feed.forward = bufs.result(false);
+    feed.input = BackwardInput::kNotRun;
+    feed.note = kForwardOnlyNote;
+    return fed_result(bufs, std::move(feed));
+  }
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
   if (feed.input != BackwardInput::kNotRun) {
     checked_attention_backward(b, p, bufs.backward_args(), ws, cfg);

@@ -31,6 +31,11 @@ enum class BackwardInput {
             // did not run and its fields are "not judged"
 };
 
+// The backward note of a forward-only entry's results (its gradient fields
+// read "not judged: forward only ...").
+inline constexpr const char* kForwardOnlyNote =
+    "forward only (the entry implements no attention backward)";
+
 // Outputs decoded to double, dense.
 struct AttentionResult {
   std::vector<double> o, lse, dq, dk, dv;

@@ -57,6 +57,14 @@ AttentionTestReport run_guarded(const Backend& entry, const AttentionCase& c,
     r.result = bufs.result(false);
     return r;
   }
+  if (!entry.has_attention_backward()) {  // as run_attention (run.cc)
+    BackwardFeed feed;
+    feed.forward = bufs.result(false);
+    feed.input = BackwardInput::kNotRun;
+    feed.note = kForwardOnlyNote;
+    r.result = fed_result(bufs, std::move(feed));
+    return r;
+  }
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
   if (feed.input != BackwardInput::kNotRun) {
     checked_attention_backward(entry, c.problem, bufs.backward_args(), ws, cfg);

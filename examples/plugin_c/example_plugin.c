@@ -22,6 +22,17 @@
  * -DQKNORM_EXAMPLE_NO_GET it exports qknorm_get_plugin instead of
  * qknorm_plugin_get (the loader's missing-symbol test).
  *
+ * The ways in of ABI version 2 (plugin.h, "Versions and compatibility"):
+ * -DQKNORM_EXAMPLE_FORWARD_ONLY declares the attention forward alone
+ * (implements 0: an inference kernel, judged on o and lse);
+ * -DQKNORM_EXAMPLE_ATTENTION_ONLY the attention forward and backward
+ * without ScaleNorm. Built against the version-1 header
+ * (examples/plugin_c/abi_v1/qknorm/plugin.h, the header as version 1
+ * shipped it) it is a version-1 plug-in, which the loader still reads.
+ * With -DQKNORM_EXAMPLE_F16_PV and -DQKNORM_EXAMPLE_DECLARE_F16_PV the f16
+ * P.V accumulation is declared (contract "pv_acc=f16") and judged under the
+ * bound that rounding costs: it passes.
+ *
  *   qknorm-check --plugin ./libqknorm_example_plugin.so --backend 'plugin:*'
  */
 #include <math.h>
@@ -32,7 +43,11 @@
 
 #include "qknorm/plugin.h"
 
-#ifdef QKNORM_EXAMPLE_F16_PV
+#if defined(QKNORM_EXAMPLE_F16_PV) && defined(QKNORM_EXAMPLE_DECLARE_F16_PV)
+#define PLUGIN_NAME "example_f16_pv_declared"
+#elif defined(QKNORM_EXAMPLE_F16_PV) && defined(QKNORM_EXAMPLE_FORWARD_ONLY)
+#define PLUGIN_NAME "example_forward_only_f16_pv"
+#elif defined(QKNORM_EXAMPLE_F16_PV)
 #define PLUGIN_NAME "example_f16_pv"
 #elif defined(QKNORM_EXAMPLE_UNSCALED_NORM)
 #define PLUGIN_NAME "example_unscaled_norm"
@@ -40,6 +55,14 @@
 #define PLUGIN_NAME "example_crash"
 #elif defined(QKNORM_EXAMPLE_NO_PROBS)
 #define PLUGIN_NAME "example_no_probs"
+#elif defined(QKNORM_EXAMPLE_FORWARD_ONLY)
+#define PLUGIN_NAME "example_forward_only"
+#elif defined(QKNORM_EXAMPLE_ATTENTION_ONLY)
+#define PLUGIN_NAME "example_attention_only"
+#elif defined(QKNORM_EXAMPLE_BAD_IMPLEMENTS)
+#define PLUGIN_NAME "example_bad_implements"
+#elif QKNORM_PLUGIN_ABI_VERSION == 1
+#define PLUGIN_NAME "example_v1"
 #else
 #define PLUGIN_NAME "example"
 #endif
@@ -366,6 +389,38 @@ static int scalenorm_backward(void* ctx, void* ws,
   return 0;
 }
 
+/* What this build implements (ABI version 2's `implements`), and the
+ * functions it hands over accordingly. */
+#if defined(QKNORM_EXAMPLE_FORWARD_ONLY)
+#define IMPLEMENTS 0u
+#define BACKWARD NULL
+#define SCALENORM_FORWARD NULL
+#define SCALENORM_BACKWARD NULL
+#elif defined(QKNORM_EXAMPLE_BAD_IMPLEMENTS)
+#define IMPLEMENTS QKNORM_IMPLEMENTS_ATTENTION_BACKWARD /* but no function */
+#define BACKWARD NULL
+#define SCALENORM_FORWARD NULL
+#define SCALENORM_BACKWARD NULL
+#elif defined(QKNORM_EXAMPLE_ATTENTION_ONLY)
+#define IMPLEMENTS QKNORM_IMPLEMENTS_ATTENTION_BACKWARD
+#define BACKWARD attention_backward
+#define SCALENORM_FORWARD NULL
+#define SCALENORM_BACKWARD NULL
+#else
+#define IMPLEMENTS \
+  (QKNORM_IMPLEMENTS_ATTENTION_BACKWARD | QKNORM_IMPLEMENTS_SCALENORM)
+#define BACKWARD attention_backward
+#define SCALENORM_FORWARD scalenorm_forward
+#define SCALENORM_BACKWARD scalenorm_backward
+#endif
+/* The functions a build does not hand over stay in the file (one file for
+ * every build); referenced here, they are not unused. */
+static const qknorm_attention_backward_fn kAttentionBackward =
+    attention_backward;
+static const qknorm_scalenorm_forward_fn kScaleNormForward = scalenorm_forward;
+static const qknorm_scalenorm_backward_fn kScaleNormBackward =
+    scalenorm_backward;
+
 static const qknorm_plugin_entry kEntries[] = {{
     "naive",
     QKNORM_DTYPE_F32,
@@ -374,14 +429,22 @@ static const qknorm_plugin_entry kEntries[] = {{
     NULL,
     NULL,
     attention_forward,
-    attention_backward,
+    BACKWARD,
 #ifdef QKNORM_EXAMPLE_NO_PROBS
     NULL,
 #else
     attention_probabilities,
 #endif
-    scalenorm_forward,
-    scalenorm_backward,
+    SCALENORM_FORWARD,
+    SCALENORM_BACKWARD,
+#if QKNORM_PLUGIN_ABI_VERSION >= 2
+    IMPLEMENTS,
+#ifdef QKNORM_EXAMPLE_DECLARE_F16_PV
+    "pv_acc=f16", /* what the f16 P.V accumulation does, declared */
+#else
+    NULL, /* contract: f32-accumulate (every intermediate in double here) */
+#endif
+#endif
 }};
 
 static const qknorm_plugin kPlugin = {QKNORM_PLUGIN_ABI_VERSION, PLUGIN_NAME,

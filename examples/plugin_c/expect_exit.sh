@@ -6,7 +6,8 @@
 #     process died of a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
 #     SIGABRT; status 128 + signal), or, in a sanitizer build, the
 #     sanitizer's report of it ended the process with a non-zero status;
-#   - for each REGEX, some line of its output matches it (grep -E).
+#   - for each REGEX, some line of its output matches it (grep -E); a REGEX
+#     written !REGEX: no line matches it.
 # The plug-in tests (examples/plugin_c/CMakeLists.txt) assert the exit code
 # and the message with it: PASS_REGULAR_EXPRESSION alone ignores the status.
 set -u
@@ -43,6 +44,13 @@ if [ $ok_status -ne 1 ]; then
   exit 1
 fi
 for regex in "${regexes[@]}"; do
+  if [ "${regex#!}" != "$regex" ]; then
+    if printf '%s\n' "$out" | grep -E -q -- "${regex#!}"; then
+      echo "FAIL: a line of the output matches: ${regex#!}"
+      exit 1
+    fi
+    continue
+  fi
   if ! printf '%s\n' "$out" | grep -E -q -- "$regex"; then
     echo "FAIL: no line of the output matches: $regex"
     exit 1

@@ -59,6 +59,17 @@ class Backend {
     return is_paper_formulation(p);
   }
 
+  // What the entry implements besides the attention forward (issue 35: most
+  // kernels people ship are inference only, and many implement attention
+  // without ScaleNorm). An entry without the attention backward is "forward
+  // only": the suite judges its O and lse and the forward properties, and
+  // its gradient fields are "not judged: forward only"; one without
+  // ScaleNorm has no ScaleNorm rows. The checked_* front doors refuse a
+  // call of what the entry does not implement (Error naming the entry).
+  // Every production entry implements all three.
+  virtual bool has_attention_backward() const { return true; }
+  virtual bool has_scalenorm() const { return true; }
+
   // The compute contract the entry declares (qknorm/contract.h, issue 31):
   // the formats its attention rounds its intermediates to, which the
   // verdict's bounds are derived for. Default: f32-accumulate (every

@@ -9,8 +9,23 @@
  *
  * returning a descriptor that lives as long as the library is loaded. The
  * loader reads abi_version first and refuses any version it does not know
- * (QKNORM_PLUGIN_ABI_VERSION below) with an error naming the library and
- * both versions; it reads nothing else of an unknown descriptor.
+ * with an error naming the library and the versions; it reads nothing else
+ * of an unknown descriptor.
+ *
+ * Versions and compatibility. QKNORM_PLUGIN_ABI_VERSION below is the
+ * version this header describes; a plug-in built against it declares it.
+ * The loader keeps reading every earlier version, as that version laid its
+ * structs out: a plug-in never needs rebuilding for a newer qknorm. A new
+ * version only appends fields to qknorm_plugin_entry (the descriptor's
+ * layout stays), and its header keeps the older entry layouts
+ * (qknorm_plugin_entry_v1, ...) for the loader. An entry of an older
+ * version is read as if the new fields held their "as before" values, said
+ * at each field.
+ *   version 1 (issue 17): attention forward and backward and ScaleNorm,
+ *            all required.
+ *   version 2 (issue 35): `implements` (the attention backward and ScaleNorm
+ *            become optional: forward-only and attention-only entries) and
+ *            `contract` (the compute contract, per entry).
  *
  * Each entry is one implementation at one storage precision. The suite calls
  * it only with problems it declared (features) and with valid input: shapes
@@ -41,10 +56,12 @@
  * compute plus one rounding to the storage format: the bound's u_c is "unit
  * roundoff of the compute format (f32 for the 16-bit modes)", and the stored
  * value may differ by "ulp_fmt(|x_e| + delta_e) / 2, the half-spacing of the
- * field's format". A plug-in is judged under the default compute contract,
- * f32-accumulate (include/qknorm/contract.h; this ABI declares no other): a
- * kernel that rounds an intermediate (P, the P.V accumulator, ...) to 16
- * bits FAILs (examples/plugin_c with -DQKNORM_EXAMPLE_F16_PV).
+ * field's format". An entry is judged under the compute contract it
+ * declares (`contract`, ABI version 2; include/qknorm/contract.h), by
+ * default f32-accumulate: a kernel that rounds an intermediate (P, the P.V
+ * accumulator, ...) to 16 bits without declaring it FAILs (examples/plugin_c
+ * with -DQKNORM_EXAMPLE_F16_PV); declared ("pv_acc=f16"), it is judged
+ * under the looser bound that rounding costs, and the report says so.
  *
  * Backward's o and lse are the entry's own forward outputs: the suite runs
  * the forward on the same inputs just before and passes its o and lse as
@@ -84,8 +101,9 @@
 extern "C" {
 #endif
 
-/* The one version this header describes. Bump on any layout change. */
-#define QKNORM_PLUGIN_ABI_VERSION 1u
+/* The version this header describes (above: versions and compatibility).
+ * Bump on any layout change. */
+#define QKNORM_PLUGIN_ABI_VERSION 2u
 
 typedef enum {
   QKNORM_DTYPE_F64 = 0,
@@ -111,6 +129,19 @@ enum {
   QKNORM_FEATURE_SHARED_W = 1u << 10,    /* nGPT: one weight for q and k */
   QKNORM_FEATURE_ROUND_FIRST = 1u << 11, /* Qwen3: x_hat to storage first */
   QKNORM_FEATURE_FIXED_SCALE = 1u << 12  /* fixed logit scale, dg = 0 */
+};
+
+/* What an entry implements besides the attention forward, which every
+ * entry implements (bit mask, qknorm_plugin_entry::implements; ABI version
+ * 2). An entry without QKNORM_IMPLEMENTS_ATTENTION_BACKWARD is forward only,
+ * as inference kernels are: every way in judges its o and lse, its gradient
+ * fields read "not judged: forward only", the property suite skips the
+ * properties that compare gradients (naming why), and qknorm-check's
+ * verdict says "forward only". One without QKNORM_IMPLEMENTS_SCALENORM has
+ * no ScaleNorm rows and skips the ScaleNorm properties. */
+enum {
+  QKNORM_IMPLEMENTS_ATTENTION_BACKWARD = 1u << 0, /* attention_backward */
+  QKNORM_IMPLEMENTS_SCALENORM = 1u << 1 /* scalenorm_forward and _backward */
 };
 
 typedef enum {
@@ -261,17 +292,49 @@ typedef struct {
   /* Optional (NULL: no workspace): scratch for one thread's calls. */
   void* (*make_workspace)(void* ctx);
   void (*free_workspace)(void* ctx, void* workspace);
-  qknorm_attention_forward_fn attention_forward;   /* required */
-  qknorm_attention_backward_fn attention_backward; /* required */
+  qknorm_attention_forward_fn attention_forward; /* required */
+  /* Non-NULL exactly when `implements` has ATTENTION_BACKWARD. */
+  qknorm_attention_backward_fn attention_backward;
   qknorm_probabilities_fn attention_probabilities; /* see above */
-  qknorm_scalenorm_forward_fn scalenorm_forward;   /* required */
-  qknorm_scalenorm_backward_fn scalenorm_backward; /* required */
+  /* Both non-NULL exactly when `implements` has SCALENORM. */
+  qknorm_scalenorm_forward_fn scalenorm_forward;
+  qknorm_scalenorm_backward_fn scalenorm_backward;
+  /* ---- ABI version 2 ---- */
+  /* QKNORM_IMPLEMENTS_* bits (version 1: both). The loader refuses an entry
+   * whose functions disagree with them. */
+  uint32_t implements;
+  /* The compute contract the entry is judged under (include/qknorm/
+   * contract.h): a preset ("f32-accumulate", "storage") or a spec
+   * ("pv_acc=f16", "storage,out=f32"), the same text `compare --contract`
+   * takes. NULL (and version 1): "f32-accumulate". An entry that rounds an
+   * intermediate more coarsely than it declares FAILs; the loader refuses a
+   * spec it cannot parse. */
+  const char* contract;
 } qknorm_plugin_entry;
+
+/* The entries' layout of ABI version 1, which the loader still reads: the
+ * fields of qknorm_plugin_entry up to scalenorm_backward, every function
+ * required. A new plug-in uses qknorm_plugin_entry. */
+typedef struct {
+  const char* name;
+  int32_t storage;
+  uint32_t features;
+  void* ctx;
+  void* (*make_workspace)(void* ctx);
+  void (*free_workspace)(void* ctx, void* workspace);
+  qknorm_attention_forward_fn attention_forward;
+  qknorm_attention_backward_fn attention_backward;
+  qknorm_probabilities_fn attention_probabilities;
+  qknorm_scalenorm_forward_fn scalenorm_forward;
+  qknorm_scalenorm_backward_fn scalenorm_backward;
+} qknorm_plugin_entry_v1;
 
 typedef struct {
   uint32_t abi_version; /* QKNORM_PLUGIN_ABI_VERSION; always first */
   const char* name;     /* the plug-in's name (same charset as entries) */
   int32_t entry_count;
+  /* entry_count entries in abi_version's layout (version 1:
+   * qknorm_plugin_entry_v1). */
   const qknorm_plugin_entry* entries;
 } qknorm_plugin;
 
