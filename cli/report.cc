@@ -357,6 +357,14 @@ void print_table(std::ostream& out, const Report& rep) {
           ? std::string(rep.jobs > 1 ? "1 (jobs > 1)" : "all cores")
           : std::to_string(rep.threads),
       rep.jobs);
+  // What each entry that says so was built for (plug-ins, ABI version 2),
+  // beside this machine's line: once per entry.
+  for (size_t i = 0; i < rep.rows.size(); ++i) {
+    const EntryRow& r = rep.rows[i];
+    if (r.built_for.empty()) continue;
+    if (i > 0 && rep.rows[i - 1].name == r.name) continue;
+    out << fmt::format("entry {} built for: {}\n", r.name, r.built_for);
+  }
   out << "cases:\n";
   for (size_t i = 0; i < rep.cases.size(); ++i) {
     out << fmt::format("  [{}] {:<13} {}\n", i,
@@ -551,6 +559,7 @@ std::string to_json(const Report& rep) {
         {"forward_gflops", r.gflops},
         {"cases_not_implemented", r.unsupported}};
     if (r.forward_only) jr["forward_only"] = true;
+    if (!r.built_for.empty()) jr["built_for"] = r.built_for;
     for (const FieldSummary& f : r.fields)
       jr["fields"][f.key] = {
           {"worst", stats_json(f.worst)},

@@ -693,6 +693,7 @@ std::vector<EntryRow> run_suite(const std::vector<const Backend*>& entries,
     row.available = b.available();
     row.forward_only =
         std::string_view(kind) == "attention" && !b.has_attention_backward();
+    row.built_for = b.built_for();
     return row;
   };
   std::vector<EntryRow> attn, sn;

@@ -174,6 +174,7 @@ struct EntryRow {
   // (Backend::has_attention_backward): judged on o and lse; its gradient
   // fields are not judged.
   bool forward_only = false;
+  std::string built_for;  // Backend::built_for ("" where not said)
   bool available = true;
   bool pass = true;
 };

@@ -357,6 +357,9 @@ class PluginBackend : public Backend {
     return (e_->implements & QKNORM_IMPLEMENTS_SCALENORM) != 0;
   }
   ComputeContract contract() const override { return contract_; }
+  std::string built_for() const override {
+    return e_->built_for != nullptr ? e_->built_for : "";
+  }
 
   bool supports(const AttentionProblem& p) const override {
     // The C ABI (plugin.h) carries no softcap, window, RoPE or sinks yet
@@ -538,6 +541,7 @@ qknorm_plugin_entry entry_v2(const qknorm_plugin* d, int32_t i) {
   e.implements =
       QKNORM_IMPLEMENTS_ATTENTION_BACKWARD | QKNORM_IMPLEMENTS_SCALENORM;
   e.contract = nullptr;
+  e.built_for = nullptr;
   return e;
 }
 

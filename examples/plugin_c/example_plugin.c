@@ -444,6 +444,7 @@ static const qknorm_plugin_entry kEntries[] = {{
 #else
     NULL, /* contract: f32-accumulate (every intermediate in double here) */
 #endif
+    "x86-64 baseline (C11, double arithmetic)", /* built_for */
 #endif
 }};
 

@@ -69,6 +69,9 @@ class Backend {
   // Every production entry implements all three.
   virtual bool has_attention_backward() const { return true; }
   virtual bool has_scalenorm() const { return true; }
+  // The CPU features the entry's code was compiled for, as its author names
+  // them (a plug-in's `built_for`); "" where not said. Reports print it.
+  virtual std::string built_for() const { return {}; }
 
   // The compute contract the entry declares (qknorm/contract.h, issue 31):
   // the formats its attention rounds its intermediates to, which the

@@ -24,8 +24,9 @@
  *   version 1 (issue 17): attention forward and backward and ScaleNorm,
  *            all required.
  *   version 2 (issue 35): `implements` (the attention backward and ScaleNorm
- *            become optional: forward-only and attention-only entries) and
- *            `contract` (the compute contract, per entry).
+ *            become optional: forward-only and attention-only entries),
+ *            `contract` (the compute contract, per entry) and `built_for`
+ *            (the CPU features its code was compiled for).
  *
  * Each entry is one implementation at one storage precision. The suite calls
  * it only with problems it declared (features) and with valid input: shapes
@@ -310,6 +311,12 @@ typedef struct {
    * intermediate more coarsely than it declares FAILs; the loader refuses a
    * spec it cannot parse. */
   const char* contract;
+  /* The CPU features the entry's code was compiled for, as its author names
+   * them ("x86-64-v3", "AVX512-FP16 AVX512-BF16", "-march=native on Zen 4");
+   * NULL (and version 1): not said. qknorm-check prints it under its own
+   * machine line and in the JSON row (`built_for`): a kernel's results can
+   * change with the instructions it was built for (ggml with AVX512-FP16). */
+  const char* built_for;
 } qknorm_plugin_entry;
 
 /* The entries' layout of ABI version 1, which the loader still reads: the
