@@ -119,11 +119,7 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   if (!b.has_attention_backward()) {
     // A forward-only entry (Backend::has_attention_backward): its gradient
     // fields stay NaN and the verdict marks them "not judged".
-    BackwardFeed feed;
-    feed.forward = bufs.result(false);
-    feed.input = BackwardInput::kNotRun;
-    feed.note = kForwardOnlyNote;
-    return fed_result(bufs, std::move(feed));
+    return fed_result(bufs, forward_only_feed(bufs));
   }
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
   if (feed.input != BackwardInput::kNotRun) {
@@ -143,6 +139,14 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   return fed_result(bufs, std::move(feed));
 }
 }  // namespace
+
+BackwardFeed forward_only_feed(const AttentionBuffers& bufs) {
+  BackwardFeed f;
+  f.forward = bufs.result(false);
+  f.input = BackwardInput::kNotRun;
+  f.note = kForwardOnlyNote;
+  return f;
+}
 
 BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
                            AttentionBuffers* bufs) {

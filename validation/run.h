@@ -97,6 +97,10 @@ struct BackwardFeed {
   std::string note;
   AttentionResult forward;
 };
+// The feed of a forward-only entry (Backend::has_attention_backward false):
+// the backward does not run (kNotRun) and its fields are "not judged"
+// (kForwardOnlyNote); the forward's outputs as `bufs` hold them.
+BackwardFeed forward_only_feed(const AttentionBuffers& bufs);
 BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
                            AttentionBuffers* bufs);
 // The decoded outputs after the backward (or, kNotRun, instead of it): the

@@ -58,11 +58,7 @@ AttentionTestReport run_guarded(const Backend& entry, const AttentionCase& c,
     return r;
   }
   if (!entry.has_attention_backward()) {  // as run_attention (run.cc)
-    BackwardFeed feed;
-    feed.forward = bufs.result(false);
-    feed.input = BackwardInput::kNotRun;
-    feed.note = kForwardOnlyNote;
-    r.result = fed_result(bufs, std::move(feed));
+    r.result = fed_result(bufs, forward_only_feed(bufs));
     return r;
   }
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
