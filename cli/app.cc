@@ -15,6 +15,7 @@
 #include "cli/compare.h"
 #include "cli/cost.h"
 #include "cli/coverage.h"
+#include "cli/determinism.h"
 #include "cli/machine.h"
 #include "cli/mutants.h"
 #include "cli/options.h"
@@ -42,6 +43,7 @@ constexpr const char* kExamples = R"(Examples:
                        --outputs O.npy dQ.npy dK.npy dV.npy dg.npy
   qknorm-check compare --inputs dump.safetensors --outputs dump.safetensors
   qknorm-check mutants                          # the suite's kill table: mutants FAIL, controls PASS
+  qknorm-check --backend 'plugin:*' determinism # 3 runs at 1 and 2 threads: bitwise identical, each judged
 
 Exit status: 0 every entry (or the compared output) passes, 1 something FAILs,
 2 bad option, 3 unreadable or malformed input file, 4 gnuplot failed. See cli/README.md.
@@ -774,6 +776,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
                "legitimate control (mutants/mutants.h): kill table, exit 0 iff "
                "every mutant FAILs and every control PASSes",
                add_mutants_options, mut_opt);
+  DeterminismOptions det_opt;
+  CLI::App* determinism = add_tool(
+      app, "determinism",
+      "Run every selected entry N times at 1 and 2 threads on each attention "
+      "case: each run judged by the verdict, the runs compared bitwise; a "
+      "deterministic entry (the default) FAILs on any difference, with the "
+      "likely cause (a data race, thread-count-dependent reduction order, "
+      "state carried between calls); exit 0 iff every entry passes",
+      add_determinism_options, det_opt);
   app.require_subcommand(0, 1);
 
   std::vector<const char*> argv;
@@ -784,7 +795,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
     const int code = app.exit(e, out, err);
     return code == 0 ? kExitPass : kExitUsage;
   }
-  if ((*sweep || *power || *compare || *mutants || *coverage) &&
+  if ((*sweep || *power || *compare || *mutants || *coverage || *determinism) &&
       (common.sample > 0 || common.sample_seed_given)) {
     err << "qknorm-check: --sample/--sample-seed before a subcommand apply "
            "to the default run only (not to sweep, power, compare or "
@@ -819,6 +830,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out,
     return run_compare(cmp_opt, common.suite, common.json, out, err);
   if (*coverage)
     return run_coverage(cov_opt, common.suite, common.threads, out, err);
+  if (*determinism)
+    return run_determinism(det_opt, common.suite, common.json, out, err);
   if (*mutants) {
     if (mut_opt.jobs == 0) mut_opt.jobs = common.jobs;  // --jobs before it
     return run_mutants(mut_opt, common.suite, out, err, progress);

@@ -342,8 +342,8 @@ Precision precision_of(int32_t dt) {
 
 class PluginBackend : public Backend {
  public:
-  // e: the entry in ABI version 2's layout (the loader's copy), its
-  // contract already parsed.
+  // e: the entry in the current ABI version's layout (the loader's copy),
+  // its contract already parsed.
   PluginBackend(const std::string& plugin, const qknorm_plugin_entry* e,
                 ComputeContract contract = {})
       : Backend("plugin", plugin + "." + e->name, precision_of(e->storage)),
@@ -360,6 +360,15 @@ class PluginBackend : public Backend {
   std::string built_for() const override {
     return e_->built_for != nullptr ? e_->built_for : "";
   }
+  bool deterministic() const override {
+    return (e_->flags & QKNORM_FLAG_NONDETERMINISTIC) == 0;
+  }
+  // QKNORM_FLAG_SERIAL_CALLS: one call of the entry at a time (the lock
+  // is held for the call; without the flag, none is taken).
+  std::unique_lock<std::mutex> serial() const {
+    if ((e_->flags & QKNORM_FLAG_SERIAL_CALLS) == 0) return {};
+    return std::unique_lock<std::mutex>(serial_mu_);
+  }
 
   bool supports(const AttentionProblem& p) const override {
     // The C ABI (plugin.h) carries no softcap, window, RoPE or sinks yet
@@ -375,6 +384,7 @@ class PluginBackend : public Backend {
 
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace* ws, const ExecConfig& cfg) const override {
+    const auto lock = serial();
     const qknorm_attention_problem cp = to_c(p);
     qknorm_forward_args ca = forward_args(a, cfg);
     invoke(name(), "attention_forward on " + describe(p),
@@ -387,6 +397,7 @@ class PluginBackend : public Backend {
 
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                           Workspace* ws, const ExecConfig& cfg) const override {
+    const auto lock = serial();
     const qknorm_attention_problem cp = to_c(p);
     const int32_t dt = dtype_of(precision());
     qknorm_backward_args ca{};
@@ -419,6 +430,7 @@ class PluginBackend : public Backend {
   bool attention_probabilities(const AttentionProblem& p, const ForwardArgs& a,
                                double* probs, Workspace* ws) const override {
     if (e_->attention_probabilities == nullptr) return false;
+    const auto lock = serial();
     const qknorm_attention_problem cp = to_c(p);
     qknorm_forward_args ca = forward_args(a, {});
     const size_t n =
@@ -438,6 +450,7 @@ class PluginBackend : public Backend {
   void scalenorm_forward(const ScaleNormProblem& p,
                          const ScaleNormForwardArgs& a, Workspace* ws,
                          const ExecConfig& cfg) const override {
+    const auto lock = serial();
     const qknorm_scalenorm_problem cp{p.rows, p.dim, p.g, p.eps};
     const int32_t dt = dtype_of(precision());
     qknorm_scalenorm_forward_args ca{{a.x.data, a.x.size, a.x.row_stride, dt},
@@ -452,6 +465,7 @@ class PluginBackend : public Backend {
   void scalenorm_backward(const ScaleNormProblem& p,
                           const ScaleNormBackwardArgs& a, Workspace* ws,
                           const ExecConfig& cfg) const override {
+    const auto lock = serial();
     const qknorm_scalenorm_problem cp{p.rows, p.dim, p.g, p.eps};
     const int32_t dt = dtype_of(precision());
     qknorm_scalenorm_backward_args ca{
@@ -496,6 +510,7 @@ class PluginBackend : public Backend {
 
   const qknorm_plugin_entry* e_;
   ComputeContract contract_;
+  mutable std::mutex serial_mu_;  // QKNORM_FLAG_SERIAL_CALLS
 };
 
 bool valid_name(const char* s) {
@@ -512,36 +527,49 @@ std::vector<Library>& libraries() {
   static auto* v = new std::vector<Library>;
   return *v;
 }
-// Every loaded entry in ABI version 2's layout, whatever version its
+// Every loaded entry in the current ABI version's layout, whatever version its
 // plug-in declared (the backends point here; a deque never moves them).
 std::deque<qknorm_plugin_entry>& loaded_entries() {
   static auto* d = new std::deque<qknorm_plugin_entry>;
   return *d;
 }
 
-// Entry i of descriptor d in version 2's layout: a version-1 entry as if it
-// declared every function (it must define them all) and no contract.
-qknorm_plugin_entry entry_v2(const qknorm_plugin* d, int32_t i) {
-  if (d->abi_version >= 2) return d->entries[i];
-  const auto* v1 = reinterpret_cast<const qknorm_plugin_entry_v1*>(
-      static_cast<const void*>(d->entries));
-  const qknorm_plugin_entry_v1& o = v1[i];
+// The fields every ABI version's entry has (version 1's), copied.
+template <class Old>
+void copy_v1_fields(const Old& o, qknorm_plugin_entry* e) {
+  e->name = o.name;
+  e->storage = o.storage;
+  e->features = o.features;
+  e->ctx = o.ctx;
+  e->make_workspace = o.make_workspace;
+  e->free_workspace = o.free_workspace;
+  e->attention_forward = o.attention_forward;
+  e->attention_backward = o.attention_backward;
+  e->attention_probabilities = o.attention_probabilities;
+  e->scalenorm_forward = o.scalenorm_forward;
+  e->scalenorm_backward = o.scalenorm_backward;
+}
+
+// Entry i of descriptor d in the current version's layout: a version-1
+// entry as if it declared every function (it must define them all) and no
+// contract; a version-1 or 2 entry with no flags.
+qknorm_plugin_entry entry_current(const qknorm_plugin* d, int32_t i) {
+  if (d->abi_version >= 3) return d->entries[i];
+  const void* raw = d->entries;
   qknorm_plugin_entry e{};
-  e.name = o.name;
-  e.storage = o.storage;
-  e.features = o.features;
-  e.ctx = o.ctx;
-  e.make_workspace = o.make_workspace;
-  e.free_workspace = o.free_workspace;
-  e.attention_forward = o.attention_forward;
-  e.attention_backward = o.attention_backward;
-  e.attention_probabilities = o.attention_probabilities;
-  e.scalenorm_forward = o.scalenorm_forward;
-  e.scalenorm_backward = o.scalenorm_backward;
-  e.implements =
-      QKNORM_IMPLEMENTS_ATTENTION_BACKWARD | QKNORM_IMPLEMENTS_SCALENORM;
-  e.contract = nullptr;
-  e.built_for = nullptr;
+  if (d->abi_version == 2) {
+    const qknorm_plugin_entry_v2& o =
+        static_cast<const qknorm_plugin_entry_v2*>(raw)[i];
+    copy_v1_fields(o, &e);
+    e.implements = o.implements;
+    e.contract = o.contract;
+    e.built_for = o.built_for;
+  } else {
+    copy_v1_fields(static_cast<const qknorm_plugin_entry_v1*>(raw)[i], &e);
+    e.implements =
+        QKNORM_IMPLEMENTS_ATTENTION_BACKWARD | QKNORM_IMPLEMENTS_SCALENORM;
+  }
+  e.flags = 0;
   return e;
 }
 
@@ -561,6 +589,10 @@ std::string function_rule(const qknorm_plugin_entry& e, uint32_t version) {
   if ((e.implements & ~kKnown) != 0)
     return "implements has unknown bits " +
            std::to_string(e.implements & ~kKnown);
+  constexpr uint32_t kKnownFlags =
+      QKNORM_FLAG_NONDETERMINISTIC | QKNORM_FLAG_SERIAL_CALLS;
+  if ((e.flags & ~kKnownFlags) != 0)
+    return "flags has unknown bits " + std::to_string(e.flags & ~kKnownFlags);
   if (!e.attention_forward) return "attention_forward is required";
   const bool bwd = (e.implements & QKNORM_IMPLEMENTS_ATTENTION_BACKWARD) != 0;
   if (bwd != (e.attention_backward != nullptr))
@@ -622,7 +654,7 @@ void load_plugin_into(Registry& r, const std::string& path) {
   std::vector<qknorm_plugin_entry> entries;
   std::vector<ComputeContract> contracts;
   for (int32_t i = 0; i < d->entry_count; ++i) {
-    const qknorm_plugin_entry e = entry_v2(d, i);
+    const qknorm_plugin_entry e = entry_current(d, i);
     const std::string at = "entry " + std::to_string(i) + " ('" +
                            (e.name ? e.name : "(null)") + "'): ";
     if (!valid_name(e.name))

@@ -32,7 +32,14 @@
 namespace qknorm::validation {
 namespace {
 
-enum class Fault { kNone, kWriteOnePastO, kWriteOnePastDq, kIgnoreRowStride };
+enum class Fault {
+  kNone,
+  kWriteOnePastO,
+  kWriteOnePastDq,
+  kIgnoreRowStride,
+  kReadOneKeyPastEnd,
+  kWriteOnePastY,
+};
 
 // Offset of the last element of a [B, H, rows, D] view.
 int64_t last_offset(const Layout4& l, int64_t B, int64_t H, int64_t rows,
@@ -54,7 +61,13 @@ class FaultyEntry final : public validation::ForwardingBackend {
   }
   void attention_forward(const AttentionProblem& p, const ForwardArgs& a,
                          Workspace* ws, const ExecConfig& cfg) const override {
-    if (fault_ != Fault::kIgnoreRowStride) {
+    if (fault_ == Fault::kReadOneKeyPastEnd) {
+      // An off-by-one key loop: the inner entry is told of one more key,
+      // and reads row kv_len of each head's k and v.
+      AttentionProblem longer = p;
+      longer.kv_len = p.kv_len + 1;
+      inner().attention_forward(longer, a, ws, cfg);
+    } else if (fault_ != Fault::kIgnoreRowStride) {
       inner().attention_forward(p, a, ws, cfg);
     } else {
       // Reads q, k, v as if they were dense: every row but the first starts
@@ -70,6 +83,14 @@ class FaultyEntry final : public validation::ForwardingBackend {
              static_cast<size_t>(last_offset(a.o.layout, p.batch, p.heads,
                                              p.q_len, p.head_dim) +
                                  1));
+  }
+  void scalenorm_forward(const ScaleNormProblem& p,
+                         const ScaleNormForwardArgs& a, Workspace* ws,
+                         const ExecConfig& cfg) const override {
+    inner().scalenorm_forward(p, a, ws, cfg);
+    if (fault_ == Fault::kWriteOnePastY)
+      encode(precision(), 1.0, a.y.data,
+             static_cast<size_t>((p.rows - 1) * a.y.row_stride + p.dim));
   }
   void attention_backward(const AttentionProblem& p, const BackwardArgs& a,
                           Workspace* ws, const ExecConfig& cfg) const override {
@@ -121,17 +142,91 @@ TEST(AttentionTester, WriteOnePastOutputOIsCaught) {
   ASSERT_FALSE(r.ok());
   ASSERT_EQ(r.guards.size(), 1u) << r.message();
   EXPECT_EQ(r.guards[0].tensor, "o");
-  EXPECT_EQ(r.guards[0].index, 2 * 2 * 6 * 8);  // one past the dense view
+  // One past o[1,1,5,7]: rows of 8, heads of 6 + kSequenceTailRows rows.
+  const int64_t head = (6 + kSequenceTailRows) * 8;
+  EXPECT_EQ(r.guards[0].index, 3 * head + 5 * 8 + 8);
   EXPECT_EQ(r.guards[0].value, 0.5);
   EXPECT_EQ(r.guard_call, "forward");
   EXPECT_FALSE(r.judged);
   const std::string m = r.message();
   EXPECT_NE(m.find("entry mutant:f64"), std::string::npos) << m;
   EXPECT_NE(m.find("seed=42"), std::string::npos) << m;
-  EXPECT_NE(m.find("o: guard element at index 192 (1 past the view's last "
-                   "element o[1,1,5,7]) was written: holds 0.5"),
+  EXPECT_NE(
+      m.find("o: guard element at index " + std::to_string(3 * head + 48) +
+             " (past the sequence end, 1 past o[1,1,5,7]) was "
+             "written: holds 0.5"),
+      std::string::npos)
+      << m;
+}
+
+// qknorm-check's runs (run_attention, check_attention) check the same
+// guards: a written guard FAILs the case whatever the outputs, with the
+// out-of-bounds-write diagnosis first, and the backward does not run.
+TEST(AttentionTester, CheckAttentionFailsAWrittenGuard) {
+  const FaultyEntry e(registered("reference:f32"), Fault::kWriteOnePastO);
+  const AttentionCase c = small_case().make_case(Precision::kF32);
+  const AttentionResult res = run_attention(e, c);
+  ASSERT_EQ(res.memory.writes.size(), 1u);
+  EXPECT_EQ(res.memory.write_call, "forward");
+  EXPECT_EQ(res.backward_input, BackwardInput::kNotRun);
+  const AgreementReport rep = check_attention(e, c);
+  EXPECT_FALSE(rep.pass);
+  // The values themselves are right: every field judged passes.
+  for (const FieldVerdict& f : rep.fields) EXPECT_TRUE(f.pass) << label(f);
+  ASSERT_FALSE(rep.diagnoses.empty());
+  EXPECT_EQ(rep.diagnoses[0].kind, DiagnosisKind::kOutOfBoundsWrite);
+  const std::string m = rep.failure_message();
+  EXPECT_NE(m.find("wrote outside its views during the forward: o: guard "
+                   "element at index"),
             std::string::npos)
       << m;
+  EXPECT_NE(m.find("likely cause: out-of-bounds write"), std::string::npos)
+      << m;
+  // The correct entry: no evidence, passes.
+  const FaultyEntry ok(registered("reference:f32"), Fault::kNone);
+  const AttentionResult good = run_attention(ok, c);
+  EXPECT_TRUE(good.memory.writes.empty());
+  EXPECT_TRUE(good.memory.poisoned.empty());
+  EXPECT_TRUE(check_attention(ok, c).pass);
+}
+
+// A forward that reads one key past the sequence end reads the poison of
+// the head's tail rows (kSequenceTailRows): o and lse hold it, the case
+// FAILs, diagnosed as an out-of-bounds read naming o. Without a mask the
+// extra key is visible to every query.
+TEST(AttentionTester, ReadingOneKeyPastTheSequenceEndIsDiagnosed) {
+  for (const char* name : {"reference:f64", "reference:f32"}) {
+    const FaultyEntry e(registered(name), Fault::kReadOneKeyPastEnd);
+    const AttentionTestReport r =
+        small_case().causal(false).forward_only().Test(e);
+    ASSERT_TRUE(r.judged) << r.message();
+    EXPECT_FALSE(r.ok());
+    ASSERT_FALSE(r.result.memory.poisoned.empty()) << name;
+    EXPECT_EQ(r.result.memory.poisoned[0].tensor, "o");
+    ASSERT_FALSE(r.verdict.diagnoses.empty()) << r.message();
+    EXPECT_EQ(r.verdict.diagnoses[0].kind, DiagnosisKind::kOutOfBoundsRead)
+        << r.message();
+    EXPECT_NE(r.message().find("likely cause: out-of-bounds read"),
+              std::string::npos)
+        << r.message();
+  }
+}
+
+// ScaleNorm's runs check the guards too.
+TEST(ScaleNormTester, CheckScaleNormFailsAWrittenGuard) {
+  const FaultyEntry e(registered("reference:f32"), Fault::kWriteOnePastY);
+  ScaleNormCase c;
+  c.problem.rows = 5, c.problem.dim = 16, c.problem.g = 2;
+  c.x.assign(80, 0.25), c.dy.assign(80, -0.5);
+  for (size_t i = 0; i < c.x.size(); ++i)
+    c.x[i] += 0.01 * static_cast<double>(i);
+  const AgreementReport rep = check_scalenorm(e, c);
+  EXPECT_FALSE(rep.pass);
+  ASSERT_FALSE(rep.diagnoses.empty());
+  EXPECT_EQ(rep.diagnoses[0].kind, DiagnosisKind::kOutOfBoundsWrite);
+  EXPECT_NE(rep.failure_message().find("during the forward: y: guard element"),
+            std::string::npos)
+      << rep.failure_message();
 }
 
 TEST(AttentionTester, WriteOnePastDqIsCaughtInTheRowPad) {
@@ -141,19 +236,26 @@ TEST(AttentionTester, WriteOnePastDqIsCaughtInTheRowPad) {
     ASSERT_FALSE(r.ok());
     ASSERT_EQ(r.guards.size(), 1u) << r.message();
     EXPECT_EQ(r.guards[0].tensor, "dq");
-    // One past dq[1,1,5,7] with rows of 8 + 2 elements.
-    EXPECT_EQ(r.guards[0].index, ((1 * 2 + 1) * 6 + 5) * 10 + 8);
+    // One past dq[1,1,5,7] with rows of 8 + 2 elements, heads of 6 +
+    // kSequenceTailRows rows: in the last row's pad, past the view's last
+    // element.
+    const int64_t index = 3 * (6 + kSequenceTailRows) * 10 + 5 * 10 + 8;
+    EXPECT_EQ(r.guards[0].index, index);
     EXPECT_EQ(r.guards[0].value, -2.0);
     EXPECT_EQ(r.guard_call, "backward");
-    EXPECT_NE(r.message().find("dq: guard element at index 238"),
-              std::string::npos)
+    EXPECT_NE(
+        r.message().find("dq: guard element at index " + std::to_string(index) +
+                         " (1 past the view's last element "
+                         "dq[1,1,5,7])"),
+        std::string::npos)
         << r.message();
   }
 }
 
-// An entry that ignores its inputs' row stride reads the pads' NaN poison:
-// its outputs are NaN and the verdict fails. With dense rows the same entry
-// is correct, so the poison is what catches it.
+// An entry that ignores its inputs' strides reads the pads' NaN poison:
+// its outputs are NaN and the verdict fails, diagnosed as an out-of-bounds
+// read. With one dense (batch, head) the same entry is correct, so the
+// poison is what catches it.
 TEST(AttentionTester, ReadingOutsideAnInputViewFails) {
   const FaultyEntry e(registered("reference:f64"), Fault::kIgnoreRowStride);
   const AttentionTestReport padded =
@@ -165,11 +267,24 @@ TEST(AttentionTester, ReadingOutsideAnInputViewFails) {
   bool nan = false;
   for (double x : padded.result.o) nan = nan || std::isnan(x);
   EXPECT_TRUE(nan) << "the poison did not reach the output";
+  // ... and the poison it read is named: an out-of-bounds read.
+  ASSERT_FALSE(padded.verdict.diagnoses.empty()) << padded.message();
+  EXPECT_EQ(padded.verdict.diagnoses[0].kind, DiagnosisKind::kOutOfBoundsRead)
+      << padded.message();
   EXPECT_NE(padded.message().find("field o"), std::string::npos)
       << padded.message();
+  // Dense rows: the entry still ignores the head and batch strides, and
+  // reads the poison row after each head's sequence (kSequenceTailRows).
   const AttentionTestReport dense =
       small_case().row_pad(0).forward_only().Test(e);
-  EXPECT_TRUE(dense.ok()) << dense.message();
+  EXPECT_FALSE(dense.ok());
+  ASSERT_FALSE(dense.verdict.diagnoses.empty()) << dense.message();
+  EXPECT_EQ(dense.verdict.diagnoses[0].kind, DiagnosisKind::kOutOfBoundsRead);
+  // One (batch, head) with dense rows: ignoring the strides is harmless,
+  // and the same entry passes (the poison is what caught it above).
+  const AttentionTestReport one =
+      small_case().batch(1).heads(1).row_pad(0).forward_only().Test(e);
+  EXPECT_TRUE(one.ok()) << one.message();
 }
 
 // The tester judges as check_attention does: same fields, same margins.

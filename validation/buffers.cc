@@ -194,11 +194,11 @@ std::string GuardViolation::message() const {
 }
 
 TensorBuffer::TensorBuffer(std::string name, Precision p, Shape4 shape,
-                           int64_t row_pad)
-    : name_(std::move(name)), prec_(p), shape_(shape) {
-  const int64_t rs = shape.D + row_pad;
-  layout_ = Layout4{shape.H * shape.rows * rs, shape.rows * rs, rs};
-  size_ = shape.B * shape.H * shape.rows * rs;
+                           int64_t row_pad, int64_t tail_rows)
+    : name_(std::move(name)), prec_(p), shape_(shape), tail_rows_(tail_rows) {
+  const int64_t rs = shape.D + row_pad, hs = (shape.rows + tail_rows) * rs;
+  layout_ = Layout4{shape.H * hs, hs, rs};
+  size_ = shape.B * shape.H * hs;
   lead_ = kGuardElements;
   total_ = size_ + 2 * kGuardElements;
   dense_ = true;
@@ -233,9 +233,11 @@ void TensorBuffer::allocate() {
   const Shape4& s = shape_;
   if (s.B < 1 || s.H < 1 || s.rows < 1 || s.D < 1) return;
   if (dense_) {  // each row's D elements, once each, all inside [0, size_)
-    for (int64_t r = 0; r < s.B * s.H * s.rows; ++r)
-      std::memset(addressed_.data() + lead_ + r * layout_.row_stride, 1,
-                  static_cast<size_t>(s.D));
+    for (int64_t bh = 0; bh < s.B * s.H; ++bh)
+      for (int64_t n = 0; n < s.rows; ++n)
+        std::memset(addressed_.data() + lead_ + bh * layout_.head_stride +
+                        n * layout_.row_stride,
+                    1, static_cast<size_t>(s.D));
     return;
   }
   for (int64_t b = 0; b < s.B; ++b)
@@ -298,11 +300,15 @@ bool TensorBuffer::overlapping() const {
 }
 
 // "o[b,h,n,d]" of the view element at offset off (dense mode: batch and head
-// strides are multiples of the row stride).
+// strides are multiples of the row stride; an offset in a head's tail rows
+// is named as the head's last row).
 std::string TensorBuffer::element_name(int64_t off) const {
   const int64_t rs = layout_.row_stride, D = shape_.D;
+  const int64_t block = shape_.rows + tail_rows_;
   const int64_t row = rs > 0 ? off / rs : 0, d = rs > 0 ? off % rs : off;
-  const int64_t n = row % shape_.rows, bh = row / shape_.rows;
+  const int64_t n = std::min(row % block, shape_.rows - 1), bh = row / block;
+  if (shape_.B == 1 && shape_.H == 1 && shape_.rows == 1)  // lse, dg, ...
+    return name_ + "[" + std::to_string(std::min(d, D - 1)) + "]";
   return name_ + "[" + std::to_string(bh / shape_.H) + "," +
          std::to_string(bh % shape_.H) + "," + std::to_string(n) + "," +
          std::to_string(std::min(d, D - 1)) + "]";
@@ -326,9 +332,22 @@ GuardViolation TensorBuffer::first_violation() const {
     // Built by appending: GCC 12 warns (-Wrestrict, a known false
     // positive) on chains of std::string operator+ here.
     std::string& w = v.where;
+    const int64_t rs = layout_.row_stride;
+    const int64_t block = shape_.rows + tail_rows_;
+    const bool tail = dense && tail_rows_ > 0 && v.index >= 0 &&
+                      v.index < size_ && (v.index / rs) % block >= shape_.rows;
     if (v.index < 0) {
       w = std::to_string(-v.index);
       w += " before the view's first element";
+    } else if (tail) {
+      // A head's tail rows: name the distance from its last element.
+      const int64_t row = v.index / rs, in_block = row % block;
+      const int64_t last_el =
+          (row - in_block + shape_.rows - 1) * rs + shape_.D - 1;
+      w = "past the sequence end, ";
+      w += std::to_string(v.index - last_el);
+      w += " past ";
+      w += element_name(last_el);
     } else if (last >= 0 && v.index > last) {
       w = std::to_string(v.index - last);
       w += " past the view's last element";
@@ -337,7 +356,6 @@ GuardViolation TensorBuffer::first_violation() const {
         w += element_name(last);
       }
     } else if (dense) {
-      const int64_t rs = layout_.row_stride;
       const int64_t row_end = (v.index / rs) * rs + shape_.D - 1;
       w = "row pad, ";
       w += std::to_string(v.index - row_end);
@@ -351,6 +369,48 @@ GuardViolation TensorBuffer::first_violation() const {
   return {};
 }
 
+namespace {
+// The poison of precision p as a hardware conversion widens it to f64: the
+// sign, a quiet NaN, the payload shifted to f64's mantissa top.
+uint64_t widened_poison(Precision p) {
+  const uint64_t bits = poison_bits(p);
+  int mant = 0;
+  switch (p) {
+    case Precision::kF64:
+      return bits;
+    case Precision::kF32:
+      mant = 23;
+      break;
+    case Precision::kF16:
+      mant = 10;
+      break;
+    case Precision::kBF16:
+      mant = 7;
+      break;
+  }
+  const uint64_t payload = bits & ((uint64_t{1} << mant) - 1);
+  return uint64_t{0x7ff} << 52 | payload << (52 - mant);
+}
+}  // namespace
+
+PoisonedOutput TensorBuffer::poisoned(Precision input) const {
+  PoisonedOutput r;
+  const uint64_t own = poison_bits(prec_);
+  const uint64_t wide = prec_ == Precision::kF64 ? widened_poison(input) : own;
+  for (int64_t i = 0; i < total_; ++i) {
+    if (addressed_.data()[i] == 0) continue;
+    const uint64_t b = bits_at(prec_, bytes_.data(), i);
+    if (b != own && b != wide) continue;
+    if (r.count++ == 0) {
+      r.tensor = name_;
+      r.bits = b;
+      r.first = dense_ ? element_name(i - lead_)
+                       : name_ + " element " + std::to_string(i - lead_);
+    }
+  }
+  return r;
+}
+
 TensorBuffer double_buffer(std::string name, int64_t n) {
   return TensorBuffer(std::move(name), Precision::kF64, Shape4{1, 1, 1, n});
 }
@@ -360,8 +420,8 @@ namespace {
 // The case's tensor stored in a new buffer of its shape (left NaN when the
 // case leaves it empty, as a forward-only case may leave d_o).
 TensorBuffer input(const char* name, Precision s, Shape4 shape, int64_t pad,
-                   const std::vector<double>& x, bool required) {
-  TensorBuffer t(name, s, shape, pad);
+                   int64_t tail, const std::vector<double>& x, bool required) {
+  TensorBuffer t(name, s, shape, pad, tail);
   if (required || !x.empty()) t.store(x);
   return t;
 }
@@ -398,17 +458,18 @@ AttentionBuffers::AttentionBuffers(const AttentionCase& c, Precision s)
     : q(input("q", s,
               {valid(c.problem).batch, c.problem.heads, c.problem.q_len,
                c.problem.head_dim},
-              c.row_pad, c.q, true)),
+              c.row_pad, kSequenceTailRows, c.q, true)),
       k(input("k", s,
               {c.problem.batch, kv_heads_of(c.problem), c.problem.kv_len,
                c.problem.head_dim},
-              c.row_pad, c.k, true)),
-      v(input("v", s, k.shape(), c.row_pad, c.v, true)),
-      d_o(input("d_o", s, q.shape(), c.row_pad, c.d_o, false)),
-      o("o", s, q.shape(), c.row_pad),
-      dq("dq", s, q.shape(), c.row_pad),
-      dk("dk", s, k.shape(), c.row_pad),
-      dv("dv", s, k.shape(), c.row_pad),
+              c.row_pad, kSequenceTailRows, c.k, true)),
+      v(input("v", s, k.shape(), c.row_pad, kSequenceTailRows, c.v, true)),
+      d_o(input("d_o", s, q.shape(), c.row_pad, kSequenceTailRows, c.d_o,
+                false)),
+      o("o", s, q.shape(), c.row_pad, kSequenceTailRows),
+      dq("dq", s, q.shape(), c.row_pad, kSequenceTailRows),
+      dk("dk", s, k.shape(), c.row_pad, kSequenceTailRows),
+      dv("dv", s, k.shape(), c.row_pad, kSequenceTailRows),
       lse(double_buffer("lse",
                         c.problem.batch * c.problem.heads * c.problem.q_len)),
       dg(double_buffer("dg", 1)),
@@ -459,6 +520,26 @@ std::vector<GuardViolation> AttentionBuffers::guard_violations() const {
                            &dk_weight, &dq_bias, &dk_bias, &d_sinks});
 }
 
+namespace {
+std::vector<PoisonedOutput> poisoned_in(
+    Precision input, std::initializer_list<const TensorBuffer*> outputs) {
+  std::vector<PoisonedOutput> r;
+  for (const TensorBuffer* t : outputs) {
+    PoisonedOutput p = t->poisoned(input);
+    if (p.count > 0) r.push_back(std::move(p));
+  }
+  return r;
+}
+}  // namespace
+
+std::vector<PoisonedOutput> AttentionBuffers::poisoned_outputs(
+    bool backward) const {
+  const Precision in = q.precision();
+  if (!backward) return poisoned_in(in, {&o, &lse});
+  return poisoned_in(in, {&o, &lse, &dq, &dk, &dv, &dg, &dq_weight, &dk_weight,
+                          &dq_bias, &dk_bias, &d_sinks});
+}
+
 AttentionResult AttentionBuffers::result(bool backward) const {
   AttentionResult r;
   r.o = o.load();
@@ -478,9 +559,9 @@ AttentionResult AttentionBuffers::result(bool backward) const {
 
 ScaleNormBuffers::ScaleNormBuffers(const ScaleNormCase& c, Precision s,
                                    int64_t row_pad)
-    : x(input("x", s, {1, 1, valid(c.problem).rows, c.problem.dim}, row_pad,
+    : x(input("x", s, {1, 1, valid(c.problem).rows, c.problem.dim}, row_pad, 0,
               c.x, true)),
-      dy(input("dy", s, x.shape(), row_pad, c.dy, false)),
+      dy(input("dy", s, x.shape(), row_pad, 0, c.dy, false)),
       y("y", s, x.shape(), row_pad),
       dx("dx", s, x.shape(), row_pad),
       dg(double_buffer("dg", 1)) {}
@@ -495,6 +576,12 @@ ScaleNormBackwardArgs ScaleNormBuffers::backward_args() {
 
 std::vector<GuardViolation> ScaleNormBuffers::guard_violations() const {
   return first_violations({&x, &dy, &y, &dx, &dg});
+}
+
+std::vector<PoisonedOutput> ScaleNormBuffers::poisoned_outputs(
+    bool backward) const {
+  if (!backward) return poisoned_in(x.precision(), {&y});
+  return poisoned_in(x.precision(), {&y, &dx, &dg});
 }
 
 ScaleNormResult ScaleNormBuffers::result(bool backward) const {

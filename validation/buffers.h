@@ -39,6 +39,18 @@ namespace qknorm::validation {
 // f32, 32 bf16) so that an over-wide tail store lands in the guard.
 inline constexpr int64_t kGuardElements = 32;
 
+// Rows of poison after each (batch, head) block of an attention tensor's
+// rows (AttentionBuffers): the sequence's last row is followed by poison,
+// as a sequence in a K/V cache is followed by the cache's unused capacity.
+// An entry that reads one key (or query) past the sequence end reads NaN
+// poison, which reaches its output (diagnosed as an out-of-bounds read,
+// validation/diagnose.h); one that writes one element past its last row
+// writes a guard. With none, the row after a head's last is the next head's
+// first: a read past the end would see valid data and a write would be
+// overwritten. One row: the head and batch strides are the only change an
+// entry sees (rows stay dense within a head).
+inline constexpr int64_t kSequenceTailRows = 1;
+
 // The poison bit pattern of precision p (in the low element_bytes(p) bytes):
 // a quiet NaN with payload 0x5a (f64 0x7ff800000000005a, f32 0x7fc0005a, f16
 // 0x7e5a, bf16 0x7fda); the fuzzers' guard pattern since issue 7.
@@ -80,30 +92,15 @@ struct Shape4 {
   int64_t count() const { return B * H * rows * D; }
 };
 
-// A guard (or row-pad) element found changed after a call.
-struct GuardViolation {
-  std::string tensor;
-  // Offset from the view's first element, in elements: negative before it,
-  // >= size after it, otherwise a row-pad gap.
-  int64_t index = 0;
-  std::string where;  // "1 past the view's last element o[0,0,5,7]", ...
-  double value = 0;   // the element decoded to double
-  uint64_t bits = 0;  // its bits
-  Precision prec = Precision::kF64;
-  // "o: guard element at index 48 (1 past the view's last element
-  //  o[0,0,5,7]) was written: holds 0.5 (bits 0x3fe0000000000000), guard
-  //  pattern 0x7ff800000000005a"
-  std::string message() const;
-};
-
 class TensorBuffer {
  public:
-  // Row stride D + row_pad; batch and head strides dense over padded rows
-  // (the layout run_attention hands entries); size() = B H rows (D +
+  // Row stride D + row_pad; head stride (rows + tail_rows) row strides,
+  // batch stride H head strides (the layout run_attention hands entries:
+  // tail_rows = kSequenceTailRows); size() = B H (rows + tail_rows) (D +
   // row_pad); kGuardElements of poison before and after. The view holds
   // NaN until store().
-  TensorBuffer(std::string name, Precision p, Shape4 shape,
-               int64_t row_pad = 0);
+  TensorBuffer(std::string name, Precision p, Shape4 shape, int64_t row_pad = 0,
+               int64_t tail_rows = 0);
   // The caller's layout and element count (the fuzzers' raw layouts, the
   // head-interleaved layout of a projection), with `guard` elements of
   // poison before and after [0, size) (the fuzzers: none); every element of
@@ -149,6 +146,12 @@ class TensorBuffer {
   // The first changed poison element in address order; tensor empty if
   // none.
   GuardViolation first_violation() const;
+  // The view's elements that hold an input's poison (an output an entry
+  // computed from a read outside an input view): this buffer's own poison
+  // pattern, or, in an f64 buffer (lse, dg), the poison of `input` widened
+  // to f64 as a hardware conversion widens a NaN (its payload kept).
+  // tensor empty if none.
+  PoisonedOutput poisoned(Precision input) const;
 
  private:
   size_t lead_bytes() const {
@@ -164,6 +167,7 @@ class TensorBuffer {
   Shape4 shape_;
   Layout4 layout_;
   int64_t size_ = 0, lead_ = 0, total_ = 0;  // lead_: guards before the view
+  int64_t tail_rows_ = 0;                    // dense: poison rows per head
   bool dense_ = false;                       // the first constructor's layout
   PooledBlock bytes_;
   PooledBlock addressed_;  // per allocation element, saturating
@@ -175,7 +179,8 @@ TensorBuffer double_buffer(std::string name, int64_t n);
 
 // Every tensor one forward and backward call of an attention entry reads or
 // writes, owned, in the entry's storage precision, laid out as
-// run_attention lays them out (row stride head_dim + c.row_pad): q, k, v,
+// run_attention lays them out (row stride head_dim + c.row_pad,
+// kSequenceTailRows of poison after each head's rows): q, k, v,
 // d_o hold the case's inputs (already rounded: round_inputs), the learned
 // parameters are f64 inputs; o, dq, dk, dv, lse, dg and the parameter
 // gradients start as NaN. Throws qknorm::Error naming the tensor when a case
@@ -193,6 +198,9 @@ class AttentionBuffers {
   // The first violation of every buffer whose guards were written (inputs
   // included: an entry must not write through a const view either).
   std::vector<GuardViolation> guard_violations() const;
+  // The outputs that hold an input's poison (TensorBuffer::poisoned):
+  // o and lse, and with backward the gradients.
+  std::vector<PoisonedOutput> poisoned_outputs(bool backward) const;
   // The outputs decoded to double, dense (backward: dq ... and the
   // parameter gradients too).
   AttentionResult result(bool backward) const;
@@ -216,6 +224,7 @@ class ScaleNormBuffers {
   ScaleNormForwardArgs forward_args();
   ScaleNormBackwardArgs backward_args();
   std::vector<GuardViolation> guard_violations() const;
+  std::vector<PoisonedOutput> poisoned_outputs(bool backward) const;
   ScaleNormResult result(bool backward) const;
   TensorBuffer x, dy, y, dx, dg;
 };

@@ -75,6 +75,8 @@ constexpr NamedValue<DiagnosisKind> kKindNames[] = {
     {DiagnosisKind::kTailBlock, "tail-block"},
     {DiagnosisKind::kParameterGradient, "parameter-gradient"},
     {DiagnosisKind::kSink, "sink"},
+    {DiagnosisKind::kOutOfBoundsWrite, "out-of-bounds-write"},
+    {DiagnosisKind::kOutOfBoundsRead, "out-of-bounds-read"},
 };
 
 // ---- (b) NaN or inf on fully masked rows --------------------------------
@@ -436,6 +438,50 @@ void order(std::vector<Diagnosis>* d) {
 
 const char* name(DiagnosisKind k) { return name_in(kKindNames, k); }
 
+std::vector<Diagnosis> memory_diagnoses(const MemoryEvidence& m,
+                                        bool fields_fail) {
+  std::vector<Diagnosis> out;
+  if (!m.writes.empty()) {
+    Diagnosis d;
+    d.kind = DiagnosisKind::kOutOfBoundsWrite;
+    d.phrase = "out-of-bounds write";
+    // The facts (value, bits, pattern) are the report's out_of_bounds
+    // lines; the cause names where.
+    d.message =
+        "out-of-bounds write: the entry stored outside its views "
+        "during the " +
+        m.write_call + " (";
+    for (size_t i = 0; i < m.writes.size(); ++i)
+      d.message += (i == 0 ? "" : "; ") + m.writes[i].tensor + " index " +
+                   std::to_string(m.writes[i].index) + ": " + m.writes[i].where;
+    d.message += ")";
+    d.confidence = 1;
+    out.push_back(std::move(d));
+  }
+  if (fields_fail && !m.poisoned.empty()) {
+    Diagnosis d;
+    d.kind = DiagnosisKind::kOutOfBoundsRead;
+    d.phrase = "out-of-bounds read";
+    d.message =
+        "out-of-bounds read: the entry read outside an input view (past a "
+        "sequence's last row, in a row-pad gap, or before the view: the "
+        "harness NaN-poisons them) and the NaN it read reached ";
+    for (size_t i = 0; i < m.poisoned.size(); ++i) {
+      const PoisonedOutput& p = m.poisoned[i];
+      char buf[200];
+      std::snprintf(buf, sizeof buf,
+                    "%s%s (%lld elements hold the poison, first %s, bits "
+                    "0x%llx)",
+                    i == 0 ? "" : ", ", p.tensor.c_str(), (long long)p.count,
+                    p.first.c_str(), (unsigned long long)p.bits);
+      d.message += buf;
+    }
+    d.confidence = 1;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 std::vector<Diagnosis> diagnose_attention(
     const AttentionCase& c, Precision s, const OracleAttention& orc,
     const std::vector<ToleranceTable>& tables, const AttentionResult& er,
@@ -444,16 +490,19 @@ std::vector<Diagnosis> diagnose_attention(
     const std::span<const double> x = field_values(er, f);
     return std::vector<double>(x.begin(), x.end());
   });
-  std::vector<Diagnosis> out;
-  if (std::all_of(fs.all.begin(), fs.all.end(),
-                  [](const Judged& j) { return j.failing.empty(); }))
-    return out;
+  const bool fail =
+      !std::all_of(fs.all.begin(), fs.all.end(),
+                   [](const Judged& j) { return j.failing.empty(); });
+  std::vector<Diagnosis> out = memory_diagnoses(er.memory, fail);
+  if (!fail) return out;
   const RangeInfo ri = diag::range_info(c, s);
   diag::diagnose_norm_range(c, s, ri, fs, &out);
   diagnose_masked(c, orc, fs, &out);
   // The rows the norm diagnosis explains are not evidence of 16-bit
   // arithmetic (their errors are of any size).
-  const bool norm = !out.empty() && out[0].kind == DiagnosisKind::kNormRange;
+  const bool norm = std::any_of(out.begin(), out.end(), [](const Diagnosis& d) {
+    return d.kind == DiagnosisKind::kNormRange;
+  });
   diagnose_sixteen_bit(c, orc, s, norm ? ri : RangeInfo{}, fs, &out);
   diag::diagnose_gqa(c, fs, &out);
   diag::diagnose_tail_block(c, fs, blocks, &out);
@@ -472,10 +521,11 @@ std::vector<Diagnosis> diagnose_scalenorm(
     if (f == Field::kDx) return er.dx;
     return {er.dg};
   });
-  std::vector<Diagnosis> out;
-  if (std::all_of(fs.all.begin(), fs.all.end(),
-                  [](const Judged& j) { return j.failing.empty(); }))
-    return out;
+  const bool fail =
+      !std::all_of(fs.all.begin(), fs.all.end(),
+                   [](const Judged& j) { return j.failing.empty(); });
+  std::vector<Diagnosis> out = memory_diagnoses(er.memory, fail);
+  if (!fail) return out;
   // (a) on ScaleNorm's rows: y = g x / max(||x||, eps).
   const Precision cf = compute_format(s);
   const int64_t R = c.problem.rows, L = c.problem.dim;

@@ -42,6 +42,16 @@
 //      their failing elements equal, within their bound, the oracle's with
 //      the query rows after the last full block of b left out (their dO
 //      zeroed): a reduction that drops the partial last query block.
+//  kOutOfBoundsWrite  The entry wrote outside its views: a guard element
+//      (before or after a view, a row-pad gap, a sequence's tail rows:
+//      validation/buffers.h) holds another value after the call
+//      (MemoryEvidence::writes, validation/run.h). Certain (confidence 1):
+//      it fails the case whatever the outputs.
+//  kOutOfBoundsRead  Some field fails and an output holds an input's NaN
+//      poison (MemoryEvidence::poisoned): the entry read outside an input
+//      view (past a sequence's last row, in a row-pad gap, before the
+//      view) and the NaN it read reached the output. Confidence 1: no
+//      arithmetic makes the poison's payload.
 //  kParameterGradient  Every failing field is a learned parameter's
 //      gradient (dg, dq_weight, dk_weight, dq_bias, dk_bias; ScaleNorm dg)
 //      while o, lse and every input gradient present (dq, dk, dv; ScaleNorm
@@ -69,9 +79,12 @@ enum class DiagnosisKind {
   kTailBlock,
   kParameterGradient,
   kSink,
+  kOutOfBoundsWrite,
+  kOutOfBoundsRead,
 };
 // "norm-range", "masked-row-nonfinite", "16-bit", "gqa-group-sum",
-// "tail-block", "parameter-gradient", "sink".
+// "tail-block", "parameter-gradient", "sink", "out-of-bounds-write",
+// "out-of-bounds-read".
 const char* name(DiagnosisKind k);
 
 struct Diagnosis {
@@ -93,6 +106,12 @@ std::vector<Diagnosis> diagnose_attention(
     const AttentionCase& c, Precision s, const OracleAttention& oracle,
     const std::vector<ToleranceTable>& tables, const AttentionResult& entry,
     const std::vector<int64_t>& blocks = {});
+// The diagnoses of the memory evidence alone (kOutOfBoundsWrite whenever a
+// guard was written; kOutOfBoundsRead when `fields_fail` and an output
+// holds poison). diagnose_attention and diagnose_scalenorm put them first;
+// the sampled verdict (no value diagnoses) uses them alone.
+std::vector<Diagnosis> memory_diagnoses(const MemoryEvidence& m,
+                                        bool fields_fail);
 std::vector<Diagnosis> diagnose_scalenorm(
     const ScaleNormCase& c, Precision s, const OracleScaleNorm& oracle,
     const std::vector<ToleranceTable>& tables, const ScaleNormResult& entry);

@@ -34,6 +34,7 @@ class ForwardingBackend : public Backend {
   }
   bool has_scalenorm() const override { return inner_.has_scalenorm(); }
   std::string built_for() const override { return inner_.built_for(); }
+  bool deterministic() const override { return inner_.deterministic(); }
 
   // The four computations go to the inner entry; availability, support and
   // workspaces keep Backend's defaults (none of the inner entries the tests

@@ -265,6 +265,13 @@ void apply_backward_input(const AttentionResult& er, AgreementReport* rep) {
               er.backward_note;
 }
 
+void apply_memory(const MemoryEvidence& m, AgreementReport* rep) {
+  for (const GuardViolation& w : m.writes)
+    rep->out_of_bounds.push_back("wrote outside its views during the " +
+                                 m.write_call + ": " + w.message());
+  if (!m.writes.empty()) rep->pass = false;
+}
+
 namespace {
 void finish(AgreementReport* rep) {
   rep->pass = true;
@@ -337,6 +344,7 @@ AgreementReport judge_attention(const PreparedAttention& p,
   }
   apply_backward_input(er, &rep);
   finish(&rep);
+  apply_memory(er.memory, &rep);
   if (!rep.pass) rep.diagnoses = diagnose_attention(c, s, orc, p.tables, er);
   return rep;
 }
@@ -398,6 +406,7 @@ AgreementReport judge_scalenorm(const ScaleNormCase& c, Precision s,
         judge_field(t, pick(er), nr != nullptr ? &naive : nullptr));
   }
   finish(&rep);
+  apply_memory(er.memory, &rep);
   if (!rep.pass) rep.diagnoses = diagnose_scalenorm(c, s, orc, tables, er);
   return rep;
 }
@@ -423,6 +432,7 @@ std::string AgreementReport::failure_message() const {
       m += buf + describe(f.naive) + "\n";
     }
   }
+  for (const std::string& w : out_of_bounds) m += "  " + w + "\n";
   if (m.empty()) return "";
   std::string under;
   if (contract != "f32-accumulate") {

@@ -114,6 +114,10 @@ struct AgreementReport {
   // What the backward read where it was not the entry's own O and lse
   // (apply_backward_input); "" otherwise.
   std::string note;
+  // Each guard the entry wrote (GuardViolation::message(), validation/
+  // run.h MemoryEvidence): any fails the case, whatever its fields say
+  // (apply_memory).
+  std::vector<std::string> out_of_bounds;
   // Every failing field: entry, case (shape, seed), the element of largest
   // margin (index, expected, actual, bound), the first failure's diagnosis;
   // then "likely cause: ..." for each of `diagnoses`.
@@ -125,6 +129,11 @@ struct AgreementReport {
 // oracle's O and lse, kNotRun replaces each by "not judged: <reason>".
 // judge_attention and judge_sampled call it before they sum up the case.
 void apply_backward_input(const AttentionResult& entry, AgreementReport* rep);
+
+// Fails the case where the entry wrote outside its views (the result's
+// MemoryEvidence: the report's out_of_bounds, pass false). judge_attention,
+// judge_sampled and judge_scalenorm call it after summing up the fields.
+void apply_memory(const MemoryEvidence& m, AgreementReport* rep);
 
 // The verdict on results already computed (check_* = run + judge_*): `c` is
 // the case as the entries saw it (round_inputs(case, s)), `oracle` its

@@ -115,15 +115,35 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
   // reads the entry's own O and lse where they are a valid backward input.
   AttentionBuffers bufs = buffers_for(b, c, fresh);
   checked_attention_forward(b, p, bufs.forward_args(), ws, cfg);
-  if (!backward) return bufs.result(false);
+  // The guards and the poison after each call (validation/buffers.h): a
+  // written guard fails the case (the backward does not run after a forward
+  // that wrote one); outputs holding an input's poison explain the
+  // failures they cause.
+  MemoryEvidence memory;
+  memory.writes = bufs.guard_violations();
+  if (!memory.writes.empty()) memory.write_call = "forward";
+  memory.poisoned = bufs.poisoned_outputs(false);
+  auto with_memory = [&](AttentionResult r) {
+    r.memory = std::move(memory);
+    return r;
+  };
+  if (!backward) return with_memory(bufs.result(false));
   if (!b.has_attention_backward()) {
     // A forward-only entry (Backend::has_attention_backward): its gradient
     // fields stay NaN and the verdict marks them "not judged".
-    return fed_result(bufs, forward_only_feed(bufs));
+    return with_memory(fed_result(bufs, forward_only_feed(bufs)));
+  }
+  if (!memory.writes.empty()) {
+    BackwardFeed f = forward_only_feed(bufs);
+    f.note = kForwardWroteOutsideNote;
+    return with_memory(fed_result(bufs, std::move(f)));
   }
   BackwardFeed feed = feed_backward(c, oracle, &bufs);
   if (feed.input != BackwardInput::kNotRun) {
     checked_attention_backward(b, p, bufs.backward_args(), ws, cfg);
+    memory.writes = bufs.guard_violations();
+    if (!memory.writes.empty()) memory.write_call = "backward";
+    memory.poisoned = bufs.poisoned_outputs(true);
   } else {
     // The backward does not run, but the caller's own backward input is
     // still validated: a non-finite dO is the caller's error
@@ -136,7 +156,7 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
     validate_finite("d_o", a.d_o.data, a.d_o.layout, p.batch, p.heads, p.q_len,
                     p.head_dim, b.precision());
   }
-  return fed_result(bufs, std::move(feed));
+  return with_memory(fed_result(bufs, std::move(feed)));
 }
 }  // namespace
 
@@ -232,8 +252,21 @@ ScaleNormResult run_scalenorm(const Backend& b, const ScaleNormCase& c,
   }
   ScaleNormBuffers bufs(c, s, 0);
   checked_scalenorm_forward(b, p, bufs.forward_args(), ws, cfg);
+  // As run_attention: the guards after each call (the first call that
+  // wrote one is named; ScaleNorm's backward runs regardless: its fields
+  // fail or pass on their own), the poison at the end.
+  MemoryEvidence memory;
+  memory.writes = bufs.guard_violations();
+  if (!memory.writes.empty()) memory.write_call = "forward";
   checked_scalenorm_backward(b, p, bufs.backward_args(), ws, cfg);
-  return bufs.result(true);
+  if (memory.writes.empty()) {
+    memory.writes = bufs.guard_violations();
+    if (!memory.writes.empty()) memory.write_call = "backward";
+  }
+  memory.poisoned = bufs.poisoned_outputs(true);
+  ScaleNormResult r = bufs.result(true);
+  r.memory = std::move(memory);
+  return r;
 }
 
 const Backend& naive_for(Precision p) { return reference::naive_backend(p); }

@@ -5,6 +5,7 @@
 #ifndef QKNORM_VALIDATION_RUN_H_
 #define QKNORM_VALIDATION_RUN_H_
 
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -36,6 +37,51 @@ enum class BackwardInput {
 inline constexpr const char* kForwardOnlyNote =
     "forward only (the entry implements no attention backward)";
 
+// A guard (or row-pad, or sequence-tail) element found changed after a call
+// (validation/buffers.h lays the guards out).
+struct GuardViolation {
+  std::string tensor;
+  // Offset from the view's first element, in elements: negative before it,
+  // >= size after it, otherwise a row-pad gap or a sequence's tail rows.
+  int64_t index = 0;
+  std::string where;  // "1 past the view's last element o[0,0,5,7]", ...
+  double value = 0;   // the element decoded to double
+  uint64_t bits = 0;  // its bits
+  Precision prec = Precision::kF64;
+  // "o: guard element at index 48 (1 past the view's last element
+  //  o[0,0,5,7]) was written: holds 0.5 (bits 0x3fe0000000000000), guard
+  //  pattern 0x7ff800000000005a"
+  std::string message() const;
+};
+
+// An output whose elements hold an input's poison: the entry read outside
+// an input view and the NaN it read reached this output (IEEE 754
+// arithmetic propagates a NaN operand's payload; none makes this one).
+struct PoisonedOutput {
+  std::string tensor;
+  int64_t count = 0;  // elements holding the poison
+  std::string first;  // the first of them in address order: "o[0,1,4,0]"
+  uint64_t bits = 0;  // its bits
+};
+
+// What the guards and the poison showed about an entry's memory accesses
+// (run_attention, run_scalenorm; validation/buffers.h). A written guard
+// fails the case whatever the outputs (judge.h: AgreementReport::
+// out_of_bounds); a poisoned output is the diagnosis of the failures it
+// causes (validation/diagnose.h, out-of-bounds-read).
+struct MemoryEvidence {
+  // The first written guard of each tensor, and the call after which it
+  // was found ("forward" / "backward"): the first call that wrote one
+  // (after a forward that wrote a guard the backward does not run).
+  std::vector<GuardViolation> writes;
+  std::string write_call;
+  std::vector<PoisonedOutput> poisoned;
+};
+
+// The backward note of a run whose forward wrote outside its views.
+inline constexpr const char* kForwardWroteOutsideNote =
+    "the forward wrote outside its views (the backward did not run)";
+
 // Outputs decoded to double, dense.
 struct AttentionResult {
   std::vector<double> o, lse, dq, dk, dv;
@@ -50,10 +96,12 @@ struct AttentionResult {
   // Why the entry's own o and lse were not fed to the backward ("o[1,0,0,0]:
   // element is NaN (finite input required)"); "" for kEntry.
   std::string backward_note;
+  MemoryEvidence memory;
 };
 struct ScaleNormResult {
   std::vector<double> y, dx;
   double dg = 0;
+  MemoryEvidence memory;
 };
 // One field of a result (dg: a span of one). Attention fields only; a
 // ScaleNorm field of an AttentionResult is empty.

@@ -265,6 +265,9 @@ AgreementReport judge_sampled(const AttentionCase& c, const SampledOracle& so,
       rep.worst_field = label(f);
     }
   }
+  const bool fields_fail = !rep.pass;
+  apply_memory(er.memory, &rep);
+  if (!rep.pass) rep.diagnoses = memory_diagnoses(er.memory, fields_fail);
   return rep;
 }
 

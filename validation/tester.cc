@@ -47,26 +47,13 @@ bool guards_hold(const Buffers& bufs, const char* call, Report* r) {
 AttentionTestReport run_guarded(const Backend& entry, const AttentionCase& c,
                                 bool forward_only, const ExecConfig& cfg,
                                 Workspace* ws, const OracleSource& oracle) {
+  // run_attention checks the guards after each call (validation/run.h
+  // MemoryEvidence); the report carries what it found.
   auto r = new_report<AttentionTestReport>(entry, c);
-  std::unique_ptr<Workspace> own;
-  ws = workspace(entry, ws, &own);
-  AttentionBuffers bufs(c, entry.precision());
-  checked_attention_forward(entry, c.problem, bufs.forward_args(), ws, cfg);
-  if (!guards_hold(bufs, "forward", &r)) return r;
-  if (forward_only) {
-    r.result = bufs.result(false);
-    return r;
-  }
-  if (!entry.has_attention_backward()) {  // as run_attention (run.cc)
-    r.result = fed_result(bufs, forward_only_feed(bufs));
-    return r;
-  }
-  BackwardFeed feed = feed_backward(c, oracle, &bufs);
-  if (feed.input != BackwardInput::kNotRun) {
-    checked_attention_backward(entry, c.problem, bufs.backward_args(), ws, cfg);
-    if (!guards_hold(bufs, "backward", &r)) return r;
-  }
-  r.result = fed_result(bufs, std::move(feed));
+  r.result = forward_only ? run_attention_forward(entry, c, cfg, ws)
+                          : run_attention_fed(entry, c, oracle, cfg, ws);
+  r.guards = r.result.memory.writes;
+  r.guard_call = r.result.memory.write_call;
   return r;
 }
 

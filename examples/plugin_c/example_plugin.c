@@ -33,8 +33,27 @@
  * P.V accumulation is declared (contract "pv_acc=f16") and judged under the
  * bound that rounding costs: it passes.
  *
+ * Two memory bugs, caught by the guards and poison the harness lays around
+ * every view (its README, "Guard memory"): -DQKNORM_EXAMPLE_OOB_WRITE
+ * stores one element past each row of o (an over-wide tail store); the
+ * last row's lands past the sequence end, a guard: qknorm-check FAILs the
+ * entry, naming o and the offset. -DQKNORM_EXAMPLE_OOB_READ reads one key
+ * past the sequence end in its forward (a loop bound off by one, harmless
+ * where a mask hides the key): the NaN poison there reaches o and lse, and
+ * qknorm-check diagnoses the out-of-bounds read.
+ *
+ * -DQKNORM_EXAMPLE_RACE runs its backward on the threads it is given
+ * (the arguments' threads) and merges each thread's dK into the shared dK
+ * without synchronization: at 1 thread it is exact and passes; at 2 the
+ * threads' read-add-write of the same elements lose updates, differently
+ * from run to run. One clean run cannot see it; `qknorm-check determinism`
+ * FAILs it and names the data race in dk.
+ *
  *   qknorm-check --plugin ./libqknorm_example_plugin.so --backend 'plugin:*'
  */
+#ifdef QKNORM_EXAMPLE_RACE
+#define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +61,10 @@
 #include <string.h>
 
 #include "qknorm/plugin.h"
+
+#ifdef QKNORM_EXAMPLE_RACE
+#include <pthread.h>
+#endif
 
 #if defined(QKNORM_EXAMPLE_F16_PV) && defined(QKNORM_EXAMPLE_DECLARE_F16_PV)
 #define PLUGIN_NAME "example_f16_pv_declared"
@@ -61,8 +84,19 @@
 #define PLUGIN_NAME "example_attention_only"
 #elif defined(QKNORM_EXAMPLE_BAD_IMPLEMENTS)
 #define PLUGIN_NAME "example_bad_implements"
+#elif defined(QKNORM_EXAMPLE_OOB_WRITE)
+#define PLUGIN_NAME "example_oob_write"
+#elif defined(QKNORM_EXAMPLE_OOB_READ)
+#define PLUGIN_NAME "example_oob_read"
+#elif defined(QKNORM_EXAMPLE_RACE) && \
+    defined(QKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC)
+#define PLUGIN_NAME "example_race_declared"
+#elif defined(QKNORM_EXAMPLE_RACE)
+#define PLUGIN_NAME "example_race"
 #elif QKNORM_PLUGIN_ABI_VERSION == 1
 #define PLUGIN_NAME "example_v1"
+#elif QKNORM_PLUGIN_ABI_VERSION == 2
+#define PLUGIN_NAME "example_v2"
 #else
 #define PLUGIN_NAME "example"
 #endif
@@ -107,6 +141,14 @@ typedef float SumSq;
 typedef double SumSq;
 #endif
 
+/* Keys the forward reads past the sequence end: the planted off-by-one of
+ * the OOB_READ build (1), none otherwise. */
+#ifdef QKNORM_EXAMPLE_OOB_READ
+#define KEYS_PAST_END 1
+#else
+#define KEYS_PAST_END 0
+#endif
+
 static int visible(const qknorm_attention_problem* p, int64_t b, int64_t i,
                    int64_t j) {
   if (p->causal && j > i + p->kv_len - p->q_len) return 0;
@@ -148,8 +190,9 @@ static double logit_scale(const qknorm_attention_problem* p) {
 /* Row i of P (0 for masked keys); returns the log-sum-exp, -inf for a fully
  * masked row. */
 static double probs_row(const qknorm_attention_problem* p, const double* qh,
-                        const double* kh, int64_t b, int64_t i, double* P) {
-  const int64_t D = p->head_dim, Nk = p->kv_len;
+                        const double* kh, int64_t b, int64_t i, int64_t Nk,
+                        double* P) {
+  const int64_t D = p->head_dim;
   const double sc = logit_scale(p);
   double m = -INFINITY;
   for (int64_t j = 0; j < Nk; ++j) {
@@ -176,10 +219,11 @@ typedef struct {
 static int scratch(const qknorm_attention_problem* p, Scratch* s) {
   const int64_t D = p->head_dim;
   s->qh = malloc(sizeof(double) * (size_t)(p->q_len * D));
-  s->kh = malloc(sizeof(double) * (size_t)(p->kv_len * D));
+  const int64_t Nk = p->kv_len + KEYS_PAST_END;
+  s->kh = malloc(sizeof(double) * (size_t)(Nk * D));
   s->qn = malloc(sizeof(double) * (size_t)p->q_len);
-  s->kn = malloc(sizeof(double) * (size_t)p->kv_len);
-  s->P = malloc(sizeof(double) * (size_t)p->kv_len);
+  s->kn = malloc(sizeof(double) * (size_t)Nk);
+  s->P = malloc(sizeof(double) * (size_t)Nk);
   return s->qh && s->kh && s->qn && s->kn && s->P;
 }
 static void release(Scratch* s) {
@@ -206,9 +250,10 @@ static int forward(const qknorm_attention_problem* p,
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
       operand(p, &a->q, b, h, Nq, s.qh, s.qn);
-      operand(p, &a->k, b, hk, Nk, s.kh, s.kn);
+      operand(p, &a->k, b, hk, Nk + KEYS_PAST_END, s.kh, s.kn);
       for (int64_t i = 0; i < Nq; ++i) {
-        const double lse = probs_row(p, s.qh, s.kh, b, i, s.P);
+        const double lse =
+            probs_row(p, s.qh, s.kh, b, i, Nk + KEYS_PAST_END, s.P);
         if (probs != NULL)
           memcpy(probs + ((b * H + h) * Nq + i) * Nk, s.P,
                  sizeof(double) * (size_t)Nk);
@@ -218,6 +263,9 @@ static int forward(const qknorm_attention_problem* p,
           for (int64_t j = 0; j < Nk; ++j)
             if (s.P[j] != 0) o = ACC(o + ACC(s.P[j] * ld4(&a->v, b, hk, j, d)));
           st4(&a->o, b, h, i, d, o);
+#ifdef QKNORM_EXAMPLE_OOB_WRITE
+          if (d == D - 1) st4(&a->o, b, h, i, D, o); /* one past the row */
+#endif
         }
       }
     }
@@ -255,39 +303,46 @@ static void unit_backward(const double* u, double nrm, double eps, int64_t D,
   }
 }
 
-static int attention_backward(void* ctx, void* ws,
-                              const qknorm_attention_problem* p,
-                              const qknorm_backward_args* a, char* err,
-                              size_t n) {
-  (void)ctx, (void)ws;
-  if (a->q.dtype != QKNORM_DTYPE_F32) return fail(err, n, "f32 storage only");
+/* One thread's share of the backward: the query rows i with i % nthreads ==
+ * tid of every (b, h). With `rest`, dq rows (stored here), dV and dg,
+ * summed into its own accumulators dv, dg; with `dk`, dK into its own dk. */
+typedef struct {
+  const qknorm_attention_problem* p;
+  const qknorm_backward_args* a;
+  int tid, nthreads;
+  int rest, want_dk; /* what it computes */
+  double *dk, *dv;   /* [B, kv_heads, Nk, D] */
+  double dg;
+  int ok;
+#ifdef QKNORM_EXAMPLE_RACE
+  double* dk_shared; /* every thread's dk is added here */
+  pthread_barrier_t* barrier;
+#endif
+} Part;
+
+static void* backward_part(void* arg) {
+  Part* t = (Part*)arg;
+  const qknorm_attention_problem* p = t->p;
+  const qknorm_backward_args* a = t->a;
   const int64_t B = p->batch, H = p->heads, Hk = p->kv_heads, Nq = p->q_len,
                 Nk = p->kv_len, D = p->head_dim, group = H / Hk;
   const int qk = p->variant == QKNORM_VARIANT_QKNORM;
   const double sc = logit_scale(p);
   Scratch s;
   double* dq = malloc(sizeof(double) * (size_t)(Nq * D));
-  /* dK, dV of every kv head, summed over its group of query heads. */
-  double* dk = calloc((size_t)(B * Hk * Nk * D), sizeof(double));
-  double* dv = calloc((size_t)(B * Hk * Nk * D), sizeof(double));
   double* O = malloc(sizeof(double) * (size_t)D);
-  if (!scratch(p, &s) || !dq || !dk || !dv || !O) {
-    release(&s);
-    free(dq), free(dk), free(dv), free(O);
-    return fail(err, n, "out of memory");
-  }
-  double dg = 0;
-  for (int64_t b = 0; b < B; ++b)
+  t->ok = scratch(p, &s) && dq && O;
+  for (int64_t b = 0; t->ok && b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
-      double* dkh = dk + (b * Hk + hk) * Nk * D;
-      double* dvh = dv + (b * Hk + hk) * Nk * D;
+      double* dkh = t->dk + (b * Hk + hk) * Nk * D;
+      double* dvh = t->rest ? t->dv + (b * Hk + hk) * Nk * D : NULL;
       operand(p, &a->q, b, h, Nq, s.qh, s.qn);
       operand(p, &a->k, b, hk, Nk, s.kh, s.kn);
-      for (int64_t i = 0; i < Nq; ++i) {
+      for (int64_t i = t->tid; i < Nq; i += t->nthreads) {
         double* dqi = dq + i * D;
         for (int64_t d = 0; d < D; ++d) dqi[d] = 0;
-        if (probs_row(p, s.qh, s.kh, b, i, s.P) == -INFINITY) continue;
+        if (probs_row(p, s.qh, s.kh, b, i, Nk, s.P) == -INFINITY) continue;
         double delta = 0;
         for (int64_t d = 0; d < D; ++d) {
           O[d] = 0;
@@ -301,25 +356,106 @@ static int attention_backward(void* ctx, void* ws,
           for (int64_t d = 0; d < D; ++d) {
             const double doid = ld4(&a->d_o, b, h, i, d);
             dp += doid * ld4(&a->v, b, hk, j, d);
-            dvh[j * D + d] += s.P[j] * doid;
+            if (t->rest) dvh[j * D + d] += s.P[j] * doid;
             c += s.qh[i * D + d] * s.kh[j * D + d];
           }
           const double ds = s.P[j] * (dp - delta);
 #ifdef QKNORM_EXAMPLE_CRASH
           if (i == Nq - 1 && j == 0) *(volatile int*)NULL = 0; /* --isolate test */
 #endif
-          dg += ds * c;
-          for (int64_t d = 0; d < D; ++d) {
-            dqi[d] += sc * ds * s.kh[j * D + d];
-            dkh[j * D + d] += sc * ds * s.qh[i * D + d];
+          if (t->rest) {
+            t->dg += ds * c;
+            for (int64_t d = 0; d < D; ++d) dqi[d] += sc * ds * s.kh[j * D + d];
           }
+          if (t->want_dk)
+            for (int64_t d = 0; d < D; ++d)
+              dkh[j * D + d] += sc * ds * s.qh[i * D + d];
         }
       }
-      for (int64_t i = 0; i < Nq; ++i) {
+      for (int64_t i = t->tid; t->rest && i < Nq; i += t->nthreads) {
         if (qk) unit_backward(s.qh + i * D, s.qn[i], p->eps, D, dq + i * D);
         for (int64_t d = 0; d < D; ++d) st4(&a->dq, b, h, i, d, dq[i * D + d]);
       }
     }
+  release(&s);
+  free(dq), free(O);
+#ifdef QKNORM_EXAMPLE_RACE
+  /* The planted race: once every thread is done, each adds its dK into the
+   * shared dK: it reads the shared dK, and writes back what it read plus
+   * its own, with nothing ordering its write after another thread's read.
+   * Every thread reads before any writes (the barrier stands in for the
+   * timing that makes this likely in a real kernel), so the last writer of
+   * an element wins and the others' share of it is lost. The threads write
+   * in opposite directions: where the last writer changes depends on their
+   * timing, so the runs differ. */
+  if (t->dk_shared == NULL) return NULL; /* not a dK thread */
+  const int64_t n = B * Hk * Nk * D;
+  double* seen = malloc(sizeof(double) * (size_t)n);
+  pthread_barrier_wait(t->barrier);
+  for (int64_t e = 0; seen && e < n; ++e) seen[e] = t->dk_shared[e];
+  pthread_barrier_wait(t->barrier);
+  for (int64_t k = 0; seen && k < n; ++k) {
+    const int64_t e = t->tid % 2 == 0 ? k : n - 1 - k;
+    ((volatile double*)t->dk_shared)[e] = seen[e] + t->dk[e];
+  }
+  if (!seen) t->ok = 0;
+  free(seen);
+#endif
+  return NULL;
+}
+
+static int attention_backward(void* ctx, void* ws,
+                              const qknorm_attention_problem* p,
+                              const qknorm_backward_args* a, char* err,
+                              size_t n) {
+  (void)ctx, (void)ws;
+  if (a->q.dtype != QKNORM_DTYPE_F32) return fail(err, n, "f32 storage only");
+  const int64_t B = p->batch, Hk = p->kv_heads, Nk = p->kv_len,
+                D = p->head_dim;
+  const int qk = p->variant == QKNORM_VARIANT_QKNORM;
+  const size_t kv = (size_t)(B * Hk * Nk * D);
+  /* dK, dV of every kv head, summed over its group of query heads. */
+  double* dk = calloc(kv, sizeof(double));
+  double* dv = calloc(kv, sizeof(double));
+  Scratch s;
+  int ok = scratch(p, &s) && dk && dv;
+  /* dq, dV and dg on this thread; dK too, except in the racing build. */
+  Part part = {.p = p, .a = a, .nthreads = 1, .rest = 1, .want_dk = 1,
+               .dk = dk, .dv = dv};
+#ifdef QKNORM_EXAMPLE_RACE
+  part.want_dk = 0;
+#endif
+  if (ok) backward_part(&part);
+  ok = ok && part.ok;
+  const double dg = part.dg;
+#ifdef QKNORM_EXAMPLE_RACE
+  /* dK on the threads it is given (0: one), each summing its rows' share
+   * into its own dk, then adding it into the shared one (backward_part). */
+  const int nthreads = a->threads > 1 ? (a->threads < 16 ? a->threads : 16) : 1;
+  Part parts[16];
+  pthread_t th[16];
+  pthread_barrier_t barrier;
+  pthread_barrier_init(&barrier, NULL, (unsigned)nthreads);
+  for (int k = 0; k < nthreads; ++k) {
+    parts[k] = (Part){.p = p, .a = a, .tid = k, .nthreads = nthreads,
+                      .want_dk = 1, .dk = calloc(kv, sizeof(double)),
+                      .dk_shared = dk, .barrier = &barrier};
+    if (!parts[k].dk) ok = 0;
+  }
+  for (int k = 0; ok && k < nthreads; ++k)
+    pthread_create(&th[k], NULL, backward_part, &parts[k]);
+  for (int k = 0; k < nthreads; ++k) {
+    if (ok) pthread_join(th[k], NULL);
+    ok = ok && parts[k].ok;
+    free(parts[k].dk);
+  }
+  pthread_barrier_destroy(&barrier);
+#endif
+  if (!ok) {
+    release(&s);
+    free(dk), free(dv);
+    return fail(err, n, "out of memory");
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hk = 0; hk < Hk; ++hk) {
       double* dkh = dk + (b * Hk + hk) * Nk * D;
@@ -335,7 +471,7 @@ static int attention_backward(void* ctx, void* ws,
     }
   *a->dg = qk ? dg : 0;
   release(&s);
-  free(dq), free(dk), free(dv), free(O);
+  free(dk), free(dv);
   return 0;
 }
 
@@ -413,6 +549,15 @@ static int scalenorm_backward(void* ctx, void* ws,
 #define SCALENORM_FORWARD scalenorm_forward
 #define SCALENORM_BACKWARD scalenorm_backward
 #endif
+/* ABI version 3's flags: none (bitwise reproducible, concurrent calls
+ * allowed), or, built with -DQKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC, both
+ * declarations (the suite reports the run-to-run spread and serializes the
+ * entry's calls). */
+#ifdef QKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC
+#define FLAGS (QKNORM_FLAG_NONDETERMINISTIC | QKNORM_FLAG_SERIAL_CALLS)
+#else
+#define FLAGS 0u
+#endif
 /* The functions a build does not hand over stay in the file (one file for
  * every build); referenced here, they are not unused. */
 static const qknorm_attention_backward_fn kAttentionBackward =
@@ -445,6 +590,9 @@ static const qknorm_plugin_entry kEntries[] = {{
     NULL, /* contract: f32-accumulate (every intermediate in double here) */
 #endif
     "x86-64 baseline (C11, double arithmetic)", /* built_for */
+#endif
+#if QKNORM_PLUGIN_ABI_VERSION >= 3
+    FLAGS,
 #endif
 }};
 

@@ -72,6 +72,14 @@ class Backend {
   // The CPU features the entry's code was compiled for, as its author names
   // them (a plug-in's `built_for`); "" where not said. Reports print it.
   virtual std::string built_for() const { return {}; }
+  // Whether the entry's results are bitwise identical from run to run and
+  // for every ExecConfig::threads, as ExecConfig asks (default: true, which
+  // every production entry keeps). `qknorm-check determinism` holds a
+  // deterministic entry to that across N runs at 1 and 2 threads; for one
+  // that declares otherwise (atomics in a reduction: a plug-in's
+  // QKNORM_FLAG_NONDETERMINISTIC) it reports the run-to-run spread beside
+  // the bound, and every run must still pass the verdict.
+  virtual bool deterministic() const { return true; }
 
   // The compute contract the entry declares (qknorm/contract.h, issue 31):
   // the formats its attention rounds its intermediates to, which the

@@ -27,6 +27,9 @@
  *            become optional: forward-only and attention-only entries),
  *            `contract` (the compute contract, per entry) and `built_for`
  *            (the CPU features its code was compiled for).
+ *   version 3 (issue 35): `flags` (QKNORM_FLAG_*: an entry whose results
+ *            are not bitwise reproducible, one whose calls must not run
+ *            concurrently).
  *
  * Each entry is one implementation at one storage precision. The suite calls
  * it only with problems it declared (features) and with valid input: shapes
@@ -64,6 +67,20 @@
  * with -DQKNORM_EXAMPLE_F16_PV); declared ("pv_acc=f16"), it is judged
  * under the looser bound that rounding costs, and the report says so.
  *
+ * Memory: the views are guarded (validation/buffers.h). Every element of
+ * an allocation a view does not address is NaN poison with a fixed payload
+ * (f32 0x7fc0005a): the row-pad gaps of strided rows, a poison row after
+ * each (batch, head)'s last row (so a head's stride is one row longer than
+ * its rows: a sequence followed by unused capacity, as in a K/V cache), and
+ * guard regions before and after each view. A call that writes any of
+ * them, through an output view or an input's, FAILs the case whatever its
+ * values ("likely cause: out-of-bounds write", naming the tensor, the
+ * offset and the element it follows); a call that reads them computes NaN,
+ * which fails the outputs it reaches, diagnosed "out-of-bounds read" where
+ * the poison's payload arrives intact (examples/plugin_c built with
+ * -DQKNORM_EXAMPLE_OOB_WRITE and -DQKNORM_EXAMPLE_OOB_READ). Outputs start
+ * as NaN, so an element left unwritten fails too.
+ *
  * Backward's o and lse are the entry's own forward outputs: the suite runs
  * the forward on the same inputs just before and passes its o and lse as
  * written (validation/run.cc). Where they are no valid backward input (o not
@@ -88,9 +105,15 @@
  * entry without make_workspace is called from several threads at once, each
  * call with workspace NULL: it must keep no mutable state in ctx or in
  * globals. A workspace is used by one thread at a time. --jobs 1 and
- * --isolate (one job) call serially.
+ * --isolate (one job) call serially. An entry that cannot take concurrent
+ * calls declares QKNORM_FLAG_SERIAL_CALLS (ABI version 3): the suite then
+ * never runs two of its calls at once.
  * The threads field asks for that many worker threads (0: the entry's
- * choice); results must not depend on it.
+ * choice); results must not depend on it: bitwise identical from run to
+ * run and for every thread count, unless the entry declares
+ * QKNORM_FLAG_NONDETERMINISTIC. `qknorm-check determinism` runs each entry
+ * 3 times at 1 and at 2 threads and compares the runs bitwise (examples/
+ * plugin_c built with -DQKNORM_EXAMPLE_RACE: a race in its dK, named).
  */
 #ifndef QKNORM_PLUGIN_H_
 #define QKNORM_PLUGIN_H_
@@ -104,7 +127,7 @@ extern "C" {
 
 /* The version this header describes (above: versions and compatibility).
  * Bump on any layout change. */
-#define QKNORM_PLUGIN_ABI_VERSION 2u
+#define QKNORM_PLUGIN_ABI_VERSION 3u
 
 typedef enum {
   QKNORM_DTYPE_F64 = 0,
@@ -143,6 +166,20 @@ enum {
 enum {
   QKNORM_IMPLEMENTS_ATTENTION_BACKWARD = 1u << 0, /* attention_backward */
   QKNORM_IMPLEMENTS_SCALENORM = 1u << 1 /* scalenorm_forward and _backward */
+};
+
+/* Properties of an entry's calls (ABI version 3, `flags`; earlier
+ * versions: none). */
+enum {
+  /* Results may differ from run to run or between thread counts (atomics
+   * in a reduction): `qknorm-check determinism` reports the run-to-run
+   * spread beside the bound instead of failing on a difference. Without
+   * it an entry must be bitwise reproducible. */
+  QKNORM_FLAG_NONDETERMINISTIC = 1u << 0,
+  /* Calls must not run concurrently (state in ctx or globals): the suite
+   * serializes every call of the entry. Without it calls of one entry run
+   * concurrently, each with its own workspace or NULL. */
+  QKNORM_FLAG_SERIAL_CALLS = 1u << 1
 };
 
 typedef enum {
@@ -317,7 +354,30 @@ typedef struct {
    * machine line and in the JSON row (`built_for`): a kernel's results can
    * change with the instructions it was built for (ggml with AVX512-FP16). */
   const char* built_for;
+  /* ---- ABI version 3 ---- */
+  /* QKNORM_FLAG_* bits (earlier versions: 0). The loader refuses unknown
+   * bits. */
+  uint32_t flags;
 } qknorm_plugin_entry;
+
+/* The entries' layout of ABI version 2, which the loader still reads: the
+ * fields of qknorm_plugin_entry up to built_for. */
+typedef struct {
+  const char* name;
+  int32_t storage;
+  uint32_t features;
+  void* ctx;
+  void* (*make_workspace)(void* ctx);
+  void (*free_workspace)(void* ctx, void* workspace);
+  qknorm_attention_forward_fn attention_forward;
+  qknorm_attention_backward_fn attention_backward;
+  qknorm_probabilities_fn attention_probabilities;
+  qknorm_scalenorm_forward_fn scalenorm_forward;
+  qknorm_scalenorm_backward_fn scalenorm_backward;
+  uint32_t implements;
+  const char* contract;
+  const char* built_for;
+} qknorm_plugin_entry_v2;
 
 /* The entries' layout of ABI version 1, which the loader still reads: the
  * fields of qknorm_plugin_entry up to scalenorm_backward, every function
@@ -341,7 +401,7 @@ typedef struct {
   const char* name;     /* the plug-in's name (same charset as entries) */
   int32_t entry_count;
   /* entry_count entries in abi_version's layout (version 1:
-   * qknorm_plugin_entry_v1). */
+   * qknorm_plugin_entry_v1, version 2: qknorm_plugin_entry_v2). */
   const qknorm_plugin_entry* entries;
 } qknorm_plugin;
 
