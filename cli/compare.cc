@@ -345,6 +345,23 @@ EntryRow compare_scalenorm(const std::map<std::string, HostTensor>& in,
                        &naive_result, files_entry(prec), naive.name(), &only));
 }
 
+// Whether an input stored in `in` is exact in the judged format `out`:
+// the same format, f64, or f32 holding a 16-bit format. Throws naming the
+// tensor otherwise.
+void check_input_format(const HostTensor& t, Precision out) {
+  const Precision in = t.dtype;
+  const bool exact = in == out || out == Precision::kF64 ||
+                     (out == Precision::kF32 &&
+                      (in == Precision::kF16 || in == Precision::kBF16));
+  if (exact) return;
+  throw Error(t.name, {},
+              std::string("dtype ") + std::string(name(in)) +
+                  " is not exact in O's " + std::string(name(out)) +
+                  " (inputs may be stored narrower than O, each in its own "
+                  "format; the verdict and the naive baseline run in O's "
+                  "format)");
+}
+
 EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
                            const std::map<std::string, HostTensor>& outs,
                            const SuiteOptions& s, std::string* case_desc,
@@ -353,13 +370,15 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
                    &k = need(in, "k", "--inputs"),
                    &v = need(in, "v", "--inputs");
   const HostTensor& o = need(outs, tensor_name(Field::kO), "--outputs");
-  const Precision prec = q.dtype;
-  for (const auto* t : {&k, &v, &o})
-    if (t->dtype != prec)
-      throw Error(t->name, {},
-                  std::string("dtype ") + std::string(name(t->dtype)) +
-                      " differs from q's " + std::string(name(prec)) +
-                      " (the naive baseline runs at one dtype)");
+  // The judged storage format is O's. The inputs may be stored narrower,
+  // each in its own format (an inference engine's q in f32 beside an f16 or
+  // bf16 K/V cache, O in f32: issue 35): their values are exact in O's
+  // format, so the oracle and the naive baseline (which runs in O's format)
+  // take them as given. An input wider than O's format is refused.
+  const Precision prec = o.dtype;
+  for (const auto* t : {&q, &k, &v})
+    check_input_format(*t, prec);
+  const bool mixed = q.dtype != prec || k.dtype != prec || v.dtype != prec;
   const std::vector<int64_t> sq = as4(q, "q"), sk = as4(k, "k"),
                              sv = as4(v, "v");
   if (sk != sv)
@@ -448,7 +467,8 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
     if (t.dtype != prec)
       throw Error(gname, {},
                   std::string("dtype ") + std::string(name(t.dtype)) +
-                      " differs from q's " + std::string(name(prec)));
+                      " differs from O's " + std::string(name(prec)) +
+                      " (the gradients are judged in O's format)");
     if (as4(t, gname) != (f == Field::kDq ? sq : sk))
       throw Error(gname, {},
                   "shape " + t.shape_text() + " does not match " +
@@ -495,10 +515,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   }
   if (backward) {
     const HostTensor& d_o = need(in, "dO", "--inputs");
-    if (d_o.dtype != prec)
-      throw Error("dO", {},
-                  std::string("dtype ") + std::string(name(d_o.dtype)) +
-                      " differs from q's " + std::string(name(prec)));
+    check_input_format(d_o, prec);
     if (as4(d_o, "dO") != sq)
       throw Error(
           "dO", {},
@@ -522,6 +539,11 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   if (!is_paper_formulation(p))
     *case_desc += " formulation=" + describe_formulation(p);
   *case_desc += " (tensors from files)";
+  if (mixed)
+    *case_desc += std::string(" (q ") + std::string(name(q.dtype)) + ", k " +
+                  std::string(name(k.dtype)) + ", v " +
+                  std::string(name(v.dtype)) + ", judged in O's " +
+                  std::string(name(prec)) + ")";
   // The inputs are the files' values, already in `prec`: no rounding. The
   // naive same-precision baseline runs on them for the report's statistics
   // and its own margin only; it is no part of the verdict.

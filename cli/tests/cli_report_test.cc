@@ -308,14 +308,14 @@ TEST(Compare, NameEqualsPathAndGOverride) {
 TEST(Compare, MalformedDumpsAreInputErrorsNamingTheFile) {
   testing::TempDir dir;
   dump_case(dir.path(), Precision::kF32, false);
-  // Wrong dtype: k in f64 while q is f32.
+  // Wrong dtype: k in f64 while O is f32 (an input wider than O's format).
   HostTensor k = validation::read_npy_file(dir.file("k.npy"));
   k.dtype = Precision::kF64;
   validation::write_npy_file(dir.file("k64.npy"), k);
   expect_input_error(
       {"compare", "--inputs", dir.file("q.npy"), "k=" + dir.file("k64.npy"),
        dir.file("v.npy"), dir.file("g.npy"), "--outputs", dir.file("O.npy")},
-      "differs from q's f32");
+      "k: dtype f64 is not exact in O's f32");
   // Wrong shape: O of another length.
   HostTensor o = validation::read_npy_file(dir.file("O.npy"));
   o.shape[2] -= 1;
@@ -325,6 +325,57 @@ TEST(Compare, MalformedDumpsAreInputErrorsNamingTheFile) {
                       dir.file("k.npy"), dir.file("v.npy"), dir.file("g.npy"),
                       "--outputs", "O=" + dir.file("O_short.npy")},
                      "differs from q's");
+}
+
+// Mixed storage (issue 35): q and O in f32, k and v stored in f16 (an
+// inference engine's K/V cache). A kernel computing in f32 on those values
+// passes, judged in O's f32, the report naming each input's format; the
+// same O with one element moved FAILs; k in f16 beside an f16 O whose q is
+// f32 is refused (q is not exact in f16).
+TEST(Compare, MixedInputFormatsAreJudgedInOsFormat) {
+  testing::TempDir dir;
+  validation::AttentionCase c =
+      testing::gaussian_case(7, 9, 8, g_init(72), Precision::kF32, 5);
+  for (auto* x : {&c.k, &c.v})
+    for (double& e : *x) e = round_to(Precision::kF16, e);
+  const AttentionProblem& p = c.problem;
+  const validation::AttentionResult r = validation::run_attention_forward(
+      validation::naive_for(Precision::kF32), c);
+  auto t = [&](const std::string& nm, Precision d, const std::vector<double>& v,
+               int64_t rows) {
+    HostTensor h;
+    h.name = nm;
+    h.dtype = d;
+    h.shape = {p.batch, p.heads, rows, p.head_dim};
+    h.values = v;
+    validation::write_npy_file(dir.file(nm + ".npy"), h);
+  };
+  t("q", Precision::kF32, c.q, p.q_len);
+  t("k", Precision::kF16, c.k, p.kv_len);
+  t("v", Precision::kF16, c.v, p.kv_len);
+  t("O", Precision::kF32, r.o, p.q_len);
+  std::vector<double> moved = r.o;
+  moved[3] += 1e-3;
+  t("O_moved", Precision::kF32, moved, p.q_len);
+  validation::write_npy_file(dir.file("g.npy"),
+                             HostTensor{"g", Precision::kF64, {}, {p.g}});
+  const std::vector<std::string> in = {"compare", "--inputs", dir.file("q.npy"),
+                                       dir.file("k.npy"), dir.file("v.npy"),
+                                       dir.file("g.npy"), "--outputs"};
+  auto with = [&](const std::string& o) {
+    std::vector<std::string> a = in;
+    a.push_back("O=" + dir.file(o));
+    return a;
+  };
+  const testing::CliRun ok = testing::run(with("O.npy"));
+  EXPECT_EQ(ok.code, kExitPass) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("(q f32, k f16, v f16, judged in O's f32)"),
+            std::string::npos)
+      << ok.out;
+  const testing::CliRun bad = testing::run(with("O_moved.npy"));
+  EXPECT_EQ(bad.code, kExitFail) << bad.out << bad.err;
+  t("O16", Precision::kF16, r.o, p.q_len);
+  expect_input_error(with("O16.npy"), "q: dtype f32 is not exact in O's f16");
   // Truncated file.
   const std::string bytes = validation::read_file_bytes(dir.file("v.npy"));
   validation::write_file_bytes(dir.file("v_cut.npy"),
