@@ -692,6 +692,11 @@ void load_plugin_into(Registry& r, const std::string& path) {
 void load_plugins_from_env(Registry& r) {
   const char* env = std::getenv("QKNORM_PLUGIN");
   if (env == nullptr) return;
+  // QKNORM_ISOLATE=1: --isolate for every tool that reads QKNORM_PLUGIN
+  // (the fuzzers have no flags of their own).
+  if (const char* iso = std::getenv("QKNORM_ISOLATE");
+      iso != nullptr && *iso != '\0' && std::strcmp(iso, "0") != 0)
+    set_plugin_isolation(true);
   std::string s(env);
   size_t start = 0;
   while (start <= s.size()) {

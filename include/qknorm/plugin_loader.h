@@ -25,7 +25,9 @@ void load_plugin(const std::string& path);
 void load_plugin_into(Registry& r, const std::string& path);
 
 // Every path of the environment variable QKNORM_PLUGIN (':'-separated) into
-// `r`; all_backends() calls it once, on first use.
+// `r`; all_backends() calls it once, on first use. With QKNORM_ISOLATE set
+// (and not "0") it also turns isolation on (set_plugin_isolation below):
+// the fuzzers' way to --isolate.
 void load_plugins_from_env(Registry& r);
 
 // --isolate: run every plug-in call in a child process (fork). A crash,
