@@ -43,6 +43,7 @@ struct Row {
   double spread = 0;
   std::string spread_where, cause;
   bool cause_is_race = false;
+  std::string skipped;  // cases the entry does not implement: "c6, c7"
   bool identical = true, pass = true, error = false;
   std::vector<std::string> failures;  // one block per failing case
 };
@@ -89,7 +90,10 @@ int run_determinism(const DeterminismOptions& o, const SuiteOptions& so,
     row.declared = e->deterministic();
     for (size_t ci = 0; ci < suite.attention.size(); ++ci) {
       const AttentionSpec& spec = suite.attention[ci];
-      if (spec.sample_rows > 0 || !e->supports(spec.problem)) continue;
+      if (spec.sample_rows > 0 || !e->supports(spec.problem)) {
+        row.skipped += (row.skipped.empty() ? "c" : ", c") + std::to_string(ci);
+        continue;
+      }
       const Precision p = e->precision();
       try {
         auto it = shared.find({ci, p});
@@ -183,6 +187,10 @@ int run_determinism(const DeterminismOptions& o, const SuiteOptions& so,
         r.identical ? std::string("0") : fmt::format("{:.3g}", r.spread),
         verdict);
   }
+  for (const Row& r : rows)
+    if (!r.skipped.empty())
+      text +=
+          fmt::format("{}: not implemented, not run: {}\n", r.entry, r.skipped);
   bool header = false;
   for (const Row& r : rows)
     for (const std::string& f : r.failures) {

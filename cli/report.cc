@@ -69,6 +69,8 @@ std::string class_margin(double m);
 std::string worst_text(const WorstElement& w) {
   if (w.case_index < 0) return "-";
   if (w.threw) return fmt::format("c{} threw", w.case_index);
+  if (!w.wrote.empty())
+    return fmt::format("c{} wrote outside: {}", w.case_index, w.wrote);
   return fmt::format("{} c{}{} exp {:.6g} got {:.6g} bound {}", w.field_name(),
                      w.case_index, w.where, w.expected, w.actual, sci(w.bound));
 }
@@ -202,13 +204,15 @@ nlohmann::json finite_or_string(double x) {
 }
 
 nlohmann::json worst_json(const WorstElement& w) {
-  return {{"margin", finite_or_string(w.margin)},
-          {"case", w.case_index},
-          {"field", w.field_name()},
-          {"index", w.where},
-          {"expected", finite_or_string(w.expected)},
-          {"actual", finite_or_string(w.actual)},
-          {"bound", finite_or_string(w.bound)}};
+  nlohmann::json j = {{"margin", finite_or_string(w.margin)},
+                      {"case", w.case_index},
+                      {"field", w.field_name()},
+                      {"index", w.where},
+                      {"expected", finite_or_string(w.expected)},
+                      {"actual", finite_or_string(w.actual)},
+                      {"bound", finite_or_string(w.bound)}};
+  if (!w.wrote.empty()) j["wrote_outside"] = w.wrote;
+  return j;
 }
 
 // True if two sampled oracles drew the same rows.
@@ -301,8 +305,10 @@ std::string class_line(const EntryRow& row) {
     s += fmt::format("{} {:<13} {:<6}", c.pass ? "PASS" : "FAIL", k,
                      class_margin(c.worst.margin));
     if (!c.pass && c.worst.case_index >= 0)
-      s += c.worst.threw
-               ? fmt::format(" (case c{} threw)", c.worst.case_index)
+      s += c.worst.threw ? fmt::format(" (case c{} threw)", c.worst.case_index)
+           : !c.worst.wrote.empty()
+               ? fmt::format(" (case c{} wrote outside a view)",
+                             c.worst.case_index)
                : fmt::format(" ({}{} in case c{})", c.worst.field_name(),
                              c.worst.where, c.worst.case_index);
   }
@@ -585,6 +591,7 @@ std::string to_json(const Report& rep) {
                            {"pass", c.pass}};
       if (c.unsupported) jc["not_implemented"] = true;
       if (!c.error.empty()) jc["error"] = c.error;
+      if (!c.out_of_bounds.empty()) jc["out_of_bounds"] = c.out_of_bounds;
       if (!c.pass) {
         nlohmann::json dj = nlohmann::json::array();
         for (const validation::Diagnosis& d : c.diagnoses)

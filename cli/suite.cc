@@ -181,6 +181,14 @@ CaseResult from_report(const validation::AgreementReport& rep) {
     r.fields.push_back(fr);
   }
   if (!r.pass) r.failure = rep.failure_message();
+  if (!rep.out_of_bounds.empty()) {
+    // "wrote outside its views during the forward: o: guard element at
+    // index 48 (...) was written: holds ..." -> "o: guard element ... (...)"
+    const std::string& w = rep.out_of_bounds.front();
+    const size_t from =
+        w.find(": ") == std::string::npos ? 0 : w.find(": ") + 2;
+    r.out_of_bounds = w.substr(from, w.find(" was written") - from);
+  }
   r.diagnoses = rep.diagnoses;
   r.contract = rep.contract;
   r.looseness = rep.looseness;
@@ -525,6 +533,15 @@ void summarize(EntryRow* row) {
       row->worst.case_index = static_cast<int>(ci);
       row->worst.threw = true;
       cls.worst = row->worst;
+    } else if (!c.out_of_bounds.empty()) {
+      WorstElement w;
+      w.margin = std::numeric_limits<double>::infinity();
+      w.case_index = static_cast<int>(ci);
+      w.wrote = c.out_of_bounds;
+      // The first such case names the row's and the class's worst (a case
+      // that threw keeps it).
+      if (row->worst.wrote.empty() && !row->worst.threw) row->worst = w;
+      if (cls.worst.wrote.empty() && !cls.worst.threw) cls.worst = w;
     }
     for (const FieldResult& f : c.fields) {
       auto it =

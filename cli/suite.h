@@ -111,6 +111,10 @@ struct CaseResult {
   bool unsupported = false;
   std::vector<FieldResult> fields;
   std::string failure;  // failure message (rule's) if !pass
+  // The first guard the entry wrote (validation/run.h MemoryEvidence), as
+  // "o: guard element at index 4608 (past the sequence end, 1 past
+  // o[0,0,71,63])"; "" if none. It FAILs the case whatever its fields.
+  std::string out_of_bounds;
   // The likely causes if !pass (validation/diagnose.h), most confident first.
   std::vector<validation::Diagnosis> diagnoses;
   // The compute contract it was judged under and its bound's looseness
@@ -124,6 +128,9 @@ struct WorstElement {
   double margin = 0;    // err / bound (> 1 fails)
   int case_index = -1;  // -1: none yet
   bool threw = false;   // the case threw: no element, margin inf
+  // The case's entry wrote outside a view (CaseResult::out_of_bounds):
+  // that, margin inf.
+  std::string wrote;
   validation::Field field = validation::Field::kO;
   std::string key;  // FieldResult::key
   std::string where;

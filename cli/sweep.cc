@@ -281,7 +281,9 @@ std::vector<SweepPoint> run_sweep_points(
                 const validation::AttentionResult r =
                     validation::run_attention(*b, rc, exec);
                 pt.dq_err = scaled_err(r.dq, orc.dq, prec);
-                if (r.backward_input != validation::BackwardInput::kEntry) {
+                if (r.backward_input != validation::BackwardInput::kEntry &&
+                    r.backward_input !=
+                        validation::BackwardInput::kRecomputes) {
                   pt.dq_err = INFINITY;
                   pt.error = r.backward_note;
                 }

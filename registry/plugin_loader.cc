@@ -363,6 +363,9 @@ class PluginBackend : public Backend {
   bool deterministic() const override {
     return (e_->flags & QKNORM_FLAG_NONDETERMINISTIC) == 0;
   }
+  bool backward_recomputes() const override {
+    return (e_->flags & QKNORM_FLAG_BACKWARD_RECOMPUTES) != 0;
+  }
   // QKNORM_FLAG_SERIAL_CALLS: one call of the entry at a time (the lock
   // is held for the call; without the flag, none is taken).
   std::unique_lock<std::mutex> serial() const {
@@ -589,8 +592,9 @@ std::string function_rule(const qknorm_plugin_entry& e, uint32_t version) {
   if ((e.implements & ~kKnown) != 0)
     return "implements has unknown bits " +
            std::to_string(e.implements & ~kKnown);
-  constexpr uint32_t kKnownFlags =
-      QKNORM_FLAG_NONDETERMINISTIC | QKNORM_FLAG_SERIAL_CALLS;
+  constexpr uint32_t kKnownFlags = QKNORM_FLAG_NONDETERMINISTIC |
+                                   QKNORM_FLAG_SERIAL_CALLS |
+                                   QKNORM_FLAG_BACKWARD_RECOMPUTES;
   if ((e.flags & ~kKnownFlags) != 0)
     return "flags has unknown bits " + std::to_string(e.flags & ~kKnownFlags);
   if (!e.attention_forward) return "attention_forward is required";

@@ -307,7 +307,11 @@ std::string TensorBuffer::element_name(int64_t off) const {
   const int64_t block = shape_.rows + tail_rows_;
   const int64_t row = rs > 0 ? off / rs : 0, d = rs > 0 ? off % rs : off;
   const int64_t n = std::min(row % block, shape_.rows - 1), bh = row / block;
-  if (shape_.B == 1 && shape_.H == 1 && shape_.rows == 1)  // lse, dg, ...
+  // double_buffer's (lse, dg, the parameters and their gradients): one
+  // index. (An attention tensor has tail rows; a one-row f64 ScaleNorm
+  // tensor is named so too.)
+  if (prec_ == Precision::kF64 && tail_rows_ == 0 && shape_.B == 1 &&
+      shape_.H == 1 && shape_.rows == 1)
     return name_ + "[" + std::to_string(std::min(d, D - 1)) + "]";
   return name_ + "[" + std::to_string(bh / shape_.H) + "," +
          std::to_string(bh % shape_.H) + "," + std::to_string(n) + "," +

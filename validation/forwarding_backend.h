@@ -35,6 +35,9 @@ class ForwardingBackend : public Backend {
   bool has_scalenorm() const override { return inner_.has_scalenorm(); }
   std::string built_for() const override { return inner_.built_for(); }
   bool deterministic() const override { return inner_.deterministic(); }
+  bool backward_recomputes() const override {
+    return inner_.backward_recomputes();
+  }
 
   // The four computations go to the inner entry; availability, support and
   // workspaces keep Backend's defaults (none of the inner entries the tests

@@ -237,6 +237,10 @@ FieldVerdict judge_field(const ToleranceTable& t,
 
 void apply_backward_input(const AttentionResult& er, AgreementReport* rep) {
   if (er.backward_input == BackwardInput::kEntry) return;
+  if (er.backward_input == BackwardInput::kRecomputes) {
+    rep->note = "backward fields judged as computed: " + er.backward_note;
+    return;
+  }
   const bool ran = er.backward_input == BackwardInput::kOracle;
   std::string fields;
   for (FieldVerdict& f : rep->fields) {

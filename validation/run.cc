@@ -138,7 +138,8 @@ AttentionResult run_impl(const Backend& b, const AttentionCase& c,
     f.note = kForwardWroteOutsideNote;
     return with_memory(fed_result(bufs, std::move(f)));
   }
-  BackwardFeed feed = feed_backward(c, oracle, &bufs);
+  BackwardFeed feed = b.backward_recomputes() ? recompute_feed(&bufs)
+                                              : feed_backward(c, oracle, &bufs);
   if (feed.input != BackwardInput::kNotRun) {
     checked_attention_backward(b, p, bufs.backward_args(), ws, cfg);
     memory.writes = bufs.guard_violations();
@@ -165,6 +166,16 @@ BackwardFeed forward_only_feed(const AttentionBuffers& bufs) {
   f.forward = bufs.result(false);
   f.input = BackwardInput::kNotRun;
   f.note = kForwardOnlyNote;
+  return f;
+}
+
+BackwardFeed recompute_feed(AttentionBuffers* bufs) {
+  BackwardFeed f;
+  f.forward = bufs->result(false);
+  f.input = BackwardInput::kRecomputes;
+  f.note = kRecomputesNote;
+  bufs->o.store(std::vector<double>(f.forward.o.size(), 0.0));
+  bufs->lse.store(std::vector<double>(f.forward.lse.size(), 0.0));
   return f;
 }
 

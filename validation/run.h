@@ -25,12 +25,21 @@ class AttentionBuffers;  // validation/buffers.h
 // the forward fields are judged as computed (they FAIL with their counts)
 // and the backward reads the oracle's instead, or does not run.
 enum class BackwardInput {
-  kEntry,   // the entry's own forward outputs (always, when valid)
-  kOracle,  // the oracle's O rounded to the entry's storage and lse to its
-            // compute format: the backward fields are judged on them
-  kNotRun,  // no oracle at hand (or its O overflows storage): the backward
-            // did not run and its fields are "not judged"
+  kEntry,       // the entry's own forward outputs (always, when valid)
+  kOracle,      // the oracle's O rounded to the entry's storage and lse to its
+                // compute format: the backward fields are judged on them
+  kNotRun,      // no oracle at hand (or its O overflows storage): the backward
+                // did not run and its fields are "not judged"
+  kRecomputes,  // the entry declares that its backward recomputes O and lse
+                // (Backend::backward_recomputes): it was given o = 0 and
+                // lse = 0, and its fields are judged (a backward that reads
+                // them after all FAILs)
 };
+
+// The backward note of kRecomputes.
+inline constexpr const char* kRecomputesNote =
+    "the entry declares that its backward recomputes O and lse: it was "
+    "given o = 0 and lse = 0";
 
 // The backward note of a forward-only entry's results (its gradient fields
 // read "not judged: forward only ...").
@@ -149,6 +158,10 @@ struct BackwardFeed {
 // the backward does not run (kNotRun) and its fields are "not judged"
 // (kForwardOnlyNote); the forward's outputs as `bufs` hold them.
 BackwardFeed forward_only_feed(const AttentionBuffers& bufs);
+// The feed of an entry that declares its backward recomputes O and lse
+// (Backend::backward_recomputes): kRecomputes, o and lse in `bufs`
+// overwritten with zeros (the forward's own kept in `forward`, to judge).
+BackwardFeed recompute_feed(AttentionBuffers* bufs);
 BackwardFeed feed_backward(const AttentionCase& c, const OracleSource& oracle,
                            AttentionBuffers* bufs);
 // The decoded outputs after the backward (or, kNotRun, instead of it): the

@@ -88,6 +88,10 @@
 #define PLUGIN_NAME "example_oob_write"
 #elif defined(QKNORM_EXAMPLE_OOB_READ)
 #define PLUGIN_NAME "example_oob_read"
+#elif defined(QKNORM_EXAMPLE_READS_O)
+#define PLUGIN_NAME "example_recomputes_false"
+#elif defined(QKNORM_EXAMPLE_DECLARE_RECOMPUTES)
+#define PLUGIN_NAME "example_recomputes"
 #elif defined(QKNORM_EXAMPLE_RACE) && \
     defined(QKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC)
 #define PLUGIN_NAME "example_race_declared"
@@ -348,6 +352,9 @@ static void* backward_part(void* arg) {
           O[d] = 0;
           for (int64_t j = 0; j < Nk; ++j)
             O[d] += s.P[j] * ld4(&a->v, b, hk, j, d);
+#ifdef QKNORM_EXAMPLE_READS_O
+          O[d] = ld4(&a->o, b, h, i, d); /* the given o, not its own */
+#endif
           delta += ld4(&a->d_o, b, h, i, d) * O[d];
         }
         for (int64_t j = 0; j < Nk; ++j) {
@@ -550,11 +557,17 @@ static int scalenorm_backward(void* ctx, void* ws,
 #define SCALENORM_BACKWARD scalenorm_backward
 #endif
 /* ABI version 3's flags: none (bitwise reproducible, concurrent calls
- * allowed), or, built with -DQKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC, both
- * declarations (the suite reports the run-to-run spread and serializes the
- * entry's calls). */
-#ifdef QKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC
+ * allowed, the backward may read o and lse); built with
+ * -DQKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC, the first two declarations (the
+ * suite reports the run-to-run spread and serializes the entry's calls);
+ * with -DQKNORM_EXAMPLE_DECLARE_RECOMPUTES, that the backward recomputes O
+ * and lse (true: it does; with -DQKNORM_EXAMPLE_READS_O too, its backward
+ * takes delta = rowsum(dO o) from the o it is given, and the declaration is
+ * false: the suite gives o = 0 and the gradients FAIL). */
+#if defined(QKNORM_EXAMPLE_DECLARE_NONDETERMINISTIC)
 #define FLAGS (QKNORM_FLAG_NONDETERMINISTIC | QKNORM_FLAG_SERIAL_CALLS)
+#elif defined(QKNORM_EXAMPLE_DECLARE_RECOMPUTES)
+#define FLAGS QKNORM_FLAG_BACKWARD_RECOMPUTES
 #else
 #define FLAGS 0u
 #endif

@@ -80,6 +80,14 @@ class Backend {
   // QKNORM_FLAG_NONDETERMINISTIC) it reports the run-to-run spread beside
   // the bound, and every run must still pass the verdict.
   virtual bool deterministic() const { return true; }
+  // Whether the entry's attention backward recomputes O and lse from q, k
+  // and v instead of reading the ones it is given (default: false, it may
+  // read them). The suite checks the declaration: such an entry's backward
+  // is given o = 0 and lse = 0 (valid input, wrong values), so a backward
+  // that reads them after all FAILs its gradients; and it runs even where
+  // the entry's own forward output is no valid backward input
+  // (validation/run.h, BackwardInput::kRecomputes).
+  virtual bool backward_recomputes() const { return false; }
 
   // The compute contract the entry declares (qknorm/contract.h, issue 31):
   // the formats its attention rounds its intermediates to, which the

@@ -29,7 +29,7 @@
  *            (the CPU features its code was compiled for).
  *   version 3 (issue 35): `flags` (QKNORM_FLAG_*: an entry whose results
  *            are not bitwise reproducible, one whose calls must not run
- *            concurrently).
+ *            concurrently, one whose backward recomputes O and lse).
  *
  * Each entry is one implementation at one storage precision. The suite calls
  * it only with problems it declared (features) and with valid input: shapes
@@ -39,7 +39,19 @@
  * Parameters, lse, dg and the parameter gradients are dense doubles in every
  * precision, as in the C++ interface (include/qknorm/attention.h, which
  * defines the math and the defined results for extreme input: zero rows,
- * fully masked rows, GQA, each formulation).
+ * fully masked rows, GQA, each formulation). In short:
+ * - Strides and sizes count elements, not bytes: element (b, h, n, d) of a
+ *   view is data[b * batch_stride + h * head_stride + n * row_stride + d].
+ * - lse is dense [B, H, q_len]: row (b, h, i) at (b * H + h) * q_len + i.
+ * - GQA: kv_heads is always set (= heads without GQA, never 0); query head
+ *   h reads kv head h / (heads / kv_heads); dK and dV sum over the group.
+ * - Masks: causal hides key j from query i when j > i + kv_len - q_len
+ *   (bottom-right aligned, with kv_len, not key_lengths[b]); key_lengths
+ *   (when not NULL) hides keys j >= key_lengths[b]; both may apply. A row
+ *   that sees no key has O = 0, lse = -inf and zero gradients.
+ * - The fields of a feature the entry did not declare hold the paper's
+ *   defaults (norm l2 per head, no weight, no bias, no fixed scale), and
+ *   problems needing an undeclared feature are never sent.
  *
  * Input magnitudes: norms must be overflow-safe. The default run of
  * qknorm-check has `wide` cases (attention cases 1 and 2, ScaleNorm's
@@ -88,7 +100,9 @@
  * row is valid), it passes the oracle's O rounded to storage and lse rounded
  * to the compute format instead, and the report says so. The backward may
  * read them or recompute them from q, k and v: its gradients are judged
- * against the oracle's either way (the example plug-in recomputes).
+ * against the oracle's either way (the example plug-in recomputes). One that
+ * recomputes may say so (QKNORM_FLAG_BACKWARD_RECOMPUTES, ABI version 3):
+ * it is then given o = 0 and lse = 0, which it must not read.
  *
  * Errors: every function returns 0 on success; on failure a non-zero code
  * and a NUL-terminated message written into err (at most err_size bytes,
@@ -97,6 +111,9 @@
  * boundary. A crash inside a call ends the process (the suite names the
  * entry and the case first); `qknorm-check --isolate` runs each call in a
  * child process instead, so a crash is that entry's FAIL.
+ *
+ * The probabilities hook gets the forward's arguments; it writes probs and
+ * may leave o and lse unwritten (the suite ignores them).
  *
  * Thread safety: calls of one entry run concurrently. qknorm-check judges
  * (case, entry) pairs on --jobs workers (default: one per core), and each
@@ -179,7 +196,14 @@ enum {
   /* Calls must not run concurrently (state in ctx or globals): the suite
    * serializes every call of the entry. Without it calls of one entry run
    * concurrently, each with its own workspace or NULL. */
-  QKNORM_FLAG_SERIAL_CALLS = 1u << 1
+  QKNORM_FLAG_SERIAL_CALLS = 1u << 1,
+  /* attention_backward recomputes O and lse from q, k and v and reads
+   * neither: the suite then gives it o = 0 and lse = 0 (valid, wrong), so
+   * a backward that reads them after all FAILs its gradients, and it runs
+   * even where the entry's own forward output is no valid backward input.
+   * Without it the backward gets the entry's own forward o and lse (see
+   * "Backward's o and lse" above). */
+  QKNORM_FLAG_BACKWARD_RECOMPUTES = 1u << 2
 };
 
 typedef enum {
