@@ -176,6 +176,25 @@ void print_classes(std::ostream& out, const Report& rep) {
       if (r.kind == kind)
         out << fmt::format("  {:<{}} {:<9} {}\n", r.name, w, r.kind,
                            class_line(r));
+  // Which cases each entry does not implement (not judged): "c6-c11, c40".
+  bool any = false;
+  for (const EntryRow& r : rep.rows) {
+    std::string list;
+    for (size_t i = 0; i < r.cases.size(); ++i) {
+      if (!r.cases[i].unsupported) continue;
+      size_t j = i;
+      while (j + 1 < r.cases.size() && r.cases[j + 1].unsupported) ++j;
+      list += (list.empty() ? "" : ", ") +
+              (j == i ? fmt::format("c{}", i) : fmt::format("c{}-c{}", i, j));
+      i = j;
+    }
+    if (list.empty()) continue;
+    if (!any)
+      out << "not implemented (the entry does not declare the formulation, "
+             "variant or feature; not judged):\n";
+    any = true;
+    out << fmt::format("  {:<{}} {:<9} {}\n", r.name, w, r.kind, list);
+  }
 }
 
 nlohmann::json stats_json(const validation::ErrorStats& s) {
