@@ -203,6 +203,12 @@ TEST(AttentionTester, ReadingOneKeyPastTheSequenceEndIsDiagnosed) {
     EXPECT_FALSE(r.ok());
     ASSERT_FALSE(r.result.memory.poisoned.empty()) << name;
     EXPECT_EQ(r.result.memory.poisoned[0].tensor, "o");
+    // Every head read poison, the first head too: the tail row after each
+    // head's sequence (without it only the last head would, from the guard
+    // after the view, and the first head's o would be merely wrong).
+    EXPECT_EQ(r.result.memory.poisoned[0].first, "o[0,0,0,0]");
+    EXPECT_EQ(r.result.memory.poisoned[0].count,
+              static_cast<int64_t>(r.result.o.size()));
     ASSERT_FALSE(r.verdict.diagnoses.empty()) << r.message();
     EXPECT_EQ(r.verdict.diagnoses[0].kind, DiagnosisKind::kOutOfBoundsRead)
         << r.message();
