@@ -376,8 +376,7 @@ EntryRow compare_attention(const std::map<std::string, HostTensor>& in,
   // format, so the oracle and the naive baseline (which runs in O's format)
   // take them as given. An input wider than O's format is refused.
   const Precision prec = o.dtype;
-  for (const auto* t : {&q, &k, &v})
-    check_input_format(*t, prec);
+  for (const auto* t : {&q, &k, &v}) check_input_format(*t, prec);
   const bool mixed = q.dtype != prec || k.dtype != prec || v.dtype != prec;
   const std::vector<int64_t> sq = as4(q, "q"), sk = as4(k, "k"),
                              sv = as4(v, "v");

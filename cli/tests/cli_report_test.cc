@@ -359,9 +359,10 @@ TEST(Compare, MixedInputFormatsAreJudgedInOsFormat) {
   t("O_moved", Precision::kF32, moved, p.q_len);
   validation::write_npy_file(dir.file("g.npy"),
                              HostTensor{"g", Precision::kF64, {}, {p.g}});
-  const std::vector<std::string> in = {"compare", "--inputs", dir.file("q.npy"),
-                                       dir.file("k.npy"), dir.file("v.npy"),
-                                       dir.file("g.npy"), "--outputs"};
+  const std::vector<std::string> in = {"compare",         "--inputs",
+                                       dir.file("q.npy"), dir.file("k.npy"),
+                                       dir.file("v.npy"), dir.file("g.npy"),
+                                       "--outputs"};
   auto with = [&](const std::string& o) {
     std::vector<std::string> a = in;
     a.push_back("O=" + dir.file(o));
